@@ -1,0 +1,32 @@
+"""Build the Cython kernels; everything else is declared in pyproject.toml."""
+from pathlib import Path
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+KERNELS = Path("functions/mlless/kernels")
+
+extensions = [
+    Extension(
+        f"mlless.kernels.{pyx.stem}",
+        [str(pyx)],
+        include_dirs=[np.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        extra_compile_args=["-O3"],
+    )
+    for pyx in sorted(KERNELS.glob("*.pyx"))
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        language_level=3,
+        compiler_directives={
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+            "initializedcheck": False,
+        },
+    ),
+)
