@@ -1,0 +1,1 @@
+"""Datasets: preparation (`mlless prepare`), the on-disk layout, and mini-batch reading."""

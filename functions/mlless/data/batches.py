@@ -1,0 +1,101 @@
+"""The two mini-batch shapes that flow from `mlless prepare` to the models.
+
+Both are plain numpy arrays with fixed dtypes, so a batch can be written with
+`np.savez` and read back with `allow_pickle=False`; `from_arrays` validates
+what was read so a corrupt file is rejected by name instead of training on
+garbage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+
+class BatchError(ValueError):
+    """A mini-batch file or array set does not have the expected layout."""
+
+
+def _array(arrays: Mapping[str, np.ndarray], name: str, dtype: type, source: str) -> np.ndarray:
+    if name not in arrays:
+        raise BatchError(f"{source}: missing array '{name}'")
+    arr = np.asarray(arrays[name])
+    if arr.ndim != 1:
+        raise BatchError(f"{source}: array '{name}' must be 1-D, got shape {arr.shape}")
+    if arr.dtype != dtype:
+        raise BatchError(f"{source}: array '{name}' must be {np.dtype(dtype)}, got {arr.dtype}")
+    return np.ascontiguousarray(arr)
+
+
+@dataclass(frozen=True)
+class RatingsBatch:
+    """(user, item, rating) triples for matrix factorisation; ids are re-indexed from 0."""
+
+    users: np.ndarray  # int32
+    items: np.ndarray  # int32
+    ratings: np.ndarray  # float32
+
+    kind = "ratings"
+
+    def __len__(self) -> int:
+        return int(self.ratings.shape[0])
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"users": self.users, "items": self.items, "ratings": self.ratings}
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], source: str = "batch") -> RatingsBatch:
+        users = _array(arrays, "users", np.int32, source)
+        items = _array(arrays, "items", np.int32, source)
+        ratings = _array(arrays, "ratings", np.float32, source)
+        if not (len(users) == len(items) == len(ratings)):
+            raise BatchError(f"{source}: users, items and ratings differ in length")
+        if len(users) and (users.min() < 0 or items.min() < 0):
+            raise BatchError(f"{source}: negative user or item id")
+        if not np.all(np.isfinite(ratings)):
+            raise BatchError(f"{source}: non-finite rating")
+        return cls(users, items, ratings)
+
+
+@dataclass(frozen=True)
+class SparseBatch:
+    """Labelled rows of a CSR matrix of hashed features, for logistic regression."""
+
+    indptr: np.ndarray  # int64, len = rows + 1
+    indices: np.ndarray  # int32 feature ids
+    values: np.ndarray  # float32
+    labels: np.ndarray  # float32 in {0, 1}
+
+    kind = "sparse"
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"indptr": self.indptr, "indices": self.indices, "values": self.values, "labels": self.labels}
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], source: str = "batch") -> SparseBatch:
+        indptr = _array(arrays, "indptr", np.int64, source)
+        indices = _array(arrays, "indices", np.int32, source)
+        values = _array(arrays, "values", np.float32, source)
+        labels = _array(arrays, "labels", np.float32, source)
+        if len(indptr) != len(labels) + 1 or indptr[0] != 0 or indptr[-1] != len(indices):
+            raise BatchError(f"{source}: indptr does not describe {len(labels)} rows of {len(indices)} entries")
+        if np.any(np.diff(indptr) < 0):
+            raise BatchError(f"{source}: indptr is not non-decreasing")
+        if len(indices) != len(values):
+            raise BatchError(f"{source}: indices and values differ in length")
+        if len(indices) and indices.min() < 0:
+            raise BatchError(f"{source}: negative feature index")
+        if not np.all(np.isfinite(values)):
+            raise BatchError(f"{source}: non-finite feature value")
+        if not np.all((labels == 0) | (labels == 1)):
+            raise BatchError(f"{source}: labels must be 0 or 1")
+        return cls(indptr, indices, values, labels)
+
+
+Batch = RatingsBatch | SparseBatch
+
+BATCH_TYPES: dict[str, type[RatingsBatch] | type[SparseBatch]] = {"ratings": RatingsBatch, "sparse": SparseBatch}
