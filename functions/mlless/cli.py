@@ -1,0 +1,247 @@
+"""The `mlless` command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from mlless import __version__
+from mlless.data.cli import add_prepare_parser
+from mlless.data.dataset import DatasetError
+from mlless.spec import SpecError, TrainingJob, load_manifest
+
+log = logging.getLogger("mlless")
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """Bad command-line input; printed without a traceback."""
+
+
+def _load_job(path: str | Path) -> TrainingJob:
+    """A TrainingJob from a manifest (YAML) or from the resolved JSON a launcher wrote."""
+    path = Path(path)
+    if path.suffix == ".json":
+        try:
+            return TrainingJob.from_json(path.read_text())
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise SpecError(f"{path}: not a resolved job file: {exc}") from None
+    return load_manifest(path)
+
+
+def _services(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    redis_url = args.redis_url or os.environ.get("REDIS_URL")
+    amqp_url = args.amqp_url or os.environ.get("AMQP_URL")
+    if bool(redis_url) != bool(amqp_url):
+        raise UsageError("give both --redis-url and --amqp-url (or REDIS_URL and AMQP_URL), or neither for the embedded transport")
+    return redis_url, amqp_url
+
+
+def _add_service_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--redis-url", metavar="URL", help="Redis for model updates (default: $REDIS_URL; none: embedded transport)")
+    p.add_argument("--amqp-url", metavar="URL", help="RabbitMQ for control messages (default: $AMQP_URL)")
+
+
+# ---- commands ------------------------------------------------------------------------------------
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from mlless.runtime.local import Services, train_local
+    from mlless.runtime.record import Progress
+
+    job = _load_job(args.job)
+    if args.workers is not None:
+        job = dataclasses.replace(job, workers=args.workers)
+    redis_url, amqp_url = _services(args)
+    run_dir = Path(args.out or f"runs/{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    progress = Progress(enabled=not args.quiet)
+    progress.message(
+        f"training {job.model.type} with {job.workers} workers on {job.dataset_uri} "
+        f"({'Redis + RabbitMQ' if redis_url else 'embedded transport'}); run directory {run_dir}"
+    )
+    summary = train_local(job, run_dir, Services(redis_url, amqp_url), progress)
+    _print_summary(summary, progress)
+    if summary["stop_reason"] == "interrupted":
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if summary["validation_loss"] is None else 0
+
+
+def _print_summary(summary: dict, progress) -> None:
+    metric = summary["loss_metric"]
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.4f}"
+
+    progress.message(
+        f"done ({summary['stop_reason']}): {summary['steps']} steps, {summary['epochs']:.2f} epochs in "
+        f"{summary['wall_seconds']:.1f}s\n"
+        f"  train {metric} {fmt(summary['train_loss'])}, validation {metric} {fmt(summary['validation_loss'])}\n"
+        f"  workers {summary['workers_initial']} -> {summary['workers_final']}, "
+        f"{summary['bytes_sent'] / 1e6:.1f} MB of updates, cost ${summary['cost_usd']:.5f}\n"
+        f"  model: {summary['model_path']}"
+    )
+    for drop in summary["dropped_workers"]:
+        progress.message(f"  worker {drop['rank']} was dropped at step {drop['step']}: {drop['reason']}")
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from mlless.data.dataset import Dataset
+    from mlless.models import load_model
+
+    model = load_model(args.model)
+    dataset = Dataset.open(args.dataset)
+    if dataset.kind != ("ratings" if model.kind == "pmf" else "sparse"):
+        raise UsageError(f"{args.dataset}: a {dataset.kind} dataset cannot evaluate a {model.kind} model")
+    splits = {"validation": dataset.validation()}
+    if args.train:
+        splits["train"] = [dataset.batch(i) for i in range(dataset.n_batches)]
+    result = {"metric": model.loss_metric}
+    for name, data in splits.items():
+        batches = data if isinstance(data, list) else [data]
+        loss_sum = n = 0
+        for batch in batches:
+            s, k = model.evaluate(batch)
+            loss_sum, n = loss_sum + s, n + k
+        result[name] = model.loss(loss_sum, n)
+        result[f"{name}_samples"] = n
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    job = _load_job(args.job)
+    print(json.dumps(json.loads(job.to_json()), indent=2))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from mlless.runtime.worker import serve
+    from mlless.transport import connect
+
+    job_file = args.job or os.environ.get("MLLESS_JOB_FILE")
+    rank = args.rank if args.rank is not None else os.environ.get("MLLESS_RANK")
+    job_id = args.job_id or os.environ.get("MLLESS_JOB_ID")
+    if not (job_file and rank is not None and job_id):
+        raise UsageError("a worker needs --job/MLLESS_JOB_FILE, --rank/MLLESS_RANK and --job-id/MLLESS_JOB_ID")
+    job = _load_job(job_file)
+    redis_url, amqp_url = _services(args)
+    embedded = os.environ.get("MLLESS_EMBEDDED_ADDRESS")
+    if not redis_url and not embedded:
+        raise UsageError("a worker needs --redis-url/--amqp-url or MLLESS_EMBEDDED_ADDRESS")
+    transport = connect(job_id, role="worker", rank=int(rank), redis_url=redis_url, amqp_url=amqp_url, embedded_address=embedded)
+    return serve(job, int(rank), transport)
+
+
+def cmd_supervisor(args: argparse.Namespace) -> int:
+    from mlless.runtime.launcher import ExternalLauncher
+    from mlless.runtime.record import Progress
+    from mlless.runtime.supervisor import Supervisor
+    from mlless.transport import connect
+
+    job_file = args.job or os.environ.get("MLLESS_JOB_FILE")
+    job_id = args.job_id or os.environ.get("MLLESS_JOB_ID")
+    if not (job_file and job_id):
+        raise UsageError("the supervisor needs --job/MLLESS_JOB_FILE and --job-id/MLLESS_JOB_ID")
+    job = _load_job(job_file)
+    redis_url, amqp_url = _services(args)
+    if not redis_url:
+        raise UsageError("the supervisor needs --redis-url and --amqp-url (or REDIS_URL and AMQP_URL)")
+    transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
+    progress = Progress(enabled=not args.quiet)
+    try:
+        summary = Supervisor(job, job_id, transport, ExternalLauncher(), Path(args.out), progress).run()
+    finally:
+        transport.close()
+    _print_summary(summary, progress)
+    return EXIT_FAILED if summary["validation_loss"] is None else 0
+
+
+# ---- parser --------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlless",
+        description="Serverless machine-learning training (MLLess): a supervisor and P worker functions "
+        "that exchange significant updates through Redis and control messages through RabbitMQ.",
+    )
+    parser.add_argument("--version", action="version", version=f"mlless {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "train",
+        help="run a TrainingJob on this machine",
+        description="Run a TrainingJob manifest locally: the supervisor in this process, each worker a separate "
+        "process. Without --redis-url/--amqp-url it uses the embedded transport and needs no services.",
+    )
+    p.add_argument("job", metavar="JOB.yaml", help="TrainingJob manifest (the file you would kubectl apply)")
+    p.add_argument("--workers", type=int, metavar="N", help="override spec.workers")
+    p.add_argument("--out", metavar="RUNDIR", help="run directory (default: runs/NAME-TIMESTAMP)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    _add_service_args(p)
+    p.set_defaults(func=cmd_train)
+
+    add_prepare_parser(sub)
+
+    p = sub.add_parser("evaluate", help="evaluate a saved model on a prepared dataset")
+    p.add_argument("model", metavar="MODEL", help="model.npz written by a run")
+    p.add_argument("dataset", metavar="DATASET", help="directory or URL written by `mlless prepare`")
+    p.add_argument("--train", action="store_true", help="also evaluate on the training batches")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("validate", help="check a TrainingJob manifest and print it with defaults resolved")
+    p.add_argument("job", metavar="JOB.yaml")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser(
+        "worker",
+        help="run one worker function (what a worker pod runs)",
+        description="Run worker RANK of a job until the supervisor finishes it. Settings come from the flags or "
+        "from MLLESS_JOB_FILE, MLLESS_RANK, MLLESS_JOB_ID, REDIS_URL, AMQP_URL / MLLESS_EMBEDDED_ADDRESS.",
+    )
+    p.add_argument("--job", metavar="FILE", help="TrainingJob manifest or resolved job.json")
+    p.add_argument("--rank", type=int)
+    p.add_argument("--job-id")
+    _add_service_args(p)
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser(
+        "supervisor",
+        help="run the supervisor of a job whose workers are started elsewhere (what the supervisor pod runs)",
+    )
+    p.add_argument("--job", metavar="FILE", help="TrainingJob manifest or resolved job.json (default $MLLESS_JOB_FILE)")
+    p.add_argument("--job-id", help="job id shared with the workers (default $MLLESS_JOB_ID)")
+    p.add_argument("--out", default="run", metavar="RUNDIR", help="run directory (default: ./run)")
+    p.add_argument("-q", "--quiet", action="store_true")
+    _add_service_args(p)
+    p.set_defaults(func=cmd_supervisor)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (SpecError, DatasetError, UsageError) as exc:
+        print(f"mlless: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("mlless: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

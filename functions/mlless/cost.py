@@ -1,0 +1,47 @@
+"""Serverless cost of a job at the configured prices (DESIGN §3).
+
+Functions are billed per invocation: its duration rounded up to the billing
+granularity, times memory, times the GB-second price. The supervisor is a
+function too; Redis and RabbitMQ are always-on instances billed per second
+of wall time.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mlless.spec import PricingConfig
+
+
+def billed_seconds(seconds: float, granularity: float) -> float:
+    """Duration rounded up to whole billing units (a 0 s invocation costs nothing)."""
+    units = math.ceil(round(seconds / granularity, 9))
+    return max(units, 0) * granularity
+
+
+@dataclass(frozen=True)
+class CostBreakdown:
+    workers: float
+    supervisor: float
+    redis: float
+    rabbitmq: float
+
+    @property
+    def total(self) -> float:
+        return self.workers + self.supervisor + self.redis + self.rabbitmq
+
+    def as_dict(self) -> dict[str, float]:
+        return {"workers": self.workers, "supervisor": self.supervisor, "redis": self.redis, "rabbitmq": self.rabbitmq}
+
+
+def job_cost(pricing: PricingConfig, invocation_seconds: list[float], wall_seconds: float) -> CostBreakdown:
+    """Cost of worker invocations of the given durations plus a supervisor and services running `wall_seconds`."""
+    gb_price = pricing.function_memory_gb * pricing.price_per_gb_second
+    granularity = pricing.billing_granularity_seconds
+    workers = sum(billed_seconds(s, granularity) for s in invocation_seconds) * gb_price
+    return CostBreakdown(
+        workers=workers,
+        supervisor=billed_seconds(wall_seconds, granularity) * gb_price,
+        redis=wall_seconds * pricing.redis_per_hour / 3600.0,
+        rabbitmq=wall_seconds * pricing.rabbitmq_per_hour / 3600.0,
+    )

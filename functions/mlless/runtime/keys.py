@@ -1,0 +1,30 @@
+"""Names of the Redis keys a job uses (the transport prefixes them with the job id).
+
+Updates live in a ring of slots per worker instead of one key per step, so a
+job's memory in Redis is bounded without the supervisor deleting keys on the
+hot path. A slot is overwritten only after every live worker has applied it:
+writing step t+K needs step t+K-s-1 closed, and every worker that reported
+that step had applied all updates up to t+K-2s-2, so K = 2s+2 slots suffice
+for slack s; one more is kept as margin. The frame carries its step, so a
+reader would detect an overwritten slot instead of applying it.
+"""
+
+
+def update_slots(staleness: int) -> int:
+    return 2 * staleness + 3
+
+
+def update(rank: int, step: int, staleness: int) -> str:
+    return f"update:{rank}:{step % update_slots(staleness)}"
+
+
+def snapshot() -> str:
+    return "snapshot"
+
+
+def final_replica(rank: int) -> str:
+    return f"final:{rank}"
+
+
+def leaver_replica(rank: int) -> str:
+    return f"leaver:{rank}"

@@ -1,0 +1,70 @@
+"""`mlless train`: one supervisor in this process and P worker processes on this machine.
+
+With Redis and RabbitMQ URLs the job runs over those services; without them
+the supervisor hosts the embedded broker and the workers connect to it. The
+protocol code is the same either way.
+"""
+from __future__ import annotations
+
+import secrets
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlless.runtime.launcher import Launcher, LocalLauncher
+from mlless.runtime.record import Progress
+from mlless.runtime.supervisor import Supervisor
+from mlless.spec import TrainingJob
+from mlless.transport import Transport, connect
+from mlless.transport.embedded import EmbeddedBroker
+
+
+@dataclass(frozen=True)
+class Services:
+    redis_url: str | None = None
+    amqp_url: str | None = None
+
+    @property
+    def external(self) -> bool:
+        return bool(self.redis_url and self.amqp_url)
+
+    def worker_env(self) -> dict[str, str]:
+        assert self.redis_url and self.amqp_url
+        return {"REDIS_URL": self.redis_url, "AMQP_URL": self.amqp_url}
+
+
+def new_job_id(name: str) -> str:
+    """A per-run id: keys and queues of concurrent runs of one manifest never collide."""
+    return f"{name}-{secrets.token_hex(4)}"
+
+
+def train_local(job: TrainingJob, run_dir: Path, services: Services, progress: Progress) -> dict[str, Any]:
+    job_id = new_job_id(job.name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    job_file = run_dir / "job.json"
+    job_file.write_text(job.to_json())
+    env = {"MLLESS_JOB_ID": job_id}
+    if services.external:
+        env |= services.worker_env()
+        transport = connect(job_id, role="supervisor", redis_url=services.redis_url, amqp_url=services.amqp_url)
+        return _supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs"), run_dir, progress)
+    with tempfile.TemporaryDirectory(prefix="mlless-") as tmp:
+        broker = EmbeddedBroker(str(Path(tmp) / "broker.sock"))
+        broker.start()
+        try:
+            env["MLLESS_EMBEDDED_ADDRESS"] = broker.address
+            transport = connect(job_id, role="supervisor", embedded_address=broker.address)
+            launcher = LocalLauncher(job_file, env, run_dir / "logs")
+            return _supervise(job, job_id, transport, launcher, run_dir, progress)
+        finally:
+            broker.stop()
+
+
+def _supervise(
+    job: TrainingJob, job_id: str, transport: Transport, launcher: Launcher, run_dir: Path, progress: Progress
+) -> dict[str, Any]:
+    try:
+        return Supervisor(job, job_id, transport, launcher, run_dir, progress).run()
+    finally:
+        transport.close()

@@ -1,0 +1,405 @@
+"""The supervisor: closes steps, watches liveness, decides when to stop, assembles the model.
+
+It receives every worker's per-step report (which also announces whether an
+update was published), closes step t once every live worker has reported
+it, and broadcasts the close with the list of updates to fetch and the
+mini-batch cursor for the next step. A worker whose process ends or that
+stalls past the timeout is dropped from the barrier, so the job goes on
+without it. When a stop condition holds, the closing message is marked
+final; the workers publish their replicas, which are averaged, evaluated on
+the validation split and saved.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlless import wire
+from mlless.cost import CostBreakdown, job_cost
+from mlless.data.dataset import Dataset
+from mlless.models import build_model
+from mlless.runtime import keys
+from mlless.runtime.launcher import Launcher
+from mlless.runtime.record import Progress, RunRecord
+from mlless.runtime.worker import PHASES
+from mlless.spec import TrainingJob
+from mlless.transport import Transport
+
+log = logging.getLogger(__name__)
+
+#: How long workers may take to connect, and to publish their final replicas.
+STARTUP_TIMEOUT = 120.0
+FINISH_TIMEOUT = 30.0
+
+
+class JobFailed(RuntimeError):
+    """The job cannot continue (no live workers left, or nobody started)."""
+
+
+@dataclass
+class WorkerRecord:
+    rank: int
+    started: float
+    state: str = "starting"  # starting -> live -> done | dropped | left
+    seconds: float | None = None  # invocation length once it has ended
+
+    def invocation_seconds(self, now: float) -> float:
+        return self.seconds if self.seconds is not None else now - self.started
+
+
+@dataclass
+class _StepTotals:
+    """Per-step sums over the reports of the live workers."""
+
+    loss_sum: float = 0.0
+    samples: int = 0
+    bytes_sent: int = 0
+    entries_sent: int = 0
+    entries_pending: int = 0
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+
+class Supervisor:
+    def __init__(
+        self,
+        job: TrainingJob,
+        job_id: str,
+        transport: Transport,
+        launcher: Launcher,
+        run_dir: Path,
+        progress: Progress | None = None,
+    ) -> None:
+        self.job = job
+        self.job_id = job_id
+        self.transport = transport
+        self.launcher = launcher
+        self.dataset = Dataset.open(job.dataset_uri)
+        # One model instance for the supervisor's evaluations; replicas are copied into it.
+        self.model = build_model(job.model.type, self.dataset.dims(), job.model, job.seed)
+        self.validation_batch = self.dataset.validation()
+        self.record = RunRecord(run_dir)
+        self.progress = progress or Progress(enabled=False)
+        self.workers: dict[int, WorkerRecord] = {}
+        self.reports: dict[int, dict[int, wire.Report]] = {}
+        self.closed = 0
+        self.cursor = 0
+        self.started = time.monotonic()
+        self.step_opened = self.started
+        self.below_target = 0
+        self.train_loss = math.nan
+        self.validation: tuple[int, float] | None = None  # (step, loss) of the newest evaluation
+        self.pending_snapshot: int | None = None
+        self.stop_reason: str | None = None
+        self.totals = {"bytes_sent": 0, "samples": 0, "compute_seconds": 0.0}
+        self.rejected_frames = 0
+        self.dropped: list[dict[str, Any]] = []
+        self._row: dict[str, Any] | None = None  # the previous step's row, waiting for its barrier timings
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def live(self) -> tuple[int, ...]:
+        return tuple(sorted(r for r, w in self.workers.items() if w.state == "live"))
+
+    def run(self) -> dict[str, Any]:
+        """Train to a stop condition; returns the summary written to summary.json."""
+        try:
+            self._start_workers()
+            while self.stop_reason is None:
+                body = self.transport.receive(timeout=0.2)
+                if body is not None:
+                    self._handle(body)
+                self._check_liveness()
+            return self._finish()
+        except KeyboardInterrupt:
+            self.stop_reason = "interrupted"
+            self.transport.broadcast(wire.encode(wire.Finish(sender=-1, step=self.closed)))
+            return self._finish()
+        finally:
+            self.launcher.stop_all()
+            deleted = self.transport.delete_job()
+            log.info("job %s: deleted %d keys", self.job_id, deleted)
+            self.record.close()
+
+    def _start_workers(self) -> None:
+        for rank in range(self.job.workers):
+            self.workers[rank] = WorkerRecord(rank, time.monotonic())
+            self.launcher.start(rank)
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while any(w.state == "starting" for w in self.workers.values()) and time.monotonic() < deadline:
+            body = self.transport.receive(timeout=0.2)
+            if body is not None:
+                self._handle(body)
+            for rank in self.launcher.exited():
+                if self.workers[rank].state == "starting":
+                    self._drop(rank, "exited before it connected")
+        for rank, w in self.workers.items():
+            if w.state == "starting":
+                self._drop(rank, "did not connect in time")
+        if not self.live:
+            raise JobFailed("no worker started; see the worker logs")
+        self.progress.message(f"job {self.job_id}: {len(self.live)} workers, {self.job.sync.protocol.upper()}")
+        self.step_opened = time.monotonic()
+        self.transport.broadcast(wire.encode(wire.Close(sender=-1, step=0, cursor=0, flags=0, live=self.live, updates=())))
+
+    # ---- messages ----------------------------------------------------------------------------
+
+    def _handle(self, body: bytes) -> None:
+        try:
+            msg = wire.decode(body)
+        except wire.FrameError as exc:
+            self.rejected_frames += 1
+            log.error("supervisor: rejected frame: %s", exc)
+            return
+        worker = self.workers.get(msg.sender)
+        if worker is None:
+            self.rejected_frames += 1
+            log.error("supervisor: message from unknown worker %d", msg.sender)
+            return
+        if isinstance(msg, wire.Hello):
+            if worker.state == "starting":
+                worker.state = "live"
+        elif isinstance(msg, wire.Report):
+            if worker.state == "live" and msg.step > self.closed:
+                self.reports.setdefault(msg.step, {})[msg.sender] = msg
+                self._close_ready_steps()
+        elif isinstance(msg, wire.Done):
+            worker.state = "done"
+            worker.seconds = msg.seconds
+        elif isinstance(msg, wire.Left):
+            worker.state = "left"
+        elif isinstance(msg, wire.Failed):
+            self._drop(msg.sender, f"failed: {msg.reason}")
+
+    def _close_ready_steps(self) -> None:
+        while self.stop_reason is None:
+            step = self.closed + 1
+            reports = self.reports.get(step, {})
+            if not self.live or not set(self.live) <= set(reports):
+                return
+            self._close(step, [reports[r] for r in self.live])
+
+    def _close(self, step: int, reports: list[wire.Report]) -> None:
+        totals = _StepTotals()
+        for r in reports:
+            totals.loss_sum += r.loss_sum
+            totals.samples += r.samples
+            totals.bytes_sent += r.bytes_sent
+            totals.entries_sent += r.entries_sent
+            totals.entries_pending += r.entries_pending
+            for phase, seconds in zip(PHASES, r.timings):
+                totals.phases[phase] += seconds / len(reports)
+        self.totals["bytes_sent"] += totals.bytes_sent
+        self.totals["samples"] += totals.samples
+        self.totals["compute_seconds"] += sum(r.timings[1] for r in reports)
+        self.train_loss = self.model.loss(totals.loss_sum, totals.samples) if totals.samples else math.nan
+
+        self.closed = step
+        self.cursor += len(reports)
+        del self.reports[step]
+        self._check_stop()
+        flags = 0
+        if self.stop_reason is not None:
+            flags |= wire.CLOSE_FINAL
+        elif self.job.evaluate_every and step % self.job.evaluate_every == 0:
+            flags |= wire.CLOSE_SNAPSHOT
+            self.pending_snapshot = step
+        updates = tuple(r.sender for r in reports if r.has_update)
+        self.transport.broadcast(
+            wire.encode(wire.Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=updates))
+        )
+        self.step_opened = time.monotonic()
+        self._evaluate_snapshot()
+        self._record_step(step, totals)
+
+    def _record_step(self, step: int, totals: _StepTotals) -> None:
+        # A report carries the barrier timings (wait/read/apply) of the step before it.
+        if self._row is not None:
+            for phase in ("wait", "read", "apply"):
+                self._row["phases"][phase] = totals.phases[phase]
+            self.record.step(self._row)
+        elapsed = time.monotonic() - self.started
+        validation = self.validation[1] if self.validation else None
+        cost = self._cost(elapsed).total
+        self._row = {
+            "step": step,
+            "time": round(elapsed, 6),
+            "epoch": self.cursor / self.dataset.n_batches,
+            "loss": self.train_loss,
+            "validation_loss": validation,
+            "workers": len(self.live),
+            "samples": totals.samples,
+            "bytes_sent": totals.bytes_sent,
+            "bytes_filtered": 8 * totals.entries_pending,
+            "entries_sent": totals.entries_sent,
+            "entries_pending": totals.entries_pending,
+            "cost_usd": cost,
+            "phases": {p: (totals.phases[p] if p not in ("wait", "read", "apply") else None) for p in PHASES},
+        }
+        self.progress.update(
+            step=step,
+            epoch=self._row["epoch"],
+            train_loss=self.train_loss,
+            validation_loss=validation,
+            workers=len(self.live),
+            bytes_per_step=totals.bytes_sent,
+            elapsed=elapsed,
+            cost=cost,
+        )
+
+    # ---- stop rules, liveness, evaluation ------------------------------------------------------
+
+    def _check_stop(self) -> None:
+        stop = self.job.stop
+        elapsed = time.monotonic() - self.started
+        if stop.target_loss is not None:
+            self.below_target = self.below_target + 1 if self.train_loss <= stop.target_loss else 0
+        if stop.target_loss is not None and self.below_target >= stop.target_steps:
+            self.stop_reason = "target loss reached"
+        elif stop.max_steps is not None and self.closed >= stop.max_steps:
+            self.stop_reason = "max steps"
+        elif stop.max_epochs is not None and self.cursor >= stop.max_epochs * self.dataset.n_batches:
+            self.stop_reason = "max epochs"
+        elif stop.max_seconds is not None and elapsed >= stop.max_seconds:
+            self.stop_reason = "max seconds"
+        elif stop.budget_usd is not None and self._cost(elapsed).total >= stop.budget_usd:
+            self.stop_reason = "budget reached"
+
+    def _check_liveness(self) -> None:
+        for rank in self.launcher.exited():
+            if self.workers[rank].state == "live":
+                self._drop(rank, "its process ended")
+        if time.monotonic() - self.step_opened > self.job.worker_timeout_seconds:
+            reported = self.reports.get(self.closed + 1, {})
+            for rank in self.live:
+                if rank not in reported:
+                    self._drop(rank, f"no report for step {self.closed + 1} in {self.job.worker_timeout_seconds:g}s")
+            self.step_opened = time.monotonic()
+        if self.stop_reason is None:
+            self._close_ready_steps()
+
+    def _drop(self, rank: int, why: str) -> None:
+        worker = self.workers[rank]
+        if worker.state in ("dropped", "done", "left"):
+            return
+        worker.state = "dropped"
+        worker.seconds = time.monotonic() - worker.started
+        self.dropped.append({"rank": rank, "step": self.closed, "reason": why})
+        self.progress.message(f"worker {rank} dropped at step {self.closed}: {why}")
+        log.warning("worker %d dropped at step %d: %s", rank, self.closed, why)
+        self.launcher.stop(rank)
+        if not self.live and all(w.state != "starting" for w in self.workers.values()):
+            self.stop_reason = self.stop_reason or "no live workers"
+
+    def _evaluate_snapshot(self) -> None:
+        if self.pending_snapshot is None:
+            return
+        frame = self.transport.get_many([keys.snapshot()])[0]
+        if frame is None:
+            return
+        tensors = self._decode_replica(frame)
+        if tensors is None or tensors.step != self.pending_snapshot:
+            return
+        self.validation = (tensors.step, self._evaluate(tensors.arrays["params"]))
+        self.pending_snapshot = None
+
+    def _decode_replica(self, frame: bytes) -> wire.Tensors | None:
+        try:
+            msg = wire.decode(frame)
+            if not isinstance(msg, wire.Tensors) or "params" not in msg.arrays:
+                raise wire.FrameError("expected a replica (Tensors frame with 'params')")
+            params = msg.arrays["params"]
+            if params.shape != self.model.params.shape or params.dtype != self.model.params.dtype:
+                raise wire.FrameError(f"replica is {params.dtype}{params.shape}, the model is {self.model.params.dtype}{self.model.params.shape}")
+        except wire.FrameError as exc:
+            self.rejected_frames += 1
+            log.error("supervisor: rejected replica: %s", exc)
+            return None
+        return msg
+
+    def _evaluate(self, params: np.ndarray) -> float:
+        """Validation loss of a replica (its shape was checked when it was decoded)."""
+        self.model.params[:] = params
+        loss_sum, n = self.model.evaluate(self.validation_batch)
+        return self.model.loss(loss_sum, n)
+
+    def _cost(self, elapsed: float) -> CostBreakdown:
+        now = time.monotonic()
+        return job_cost(self.job.pricing, [w.invocation_seconds(now) for w in self.workers.values()], elapsed)
+
+    # ---- end of job ------------------------------------------------------------------------------
+
+    def _finish(self) -> dict[str, Any]:
+        finishing = set(self.live)
+        deadline = time.monotonic() + FINISH_TIMEOUT
+        while any(self.workers[r].state == "live" for r in finishing) and time.monotonic() < deadline:
+            body = self.transport.receive(timeout=0.2)
+            if body is not None:
+                self._handle(body)
+            for rank in self.launcher.exited():
+                if self.workers[rank].state == "live":
+                    self._drop(rank, "its process ended before publishing its replica")
+        wall = time.monotonic() - self.started
+        replicas = self._collect_final_replicas([r for r in finishing if self.workers[r].state == "done"])
+        if self._row is not None:
+            self.record.step(self._row)
+            self._row = None
+        summary = self._summary(wall, replicas)
+        self.record.summary(summary)
+        return summary
+
+    def _collect_final_replicas(self, ranks: list[int]) -> list[np.ndarray]:
+        frames = self.transport.get_many([keys.final_replica(r) for r in ranks]) if ranks else []
+        replicas = []
+        for rank, frame in zip(ranks, frames):
+            tensors = self._decode_replica(frame) if frame is not None else None
+            if tensors is None:
+                log.error("worker %d: final replica missing or invalid; left out of the average", rank)
+                continue
+            replicas.append(tensors.arrays["params"])
+        return replicas
+
+    def _summary(self, wall: float, replicas: list[np.ndarray]) -> dict[str, Any]:
+        validation_loss = None
+        spread = None
+        model_path = None
+        if replicas:
+            stacked = np.stack(replicas)
+            average = stacked.mean(axis=0, dtype=np.float64).astype(np.float32)
+            spread = float(np.max(np.abs(stacked - average))) if len(replicas) > 1 else 0.0
+            validation_loss = self._evaluate(average)
+            model_path = self.record.run_dir / "model.npz"
+            self.model.save(model_path, {"job": self.job.name, "job_id": self.job_id, "steps": self.closed})
+        cost = self._cost(wall)
+        compute = self.totals["compute_seconds"]
+        return {
+            "job": self.job.name,
+            "job_id": self.job_id,
+            "model": self.job.model.type,
+            "protocol": self.job.sync.protocol,
+            "stop_reason": self.stop_reason,
+            "loss_metric": self.model.loss_metric,
+            "train_loss": None if math.isnan(self.train_loss) else self.train_loss,
+            "validation_loss": validation_loss,
+            "steps": self.closed,
+            "epochs": self.cursor / self.dataset.n_batches,
+            "wall_seconds": wall,
+            "samples": self.totals["samples"],
+            "samples_per_second": self.totals["samples"] / compute if compute > 0 else None,
+            "bytes_sent": self.totals["bytes_sent"],
+            "workers_initial": self.job.workers,
+            "workers_final": len(replicas),
+            "dropped_workers": self.dropped,
+            "replica_spread": spread,
+            "rejected_frames": self.rejected_frames,
+            "cost_usd": cost.total,
+            "cost_breakdown_usd": cost.as_dict(),
+            "model_path": str(model_path) if model_path else None,
+        }
+

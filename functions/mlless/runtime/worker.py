@@ -1,0 +1,231 @@
+"""A worker function: one replica, trained step by step in lockstep with its peers.
+
+Each step follows DESIGN §2: take the next mini-batch (prefetched), compute
+the update and apply it locally, add it to the significance accumulator,
+publish the significant entries to Redis, report to the supervisor (the
+report doubles as the announcement), then wait for the supervisor to close
+the step and apply the peers' updates it names, fetched in one pipelined
+round trip. Under SSP the wait only blocks once the worker is more than
+`slack` steps ahead of the last closed step.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+from mlless import wire
+from mlless.data.dataset import Dataset
+from mlless.models import Model, build_model
+from mlless.optim import make_optimizer
+from mlless.runtime import keys
+from mlless.runtime.striding import Prefetcher, Schedule
+from mlless.significance import SignificanceFilter, isp_threshold
+from mlless.spec import TrainingJob
+from mlless.transport import Transport
+
+log = logging.getLogger(__name__)
+
+PHASES = ("fetch", "compute", "filter", "write", "wait", "read", "apply")
+
+
+class WorkerExit(Exception):
+    """The supervisor ended this worker's part in the job (finish or leave)."""
+
+
+@dataclass
+class _View:
+    """What the worker knows of the job from the last step-close it applied."""
+
+    closed: int = -1
+    cursor: int = 0
+    live: tuple[int, ...] = ()
+
+
+@dataclass
+class _Timer:
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    _mark: float = field(default_factory=time.perf_counter)
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] += now - self._mark
+        self._mark = now
+
+    def restart(self) -> None:
+        self._mark = time.perf_counter()
+
+
+class Worker:
+    def __init__(self, job: TrainingJob, rank: int, transport: Transport, dataset: Dataset) -> None:
+        self.job = job
+        self.rank = rank
+        self.transport = transport
+        self.dataset = dataset
+        self.model: Model = build_model(job.model.type, dataset.dims(), job.model, job.seed)
+        self.optimizer = make_optimizer(self.model.size, job.optimizer)
+        self.filter = SignificanceFilter(self.model.size)
+        self.schedule = Schedule(dataset.n_batches, job.seed)
+        self.prefetcher = Prefetcher(dataset)
+        self.view = _View()
+        self.step = 0
+        self.started = time.monotonic()
+        self.rejected_frames = 0
+        # wait/read/apply happen after a step is reported, so they travel with the next report.
+        self._barrier = dict.fromkeys(("wait", "read", "apply"), 0.0)
+
+    # ---- main loop -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        self.transport.send_to_supervisor(wire.encode(wire.Hello(sender=self.rank, step=0, pid=os.getpid())))
+        try:
+            while True:
+                self._await_close(self.step - self.job.sync.staleness)
+                self.step += 1
+                self._train_step()
+        except WorkerExit:
+            pass
+        finally:
+            self.prefetcher.close()
+
+    def _train_step(self) -> None:
+        timer = _Timer()
+        ahead = self.step - self.view.closed - 1
+        position = self.schedule.position(self.view.cursor, self.view.live, self.rank, ahead)
+        batch = self.prefetcher.get(self.schedule.batch_index(position))
+        self.prefetcher.hint(self.schedule.batch_index(position + len(self.view.live)))
+        timer.lap("fetch")
+
+        idx, grad, loss_sum, samples = self.model.gradient(batch)
+        lr = self.job.optimizer.lr_at(self.schedule.epoch(position) + 1)
+        delta = self.optimizer.step(self.model.params, idx, grad, lr)
+        self.filter.accumulate(idx, delta)
+        timer.lap("compute")
+
+        threshold = isp_threshold(self.job.sync.threshold, self.step)
+        sent_idx, sent_val = self.filter.select(self.model.params, threshold)
+        timer.lap("filter")
+
+        bytes_sent = 0
+        if len(sent_idx):
+            frame = wire.encode(wire.Update(sender=self.rank, step=self.step, indices=sent_idx, values=sent_val))
+            self.transport.put(keys.update(self.rank, self.step, self.job.sync.staleness), frame)
+            bytes_sent = len(frame)
+        timer.lap("write")
+
+        timings = tuple(timer.seconds[p] for p in ("fetch", "compute", "filter", "write")) + tuple(self._barrier.values())
+        report = wire.Report(
+            sender=self.rank,
+            step=self.step,
+            loss_sum=float(loss_sum),
+            samples=int(samples),
+            has_update=bytes_sent > 0,
+            bytes_sent=bytes_sent,
+            entries_sent=len(sent_idx),
+            entries_pending=self.filter.pending_count(),
+            timings=timings,
+        )
+        self.transport.send_to_supervisor(wire.encode(report))
+
+    # ---- control messages ------------------------------------------------------------------
+
+    def _await_close(self, step: int) -> None:
+        """Apply every step-close that has arrived; block until `step` is closed."""
+        wait_started = time.perf_counter()
+        self._barrier = dict.fromkeys(("wait", "read", "apply"), 0.0)
+        blocking = self.view.closed < step
+        while True:
+            body = self.transport.receive(timeout=1.0 if blocking else 0.0)
+            if body is None:
+                if not blocking:
+                    break
+                continue
+            self._barrier["wait"] += time.perf_counter() - wait_started
+            self._handle(body)
+            wait_started = time.perf_counter()
+            blocking = self.view.closed < step
+
+    def _handle(self, body: bytes) -> None:
+        try:
+            msg = wire.decode(body)
+        except wire.FrameError as exc:
+            self.rejected_frames += 1
+            log.error("worker %d: rejected control frame: %s", self.rank, exc)
+            return
+        if isinstance(msg, wire.Close):
+            self._apply_close(msg)
+        elif isinstance(msg, wire.Finish):
+            self._finish()
+        elif isinstance(msg, wire.Leave) and msg.rank == self.rank:
+            self._leave()
+        else:
+            log.debug("worker %d: ignoring %s", self.rank, type(msg).__name__)
+
+    def _apply_close(self, close: wire.Close) -> None:
+        if close.step <= self.view.closed:
+            return
+        started = time.perf_counter()
+        peers = [r for r in close.updates if r != self.rank]
+        frames = self.transport.get_many([keys.update(r, close.step, self.job.sync.staleness) for r in peers])
+        read_done = time.perf_counter()
+        for rank, frame in zip(peers, frames):
+            self._apply_update(rank, close.step, frame)
+        self.view = _View(closed=close.step, cursor=close.cursor, live=close.live)
+        if close.flags & wire.CLOSE_SNAPSHOT and close.live and close.live[0] == self.rank:
+            self.transport.put(keys.snapshot(), self._replica_frame())
+        self._barrier["read"] += read_done - started
+        self._barrier["apply"] += time.perf_counter() - read_done
+        if close.flags & wire.CLOSE_FINAL:
+            self._finish()
+
+    def _apply_update(self, rank: int, step: int, frame: bytes | None) -> None:
+        if frame is None:
+            self.rejected_frames += 1
+            log.error("worker %d: update of worker %d for step %d is missing", self.rank, rank, step)
+            return
+        try:
+            update = wire.decode(frame, size=self.model.size)
+            if not isinstance(update, wire.Update) or update.sender != rank or update.step != step:
+                raise wire.FrameError(f"expected the update of worker {rank} for step {step}")
+        except wire.FrameError as exc:
+            self.rejected_frames += 1
+            log.error("worker %d: rejected update frame: %s", self.rank, exc)
+            return
+        self.model.params[update.indices] += update.values
+
+    def _replica_frame(self) -> bytes:
+        return wire.encode(wire.Tensors(sender=self.rank, step=self.view.closed, arrays={"params": self.model.params}))
+
+    def _finish(self) -> None:
+        self.transport.put(keys.final_replica(self.rank), self._replica_frame())
+        seconds = time.monotonic() - self.started
+        self.transport.send_to_supervisor(wire.encode(wire.Done(sender=self.rank, step=self.view.closed, seconds=seconds)))
+        raise WorkerExit
+
+    def _leave(self) -> None:
+        # The replica still holds the unsent accumulated updates, which is why it is published:
+        # with v > 0 the survivors average it into theirs (DESIGN §2, worker removal).
+        self.transport.put(keys.leaver_replica(self.rank), self._replica_frame())
+        self.transport.send_to_supervisor(wire.encode(wire.Left(sender=self.rank, step=self.view.closed, has_replica=True)))
+        raise WorkerExit
+
+
+def serve(job: TrainingJob, rank: int, transport: Transport) -> int:
+    """Run worker `rank` until the supervisor finishes the job; the exit code of the process."""
+    # The supervisor owns shutdown: a Ctrl-C in the terminal must not kill workers mid-write.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    dataset = Dataset.open(job.dataset_uri, cache_batches=job.cache_batches)
+    worker = Worker(job, rank, transport, dataset)
+    try:
+        worker.run()
+    except Exception as exc:
+        log.exception("worker %d failed", rank)
+        reason = f"{type(exc).__name__}: {exc}"[:500]
+        transport.send_to_supervisor(wire.encode(wire.Failed(sender=rank, step=worker.step, reason=reason)))
+        return 1
+    finally:
+        transport.close()
+    return 0
+

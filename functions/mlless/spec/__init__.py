@@ -1,0 +1,27 @@
+"""The TrainingJob specification: one schema for the CLI and the CRD, and its typed form."""
+from mlless.spec.job import (
+    PricingConfig,
+    SpecError,
+    StopConfig,
+    SyncConfig,
+    TrainingJob,
+    from_manifest,
+    load_manifest,
+    validate_manifest,
+)
+from mlless.spec.schema import API_VERSION, KIND, SPEC_SCHEMA, manifest_schema
+
+__all__ = [
+    "API_VERSION",
+    "KIND",
+    "SPEC_SCHEMA",
+    "PricingConfig",
+    "SpecError",
+    "StopConfig",
+    "SyncConfig",
+    "TrainingJob",
+    "from_manifest",
+    "load_manifest",
+    "manifest_schema",
+    "validate_manifest",
+]

@@ -1,0 +1,193 @@
+"""A validated TrainingJob manifest as typed configuration.
+
+`load_manifest` is the only way a manifest becomes a `TrainingJob`: it
+validates against `schema.manifest_schema` and reports the first errors with
+their field path, then fills defaults. Model and optimizer settings map onto
+the dataclasses their modules own, so defaults live next to the code that
+depends on them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import jsonschema
+import yaml
+
+from mlless.models.base import ModelConfig
+from mlless.optim import OptimizerConfig, default_optimizer
+from mlless.spec.schema import manifest_schema
+
+
+class SpecError(ValueError):
+    """A manifest is invalid; the message names the field path."""
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    protocol: str = "isp"
+    significance_threshold: float = 0.7
+    slack: int = 3
+
+    @property
+    def threshold(self) -> float:
+        """The ISP v; BSP and SSP send every non-zero accumulated entry."""
+        return self.significance_threshold if self.protocol == "isp" else 0.0
+
+    @property
+    def staleness(self) -> int:
+        """How many closed steps a worker may run ahead of; 0 is a full barrier."""
+        return self.slack if self.protocol == "ssp" else 0
+
+
+@dataclass(frozen=True)
+class StopConfig:
+    target_loss: float | None = None
+    target_steps: int = 10
+    max_steps: int | None = None
+    max_epochs: float | None = None
+    max_seconds: float | None = None
+    budget_usd: float | None = None
+
+    def has_limit(self) -> bool:
+        return any(v is not None for v in (self.target_loss, self.max_steps, self.max_epochs, self.max_seconds, self.budget_usd))
+
+
+@dataclass(frozen=True)
+class PricingConfig:
+    """The papers' IBM Cloud prices (2021), DESIGN §3."""
+
+    function_memory_gb: float = 2.0
+    price_per_gb_second: float = 1.7e-5
+    billing_granularity_seconds: float = 0.1
+    redis_per_hour: float = 0.17
+    rabbitmq_per_hour: float = 0.15
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    name: str
+    workers: int
+    model: ModelConfig
+    dataset_uri: str
+    optimizer: OptimizerConfig
+    seed: int = 0
+    cache_batches: bool = False
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    stop: StopConfig = field(default_factory=StopConfig)
+    evaluate_every: int = 25
+    worker_timeout_seconds: float = 60.0
+    pricing: PricingConfig = field(default_factory=PricingConfig)
+
+    def to_json(self) -> str:
+        """Serialise the resolved job for worker processes (plain JSON, never pickle)."""
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainingJob:
+        raw = json.loads(text)
+        return cls(
+            **{
+                **raw,
+                "model": ModelConfig(**raw["model"]),
+                "optimizer": OptimizerConfig(**raw["optimizer"]),
+                "sync": SyncConfig(**raw["sync"]),
+                "stop": StopConfig(**raw["stop"]),
+                "pricing": PricingConfig(**raw["pricing"]),
+            }
+        )
+
+
+DEFAULT_MAX_EPOCHS = 10.0
+
+_STOP_FIELDS = {
+    "targetLoss": "target_loss",
+    "targetSteps": "target_steps",
+    "maxSteps": "max_steps",
+    "maxEpochs": "max_epochs",
+    "maxSeconds": "max_seconds",
+    "budgetUSD": "budget_usd",
+}
+_OPTIMIZER_FIELDS = {
+    "type": "type",
+    "learningRate": "learning_rate",
+    "momentum": "momentum",
+    "beta1": "beta1",
+    "beta2": "beta2",
+    "epsilon": "epsilon",
+    "lrDecay": "lr_decay",
+}
+_PRICING_FIELDS = {
+    "functionMemoryGB": "function_memory_gb",
+    "pricePerGBSecond": "price_per_gb_second",
+    "billingGranularitySeconds": "billing_granularity_seconds",
+    "redisPerHour": "redis_per_hour",
+    "rabbitmqPerHour": "rabbitmq_per_hour",
+}
+
+
+def _renamed(section: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    return {names[k]: v for k, v in section.items() if k in names}
+
+
+def validate_manifest(doc: Any, source: str = "manifest") -> None:
+    """Raise SpecError naming the offending field paths."""
+    validator = jsonschema.Draft202012Validator(manifest_schema(strict=True))
+    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if not errors:
+        return
+    lines = []
+    for err in errors[:5]:
+        path = ".".join(str(p) for p in err.absolute_path) or "(document)"
+        lines.append(f"{path}: {err.message}")
+    raise SpecError(f"{source}: invalid TrainingJob\n  " + "\n  ".join(lines))
+
+
+def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: str = "manifest") -> TrainingJob:
+    """Validate a parsed manifest and resolve defaults."""
+    validate_manifest(doc, source)
+    spec = doc["spec"]
+    model = ModelConfig(type=spec["model"]["type"], rank=spec["model"].get("rank", 20), l2=spec["model"].get("l2"))
+    optimizer = dataclasses.replace(default_optimizer(model.type), **_renamed(spec.get("optimizer", {}), _OPTIMIZER_FIELDS))
+    sync = spec.get("sync", {})
+    stop = StopConfig(**_renamed(spec.get("stop", {}), _STOP_FIELDS))
+    if not stop.has_limit():
+        stop = dataclasses.replace(stop, max_epochs=DEFAULT_MAX_EPOCHS)
+    uri = spec["dataset"]["uri"]
+    if base_dir is not None and "://" not in uri and not Path(uri).is_absolute():
+        uri = str((base_dir / uri).resolve())
+    return TrainingJob(
+        name=doc.get("metadata", {}).get("name", "trainingjob"),
+        workers=spec.get("workers", 3),
+        model=model,
+        dataset_uri=uri,
+        optimizer=optimizer,
+        seed=spec.get("seed", 0),
+        cache_batches=spec["dataset"].get("cacheBatches", False),
+        sync=SyncConfig(
+            protocol=sync.get("protocol", "isp"),
+            significance_threshold=sync.get("significanceThreshold", 0.7),
+            slack=sync.get("slack", 3),
+        ),
+        stop=stop,
+        evaluate_every=spec.get("evaluation", {}).get("everySteps", 25),
+        worker_timeout_seconds=spec.get("liveness", {}).get("workerTimeoutSeconds", 60.0),
+        pricing=PricingConfig(**_renamed(spec.get("pricing", {}), _PRICING_FIELDS)),
+    )
+
+
+def load_manifest(path: str | Path) -> TrainingJob:
+    """Read a TrainingJob YAML file (the same file `kubectl apply` takes)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read manifest: {exc.strerror}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    return from_manifest(doc, base_dir=path.parent, source=str(path))

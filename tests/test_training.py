@@ -1,0 +1,232 @@
+"""End to end: a supervisor and real worker processes training over real Redis and RabbitMQ,
+and over the embedded transport."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+import yaml
+
+from mlless.runtime.launcher import LocalLauncher
+from mlless.runtime.local import Services, new_job_id, train_local
+from mlless.runtime.record import Progress
+from mlless.runtime.supervisor import Supervisor
+from mlless.spec import TrainingJob, from_manifest
+from mlless.transport import connect
+
+pytestmark = pytest.mark.slow
+
+
+def manifest(dataset: Path, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "mlless.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "test"},
+        "spec": {"workers": 3, "model": {"type": "pmf"}, "dataset": {"uri": str(dataset), "cacheBatches": True}, **spec},
+    }
+
+
+def job_for(dataset: Path, **spec: Any) -> TrainingJob:
+    return from_manifest(manifest(dataset, **spec))
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def job_keys(redis_url: str, job_id: str) -> list[bytes]:
+    return list(redis.Redis.from_url(redis_url).scan_iter(match=f"mlless:{job_id}:*"))
+
+
+QUIET = Progress(enabled=False)
+
+
+def test_pmf_over_redis_and_rabbitmq_reaches_target_rmse(movielens_dir, tmp_path, redis_url, amqp_url):
+    job = job_for(movielens_dir, stop={"maxEpochs": 30})
+    summary = train_local(job, tmp_path, Services(redis_url, amqp_url), QUIET)
+
+    assert summary["stop_reason"] == "max epochs"
+    assert summary["loss_metric"] == "rmse"
+    assert summary["validation_loss"] <= 0.92
+    assert summary["workers_initial"] == summary["workers_final"] == 3
+    assert summary["rejected_frames"] == 0
+    assert job_keys(redis_url, summary["job_id"]) == []
+    rows = read_metrics(tmp_path)
+    assert len(rows) == summary["steps"]
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    assert set(rows[1]["phases"]) == {"fetch", "compute", "filter", "write", "wait", "read", "apply"}
+    assert any(r["validation_loss"] is not None for r in rows)
+    assert (tmp_path / "model.npz").exists()
+    for key in ("train_loss", "epochs", "wall_seconds", "samples_per_second", "bytes_sent", "cost_usd"):
+        assert summary[key] is not None and summary[key] > 0, key
+
+
+def test_pmf_on_embedded_transport_reaches_target_rmse(movielens_dir, tmp_path):
+    summary = train_local(job_for(movielens_dir, stop={"maxEpochs": 30}), tmp_path, Services(), QUIET)
+    assert summary["validation_loss"] <= 0.92
+    assert summary["workers_final"] == 3
+
+
+@pytest.mark.parametrize("services", ["embedded", "redis+rabbitmq"])
+def test_bsp_keeps_replicas_identical(movielens_dir, tmp_path, redis_url, amqp_url, services):
+    svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
+    summary = train_local(job_for(movielens_dir, sync={"protocol": "bsp"}, stop={"maxSteps": 40}), tmp_path, svc, QUIET)
+    assert summary["steps"] == 40
+    # Identical up to float summation order: each worker adds the same updates in a different order.
+    assert summary["replica_spread"] < 1e-4
+
+
+def test_isp_sends_fewer_bytes_than_bsp_and_replicas_diverge_within_bounds(movielens_dir, tmp_path):
+    results = {}
+    for protocol in ("bsp", "isp"):
+        job = job_for(movielens_dir, sync={"protocol": protocol}, stop={"maxSteps": 60})
+        results[protocol] = train_local(job, tmp_path / protocol, Services(), QUIET)
+    assert results["isp"]["bytes_sent"] * 2 < results["bsp"]["bytes_sent"]
+    assert results["isp"]["replica_spread"] > results["bsp"]["replica_spread"]
+    assert results["isp"]["validation_loss"] < results["isp"]["train_loss"] + 0.2
+
+
+def test_ssp_trains(movielens_dir, tmp_path, redis_url, amqp_url):
+    job = job_for(movielens_dir, sync={"protocol": "ssp", "slack": 2}, stop={"maxEpochs": 10})
+    summary = train_local(job, tmp_path, Services(redis_url, amqp_url), QUIET)
+    assert summary["validation_loss"] < 1.0
+    assert summary["rejected_frames"] == 0
+
+
+def _supervise_with(job: TrainingJob, run_dir: Path, redis_url: str, amqp_url: str, during) -> dict[str, Any]:
+    """Run a job in-process with a hook that gets the supervisor and launcher while it trains."""
+    job_id = new_job_id(job.name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    job_file = run_dir / "job.json"
+    job_file.write_text(job.to_json())
+    env = {"MLLESS_JOB_ID": job_id, "REDIS_URL": redis_url, "AMQP_URL": amqp_url}
+    launcher = LocalLauncher(job_file, env, run_dir / "logs")
+    transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
+    supervisor = Supervisor(job, job_id, transport, launcher, run_dir, QUIET)
+    hook = threading.Thread(target=during, args=(supervisor, launcher), daemon=True)
+    hook.start()
+    try:
+        return supervisor.run()
+    finally:
+        transport.close()
+        hook.join(timeout=5)
+
+
+def _when_step(supervisor: Supervisor, step: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while supervisor.closed < step and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_killed_worker_is_dropped_and_job_completes(movielens_dir, tmp_path, redis_url, amqp_url):
+    def kill_worker_1(supervisor, launcher):
+        _when_step(supervisor, 10)
+        os.kill(launcher.pid(1), signal.SIGKILL)
+
+    job = job_for(movielens_dir, stop={"maxSteps": 80})
+    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, kill_worker_1)
+    assert summary["steps"] == 80
+    assert summary["workers_final"] == 2
+    assert [d["rank"] for d in summary["dropped_workers"]] == [1]
+    assert summary["validation_loss"] < 1.1
+    assert job_keys(redis_url, summary["job_id"]) == []
+    assert read_metrics(tmp_path)[-1]["workers"] == 2
+
+
+def test_stalled_worker_is_dropped_after_timeout(movielens_dir, tmp_path, redis_url, amqp_url):
+    def stall_worker_0(supervisor, launcher):
+        _when_step(supervisor, 5)
+        os.kill(launcher.pid(0), signal.SIGSTOP)
+
+    job = job_for(movielens_dir, stop={"maxSteps": 30}, liveness={"workerTimeoutSeconds": 2})
+    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, stall_worker_0)
+    assert summary["steps"] == 30
+    assert [d["rank"] for d in summary["dropped_workers"]] == [0]
+    assert "no report" in summary["dropped_workers"][0]["reason"]
+    assert summary["workers_final"] == 2
+
+
+def test_logistic_regression_learns(synthetic_lr_dir, tmp_path):
+    doc = manifest(synthetic_lr_dir, model={"type": "logistic-regression"}, stop={"maxEpochs": 3})
+    summary = train_local(from_manifest(doc), tmp_path, Services(), QUIET)
+    assert summary["loss_metric"] == "bce"
+    # The planted model separates the classes well; a constant predictor scores ~0.69.
+    assert summary["validation_loss"] < 0.6
+
+
+def _cli(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "mlless", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+
+
+def test_cli_train_then_evaluate(movielens_dir, tmp_path):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(manifest(movielens_dir, workers=2, stop={"maxEpochs": 5})))
+    proc = _cli("train", str(job_file), "--out", str(tmp_path / "run"))
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err.decode()
+    assert b"validation rmse" in err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    evaluate = _cli("evaluate", str(tmp_path / "run" / "model.npz"), str(movielens_dir))
+    out, err = evaluate.communicate(timeout=60)
+    assert evaluate.returncode == 0, err.decode()
+    assert json.loads(out)["validation"] == pytest.approx(summary["validation_loss"], rel=1e-5)
+
+
+def test_cli_rejects_invalid_manifest_naming_the_field(movielens_dir, tmp_path):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(manifest(movielens_dir, sync={"protocol": "gossip"})))
+    proc = _cli("train", str(job_file))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert b"spec.sync.protocol" in err and b"Traceback" not in err
+
+
+def test_ctrl_c_stops_cleanly_and_deletes_keys(movielens_dir, tmp_path, redis_url, amqp_url):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(manifest(movielens_dir, stop={"maxEpochs": 10000})))
+    run_dir = tmp_path / "run"
+    proc = _cli("train", str(job_file), "--out", str(run_dir), "--redis-url", redis_url, "--amqp-url", amqp_url)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert b"Traceback" not in err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted"
+    assert job_keys(redis_url, summary["job_id"]) == []
+    # Every worker process ended with the job.
+    pids = subprocess.run(["pgrep", "-f", f"MLLESS_JOB_ID={summary['job_id']}"], capture_output=True)
+    assert pids.stdout == b""
+
+
+def test_malformed_update_frame_is_rejected_not_applied(movielens_dir, tmp_path, redis_url, amqp_url):
+    """A corrupt frame planted in an update slot is counted and skipped; training carries on."""
+    from mlless.runtime import keys
+
+    def corrupt_updates(supervisor, launcher):
+        client = redis.Redis.from_url(redis_url)
+        _when_step(supervisor, 3)
+        for step in range(4, 8):
+            client.set(f"mlless:{supervisor.job_id}:{keys.update(2, step, 0)}", b"MLs\x01garbage", ex=60)
+            _when_step(supervisor, step)
+
+    job = job_for(movielens_dir, sync={"protocol": "bsp"}, stop={"maxSteps": 20})
+    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, corrupt_updates)
+    assert summary["steps"] == 20
+    assert summary["dropped_workers"] == []
+    assert np.isfinite(summary["validation_loss"])
