@@ -1,0 +1,93 @@
+"""Transports: how a job's supervisor and workers exchange bytes and control frames.
+
+``connect()`` picks the backend: the embedded broker when an address is given
+(laptop runs), otherwise Redis + RabbitMQ (cluster runs).  With no argument at
+all it reads ``MLLESS_EMBEDDED_ADDRESS``, ``MLLESS_REDIS_URL`` and
+``MLLESS_AMQP_URL`` from the environment, which is how the operator hands
+per-job credentials to pods without them ever appearing in a command line.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .base import (
+    DEFAULT_TTL,
+    SUPERVISOR,
+    Role,
+    Transport,
+    TransportError,
+    UnroutableError,
+    redact_url,
+)
+
+__all__ = [
+    "DEFAULT_TTL",
+    "SUPERVISOR",
+    "ENV_EMBEDDED",
+    "ENV_REDIS",
+    "ENV_AMQP",
+    "Role",
+    "Transport",
+    "TransportError",
+    "UnroutableError",
+    "EmbeddedBroker",
+    "EmbeddedTransport",
+    "ServicesTransport",
+    "connect",
+    "redact_url",
+]
+
+ENV_EMBEDDED = "MLLESS_EMBEDDED_ADDRESS"
+ENV_REDIS = "MLLESS_REDIS_URL"
+ENV_AMQP = "MLLESS_AMQP_URL"
+
+
+def connect(
+    job_id: str,
+    *,
+    redis_url: str | None = None,
+    amqp_url: str | None = None,
+    embedded_address: str | None = None,
+    role: Role,
+    rank: int | None = None,
+    **options: Any,
+) -> Transport:
+    """Open this process's transport for ``job_id``.
+
+    Returns only once the process's own queue exists (for a worker: declared
+    and bound to the job's fanout), so every later broadcast reaches it.
+    ``options`` go to the backend constructor (e.g. ``ttl=`` seconds).
+    """
+    if embedded_address is None and redis_url is None and amqp_url is None:
+        embedded_address = os.environ.get(ENV_EMBEDDED) or None
+        if embedded_address is None:
+            redis_url = os.environ.get(ENV_REDIS) or None
+            amqp_url = os.environ.get(ENV_AMQP) or None
+    if embedded_address is not None:
+        if redis_url is not None or amqp_url is not None:
+            raise ValueError("give either embedded_address or redis_url+amqp_url, not both")
+        from .embedded import EmbeddedTransport
+
+        return EmbeddedTransport(embedded_address, job_id, role=role, rank=rank, **options)
+    if redis_url is None or amqp_url is None:
+        raise ValueError(
+            f"no transport configured: pass embedded_address, or both redis_url and amqp_url "
+            f"(or set {ENV_EMBEDDED}, or {ENV_REDIS} and {ENV_AMQP})"
+        )
+    from .services import ServicesTransport
+
+    return ServicesTransport(job_id, redis_url=redis_url, amqp_url=amqp_url, role=role, rank=rank, **options)
+
+
+def __getattr__(name: str) -> Any:
+    """Lazy backend imports: a laptop run never needs to import redis or pika."""
+    if name in ("EmbeddedBroker", "EmbeddedTransport"):
+        from . import embedded
+
+        return getattr(embedded, name)
+    if name == "ServicesTransport":
+        from .services import ServicesTransport
+
+        return ServicesTransport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,189 @@
+"""The transport contract shared by the services backend and the embedded broker.
+
+A job's processes (one supervisor, P workers) need two things from the outside
+world: a key-value store for bulk bytes (updates, replicas, checkpoints: the
+Redis role) and per-process queues for small control frames (the RabbitMQ
+role).  The protocol code is written once against ``Transport`` and runs
+unchanged on a cluster (``ServicesTransport``) or on a laptop
+(``EmbeddedTransport``).
+
+Every key and queue is namespaced by job id, so two jobs sharing one Redis or
+RabbitMQ never see each other's data, and ``delete_job`` removes exactly one
+job.  Every write carries a TTL so a crashed job cannot leak.
+"""
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from typing import Literal, Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+__all__ = [
+    "Role",
+    "DEFAULT_TTL",
+    "SUPERVISOR",
+    "Transport",
+    "TransportError",
+    "UnroutableError",
+    "redact_url",
+    "check_job_id",
+    "check_key",
+    "key_prefix",
+]
+
+Role = Literal["supervisor", "worker"]
+#: Default lifetime of every key written by a job (seconds).
+DEFAULT_TTL = 24 * 3600
+#: The sender/queue id used for the supervisor (workers are ranks >= 0).
+SUPERVISOR = -1
+
+_JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_MAX_KEY = 512
+
+
+class TransportError(RuntimeError):
+    """The backend failed or refused an operation (the message never contains a password)."""
+
+
+class UnroutableError(TransportError):
+    """A message was sent to a queue that does not exist (the recipient has not connected, or left)."""
+
+
+def redact_url(url: str | None) -> str:
+    """Return ``url`` with any password replaced by ``***`` (safe to log)."""
+    if not url:
+        return str(url)
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+        user = parts.username or ""
+        return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+    except ValueError:
+        # Unparseable: hide everything between the scheme and the last '@'.
+        return re.sub(r"//[^/]*@", "//***@", url)
+
+
+def check_job_id(job_id: str) -> str:
+    """Job ids are restricted so they are safe inside key globs and queue names."""
+    if not isinstance(job_id, str) or not _JOB_RE.match(job_id):
+        raise ValueError(f"invalid job id {job_id!r}: use 1-128 of [A-Za-z0-9_.-], starting alphanumeric")
+    return job_id
+
+
+def check_key(key: str) -> str:
+    if (
+        not isinstance(key, str)
+        or not key
+        or key.startswith("_")
+        or len(key) > _MAX_KEY
+        or any(c in key for c in "*?[]\\ \n\r\t")
+    ):
+        raise ValueError(
+            f"invalid key {key!r}: 1-{_MAX_KEY} chars, no whitespace or glob characters, "
+            "not starting with '_' (reserved for the transport)"
+        )
+    return key
+
+
+def key_prefix(job_id: str) -> str:
+    """All keys of a job start with this."""
+    return f"mlless:{job_id}:"
+
+
+class Transport(ABC):
+    """One per process.  Not thread-safe: use it from the thread that created it.
+
+    Messages are opaque ``bytes`` (``mlless.wire`` frames); values are opaque
+    ``bytes``.  Receipt counts as handling: ``receive`` acknowledges a message
+    as it returns it.
+    """
+
+    job_id: str
+    role: Role
+    rank: int  # SUPERVISOR (-1) for the supervisor
+    ttl: int
+
+    # ---------------------------------------------------------------- key-value
+    @abstractmethod
+    def put(self, key: str, value: bytes) -> None:
+        """Store ``value`` under the job-namespaced ``key`` with the transport's TTL."""
+
+    @abstractmethod
+    def put_many(self, items: Mapping[str, bytes]) -> None:
+        """Store several values in one round trip."""
+
+    @abstractmethod
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Fetch several values in one round trip; ``None`` for a missing key."""
+
+    def get(self, key: str) -> bytes | None:
+        return self.get_many([key])[0]
+
+    @abstractmethod
+    def ttl_of(self, key: str) -> float | None:
+        """Remaining lifetime of ``key`` in seconds, ``None`` if it does not exist (diagnostics, tests)."""
+
+    @abstractmethod
+    def delete_job(self) -> int:
+        """Delete every key, queue and exchange of this job; return the number of keys deleted."""
+
+    # ---------------------------------------------------------------- messages
+    @abstractmethod
+    def send_to_supervisor(self, body: bytes) -> None:
+        """Queue ``body`` for the supervisor; ``UnroutableError`` if its queue does not exist."""
+
+    @abstractmethod
+    def send_to_worker(self, rank: int, body: bytes) -> None:
+        """Queue ``body`` for one worker; ``UnroutableError`` if that worker's queue does not exist."""
+
+    @abstractmethod
+    def broadcast(self, body: bytes) -> None:
+        """Queue ``body`` for every worker whose queue exists now (later joiners don't get it)."""
+
+    @abstractmethod
+    def receive(self, timeout: float | None) -> bytes | None:
+        """Next message of this process's own queue, acknowledged; ``None`` after ``timeout`` seconds.
+
+        ``timeout=None`` blocks until a message arrives; ``0`` polls.
+        """
+
+    @abstractmethod
+    def close(self, *, delete_queue: bool = False) -> None:
+        """Release connections.  ``delete_queue=True`` also deletes this process's own queue
+        (a worker leaving for good), so broadcasts stop piling up for it."""
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_rank(self, rank: int) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 2**31:
+            raise ValueError(f"invalid worker rank {rank!r}")
+        return rank
+
+
+def check_role(role: str, rank: int | None) -> int:
+    """Validate (role, rank) and return the queue id: SUPERVISOR or the worker's rank."""
+    if role == "supervisor":
+        if rank not in (None, SUPERVISOR):
+            raise ValueError("the supervisor has no rank")
+        return SUPERVISOR
+    if role == "worker":
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 2**31:
+            raise ValueError(f"a worker needs a rank >= 0, got {rank!r}")
+        return rank
+    raise ValueError(f"role must be 'supervisor' or 'worker', got {role!r}")
+
+
+def check_body(body: bytes) -> bytes:
+    if not isinstance(body, (bytes, bytearray, memoryview)):
+        raise TypeError(f"message body must be bytes, got {type(body).__name__}")
+    return bytes(body)

@@ -1,0 +1,377 @@
+"""Transport over real services: Redis (redis-py) for bytes, RabbitMQ (pika) for control frames.
+
+Idioms follow notes/style.md §5:
+
+* **Redis**: one ``ConnectionPool`` per process with an explicit
+  ``Retry(ExponentialBackoff)``, socket timeouts and ``health_check_interval``;
+  batches go through ``pipeline(transaction=False)`` (plain batching, not
+  MULTI/EXEC) or ``MGET``; cleanup is ``SCAN`` by job prefix + ``UNLINK``, never
+  ``FLUSHALL`` (the original wiped every job's data).
+* **RabbitMQ**: a ``BlockingConnection`` used only from the thread that created
+  it, with heartbeats and ``blocked_connection_timeout``.  Publishing happens on
+  its own channel with publisher confirms, so ``basic_publish`` returns only once
+  the broker has the message and a direct send to a missing queue raises
+  (``mandatory``).  Consuming uses a second channel so a channel error while
+  publishing (e.g. a deleted exchange) cannot kill the consumer.  Deliveries go
+  into a deque via ``basic_consume`` and ``process_data_events(time_limit=…)``,
+  which returns as soon as a delivery is ready: this is the low-latency path.
+  Each message is acked when ``receive`` hands it out (the original never
+  acked).  ``AMQPConnectionError`` triggers a reconnect with exponential
+  backoff; ``ConnectionClosedByBroker`` and channel errors do not.
+
+Topology per job (queues are non-durable and carry ``x-expires`` so a crashed
+job's queues vanish by themselves)::
+
+    mlless.{job}.supervisor        the supervisor's queue
+    mlless.{job}.worker.{rank}     one per worker, bound to the fanout
+    mlless.{job}.workers           fanout exchange (auto-delete)
+    mlless.{job}.sink              a zero-length queue bound to the fanout, so
+                                   the auto-delete exchange lives while the job
+                                   does and disappears when the sink expires
+
+Worker ranks that ever connected are recorded in the Redis set
+``mlless:{job}:_ranks`` so ``delete_job`` can delete their queues (AMQP cannot
+list queues).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Callable, Mapping, Sequence, TypeVar
+
+import pika
+import pika.exceptions as pe
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from .base import (
+    DEFAULT_TTL,
+    SUPERVISOR,
+    Role,
+    Transport,
+    TransportError,
+    UnroutableError,
+    check_body,
+    check_job_id,
+    check_key,
+    check_role,
+    key_prefix,
+    redact_url,
+)
+
+__all__ = ["ServicesTransport", "queue_names"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_RANKS_KEY = "_ranks"
+
+
+def queue_names(job_id: str) -> dict[str, str]:
+    """AMQP names used by a job (also handy for operators and tests)."""
+    return {
+        "supervisor": f"mlless.{job_id}.supervisor",
+        "worker": f"mlless.{job_id}.worker.{{rank}}",
+        "exchange": f"mlless.{job_id}.workers",
+        "sink": f"mlless.{job_id}.sink",
+    }
+
+
+class ServicesTransport(Transport):
+    """Redis + RabbitMQ backend.  See the module docstring for topology and idioms."""
+
+    def __init__(
+        self,
+        job_id: str,
+        *,
+        redis_url: str,
+        amqp_url: str,
+        role: Role,
+        rank: int | None = None,
+        ttl: int = DEFAULT_TTL,
+        queue_expires: float = 600.0,
+        prefetch: int = 256,
+        heartbeat: int = 60,
+        blocked_connection_timeout: float = 300.0,
+        socket_timeout: float = 10.0,
+        health_check_interval: int = 30,
+        redis_retries: int = 5,
+        amqp_retries: int = 5,
+    ) -> None:
+        self.job_id = check_job_id(job_id)
+        self.role = role
+        self.rank = check_role(role, rank)
+        if ttl <= 0:
+            raise ValueError("ttl must be > 0 seconds")
+        self.ttl = int(ttl)
+        self._prefix = key_prefix(job_id)
+        self._names = queue_names(job_id)
+        self._own_queue = self._queue_of(self.rank)
+        self._queue_args = {"x-expires": max(1000, int(queue_expires * 1000))}
+        self._prefetch = prefetch
+        self._amqp_retries = amqp_retries
+        self._redis_desc = redact_url(redis_url)
+        self._amqp_desc = redact_url(amqp_url)
+
+        # ---- Redis: one pool per process, explicit retries, health checks.
+        try:
+            self._pool = redis.ConnectionPool.from_url(
+                redis_url,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=socket_timeout,
+                socket_keepalive=True,
+                health_check_interval=health_check_interval,
+                retry=Retry(ExponentialBackoff(cap=2.0, base=0.01), redis_retries),
+                retry_on_error=[redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError],
+            )
+        except ValueError as exc:
+            raise TransportError(f"bad redis url {self._redis_desc}: {exc}") from None
+        self.redis = redis.Redis(connection_pool=self._pool)
+
+        # ---- RabbitMQ
+        try:
+            self._params = pika.URLParameters(amqp_url)
+        except Exception as exc:  # pika raises assorted errors on bad URLs
+            raise TransportError(f"bad amqp url {self._amqp_desc}: {type(exc).__name__}") from None
+        self._params.heartbeat = heartbeat
+        self._params.blocked_connection_timeout = blocked_connection_timeout
+        self._params.socket_timeout = socket_timeout
+        self._params.connection_attempts = 1  # we do our own backoff
+        self._conn: pika.BlockingConnection | None = None
+        self._pub: pika.adapters.blocking_connection.BlockingChannel | None = None
+        self._sub: pika.adapters.blocking_connection.BlockingChannel | None = None
+        self._inbox: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._closed = False
+
+        if role == "worker":
+            self._redis_call(self._register_rank)
+        self._amqp(lambda: None)  # connect + declare topology now: connect() is synchronous
+
+    # ------------------------------------------------------------------ helpers
+    def _key(self, key: str) -> str:
+        return self._prefix + check_key(key)
+
+    def _queue_of(self, rank: int) -> str:
+        return self._names["supervisor"] if rank == SUPERVISOR else self._names["worker"].format(rank=rank)
+
+    def _redis_call(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except redis.RedisError as exc:
+            raise TransportError(f"redis {self._redis_desc}: {type(exc).__name__}: {exc}") from None
+
+    def _register_rank(self) -> None:
+        k = self._prefix + _RANKS_KEY
+        with self.redis.pipeline(transaction=False) as p:
+            p.sadd(k, self.rank)
+            p.expire(k, self.ttl)
+            p.execute()
+
+    # ------------------------------------------------------------------ key-value
+    def put(self, key: str, value: bytes) -> None:
+        k, v = self._key(key), check_body(value)
+        self._redis_call(lambda: self.redis.set(k, v, ex=self.ttl))
+
+    def put_many(self, items: Mapping[str, bytes]) -> None:
+        pairs = [(self._key(k), check_body(v)) for k, v in items.items()]
+        if not pairs:
+            return
+
+        def run() -> None:
+            with self.redis.pipeline(transaction=False) as p:
+                for k, v in pairs:
+                    p.set(k, v, ex=self.ttl)
+                p.execute()
+
+        self._redis_call(run)
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        ks = [self._key(k) for k in keys]
+        if not ks:
+            return []
+        return self._redis_call(lambda: self.redis.mget(ks))  # one command, one round trip
+
+    def ttl_of(self, key: str) -> float | None:
+        ms = self._redis_call(lambda: self.redis.pttl(self._key(key)))
+        if ms == -2:
+            return None
+        return float("inf") if ms == -1 else ms / 1000.0
+
+    def delete_job(self) -> int:
+        """SCAN the job prefix and UNLINK in batches; then delete the job's queues and exchange."""
+
+        def run() -> tuple[int, list[int]]:
+            rk = self._prefix + _RANKS_KEY
+            ranks = sorted(int(r) for r in self.redis.smembers(rk))
+            self.redis.unlink(rk)  # the internal rank registry is not one of the caller's keys
+            deleted = 0
+            batch: list[bytes] = []
+            for k in self.redis.scan_iter(match=self._prefix + "*", count=1000):
+                batch.append(k)
+                if len(batch) >= 500:
+                    deleted += self.redis.unlink(*batch)
+                    batch.clear()
+            if batch:
+                deleted += self.redis.unlink(*batch)
+            return deleted, ranks
+
+        deleted, ranks = self._redis_call(run)
+        queues = [self._names["supervisor"], self._names["sink"]] + [self._queue_of(r) for r in ranks]
+        if self.role == "worker" and self._own_queue not in queues:
+            queues.append(self._own_queue)
+
+        def drop() -> None:
+            ch = self._pub
+            assert ch is not None
+            for q in queues:
+                ch.queue_delete(q)
+            ch.exchange_delete(self._names["exchange"])
+
+        self._amqp(drop)
+        self._inbox.clear()
+        return deleted
+
+    # ------------------------------------------------------------------ AMQP plumbing
+    def _connect(self) -> None:
+        conn = pika.BlockingConnection(self._params)
+        try:
+            pub = conn.channel()
+            pub.confirm_delivery()
+            sub = conn.channel()
+            sub.basic_qos(prefetch_count=self._prefetch)
+            self._conn, self._pub, self._sub = conn, pub, sub
+            self._declare_topology()
+            self._inbox.clear()  # unacked deliveries of a dead connection are redelivered by the broker
+            sub.basic_consume(self._own_queue, self._on_message, auto_ack=False)
+        except BaseException:
+            self._conn = self._pub = self._sub = None
+            try:
+                conn.close()
+            except Exception:
+                pass
+            raise
+
+    def _declare_topology(self) -> None:
+        ch = self._pub
+        assert ch is not None
+        ex = self._names["exchange"]
+        ch.exchange_declare(ex, "fanout", durable=False, auto_delete=True)
+        if self.role == "supervisor":
+            sink = self._names["sink"]
+            ch.queue_declare(sink, durable=False, arguments={**self._queue_args, "x-max-length": 0})
+            ch.queue_bind(sink, ex)
+            ch.queue_declare(self._own_queue, durable=False, arguments=self._queue_args)
+        else:
+            ch.queue_declare(self._own_queue, durable=False, arguments=self._queue_args)
+            ch.queue_bind(self._own_queue, ex)
+
+    def _on_message(self, ch: object, method: pika.spec.Basic.Deliver, props: object, body: bytes) -> None:
+        self._inbox.append((method.delivery_tag, body))
+
+    def _amqp(self, op: Callable[[], T]) -> T:
+        """Run ``op`` with a live connection; reconnect with backoff on connection errors only."""
+        if self._closed:
+            raise TransportError("transport is closed")
+        delay = 0.05
+        for attempt in range(self._amqp_retries + 1):
+            try:
+                if self._conn is None or not self._conn.is_open:
+                    self._connect()
+                return op()
+            except pe.ConnectionClosedByBroker as exc:
+                self._conn = None
+                raise TransportError(f"amqp {self._amqp_desc}: closed by broker: {exc}") from None
+            except (pe.AMQPConnectionError, pe.ChannelWrongStateError, OSError) as exc:
+                if isinstance(exc, pe.ChannelWrongStateError) and self._conn is not None and self._conn.is_open:
+                    raise TransportError(f"amqp {self._amqp_desc}: channel closed: {exc}") from None
+                self._drop_connection()
+                if attempt == self._amqp_retries:
+                    raise TransportError(f"amqp {self._amqp_desc}: {type(exc).__name__}: {exc}") from None
+                log.warning("amqp %s: %s, reconnecting in %.2fs", self._amqp_desc, type(exc).__name__, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")
+
+    def _drop_connection(self) -> None:
+        conn, self._conn, self._pub, self._sub = self._conn, None, None, None
+        self._inbox.clear()
+        if conn is not None and conn.is_open:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    def _publish(self, exchange: str, routing_key: str, body: bytes, *, mandatory: bool) -> None:
+        def op() -> None:
+            ch = self._pub
+            assert ch is not None
+            try:
+                ch.basic_publish(exchange, routing_key, body, mandatory=mandatory)
+            except pe.UnroutableError:
+                raise UnroutableError(f"no queue {routing_key!r} in job {self.job_id}") from None
+            except pe.NackError:
+                raise TransportError(f"broker nacked a message to {routing_key or exchange!r}") from None
+            except pe.ChannelClosedByBroker as exc:
+                # e.g. the exchange was deleted: reopen the publishing channel, report the error.
+                assert self._conn is not None
+                self._pub = self._conn.channel()
+                self._pub.confirm_delivery()
+                raise TransportError(f"amqp publish to {exchange or routing_key!r} refused: {exc}") from None
+
+        self._amqp(op)
+
+    # ------------------------------------------------------------------ messages
+    def send_to_supervisor(self, body: bytes) -> None:
+        self._publish("", self._names["supervisor"], check_body(body), mandatory=True)
+
+    def send_to_worker(self, rank: int, body: bytes) -> None:
+        self._publish("", self._queue_of(self._check_rank(rank)), check_body(body), mandatory=True)
+
+    def broadcast(self, body: bytes) -> None:
+        # Not mandatory: the sink queue makes every publish routable, and zero workers is legal.
+        self._publish(self._names["exchange"], "", check_body(body), mandatory=False)
+
+    def receive(self, timeout: float | None) -> bytes | None:
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+
+        def op() -> bytes | None:
+            while True:
+                if self._inbox:
+                    tag, body = self._inbox.popleft()
+                    assert self._sub is not None
+                    self._sub.basic_ack(tag)  # receipt is handling
+                    return body
+                remaining = 1.0 if deadline is None else deadline - time.monotonic()
+                if remaining <= 0:
+                    assert self._conn is not None
+                    self._conn.process_data_events(time_limit=0)
+                    if not self._inbox:
+                        return None
+                    continue
+                assert self._conn is not None
+                # Returns as soon as a delivery is dispatched; caps keep heartbeats flowing.
+                self._conn.process_data_events(time_limit=min(remaining, 1.0))
+
+        return self._amqp(op)
+
+    def close(self, *, delete_queue: bool = False) -> None:
+        if self._closed:
+            return
+        try:
+            if delete_queue and self._conn is not None and self._conn.is_open and self._pub is not None:
+                try:
+                    self._pub.queue_delete(self._own_queue)
+                except pe.AMQPError as exc:
+                    log.warning("could not delete queue %s: %s", self._own_queue, exc)
+        finally:
+            self._closed = True
+            self._drop_connection()
+            self._pool.disconnect()
+
+    def __repr__(self) -> str:
+        return (
+            f"ServicesTransport(job={self.job_id!r}, role={self.role}, rank={self.rank}, "
+            f"redis={self._redis_desc}, amqp={self._amqp_desc})"
+        )
