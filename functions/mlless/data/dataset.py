@@ -1,0 +1,163 @@
+"""Reading a prepared dataset: what workers and the supervisor use every step.
+
+`Dataset.open(uri)` reads and validates `manifest.json`; `batch(i)` fetches
+one `.npz` with `allow_pickle=False`, checks its sha256 against the manifest
+(once per file: batches are immutable, so later reads skip the hash),
+validates dtypes and shapes through `from_arrays`, and checks ids and feature
+indices against the manifest's dimensions so a corrupt batch can never index
+outside the model.  Every problem is a `DatasetError` naming the file.
+"""
+from __future__ import annotations
+
+import posixpath
+import threading
+from collections import OrderedDict
+
+import fsspec
+import numpy as np
+from fsspec import AbstractFileSystem
+
+from mlless.data.batches import BATCH_TYPES, BatchError, RatingsBatch, SparseBatch
+from mlless.data.manifest import MANIFEST_NAME, VALIDATION_NAME, DatasetError, Manifest, batch_name
+from mlless.data.npz import load_npz_bytes, sha256
+
+__all__ = ["Dataset", "DatasetError", "Manifest"]
+
+
+class Dataset:
+    """A prepared dataset at a local path or fsspec URL."""
+
+    def __init__(self, fs: AbstractFileSystem, root: str, uri: str, manifest: Manifest, cache_batches: int = 0):
+        self.fs = fs
+        self.root = root
+        self.uri = uri
+        self.manifest = manifest
+        self._verified: set[str] = set()
+        self._cache: OrderedDict[str, RatingsBatch | SparseBatch] = OrderedDict()
+        self._cache_size = int(cache_batches)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, uri: str, cache_batches: bool | int = False) -> Dataset:
+        """Open and validate a dataset; `cache_batches` keeps that many (True: 64) batches in an LRU."""
+        try:
+            fs, root = fsspec.core.url_to_fs(uri)
+        except (ValueError, ImportError) as exc:
+            raise DatasetError(f"{uri}: cannot open ({exc})") from None
+        root = root.rstrip("/") or root
+        path = posixpath.join(root, MANIFEST_NAME)
+        where = f"{uri.rstrip('/')}/{MANIFEST_NAME}"
+        try:
+            text = fs.cat_file(path)
+        except FileNotFoundError:
+            raise DatasetError(f"{where}: not found (is {uri} a directory written by 'mlless prepare'?)") from None
+        except OSError as exc:
+            raise DatasetError(f"{where}: cannot read ({exc})") from None
+        manifest = Manifest.from_json(text, where)
+        size = 64 if cache_batches is True else int(cache_batches or 0)
+        return cls(fs, root, uri, manifest, size)
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def kind(self) -> str:
+        return self.manifest.kind
+
+    @property
+    def n_batches(self) -> int:
+        return self.manifest.n_batches
+
+    def __len__(self) -> int:
+        return self.manifest.n_batches
+
+    def dims(self) -> dict[str, int | float]:
+        """Model dimensions: n_users, n_items, mean_rating (ratings) or n_features (sparse)."""
+        m = self.manifest
+        if m.kind == "ratings":
+            assert m.n_users is not None and m.n_items is not None and m.mean_rating is not None
+            return {"n_users": m.n_users, "n_items": m.n_items, "mean_rating": m.mean_rating}
+        assert m.n_features is not None
+        return {"n_features": m.n_features}
+
+    # ------------------------------------------------------------ reading
+
+    def batch(self, i: int) -> RatingsBatch | SparseBatch:
+        """Training batch i (0 <= i < n_batches); validated, checksum-verified on first read."""
+        if not 0 <= i < self.manifest.n_batches:
+            raise IndexError(f"batch {i} out of range [0, {self.manifest.n_batches})")
+        batch = self._read(batch_name(i))
+        expected = self.manifest.batch_rows(i)
+        if len(batch) != expected:
+            raise DatasetError(f"{self._where(batch_name(i))}: has {len(batch)} rows, manifest implies {expected}")
+        return batch
+
+    def validation(self) -> RatingsBatch | SparseBatch:
+        """The whole validation split as one batch."""
+        batch = self._read(VALIDATION_NAME)
+        if len(batch) != self.manifest.n_validation:
+            raise DatasetError(f"{self._where(VALIDATION_NAME)}: has {len(batch)} rows, manifest says {self.manifest.n_validation}")
+        return batch
+
+    def __iter__(self):
+        return (self.batch(i) for i in range(self.n_batches))
+
+    def _where(self, name: str) -> str:
+        return f"{self.uri.rstrip('/')}/{name}"
+
+    def _read(self, name: str) -> RatingsBatch | SparseBatch:
+        if self._cache_size:
+            with self._lock:
+                hit = self._cache.get(name)
+                if hit is not None:
+                    self._cache.move_to_end(name)
+                    return hit
+        where = self._where(name)
+        try:
+            data = self.fs.cat_file(posixpath.join(self.root, name))
+        except FileNotFoundError:
+            raise DatasetError(f"{where}: not found") from None
+        except OSError as exc:
+            raise DatasetError(f"{where}: cannot read ({exc})") from None
+        if name not in self._verified:
+            digest = sha256(data)
+            if digest != self.manifest.checksums.get(name):
+                raise DatasetError(f"{where}: sha256 {digest[:12]}... does not match the manifest (corrupt or replaced file)")
+            self._verified.add(name)
+        try:
+            arrays = load_npz_bytes(data, where)
+        except (ValueError, OSError, EOFError) as exc:
+            raise DatasetError(f"{where}: not a readable npz without pickles ({exc})") from None
+        try:
+            batch = BATCH_TYPES[self.manifest.kind].from_arrays(arrays, where)
+        except BatchError as exc:
+            raise DatasetError(str(exc)) from None
+        self._check_ranges(batch, where)
+        if self._cache_size:
+            with self._lock:
+                self._cache[name] = batch
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+        return batch
+
+    def _check_ranges(self, batch: RatingsBatch | SparseBatch, where: str) -> None:
+        m = self.manifest
+        if isinstance(batch, RatingsBatch):
+            if len(batch):
+                assert m.n_users is not None and m.n_items is not None
+                if int(batch.users.max()) >= m.n_users:
+                    raise DatasetError(f"{where}: user id {int(batch.users.max())} >= n_users {m.n_users}")
+                if int(batch.items.max()) >= m.n_items:
+                    raise DatasetError(f"{where}: item id {int(batch.items.max())} >= n_items {m.n_items}")
+        else:
+            assert m.n_features is not None
+            if len(batch.indices) and int(batch.indices.max()) >= m.n_features:
+                raise DatasetError(f"{where}: feature index {int(batch.indices.max())} >= n_features {m.n_features}")
+
+
+def read_ids(dataset: Dataset) -> dict[str, np.ndarray]:
+    """Raw ids of re-indexed users and items (ratings datasets): `user_ids[k]` is user k's raw id."""
+    name = "ids.npz"
+    data = dataset.fs.cat_file(posixpath.join(dataset.root, name))
+    if sha256(data) != dataset.manifest.checksums.get(name):
+        raise DatasetError(f"{dataset._where(name)}: sha256 does not match the manifest")
+    return load_npz_bytes(data, dataset._where(name))

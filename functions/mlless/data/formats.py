@@ -1,0 +1,229 @@
+"""Parsers for the three input formats, each yielding row chunks.
+
+* MovieLens ratings: `userId,movieId,rating,timestamp` CSV with a header
+  (ml-latest*, ML-20M) or `::`-separated `.dat` (ML-1M, ML-10M).
+* Criteo: TSV of label, 13 integer columns, 26 hexadecimal categorical
+  columns; any field may be blank.
+* LIBSVM/svmlight: `label idx:val idx:val ...`.
+
+Criteo feature index space (exactly [0, 2**hash_bits)): integer column j
+(0..12) is feature j; categorical column c (0..25) with value v is feature
+13 + H(c, v) mod (2**hash_bits - 13), where H is the stable FNV-1a/fmix64
+hash of `hashing.py`.  Blank fields produce no entry.  (The original put
+categoricals at an offset without shrinking the modulus, so its largest
+index equalled the feature count; this layout cannot.)  Integer values are
+kept raw here; the transform (log1p or min-max) is applied when batches are
+written, after the training statistics are known.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from mlless.data.chunks import RatingsChunk, SparseChunk
+from mlless.data.hashing import bucket, hash_strings, hash_words
+from mlless.data.text import ErrorLog, Lines, parse_floats, parse_ints, read_blocks, split_fields, split_lines
+
+CRITEO_INT_COLUMNS = 13
+CRITEO_CAT_COLUMNS = 26
+CRITEO_FIELDS = 1 + CRITEO_INT_COLUMNS + CRITEO_CAT_COLUMNS
+
+
+def _report(errors: ErrorLog, source: str, lines: Lines, bad: np.ndarray, reason: str) -> None:
+    for i in np.flatnonzero(bad):
+        errors.bad(source, int(lines.numbers[i]), reason, lines.text(int(i)))
+
+
+# ---------------------------------------------------------------- MovieLens
+
+
+def read_movielens(path: str, errors: ErrorLog) -> Iterator[RatingsChunk]:
+    """Parse MovieLens ratings; the format (CSV or `::`) is detected from the first line."""
+    n_fields = 0
+    dat = False
+    for block in read_blocks(path):
+        data = block.data
+        if n_fields == 0:
+            first = data[: data.find(b"\n")].rstrip(b"\r")
+            dat = b"::" in first
+            n_fields = len(first.split(b"::" if dat else b","))
+            if n_fields < 3:
+                errors.bad(path, block.first_line, "expected user, item, rating[, timestamp]", first)
+            n_fields = max(n_fields, 3)
+        if dat:
+            data = data.replace(b"::", b"\t")
+        lines = split_lines(type(block)(data, block.first_line))
+        if block.first_line == 1 and len(lines) and lines.numbers[0] == 1:
+            head = lines.text(0)
+            if head[:1] and not (head[:1].isdigit()):
+                lines = lines.take(np.arange(1, len(lines)))  # header line
+        if not len(lines):
+            continue
+        fields, good = split_fields(lines, ord("\t") if dat else ord(","), n_fields)
+        _report(errors, path, lines, ~good, f"expected {n_fields} fields")
+        lines = lines.take(good)
+        users, ok_u = parse_ints(*fields.chars(0))
+        items, ok_i = parse_ints(*fields.chars(1))
+        ratings, ok_r = parse_floats(*fields.chars(2))
+        ok = ok_u & ok_i & ok_r & (fields.lengths(0) > 0) & (fields.lengths(1) > 0)
+        ok &= (users >= 0) & (items >= 0)
+        if not ok.all():
+            _report(errors, path, lines, ~ok, "bad user id, item id or rating")
+        yield RatingsChunk(lines.numbers[ok], users[ok], items[ok], ratings[ok].astype(np.float32))
+
+
+# ---------------------------------------------------------------- Criteo
+
+
+def criteo_feature_indices(hashes: np.ndarray, hash_bits: int) -> np.ndarray:
+    """Map categorical hashes into [13, 2**hash_bits)."""
+    return bucket(hashes, CRITEO_INT_COLUMNS, (1 << hash_bits) - CRITEO_INT_COLUMNS)
+
+
+def criteo_hash(column: int, value: str | bytes, hash_bits: int) -> int:
+    """Feature index of one categorical value (for tests and for serving)."""
+    return int(criteo_feature_indices(hash_strings([value], column), hash_bits)[0])
+
+
+def read_criteo(path: str, errors: ErrorLog, hash_bits: int) -> Iterator[SparseChunk]:
+    """Parse Criteo TSV into CSR chunks (integer values raw, categoricals hashed)."""
+    if (1 << hash_bits) <= CRITEO_INT_COLUMNS:
+        raise ValueError(f"hash_bits={hash_bits} leaves no room for categorical features")
+    n_cat = CRITEO_CAT_COLUMNS
+    for block in read_blocks(path):
+        lines = split_lines(block)
+        if not len(lines):
+            continue
+        fields, good = split_fields(lines, ord("\t"), CRITEO_FIELDS)
+        _report(errors, path, lines, ~good, f"expected {CRITEO_FIELDS} tab-separated fields")
+        lines = lines.take(good)
+        n = len(lines)
+        label_chars, label_len = fields.chars(0, width=1)
+        ok = (label_len == 1) & ((label_chars[:, 0] == ord("0")) | (label_chars[:, 0] == ord("1")))
+        int_chars, int_len = fields.chars(slice(1, 1 + CRITEO_INT_COLUMNS))
+        ints, int_ok = parse_ints(int_chars, int_len)
+        ok &= int_ok.reshape(n, CRITEO_INT_COLUMNS).all(axis=1)
+        if not ok.all():
+            _report(errors, path, lines, ~ok, "label must be 0/1 and integer columns decimal")
+        cat_words, cat_len = fields.words(slice(1 + CRITEO_INT_COLUMNS, CRITEO_FIELDS))
+        columns = np.tile(np.arange(n_cat, dtype=np.int64), n)
+        cat_idx = criteo_feature_indices(hash_words(cat_words, cat_len, columns), hash_bits)
+        index = np.empty((n, CRITEO_INT_COLUMNS + n_cat), dtype=np.int32)
+        index[:, :CRITEO_INT_COLUMNS] = np.arange(CRITEO_INT_COLUMNS, dtype=np.int32)
+        index[:, CRITEO_INT_COLUMNS:] = cat_idx.reshape(n, n_cat)
+        value = np.ones((n, CRITEO_INT_COLUMNS + n_cat), dtype=np.float32)
+        value[:, :CRITEO_INT_COLUMNS] = ints.reshape(n, CRITEO_INT_COLUMNS)
+        present = np.empty((n, CRITEO_INT_COLUMNS + n_cat), dtype=bool)
+        present[:, :CRITEO_INT_COLUMNS] = int_len.reshape(n, CRITEO_INT_COLUMNS) > 0
+        present[:, CRITEO_INT_COLUMNS:] = cat_len.reshape(n, n_cat) > 0
+        present &= ok[:, None]
+        indptr = np.zeros(int(ok.sum()) + 1, dtype=np.int64)
+        np.cumsum(present[ok].sum(axis=1), out=indptr[1:])
+        labels = (label_chars[ok, 0] == ord("1")).astype(np.float32)
+        yield SparseChunk(lines.numbers[ok], labels, indptr, index[present], value[present])
+
+
+# ---------------------------------------------------------------- LIBSVM
+
+
+@dataclass(frozen=True)
+class LibsvmOptions:
+    """How to read feature indices: `base` 1 (svmlight default) or 0; keep or hash them."""
+
+    base: int = 1
+    indices: str = "keep"  # "keep" | "hash"
+    hash_bits: int = 18
+
+
+def read_libsvm(path: str, errors: ErrorLog, options: LibsvmOptions) -> Iterator[SparseChunk]:
+    """Parse LIBSVM text; labels -1/0 -> 0 and +1/1 -> 1, `qid:` tokens and `#` comments ignored.
+
+    Lines vary in length, so this parser loops in Python (about 0.3-0.5 M
+    short lines/s); the hashing of indices in "hash" mode is vectorised.
+    """
+    n_buckets = 1 << options.hash_bits
+    for block in read_blocks(path):
+        keys: list[int] = []
+        labels: list[float] = []
+        lengths: list[int] = []
+        idx_tokens: list[bytes] = []
+        val_tokens: list[bytes] = []
+        line_no = block.first_line - 1
+        for raw in block.data.split(b"\n")[:-1]:
+            line_no += 1
+            line = raw.split(b"#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            try:
+                y = float(parts[0])
+            except ValueError:
+                errors.bad(path, line_no, "label is not a number", raw)
+                continue
+            if y not in (-1.0, 0.0, 1.0):
+                errors.bad(path, line_no, "label must be -1, 0 or +1", raw)
+                continue
+            feats = [p for p in parts[1:] if not p.startswith(b"qid:")]
+            pairs = [p.split(b":", 1) for p in feats]
+            if any(len(p) != 2 or not p[0] or not p[1] for p in pairs):
+                errors.bad(path, line_no, "features must be index:value", raw)
+                continue
+            keys.append(line_no)
+            labels.append(1.0 if y > 0 else 0.0)
+            lengths.append(len(pairs))
+            idx_tokens.extend(p[0] for p in pairs)
+            val_tokens.extend(p[1] for p in pairs)
+        if not keys:
+            continue
+        values, ok_v = _floats(val_tokens)
+        if options.indices == "hash":
+            index = bucket(hash_strings(idx_tokens, 0), 0, n_buckets).astype(np.int64) if idx_tokens else np.empty(0, np.int64)
+            ok_i = np.ones(len(idx_tokens), dtype=bool)
+        else:
+            index, ok_i = _ints(idx_tokens)
+            index = index - options.base
+            ok_i &= index >= 0
+        indptr = np.zeros(len(keys) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=indptr[1:])
+        bad_entry = ~(ok_v & ok_i)
+        chunk = SparseChunk(np.array(keys, np.int64), np.array(labels, np.float32), indptr, index, values.astype(np.float32))
+        if bad_entry.any():
+            row_of_entry = np.repeat(np.arange(len(keys)), lengths)
+            bad_rows = np.zeros(len(keys), dtype=bool)
+            bad_rows[row_of_entry[bad_entry]] = True
+            for r in np.flatnonzero(bad_rows):
+                errors.bad(path, int(chunk.keys[r]), f"bad feature index (base {options.base}) or value", b"")
+            chunk = chunk.take(~bad_rows)
+        yield chunk
+
+
+def _floats(tokens: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    if not tokens:
+        return np.empty(0, np.float64), np.empty(0, bool)
+    arr = np.array(tokens)
+    try:
+        v = arr.astype(np.float64)
+        return v, np.isfinite(v)
+    except ValueError:
+        out = np.zeros(len(tokens))
+        ok = np.zeros(len(tokens), dtype=bool)
+        for i, t in enumerate(tokens):
+            try:
+                out[i] = float(t)
+                ok[i] = np.isfinite(out[i])
+            except ValueError:
+                pass
+        return out, ok
+
+
+def _ints(tokens: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    if not tokens:
+        return np.empty(0, np.int64), np.empty(0, bool)
+    arr = np.array(tokens)
+    w = arr.dtype.itemsize
+    chars = arr.view(np.uint8).reshape(len(tokens), w)
+    lengths = np.char.str_len(arr).astype(np.int64)
+    values, ok = parse_ints(chars, lengths)
+    return values, ok & (lengths > 0) & (lengths <= 10)

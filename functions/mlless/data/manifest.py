@@ -1,0 +1,134 @@
+"""The `manifest.json` of a prepared dataset: schema, serialisation and validation.
+
+The manifest is the contract between `mlless prepare` and the workers: it
+says what kind of batches to expect, the model dimensions, and the sha256 of
+every file so a truncated or tampered batch is caught before training on
+it.  It holds no timestamps, so the same input and seed give the same bytes.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+FORMAT_VERSION = 1
+KINDS = ("ratings", "sparse")
+
+
+class DatasetError(ValueError):
+    """A prepared dataset is missing, malformed or corrupt; the message names the file."""
+
+
+def batch_name(i: int) -> str:
+    return f"train/batch-{i:06d}.npz"
+
+
+VALIDATION_NAME = "validation.npz"
+IDS_NAME = "ids.npz"
+MANIFEST_NAME = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Typed view of manifest.json; fields that do not apply to a kind are None."""
+
+    format_version: int
+    kind: str
+    source: dict[str, Any]
+    seed: int
+    batch_size: int
+    n_batches: int
+    n_train: int
+    n_validation: int
+    validation_fraction: float
+    n_validation_dropped: int
+    n_users: int | None
+    n_items: int | None
+    mean_rating: float | None
+    rating_min: float | None
+    rating_max: float | None
+    n_features: int | None
+    hash_bits: int | None
+    feature_stats: dict[str, Any]
+    skipped_lines: int
+    skipped_examples: list[str]
+    checksums: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    def batch_rows(self, i: int) -> int:
+        """Rows in batch i: batch_size for all but the last."""
+        if i < self.n_batches - 1:
+            return self.batch_size
+        return self.n_train - (self.n_batches - 1) * self.batch_size
+
+    @classmethod
+    def from_json(cls, text: str | bytes, source: str) -> Manifest:
+        try:
+            data = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise DatasetError(f"{source}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise DatasetError(f"{source}: top level must be an object")
+        return cls.from_dict(data, source)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str) -> Manifest:
+        """Check presence and type of every field, then the cross-field invariants."""
+        kind = data.get("kind")
+        if kind not in KINDS:
+            raise DatasetError(f"{source}: field 'kind' must be one of {KINDS}, got {kind!r}")
+        per_kind_required = {
+            "ratings": {"n_users", "n_items", "mean_rating", "rating_min", "rating_max"},
+            "sparse": {"n_features"},
+        }[kind]
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in data:
+                if f.name == "checksums":
+                    raise DatasetError(f"{source}: missing field 'checksums'")
+                raise DatasetError(f"{source}: missing field '{f.name}'")
+            v = data[f.name]
+            t = str(f.type)
+            optional = "None" in t
+            if v is None:
+                if not optional or f.name in per_kind_required:
+                    raise DatasetError(f"{source}: field '{f.name}' must not be null")
+            elif t.startswith("int"):
+                if not isinstance(v, int) or isinstance(v, bool):
+                    raise DatasetError(f"{source}: field '{f.name}' must be an integer, got {v!r}")
+            elif t.startswith("float"):
+                if not isinstance(v, (int, float)) or isinstance(v, bool):
+                    raise DatasetError(f"{source}: field '{f.name}' must be a number, got {v!r}")
+                v = float(v)
+            elif t.startswith("dict"):
+                if not isinstance(v, dict):
+                    raise DatasetError(f"{source}: field '{f.name}' must be an object")
+            elif t.startswith("list"):
+                if not isinstance(v, list):
+                    raise DatasetError(f"{source}: field '{f.name}' must be a list")
+            elif t == "str" and not isinstance(v, str):
+                raise DatasetError(f"{source}: field '{f.name}' must be a string")
+            values[f.name] = v
+        m = cls(**values)
+        if m.format_version != FORMAT_VERSION:
+            raise DatasetError(f"{source}: unsupported format_version {m.format_version} (this reader knows {FORMAT_VERSION})")
+        for name in ("batch_size", "n_train", "n_batches"):
+            if getattr(m, name) < (1 if name == "batch_size" else 0):
+                raise DatasetError(f"{source}: field '{name}' out of range: {getattr(m, name)}")
+        if m.n_batches != -(-m.n_train // m.batch_size):
+            raise DatasetError(f"{source}: n_batches={m.n_batches} disagrees with n_train={m.n_train} and batch_size={m.batch_size}")
+        for name in ("n_users", "n_items", "n_features"):
+            v = getattr(m, name)
+            if v is not None and v < 0:
+                raise DatasetError(f"{source}: field '{name}' must be >= 0")
+        for i in range(m.n_batches):
+            if batch_name(i) not in m.checksums:
+                raise DatasetError(f"{source}: no checksum for {batch_name(i)}")
+        if VALIDATION_NAME not in m.checksums:
+            raise DatasetError(f"{source}: no checksum for {VALIDATION_NAME}")
+        for name, digest in m.checksums.items():
+            if not isinstance(digest, str) or len(digest) != 64:
+                raise DatasetError(f"{source}: checksum of {name} is not a sha256 hex digest")
+        return m

