@@ -1,0 +1,584 @@
+"""Transport contract tests, run against both the embedded broker and real Redis + RabbitMQ."""
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from typing import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from mlless import wire
+from mlless.transport import (
+    ENV_AMQP,
+    ENV_EMBEDDED,
+    ENV_REDIS,
+    EmbeddedBroker,
+    Transport,
+    TransportError,
+    UnroutableError,
+    connect,
+    redact_url,
+)
+
+REDIS_URL = os.environ.get(ENV_REDIS, "redis://127.0.0.1:6379/0")
+AMQP_URL = os.environ.get(ENV_AMQP, "amqp://guest:guest@127.0.0.1:5672/%2F")
+
+
+def _services_up() -> bool:
+    for port in (6379, 5672):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        except OSError:
+            return False
+    return True
+
+
+Factory = Callable[..., Transport]
+
+
+class Backend:
+    """Opens transports for one test and cleans every job it touched."""
+
+    def __init__(self, kind: str, env: dict[str, str]) -> None:
+        self.kind = kind
+        self.env = env  # what a subprocess needs to connect (via connect()'s env fallback)
+        self.job = "test-" + uuid.uuid4().hex[:12]
+        self.opened: list[Transport] = []
+
+    def connect(self, role: str = "worker", rank: int | None = None, job: str | None = None, **kw: object) -> Transport:
+        if self.kind == "embedded":
+            t = connect(job or self.job, embedded_address=self.env[ENV_EMBEDDED], role=role, rank=rank, **kw)  # type: ignore[arg-type]
+        else:
+            t = connect(job or self.job, redis_url=REDIS_URL, amqp_url=AMQP_URL, role=role, rank=rank, **kw)  # type: ignore[arg-type]
+        self.opened.append(t)
+        return t
+
+    def cleanup(self) -> None:
+        jobs = {t.job_id for t in self.opened}
+        for job in jobs:
+            try:
+                t = self.connect("supervisor", job=job)
+                t.delete_job()
+            except TransportError:
+                pass
+        for t in self.opened:
+            try:
+                t.close()
+            except TransportError:
+                pass
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[EmbeddedBroker]:
+    b = EmbeddedBroker()
+    yield b
+    b.stop()
+
+
+@pytest.fixture(params=["embedded", pytest.param("services", marks=pytest.mark.services)])
+def backend(request: pytest.FixtureRequest, broker: EmbeddedBroker) -> Iterator[Backend]:
+    if request.param == "services":
+        if not _services_up():
+            pytest.skip("Redis/RabbitMQ not running on localhost")
+        env = {ENV_REDIS: REDIS_URL, ENV_AMQP: AMQP_URL}
+    else:
+        env = {ENV_EMBEDDED: broker.address}
+    b = Backend(request.param, env)
+    yield b
+    b.cleanup()
+
+
+# --------------------------------------------------------------------------- key-value
+
+
+def test_put_get_many_and_missing(backend: Backend) -> None:
+    sup = backend.connect("supervisor")
+    w = backend.connect("worker", 0)
+    sup.put("a", b"alpha")
+    w.put_many({"b": b"", "c": bytes(range(256)) * 10})
+    assert w.get_many(["a", "b", "c", "nope"]) == [b"alpha", b"", bytes(range(256)) * 10, None]
+    assert sup.get("nope") is None
+    assert sup.get_many([]) == []
+    sup.put_many({})
+    sup.put("a", b"overwritten")
+    assert w.get("a") == b"overwritten"
+
+
+def test_big_values(backend: Backend) -> None:
+    t = backend.connect("supervisor")
+    upd = wire.Update(1, 3, np.arange(1_000_000), np.ones(1_000_000, np.float32))
+    frame = wire.encode(upd, compress=False)
+    t.put_many({"u:1:3": frame, "r:1": os.urandom(3_000_000)})
+    got = t.get_many(["u:1:3"])[0]
+    assert got is not None
+    assert wire.decode(got, size=1_000_000) == upd
+
+
+def test_ttl_is_set(backend: Backend) -> None:
+    t = backend.connect("supervisor", ttl=3600)
+    t.put("k", b"v")
+    t.put_many({"k2": b"v"})
+    for key in ("k", "k2"):
+        ttl = t.ttl_of(key)
+        assert ttl is not None and 3500 < ttl <= 3600
+    assert t.ttl_of("missing") is None
+
+
+def test_ttl_expires(backend: Backend) -> None:
+    t = backend.connect("supervisor", ttl=1)
+    t.put("short", b"v")
+    assert t.get("short") == b"v"
+    time.sleep(1.3)
+    assert t.get("short") is None
+
+
+@pytest.mark.services
+def test_services_keys_are_namespaced_with_redis_ttl() -> None:
+    if not _services_up():
+        pytest.skip("services not running")
+    import redis
+
+    job = "test-" + uuid.uuid4().hex[:12]
+    t = connect(job, redis_url=REDIS_URL, amqp_url=AMQP_URL, role="supervisor")
+    try:
+        t.put("x", b"1")
+        r = redis.Redis.from_url(REDIS_URL)
+        assert r.get(f"mlless:{job}:x") == b"1"
+        assert r.ttl(f"mlless:{job}:x") > 0
+    finally:
+        t.delete_job()
+        t.close()
+
+
+def test_delete_job_only_this_job(backend: Backend) -> None:
+    mine = backend.connect("supervisor")
+    other_job = "test-" + uuid.uuid4().hex[:12]
+    other = backend.connect("supervisor", job=other_job)
+    mine.put_many({f"k{i}": b"x" for i in range(1200)})  # more than one SCAN/UNLINK batch
+    other.put_many({"k1": b"keep", "k2": b"keep"})
+    assert mine.delete_job() == 1200
+    assert mine.get_many(["k1", "k2", "k1199"]) == [None, None, None]
+    assert other.get_many(["k1", "k2"]) == [b"keep", b"keep"]
+    assert other.delete_job() == 2
+
+
+def test_delete_job_removes_queues(backend: Backend) -> None:
+    sup = backend.connect("supervisor")
+    w = backend.connect("worker", 3)
+    sup.send_to_worker(3, b"pending")
+    sup.delete_job()
+    with pytest.raises(UnroutableError):
+        backend.connect("worker", 4).send_to_supervisor(b"x")
+    w.close()
+
+
+def test_invalid_names() -> None:
+    with pytest.raises(ValueError):
+        connect("bad job*", embedded_address="unix:/nonexistent", role="supervisor")
+    with pytest.raises(ValueError):
+        connect("job", embedded_address="unix:/nonexistent", role="worker")  # no rank
+    with pytest.raises(ValueError):
+        connect("job", embedded_address="x", redis_url="redis://h", role="supervisor")
+
+
+def test_invalid_keys(backend: Backend) -> None:
+    t = backend.connect("supervisor")
+    for bad in ("", "a*", "a b", "_ranks", "x" * 600):
+        with pytest.raises(ValueError):
+            t.put(bad, b"v")
+    with pytest.raises(TypeError):
+        t.put("k", "not bytes")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def test_send_receive_ordering(backend: Backend) -> None:
+    sup = backend.connect("supervisor")
+    w0 = backend.connect("worker", 0)
+    w1 = backend.connect("worker", 1)
+    for i in range(200):
+        (w0 if i % 2 else w1).send_to_supervisor(struct.pack("<I", i))
+    got = [struct.unpack("<I", sup.receive(2.0) or b"")[0] for _ in range(200)]
+    assert sorted(got) == list(range(200))
+    assert [g for g in got if g % 2] == list(range(1, 200, 2))  # per-sender FIFO
+    for i in range(50):
+        sup.send_to_worker(1, struct.pack("<I", i))
+    assert [struct.unpack("<I", w1.receive(2.0) or b"")[0] for _ in range(50)] == list(range(50))
+    assert w0.receive(0) is None
+    assert sup.receive(0) is None
+
+
+def test_broadcast_reaches_all_bound_workers(backend: Backend) -> None:
+    sup = backend.connect("supervisor")
+    workers = [backend.connect("worker", r) for r in range(4)]
+    frame = wire.encode(wire.Close(-1, 7, 28, 0, (0, 1, 2, 3), (1, 3)))
+    sup.broadcast(frame)
+    for w in workers:
+        msg = wire.decode(w.receive(2.0) or b"")
+        assert isinstance(msg, wire.Close) and msg.updates == (1, 3)
+        assert w.receive(0) is None
+    assert sup.receive(0.05) is None  # the supervisor is not a broadcast target
+
+
+def test_late_worker_misses_earlier_broadcast(backend: Backend) -> None:
+    sup = backend.connect("supervisor")
+    early = backend.connect("worker", 0)
+    sup.broadcast(b"one")
+    late = backend.connect("worker", 1)
+    sup.broadcast(b"two")
+    assert early.receive(2.0) == b"one"
+    assert early.receive(2.0) == b"two"
+    assert late.receive(2.0) == b"two"
+    assert late.receive(0.05) is None
+
+
+def test_broadcast_with_no_workers_is_fine(backend: Backend) -> None:
+    sup = backend.connect("supervisor")
+    sup.broadcast(b"nobody listens")
+
+
+def test_receive_timeout_returns_none(backend: Backend) -> None:
+    w = backend.connect("worker", 0)
+    t0 = time.monotonic()
+    assert w.receive(0.3) is None
+    elapsed = time.monotonic() - t0
+    assert 0.25 <= elapsed < 1.5
+    t0 = time.monotonic()
+    assert w.receive(0) is None
+    assert time.monotonic() - t0 < 0.2
+
+
+def test_blocking_receive_wakes_on_send(backend: Backend) -> None:
+    sup = backend.connect("supervisor")
+    w = backend.connect("worker", 0)
+    sender = backend.connect("supervisor")  # a second handle: transports are single-threaded
+
+    def later() -> None:
+        time.sleep(0.2)
+        sender.send_to_worker(0, b"wake")
+
+    th = threading.Thread(target=later)
+    th.start()
+    t0 = time.monotonic()
+    assert w.receive(None) == b"wake"
+    assert time.monotonic() - t0 < 1.5
+    th.join()
+    assert sup.receive(0) is None
+
+
+def test_send_to_missing_worker_is_unroutable(backend: Backend) -> None:
+    sup = backend.connect("supervisor")
+    with pytest.raises(UnroutableError):
+        sup.send_to_worker(42, b"x")
+    sup.send_to_supervisor(b"still usable")
+    assert sup.receive(1.0) == b"still usable"
+
+
+def test_worker_without_supervisor_is_unroutable(backend: Backend) -> None:
+    w = backend.connect("worker", 0)
+    with pytest.raises(UnroutableError):
+        w.send_to_supervisor(b"x")
+
+
+def test_close_delete_queue(backend: Backend) -> None:
+    sup = backend.connect("supervisor")
+    w = backend.connect("worker", 2)
+    sup.send_to_worker(2, b"x")
+    w.close(delete_queue=True)
+    with pytest.raises(UnroutableError):
+        sup.send_to_worker(2, b"y")
+    with pytest.raises(TransportError):
+        w.receive(0)
+
+
+def test_reconnecting_worker_keeps_queued_messages(backend: Backend) -> None:
+    """A re-invoked rank (function time limit) finds messages sent while it was away."""
+    sup = backend.connect("supervisor")
+    w = backend.connect("worker", 5)
+    w.close()
+    sup.send_to_worker(5, b"while away")
+    w2 = backend.connect("worker", 5)
+    assert w2.receive(2.0) == b"while away"
+
+
+_WORKER_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    from mlless import wire
+    from mlless.transport import connect
+    job, rank = sys.argv[1], int(sys.argv[2])
+    t = connect(job, role="worker", rank=rank)          # address/urls come from the environment
+    t.send_to_supervisor(wire.encode(wire.Hello(rank, 0, os.getpid())))
+    step = 0
+    while True:
+        msg = wire.decode(t.receive(30.0))
+        if isinstance(msg, wire.Close):
+            step = msg.step
+            t.put(f"u:{rank}:{step}", wire.encode(wire.Update(rank, step, [rank], [float(step)])))
+            t.send_to_supervisor(wire.encode(wire.Report(rank, step, 1.0, 10, True, 0, 1, 0, (0.0,) * 7)))
+        elif isinstance(msg, wire.Finish):
+            t.send_to_supervisor(wire.encode(wire.Done(rank, msg.step, 0.5)))
+            break
+    t.close()
+    """
+)
+
+
+def test_messages_between_processes(backend: Backend) -> None:
+    sup = backend.connect("supervisor")
+    env = {**os.environ, **backend.env}
+    env.pop(ENV_EMBEDDED if backend.kind == "services" else ENV_REDIS, None)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _WORKER_SCRIPT, backend.job, str(r)], env=env) for r in range(2)
+    ]
+    try:
+        hellos = {}
+        for _ in range(2):
+            m = wire.decode(sup.receive(30.0) or b"")
+            assert isinstance(m, wire.Hello)
+            hellos[m.sender] = m.pid
+        assert hellos == {p_rank: p.pid for p_rank, p in enumerate(procs)}
+        for step in (1, 2):
+            sup.broadcast(wire.encode(wire.Close(-1, step, 0, 0, (0, 1), ())))
+            reports = [wire.decode(sup.receive(30.0) or b"") for _ in range(2)]
+            assert {(r.sender, r.step) for r in reports} == {(0, step), (1, step)}
+            ups = [wire.decode(b or b"", size=2) for b in sup.get_many([f"u:0:{step}", f"u:1:{step}"])]
+            assert [int(u.indices[0]) for u in ups] == [0, 1]  # type: ignore[attr-defined]
+        sup.broadcast(wire.encode(wire.Finish(-1, 2)))
+        dones = {wire.decode(sup.receive(30.0) or b"").sender for _ in range(2)}
+        assert dones == {0, 1}
+        for p in procs:
+            assert p.wait(30) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+# --------------------------------------------------------------------------- latency
+
+
+def _median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+@pytest.mark.slow
+def test_latency(backend: Backend, capsys: pytest.CaptureFixture[str]) -> None:
+    """Median send→receive hop and put_many/get_many round trip on loopback (n=1000)."""
+    sup = backend.connect("supervisor")
+    w = backend.connect("worker", 0)
+    body = wire.encode(wire.Report(0, 1, 1.0, 10, True, 0, 1, 0, (0.0,) * 7))
+    hop = []
+    for _ in range(1000):
+        t0 = time.perf_counter()
+        w.send_to_supervisor(body)
+        assert sup.receive(5.0) is not None
+        hop.append(time.perf_counter() - t0)
+    value = os.urandom(4096)
+    kv = []
+    for i in range(1000):
+        t0 = time.perf_counter()
+        w.put_many({"u:0:1": value})
+        assert sup.get_many(["u:0:1"])[0] == value
+        kv.append(time.perf_counter() - t0)
+    with capsys.disabled():
+        print(
+            f"\n[{backend.kind}] send->receive hop median {_median_ms(hop):.3f} ms; "
+            f"put_many+get_many 4 KiB median {_median_ms(kv):.3f} ms"
+        )
+    assert _median_ms(hop) < 5 and _median_ms(kv) < 5
+
+
+# --------------------------------------------------------------------------- embedded specifics
+
+
+def _raw(broker: EmbeddedBroker) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(broker.address[len("unix:") :])
+    s.settimeout(5)
+    return s
+
+
+def _ask(s: socket.socket, body: bytes) -> tuple[int, bytes]:
+    s.sendall(struct.pack("<I", len(body)) + body)
+    n = struct.unpack("<I", s.recv(4))[0]
+    data = b""
+    while len(data) < n:
+        data += s.recv(n - len(data))
+    return data[0], data[1:]
+
+
+def test_embedded_malformed_requests_are_counted_not_fatal() -> None:
+    with EmbeddedBroker() as b:
+        s = _raw(b)
+        cases = [
+            b"\x63",  # unknown op without job
+            b"\x01",  # truncated
+            b"\x01\x03\x00abc",  # put_many missing fields
+            b"\x01\x03\x00ab*" + struct.pack("<QI", 1000, 0),  # bad job id
+            b"\x02\x03\x00abc" + struct.pack("<I", 1) + b"\x02\x00_x",  # reserved key
+            b"\x00extra",  # ping with trailing bytes
+            b"\x08\x03\x00abc" + struct.pack("<iI", -7, 10),  # bad rank
+            b"\x02\x03\x00abc" + struct.pack("<I", 1) + b"\x02\x00\xff\xfe",  # non-utf8 key
+        ]
+        for body in cases:
+            status, msg = _ask(s, body)
+            assert status == 1, body
+        assert b.malformed == len(cases)
+        assert _ask(s, b"\x00") == (0, b"")  # same connection still served
+        # An absurd length prefix: error response, then the server hangs up that connection only.
+        s.sendall(struct.pack("<I", 2**31))
+        assert s.recv(5)[4] == 1
+        assert b.malformed == len(cases) + 1
+        t = connect("job1", embedded_address=b.address, role="supervisor")
+        t.put("k", b"v")
+        assert t.get("k") == b"v"
+        # A client that dies mid-request does not hurt either.
+        s2 = _raw(b)
+        s2.sendall(struct.pack("<I", 100) + b"\x01")
+        s2.close()
+        assert t.get("k") == b"v"
+        t.close()
+
+
+def test_embedded_stop_cleans_socket_and_wakes_receivers() -> None:
+    b = EmbeddedBroker()
+    path = b.address[len("unix:") :]
+    assert os.path.exists(path) and (os.stat(path).st_mode & 0o777) == 0o600
+    w = connect("job2", embedded_address=b.address, role="worker", rank=0)
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            w.receive(None)
+        except TransportError as exc:
+            errors.append(exc)
+
+    th = threading.Thread(target=wait)
+    th.start()
+    time.sleep(0.2)
+    b.stop()
+    th.join(5)
+    assert not th.is_alive() and errors
+    assert not os.path.exists(path) and not os.path.exists(os.path.dirname(path))
+
+
+def test_embedded_blocking_receive_does_not_spin() -> None:
+    with EmbeddedBroker() as b:
+        w = connect("job3", embedded_address=b.address, role="worker", rank=0)
+        cpu0, t0 = time.process_time(), time.monotonic()
+        assert w.receive(1.0) is None
+        assert time.monotonic() - t0 >= 0.95
+        assert time.process_time() - cpu0 < 0.2  # server thread + client together
+        w.close()
+
+
+def test_embedded_tcp_and_many_concurrent_clients() -> None:
+    with EmbeddedBroker(tcp=True) as b:
+        assert b.address.startswith("tcp:127.0.0.1:")
+        sup = connect("job4", embedded_address=b.address, role="supervisor")
+        n = 16
+
+        def worker(rank: int) -> None:
+            t = connect("job4", embedded_address=b.address, role="worker", rank=rank)
+            for i in range(50):
+                t.put(f"k{rank}", struct.pack("<I", i))
+                t.send_to_supervisor(struct.pack("<II", rank, i))
+            t.close()
+
+        threads = [threading.Thread(target=worker, args=(r,)) for r in range(n)]
+        for th in threads:
+            th.start()
+        got = [struct.unpack("<II", sup.receive(10.0) or b"") for _ in range(n * 50)]
+        for th in threads:
+            th.join()
+        for r in range(n):
+            assert [i for rr, i in got if rr == r] == list(range(50))
+        assert sup.get_many([f"k{r}" for r in range(n)]) == [struct.pack("<I", 49)] * n
+        sup.close()
+
+
+def test_dead_receiver_does_not_swallow_message() -> None:
+    """A killed worker blocked in receive must leave the next message for its successor."""
+    with EmbeddedBroker() as b:
+        sup = connect("job5", embedded_address=b.address, role="supervisor")
+        script = (
+            "import sys; from mlless.transport import connect; "
+            "t = connect('job5', embedded_address=sys.argv[1], role='worker', rank=0); "
+            "print('ready', flush=True); t.receive(None)"
+        )
+        p = subprocess.Popen([sys.executable, "-c", script, b.address], stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        time.sleep(0.1)
+        p.kill()
+        p.wait()
+        sup.send_to_worker(0, b"for the successor")
+        time.sleep(0.1)
+        w = connect("job5", embedded_address=b.address, role="worker", rank=0)
+        assert w.receive(3.0) == b"for the successor"
+        w.close()
+        sup.close()
+
+
+# --------------------------------------------------------------------------- services specifics
+
+
+def test_redact_url() -> None:
+    assert redact_url("amqp://user:s3cret@rabbit:5672/%2F") == "amqp://user:***@rabbit:5672/%2F"
+    assert redact_url("redis://:s3cret@redis:6379/0") == "redis://:***@redis:6379/0"
+    assert redact_url("redis://redis:6379/0") == "redis://redis:6379/0"
+    assert "s3cret" not in redact_url("amqp://u:s3cret@[::1]:5672/")
+    assert redact_url(None) == "None"
+
+
+@pytest.mark.services
+def test_services_errors_never_show_passwords() -> None:
+    if not _services_up():
+        pytest.skip("services not running")
+    with pytest.raises(TransportError) as exc:
+        connect(
+            "test-pw",
+            redis_url="redis://:hunter2@127.0.0.1:6379/0",
+            amqp_url="amqp://guest:hunter2@127.0.0.1:5672/%2F",
+            role="supervisor",
+            amqp_retries=0,
+        )
+    assert "hunter2" not in str(exc.value) and "***" in str(exc.value)
+    with pytest.raises(TransportError) as exc:
+        connect("test-pw", redis_url="redis://:hunter2@127.0.0.1:1/0", amqp_url=AMQP_URL, role="worker", rank=0,
+                redis_retries=0, socket_timeout=0.5)
+    assert "hunter2" not in str(exc.value)
+
+
+@pytest.mark.services
+def test_services_reconnects_after_connection_loss() -> None:
+    """A dropped AMQP socket is re-established with backoff; queued messages survive."""
+    if not _services_up():
+        pytest.skip("services not running")
+    job = "test-" + uuid.uuid4().hex[:12]
+    sup = connect(job, redis_url=REDIS_URL, amqp_url=AMQP_URL, role="supervisor")
+    w = connect(job, redis_url=REDIS_URL, amqp_url=AMQP_URL, role="worker", rank=0)
+    try:
+        sup.send_to_worker(0, b"before")
+        # Kill the worker's TCP connection under pika's feet.
+        w._conn._impl._transport._sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
+        assert w.receive(5.0) == b"before"  # redelivered: it was never acked
+        sup.broadcast(b"after")
+        assert w.receive(5.0) == b"after"
+        w.send_to_supervisor(b"up")
+        assert sup.receive(5.0) == b"up"
+    finally:
+        sup.delete_job()
+        sup.close()
+        w.close()
