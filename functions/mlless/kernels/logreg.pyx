@@ -1,0 +1,142 @@
+# cython: language_level=3
+"""Sparse logistic-regression kernels over CSR mini-batches.
+
+Parameter layout, shared with `mlless.models.logreg`: ``params[:n_features]``
+are the weights and ``params[n_features]`` is the bias.  As in the PMF kernel,
+touched features get local slots through ``slot_map`` (int32, -1 between
+calls, reset before return), so the cost per batch is O(nnz), never
+O(n_features).  Losses use the stable forms
+``bce(z, y) = max(z, 0) − z·y + log1p(exp(−|z|))`` and a branchy sigmoid, so
+large |z| neither overflows nor returns log(0).
+"""
+import numpy as np
+cimport numpy as cnp
+from libc.math cimport exp, log1p, fabs
+
+cnp.import_array()
+
+
+cdef inline double _sigmoid(double z) noexcept nogil:
+    cdef double ez
+    if z >= 0:
+        return 1.0 / (1.0 + exp(-z))
+    ez = exp(z)
+    return ez / (1.0 + ez)
+
+
+cdef inline double _bce(double z, double y) noexcept nogil:
+    return (z if z > 0 else 0.0) - z * y + log1p(exp(-fabs(z)))
+
+
+def py_sigmoid(double z):
+    """Test shim for the kernel's sigmoid."""
+    return _sigmoid(z)
+
+
+def py_bce(double z, double y):
+    """Test shim for the kernel's binary cross-entropy on a logit."""
+    return _bce(z, y)
+
+
+cdef int _check_csr(const cnp.int64_t[::1] indptr, const int[::1] indices, Py_ssize_t n_rows) except -1:
+    if indptr.shape[0] != n_rows + 1:
+        raise ValueError("indptr must have len(labels) + 1 entries")
+    if n_rows >= 0 and (indptr[0] != 0 or indptr[n_rows] != indices.shape[0]):
+        raise ValueError("indptr does not span indices")
+    return 0
+
+
+def logreg_gradient(const float[::1] params not None, const cnp.int64_t[::1] indptr not None,
+                    const int[::1] indices not None, const float[::1] values not None,
+                    const float[::1] labels not None, int n_features, int[::1] slot_map not None):
+    """Gradient of the mean BCE over one CSR batch.
+
+    Returns ``(idx int32, grad float32, loss_sum float)``; ``idx`` lists every
+    touched feature once (in order of first appearance) followed by the bias
+    index ``n_features``.  Duplicate features within a row are summed, as in
+    scipy's CSR semantics.
+    """
+    cdef Py_ssize_t n = labels.shape[0], nnz = indices.shape[0]
+    _check_csr(indptr, indices, n)
+    if values.shape[0] != nnz:
+        raise ValueError("indices and values differ in length")
+    if params.shape[0] != <Py_ssize_t>n_features + 1:
+        raise ValueError("params length must be n_features + 1")
+    if slot_map.shape[0] < n_features:
+        raise ValueError("slot_map is smaller than n_features")
+    cdef int[::1] feats = np.empty(nnz + 1, dtype=np.int32)
+    cdef int[::1] slot_of = np.empty(nnz, dtype=np.int32)
+    cdef Py_ssize_t j, n_slots = 0, bad = -1, r, k
+    cdef int f
+    with nogil:
+        for j in range(nnz):
+            f = indices[j]
+            if f < 0 or f >= n_features:
+                bad = j
+                break
+            if slot_map[f] < 0:
+                slot_map[f] = <int>n_slots
+                feats[n_slots] = f
+                n_slots += 1
+            slot_of[j] = slot_map[f]
+        for k in range(n_slots):
+            slot_map[feats[k]] = -1
+    if bad >= 0:
+        raise IndexError(f"feature index {indices[bad]} outside [0, {n_features})")
+    feats[n_slots] = n_features
+    idx_arr = np.asarray(feats[:n_slots + 1]).copy()
+    grad_arr = np.zeros(n_slots + 1, dtype=np.float32)
+    cdef float[::1] grad = grad_arr
+    cdef double z, resid, loss = 0.0, gb = 0.0, inv_n = (1.0 / n) if n > 0 else 0.0
+    cdef float fr
+    cdef float b = params[n_features]
+    with nogil:
+        for r in range(n):
+            z = b
+            for j in range(indptr[r], indptr[r + 1]):
+                z += params[indices[j]] * values[j]
+            loss += _bce(z, labels[r])
+            resid = (_sigmoid(z) - labels[r]) * inv_n
+            gb += resid
+            fr = <float>resid
+            for j in range(indptr[r], indptr[r + 1]):
+                grad[slot_of[j]] += fr * values[j]
+        grad[n_slots] = <float>gb
+    return idx_arr, grad_arr, loss
+
+
+def logreg_logits(const float[::1] params not None, const cnp.int64_t[::1] indptr not None,
+                  const int[::1] indices not None, const float[::1] values not None,
+                  int n_features):
+    """Logits w·x + b per row; features outside [0, n_features) are ignored."""
+    cdef Py_ssize_t n = indptr.shape[0] - 1, r, j
+    _check_csr(indptr, indices, n)
+    if values.shape[0] != indices.shape[0]:
+        raise ValueError("indices and values differ in length")
+    if params.shape[0] != <Py_ssize_t>n_features + 1:
+        raise ValueError("params length must be n_features + 1")
+    out_arr = np.empty(n, dtype=np.float64)
+    cdef double[::1] out = out_arr
+    cdef double z
+    cdef int f
+    with nogil:
+        for r in range(n):
+            z = params[n_features]
+            for j in range(indptr[r], indptr[r + 1]):
+                f = indices[j]
+                if 0 <= f < n_features:
+                    z += params[f] * values[j]
+            out[r] = z
+    return out_arr
+
+
+def bce_sum(const double[::1] logits not None, const float[::1] labels not None):
+    """Σ bce(z, y), the stable way."""
+    cdef Py_ssize_t n = logits.shape[0], r
+    if labels.shape[0] != n:
+        raise ValueError("logits and labels differ in length")
+    cdef double s = 0.0
+    with nogil:
+        for r in range(n):
+            s += _bce(logits[r], labels[r])
+    return s

@@ -1,0 +1,188 @@
+# cython: language_level=3
+"""PMF (biased matrix factorisation) kernels.
+
+Parameter layout, shared with `mlless.models.pmf`: the flat float32 vector is a
+row-major table of ``n_users + n_items`` rows of width ``rank + 1``.  Row ``u``
+(``u < n_users``) holds the user factors followed by the user bias; row
+``n_users + i`` holds the item factors followed by the item bias.  Keeping a
+row's factors and bias adjacent means one cache line per touched row and that
+the flat indices a batch touches come out as contiguous runs.
+
+The gradient kernel runs with the GIL released.  It maps each touched global row
+to a local slot through ``slot_map`` (int32, one entry per row, all -1 between
+calls), so the per-touched-row accumulation needs neither a hash table nor
+``np.unique``; the map is reset to -1 for exactly the rows it touched before
+returning, so the cost stays O(batch), never O(model).
+"""
+import numpy as np
+cimport numpy as cnp
+from libc.math cimport sqrt
+
+cnp.import_array()
+
+
+def _check(arr, dtype, name):
+    if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.ndim != 1 or not arr.flags.c_contiguous:
+        raise TypeError(f"{name} must be a 1-D C-contiguous {np.dtype(dtype)} array")
+
+
+cdef Py_ssize_t _assign_slots(const int[::1] users, const int[::1] items, int n_users, int n_items,
+                              int[::1] slot_map, int[::1] rows, int[::1] su, int[::1] si,
+                              Py_ssize_t *bad) noexcept nogil:
+    """Give every distinct row of the batch a local slot; return how many slots.
+
+    On an out-of-range id, stores the sample position in ``bad`` and stops.
+    """
+    cdef Py_ssize_t s, n = users.shape[0], n_slots = 0
+    cdef int u, r
+    for s in range(n):
+        u = users[s]
+        if u < 0 or u >= n_users or items[s] < 0 or items[s] >= n_items:
+            bad[0] = s
+            return n_slots
+        if slot_map[u] < 0:
+            slot_map[u] = <int>n_slots
+            rows[n_slots] = u
+            n_slots += 1
+        su[s] = slot_map[u]
+        r = n_users + items[s]
+        if slot_map[r] < 0:
+            slot_map[r] = <int>n_slots
+            rows[n_slots] = r
+            n_slots += 1
+        si[s] = slot_map[r]
+    return n_slots
+
+
+cdef inline void _reset_slots(int[::1] slot_map, const int[::1] rows, Py_ssize_t n_slots) noexcept nogil:
+    cdef Py_ssize_t k
+    for k in range(n_slots):
+        slot_map[rows[k]] = -1
+
+
+def pmf_gradient(const float[::1] params not None, const int[::1] users not None,
+                 const int[::1] items not None, const float[::1] ratings not None,
+                 int n_users, int n_items, int rank, double mean, double l2,
+                 int[::1] slot_map not None):
+    """Gradient of the mean regularised squared error over one batch.
+
+    Objective per batch (B samples)::
+
+        (1/B) Σ_s [ e_s² + l2 (‖U_u‖² + b_u² + ‖M_i‖² + b_i²) ],
+        e_s = U_u·M_i + b_u + b_i + mean − r_s
+
+    so a row's L2 pull is proportional to how often it occurs in the batch,
+    which makes the batch objective an unbiased estimate of the full one.
+
+    Returns ``(idx int32, grad float32, sse float)``: the flat indices of every
+    touched parameter (each exactly once, grouped by row in order of first
+    appearance), the gradient there, and Σ e_s² at the incoming parameters.
+    """
+    cdef Py_ssize_t n = ratings.shape[0], width = rank + 1
+    if users.shape[0] != n or items.shape[0] != n:
+        raise ValueError("users, items and ratings differ in length")
+    if params.shape[0] != (<Py_ssize_t>n_users + n_items) * width:
+        raise ValueError("params length does not match n_users, n_items and rank")
+    if slot_map.shape[0] < n_users + n_items:
+        raise ValueError("slot_map is smaller than n_users + n_items")
+    cdef int[::1] rows = np.empty(2 * n, dtype=np.int32)
+    cdef int[::1] su = np.empty(n, dtype=np.int32)
+    cdef int[::1] si = np.empty(n, dtype=np.int32)
+    cdef Py_ssize_t bad = -1, n_slots
+    with nogil:
+        n_slots = _assign_slots(users, items, n_users, n_items, slot_map, rows, su, si, &bad)
+    if bad >= 0:
+        _reset_slots(slot_map, rows, n_slots)
+        raise IndexError(f"sample {bad}: user {users[bad]} or item {items[bad]} outside "
+                         f"{n_users} users x {n_items} items")
+    idx_arr = np.empty(n_slots * width, dtype=np.int32)
+    grad_arr = np.zeros(n_slots * width, dtype=np.float32)
+    cdef int[::1] idx = idx_arr
+    cdef float[::1] grad = grad_arr
+    cdef float[::1] counts = np.zeros(n_slots, dtype=np.float32)
+    cdef Py_ssize_t s, k, slot, row
+    cdef float e, c = (2.0 / n) if n > 0 else 0.0, ce, reg, e0, e1, e2, e3
+    cdef double sse = 0.0
+    cdef float fmean = <float>mean
+    cdef const float *P = &params[0] if params.shape[0] > 0 else NULL
+    cdef const float *pu
+    cdef const float *pi
+    cdef float *G = &grad[0] if grad.shape[0] > 0 else NULL
+    cdef float *gu
+    cdef float *gi
+    with nogil:
+        for slot in range(n_slots):
+            row = rows[slot]
+            for k in range(width):
+                idx[slot * width + k] = <int>(row * width + k)
+        for s in range(n):
+            pu = P + <Py_ssize_t>users[s] * width
+            pi = P + (<Py_ssize_t>n_users + items[s]) * width
+            # four partial sums so the compiler can keep several FMAs in flight
+            e0 = 0.0; e1 = 0.0; e2 = 0.0; e3 = 0.0
+            k = 0
+            while k + 4 <= rank:
+                e0 = e0 + pu[k] * pi[k]
+                e1 = e1 + pu[k + 1] * pi[k + 1]
+                e2 = e2 + pu[k + 2] * pi[k + 2]
+                e3 = e3 + pu[k + 3] * pi[k + 3]
+                k = k + 4
+            while k < rank:
+                e0 = e0 + pu[k] * pi[k]
+                k = k + 1
+            e = (e0 + e1) + (e2 + e3) + pu[rank] + pi[rank] + fmean - ratings[s]
+            sse += <double>e * e
+            ce = c * e
+            gu = G + su[s] * width
+            gi = G + si[s] * width
+            for k in range(rank):
+                gu[k] += ce * pi[k]
+                gi[k] += ce * pu[k]
+            gu[rank] += ce
+            gi[rank] += ce
+            counts[su[s]] += 1.0
+            counts[si[s]] += 1.0
+        if l2 != 0.0:
+            for slot in range(n_slots):
+                reg = <float>(c * l2) * counts[slot]
+                pu = P + rows[slot] * width
+                gu = G + slot * width
+                for k in range(width):
+                    gu[k] += reg * pu[k]
+        _reset_slots(slot_map, rows, n_slots)
+    return idx_arr, grad_arr, sse
+
+
+def pmf_predict(const float[::1] params not None, const int[::1] users not None,
+                const int[::1] items not None, int n_users, int n_items, int rank, double mean):
+    """Predictions U_u·M_i + b_u + b_i + mean; ids outside the table contribute nothing.
+
+    An id seen only at evaluation time (≥ n_users / n_items, or negative) has
+    no factors or bias, so its prediction falls back to the global mean plus
+    whatever bias of the other side is known.
+    """
+    cdef Py_ssize_t n = users.shape[0], width = rank + 1, s, k, bu, bi
+    if items.shape[0] != n:
+        raise ValueError("users and items differ in length")
+    if params.shape[0] != (<Py_ssize_t>n_users + n_items) * width:
+        raise ValueError("params length does not match n_users, n_items and rank")
+    out_arr = np.empty(n, dtype=np.float32)
+    cdef float[::1] out = out_arr
+    cdef float p
+    cdef bint ku, ki
+    with nogil:
+        for s in range(n):
+            ku = 0 <= users[s] < n_users
+            ki = 0 <= items[s] < n_items
+            p = <float>mean
+            bu = <Py_ssize_t>users[s] * width
+            bi = (<Py_ssize_t>n_users + items[s]) * width
+            if ku:
+                p = p + params[bu + rank]
+            if ki:
+                p = p + params[bi + rank]
+            if ku and ki:
+                for k in range(rank):
+                    p = p + params[bu + k] * params[bi + k]
+            out[s] = p
+    return out_arr

@@ -1,0 +1,162 @@
+"""The model contract shared by workers, the supervisor and checkpoints.
+
+A replica is ONE contiguous float32 vector (`Model.params`); models expose
+named numpy views into it.  The optimizer, the ISP significance filter and the
+wire format all address parameters by flat int32 index into that vector, so a
+remote update is applied with ``model.params[idx] += values``.  Never rebind
+``params`` (that would detach the views); copy into it with `set_params`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mlless.data.batches import Batch
+
+FORMAT_VERSION = 1
+MODEL_KINDS = ("pmf", "logistic-regression")
+
+
+class ModelFileError(ValueError):
+    """A saved model file is unreadable or does not describe a valid model."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Model hyper-parameters; ``l2=None`` picks the model's default.
+
+    ``rank`` only matters for PMF.  For PMF ``l2`` is a per-rating L2 penalty
+    inside the loss (see `mlless.kernels.pmf`); for logistic regression it is
+    decoupled weight decay handed to the optimizer (`Model.weight_decay`).
+    """
+
+    type: str
+    rank: int = 20
+    l2: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.type not in MODEL_KINDS:
+            raise ValueError(f"model type must be one of {MODEL_KINDS}, got {self.type!r}")
+        if self.rank < 1:
+            raise ValueError(f"rank must be >= 1, got {self.rank}")
+        if self.l2 is not None and not (self.l2 >= 0 and math.isfinite(self.l2)):
+            raise ValueError(f"l2 must be a finite value >= 0, got {self.l2}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Model(ABC):
+    """One replica: parameters in a flat float32 vector plus the maths over batches."""
+
+    kind: ClassVar[str]
+    loss_metric: ClassVar[str]  # "rmse" | "bce"
+
+    def __init__(self, size: int) -> None:
+        self.params = np.zeros(int(size), dtype=np.float32)
+
+    @property
+    def size(self) -> int:
+        return int(self.params.shape[0])
+
+    @property
+    def weight_decay(self) -> float:
+        """Decoupled weight decay the optimizer should apply (0 when L2 lives in the loss)."""
+        return 0.0
+
+    def set_params(self, values: np.ndarray) -> None:
+        """Copy ``values`` into the replica (keeps the named views valid)."""
+        values = np.asarray(values)
+        if values.shape != self.params.shape:
+            raise ValueError(f"params have shape {values.shape}, model expects {self.params.shape}")
+        self.params[:] = values
+
+    @abstractmethod
+    def gradient(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, float, int]:
+        """(idx int32 unique, grad float32, loss_sum, n): gradient of the batch's mean loss.
+
+        Only touched parameters appear in ``idx``.  ``loss_sum`` is the sum of
+        per-sample losses (squared error / BCE) at the parameters before any update.
+        """
+
+    @abstractmethod
+    def evaluate(self, batch: Batch) -> tuple[float, int]:
+        """(loss_sum, n) on held-out data, without updating anything."""
+
+    @abstractmethod
+    def predict(self, batch: Batch) -> np.ndarray:
+        """Predictions: ratings for PMF, probabilities for LR."""
+
+    @abstractmethod
+    def dims(self) -> dict[str, Any]:
+        """The dimensions needed to rebuild an identically shaped model."""
+
+    @abstractmethod
+    def config(self) -> ModelConfig:
+        """The resolved hyper-parameters (defaults filled in)."""
+
+    def loss(self, loss_sum: float, n: int) -> float:
+        """Turn a loss sum into the reported metric: RMSE = √(sse/n), BCE = mean."""
+        if n <= 0:
+            return float("nan")
+        if self.loss_metric == "rmse":
+            return math.sqrt(max(loss_sum, 0.0) / n)
+        return loss_sum / n
+
+    def metadata(self) -> dict[str, Any]:
+        cfg = self.config()
+        return {"kind": self.kind, "dims": self.dims(), "rank": cfg.rank, "l2": cfg.l2,
+                "version": FORMAT_VERSION}
+
+    def save(self, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None) -> None:
+        """Write params + JSON metadata to ``path`` (.npz, loadable without pickle).
+
+        ``metadata`` adds caller fields (job id, step, ...); the model's own
+        fields (kind, dims, rank, l2, version) always win.
+        """
+        meta = {**(metadata or {}), **self.metadata()}
+        with open(path, "wb") as fh:  # a file object stops np.savez from appending ".npz"
+            np.savez(fh, params=self.params, metadata=np.array(json.dumps(meta, sort_keys=True)))
+
+
+def read_model_file(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
+    """Read and validate the container layout; model-specific checks happen in the loader."""
+    name = os.fspath(path)
+    try:
+        with np.load(name, allow_pickle=False) as npz:
+            if not hasattr(npz, "files"):
+                raise ModelFileError(f"{name}: not an .npz archive")
+            missing = {"params", "metadata"} - set(npz.files)
+            if missing:
+                raise ModelFileError(f"{name}: missing array(s) {sorted(missing)}")
+            params = np.array(npz["params"])
+            raw = npz["metadata"]
+    except ModelFileError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any read failure is a malformed file
+        raise ModelFileError(f"{name}: cannot read model file ({type(exc).__name__}: {exc})") from exc
+    if params.dtype != np.float32 or params.ndim != 1:
+        raise ModelFileError(f"{name}: params must be 1-D float32, got {params.dtype}{params.shape}")
+    if raw.dtype.kind != "U" or raw.size != 1:
+        raise ModelFileError(f"{name}: metadata must be one JSON string")
+    try:
+        meta = json.loads(str(raw.reshape(-1)[0]))
+    except json.JSONDecodeError as exc:
+        raise ModelFileError(f"{name}: metadata is not valid JSON ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise ModelFileError(f"{name}: metadata must be a JSON object")
+    if meta.get("version") != FORMAT_VERSION:
+        raise ModelFileError(f"{name}: unsupported model format version {meta.get('version')!r}")
+    if meta.get("kind") not in MODEL_KINDS:
+        raise ModelFileError(f"{name}: unknown model kind {meta.get('kind')!r}")
+    if not isinstance(meta.get("dims"), dict):
+        raise ModelFileError(f"{name}: metadata lacks 'dims'")
+    if not np.all(np.isfinite(params)):
+        raise ModelFileError(f"{name}: params contain non-finite values")
+    return params, meta

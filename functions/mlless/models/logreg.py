@@ -1,0 +1,77 @@
+"""Sparse logistic regression (MLLess' LR on hashed Criteo features).
+
+Replica layout: ``params[:n_features]`` = weights `w`, ``params[n_features]`` =
+bias `b`.  L2 is decoupled weight decay applied by the optimizer
+(`weight_decay`), the only form that actually regularises under Adam.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mlless.data.batches import Batch, SparseBatch
+from mlless.kernels import logreg as _k
+from mlless.models.base import Model, ModelConfig
+
+#: Decoupled weight decay; hashed Criteo has plenty of data per bucket, so barely any is needed.
+DEFAULT_L2 = 1e-6
+
+
+def _as(arr: np.ndarray, dtype: type) -> np.ndarray:
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+class LogisticRegression(Model):
+    """sigmoid(w·x + b) over a CSR `SparseBatch`; loss metric mean BCE."""
+
+    kind = "logistic-regression"
+    loss_metric = "bce"
+
+    def __init__(self, n_features: int, config: ModelConfig | None = None, seed: int = 0) -> None:
+        config = config or ModelConfig("logistic-regression")
+        if n_features < 1:
+            raise ValueError(f"n_features must be >= 1, got {n_features}")
+        self.n_features = int(n_features)
+        self.rank = int(config.rank)  # unused, kept so the config round-trips
+        self.l2 = DEFAULT_L2 if config.l2 is None else float(config.l2)
+        self.seed = seed  # zero init: every replica starts identical anyway
+        super().__init__(self.n_features + 1)
+        self.w = self.params[: self.n_features]
+        self.b = self.params[self.n_features:]
+        self._slots = np.full(self.n_features, -1, dtype=np.int32)
+
+    @property
+    def weight_decay(self) -> float:
+        return self.l2
+
+    def _check(self, batch: Batch) -> SparseBatch:
+        if not isinstance(batch, SparseBatch):
+            raise TypeError(f"logistic regression trains on SparseBatch, got {type(batch).__name__}")
+        return batch
+
+    def gradient(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, float, int]:
+        b = self._check(batch)
+        idx, grad, loss = _k.logreg_gradient(self.params, _as(b.indptr, np.int64), _as(b.indices, np.int32),
+                                             _as(b.values, np.float32), _as(b.labels, np.float32),
+                                             self.n_features, self._slots)
+        return idx, grad, float(loss), len(b)
+
+    def _logits(self, b: SparseBatch) -> np.ndarray:
+        return _k.logreg_logits(self.params, _as(b.indptr, np.int64), _as(b.indices, np.int32),
+                                _as(b.values, np.float32), self.n_features)
+
+    def predict(self, batch: Batch) -> np.ndarray:
+        """Probabilities P(y = 1); features outside the model are ignored."""
+        z = self._logits(self._check(batch))
+        return (0.5 * (1.0 + np.tanh(0.5 * z))).astype(np.float32)  # overflow-free sigmoid
+
+    def evaluate(self, batch: Batch) -> tuple[float, int]:
+        b = self._check(batch)
+        return float(_k.bce_sum(self._logits(b), _as(b.labels, np.float32))), len(b)
+
+    def dims(self) -> dict[str, Any]:
+        return {"n_features": self.n_features}
+
+    def config(self) -> ModelConfig:
+        return ModelConfig("logistic-regression", rank=self.rank, l2=self.l2)

@@ -1,0 +1,102 @@
+"""Probabilistic matrix factorisation with biases (MLLess' PMF).
+
+Prediction: U_u·M_i + b_u + b_i + μ, where μ is the training set's global mean
+rating (a constant from the dataset manifest, not a parameter).
+
+Layout of the flat replica (see `mlless.kernels.pmf`): ``n_users + n_items``
+rows of width ``rank + 1``; users first, each row = factors then bias.  `U`,
+`M`, `bu`, `bi` are strided views into `params`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from mlless.data.batches import Batch, RatingsBatch
+from mlless.kernels import pmf as _k
+from mlless.models.base import Model, ModelConfig
+
+#: Per-rating L2 penalty on factors and biases (chosen on MovieLens, see tests/test_models.py).
+DEFAULT_L2 = 0.1
+#: Standard deviation of the initial factors.  MLLess used 0.1.
+INIT_STD = 0.1
+
+
+def _as(arr: np.ndarray, dtype: type) -> np.ndarray:
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+class PMF(Model):
+    """Biased matrix factorisation over a `RatingsBatch`; loss metric RMSE."""
+
+    kind = "pmf"
+    loss_metric = "rmse"
+
+    def __init__(self, n_users: int, n_items: int, mean_rating: float, config: ModelConfig | None = None,
+                 seed: int = 0, rating_min: float | None = None, rating_max: float | None = None) -> None:
+        config = config or ModelConfig("pmf")
+        if n_users < 1 or n_items < 1:
+            raise ValueError(f"PMF needs at least one user and one item, got {n_users} x {n_items}")
+        if not math.isfinite(mean_rating):
+            raise ValueError("mean_rating must be finite")
+        self.n_users, self.n_items = int(n_users), int(n_items)
+        self.rank = int(config.rank)
+        self.l2 = DEFAULT_L2 if config.l2 is None else float(config.l2)
+        self.mean = float(mean_rating)
+        self.rating_min = None if rating_min is None else float(rating_min)
+        self.rating_max = None if rating_max is None else float(rating_max)
+        width = self.rank + 1
+        super().__init__((self.n_users + self.n_items) * width)
+        table = self.params.reshape(self.n_users + self.n_items, width)
+        users, items = table[: self.n_users], table[self.n_users:]
+        self.U, self.bu = users[:, : self.rank], users[:, self.rank]
+        self.M, self.bi = items[:, : self.rank], items[:, self.rank]
+        # Same seed => identical replicas on every worker.
+        rng = np.random.default_rng(seed)
+        self.U[:] = rng.normal(0.0, INIT_STD, size=self.U.shape)
+        self.M[:] = rng.normal(0.0, INIT_STD, size=self.M.shape)
+        # workspace for the gradient kernel: global row -> local slot, -1 when unused
+        self._slots = np.full(self.n_users + self.n_items, -1, dtype=np.int32)
+
+    def _check(self, batch: Batch) -> RatingsBatch:
+        if not isinstance(batch, RatingsBatch):
+            raise TypeError(f"PMF trains on RatingsBatch, got {type(batch).__name__}")
+        return batch
+
+    def gradient(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, float, int]:
+        b = self._check(batch)
+        idx, grad, sse = _k.pmf_gradient(self.params, _as(b.users, np.int32), _as(b.items, np.int32),
+                                         _as(b.ratings, np.float32), self.n_users, self.n_items, self.rank,
+                                         self.mean, self.l2, self._slots)
+        return idx, grad, float(sse), len(b)
+
+    def predict(self, batch: Batch) -> np.ndarray:
+        """Ratings, clipped to [rating_min, rating_max] when the range is known."""
+        b = self._check(batch)
+        pred = _k.pmf_predict(self.params, _as(b.users, np.int32), _as(b.items, np.int32), self.n_users,
+                              self.n_items, self.rank, self.mean)
+        if self.rating_min is not None or self.rating_max is not None:
+            np.clip(pred, self.rating_min, self.rating_max, out=pred)
+        return pred
+
+    def evaluate(self, batch: Batch) -> tuple[float, int]:
+        """Squared error of the (clipped) predictions; unseen ids fall back to μ + known bias."""
+        b = self._check(batch)
+        err = self.predict(b).astype(np.float64) - b.ratings
+        return float(err @ err), len(b)
+
+    def dims(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"n_users": self.n_users, "n_items": self.n_items, "mean_rating": self.mean}
+        if self.rating_min is not None:
+            d["rating_min"] = self.rating_min
+        if self.rating_max is not None:
+            d["rating_max"] = self.rating_max
+        return d
+
+    def config(self) -> ModelConfig:
+        return ModelConfig("pmf", rank=self.rank, l2=self.l2)
+
+    def metadata(self) -> dict[str, Any]:
+        return {**super().metadata(), "mean": self.mean}
