@@ -29,17 +29,10 @@ from mlless.transport import (
     redact_url,
 )
 
-REDIS_URL = os.environ.get(ENV_REDIS, "redis://127.0.0.1:6379/0")
-AMQP_URL = os.environ.get(ENV_AMQP, "amqp://guest:guest@127.0.0.1:5672/%2F")
-
-
-def _services_up() -> bool:
-    for port in (6379, 5672):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        except OSError:
-            return False
-    return True
+# Same overrides as tests/conftest.py.  Services tests fail (not skip) when the
+# servers are down: passing without them would prove nothing.
+REDIS_URL = os.environ.get("MLLESS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+AMQP_URL = os.environ.get("MLLESS_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 
 
 Factory = Callable[..., Transport]
@@ -87,8 +80,6 @@ def broker() -> Iterator[EmbeddedBroker]:
 @pytest.fixture(params=["embedded", pytest.param("services", marks=pytest.mark.services)])
 def backend(request: pytest.FixtureRequest, broker: EmbeddedBroker) -> Iterator[Backend]:
     if request.param == "services":
-        if not _services_up():
-            pytest.skip("Redis/RabbitMQ not running on localhost")
         env = {ENV_REDIS: REDIS_URL, ENV_AMQP: AMQP_URL}
     else:
         env = {ENV_EMBEDDED: broker.address}
@@ -143,8 +134,6 @@ def test_ttl_expires(backend: Backend) -> None:
 
 @pytest.mark.services
 def test_services_keys_are_namespaced_with_redis_ttl() -> None:
-    if not _services_up():
-        pytest.skip("services not running")
     import redis
 
     job = "test-" + uuid.uuid4().hex[:12]
@@ -544,8 +533,6 @@ def test_redact_url() -> None:
 
 @pytest.mark.services
 def test_services_errors_never_show_passwords() -> None:
-    if not _services_up():
-        pytest.skip("services not running")
     with pytest.raises(TransportError) as exc:
         connect(
             "test-pw",
@@ -564,8 +551,6 @@ def test_services_errors_never_show_passwords() -> None:
 @pytest.mark.services
 def test_services_reconnects_after_connection_loss() -> None:
     """A dropped AMQP socket is re-established with backoff; queued messages survive."""
-    if not _services_up():
-        pytest.skip("services not running")
     job = "test-" + uuid.uuid4().hex[:12]
     sup = connect(job, redis_url=REDIS_URL, amqp_url=AMQP_URL, role="supervisor")
     w = connect(job, redis_url=REDIS_URL, amqp_url=AMQP_URL, role="worker", rank=0)
@@ -582,3 +567,17 @@ def test_services_reconnects_after_connection_loss() -> None:
         sup.delete_job()
         sup.close()
         w.close()
+
+
+def test_embedded_explicit_start(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(str(tmp_path), "b.sock")
+    b = EmbeddedBroker(path, start=False)
+    assert b.address == f"unix:{path}"
+    assert b.start() is b and b.start() is b  # idempotent
+    t = connect("job6", embedded_address=b.address, role="supervisor")
+    t.put("k", b"v")
+    assert t.get("k") == b"v"
+    t.close()
+    b.stop()
+    b.stop()
+    assert not os.path.exists(path)

@@ -44,6 +44,7 @@ __all__ = [
     "MAX_PAYLOAD",
     "MAX_REASON_BYTES",
     "CLOSE_SNAPSHOT",
+    "CLOSE_FINAL",
     "FrameError",
     "FrameType",
     "Header",
@@ -81,7 +82,9 @@ MAX_PAYLOAD = 1 << 30
 MAX_REASON_BYTES = 1024
 #: ``Close.flags`` bit 0: the first live worker writes a replica snapshot.
 CLOSE_SNAPSHOT = 0x01
-_KNOWN_CLOSE_FLAGS = CLOSE_SNAPSHOT
+#: ``Close.flags`` bit 1: this is the last step; workers apply it, then finish.
+CLOSE_FINAL = 0x02
+_KNOWN_CLOSE_FLAGS = CLOSE_SNAPSHOT | CLOSE_FINAL
 #: Bounds on Tensors frames; generous, but they stop absurd counts early.
 _MAX_TENSORS = 65535
 _MAX_NDIM = 32
@@ -537,7 +540,7 @@ class Close(Message):
 
     ``live`` are the ranks in the job, ``updates`` the ranks whose update for
     this step each worker fetches, ``cursor`` the global mini-batch cursor for
-    the next step; ``flags`` bit0 = ``CLOSE_SNAPSHOT``.  Unknown flag bits are
+    the next step; ``flags``: bit0 ``CLOSE_SNAPSHOT``, bit1 ``CLOSE_FINAL``.  Unknown flag bits are
     rejected rather than ignored, so an older worker never silently skips a
     request it does not understand.
     """
@@ -566,6 +569,10 @@ class Close(Message):
     @property
     def snapshot(self) -> bool:
         return bool(self.flags & CLOSE_SNAPSHOT)
+
+    @property
+    def final(self) -> bool:
+        return bool(self.flags & CLOSE_FINAL)
 
     def _payload(self) -> bytes:
         return b"".join(

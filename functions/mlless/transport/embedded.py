@@ -167,6 +167,7 @@ class EmbeddedBroker:
         tcp: bool = False,
         max_request: int = DEFAULT_MAX_REQUEST,
         sweep_interval: float = 5.0,
+        start: bool = True,
     ) -> None:
         self._lock = threading.Lock()
         self._kv: dict[tuple[str, str], tuple[bytes, float]] = {}
@@ -196,10 +197,11 @@ class EmbeddedBroker:
             self._sock.bind(path)
             os.chmod(path, 0o600)  # only this user's processes may join the job
             self.address = f"unix:{path}"
-        self._sock.listen(128)
+        self._sock.listen(128)  # clients may connect from here on; they are served once started
         self._sock.settimeout(0.5)
-        self._start_thread(self._accept_loop, "mlless-broker-accept")
-        self._start_thread(self._sweep_loop, "mlless-broker-sweep")
+        self._started = False
+        if start:
+            self.start()
 
     # ------------------------------------------------------------------ lifecycle
     def _start_thread(self, target, name: str, *args: object) -> threading.Thread:  # type: ignore[no-untyped-def]
@@ -207,6 +209,16 @@ class EmbeddedBroker:
         t.start()
         self._threads.append(t)
         return t
+
+    def start(self) -> "EmbeddedBroker":
+        """Start serving in background threads (idempotent; the constructor does it unless ``start=False``)."""
+        if self._stopping.is_set():
+            raise RuntimeError("broker was stopped")
+        if not self._started:
+            self._started = True
+            self._start_thread(self._accept_loop, "mlless-broker-accept")
+            self._start_thread(self._sweep_loop, "mlless-broker-sweep")
+        return self
 
     def stop(self) -> None:
         """Stop serving, wake every blocked receiver, close connections, remove the socket file."""
@@ -238,7 +250,7 @@ class EmbeddedBroker:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
 
     def __enter__(self) -> "EmbeddedBroker":
-        return self
+        return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
