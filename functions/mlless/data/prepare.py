@@ -29,7 +29,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -82,7 +82,7 @@ class PrepareOptions:
     max_validation_rows: int | None = None
     progress: bool = True
     tmp_dir: str | None = None
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES  # memory knob: shuffle bucket size and pass-1 write buffer
 
     def check(self) -> None:
         if self.batch_size < 1:
@@ -207,8 +207,8 @@ def prepare(source: Source, out: str, options: PrepareOptions, log: Callable[[st
     progress = Progress("prepare", options.progress)
     stats = _Stats()
     with tempfile.TemporaryDirectory(prefix="mlless-prepare-", dir=options.tmp_dir) as tmp:
-        train = SpillBuckets(Path(tmp), "train", source.kind, n_buckets)
-        val = SpillBuckets(Path(tmp), "validation", source.kind, 1)
+        train = SpillBuckets(Path(tmp), "train", source.kind, n_buckets, flush_bytes=options.bucket_bytes)
+        val = SpillBuckets(Path(tmp), "validation", source.kind, 1, flush_bytes=options.bucket_bytes)
         for chunk in source.chunks(errors):
             _pass1_chunk(chunk, source, options, stats, train, val, n_buckets)
             progress.update(stats.rows_seen, "read")

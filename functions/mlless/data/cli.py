@@ -1,0 +1,154 @@
+"""The `mlless prepare` subcommand (registered into the main CLI by `add_prepare_parser`)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mlless.data.formats import LibsvmOptions
+from mlless.data.manifest import DatasetError
+from mlless.data.prepare import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_HASH_BITS,
+    DEFAULT_SAMPLE_BATCH_SIZE,
+    DEFAULT_VALIDATION_FRACTION,
+    PrepareError,
+    PrepareOptions,
+    prepare,
+    prepare_file,
+    sample_source,
+    synthetic_lr_source,
+    synthetic_pmf_source,
+)
+from mlless.data.sample import SampleUnavailable
+from mlless.data.synthetic import LrParams, PmfParams
+from mlless.data.text import MalformedInputError
+
+DESCRIPTION = """\
+Turn raw data into shuffled mini-batch files plus manifest.json.
+
+Exactly one of: --format FMT INPUT, --sample NAME, --synthetic {pmf,lr}.
+
+Layout written under --out (a directory or fsspec URL such as s3://bucket/x):
+  manifest.json              sizes, dimensions, statistics, sha256 of every file
+  train/batch-000000.npz ... shuffled batches of exactly --batch-size rows (last may be short)
+  validation.npz             the held-out split
+  ids.npz                    (ratings) raw user/item id of every re-indexed id
+
+Ratings: users/items are re-indexed 0..n-1 from the training split; validation
+ratings with a user or item unseen in training are dropped and counted.
+"""
+
+EPILOG = """\
+examples:
+  mlless prepare --sample movielens-small --out data/ml-small
+  mlless prepare --format movielens ml-10M100K/ratings.dat --out s3://bucket/ml10m
+  mlless prepare --format criteo train.txt --out data/criteo --hash-bits 20 --on-error skip
+  mlless prepare --synthetic pmf --rows 10000000 --users 70000 --items 10000 --out data/syn
+"""
+
+
+def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `prepare` on the main CLI's subparsers."""
+    p = subparsers.add_parser(
+        "prepare",
+        help="prepare a dataset into mini-batch files",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    src = p.add_argument_group("input (choose one)")
+    src.add_argument("input", nargs="?", help="input file (local path or fsspec URL; .gz/.bz2/.xz are decompressed)")
+    src.add_argument("--format", choices=["movielens", "criteo", "libsvm"], help="format of INPUT")
+    src.add_argument("--sample", choices=["movielens-small"], help="a bundled sample (needs: pip install 'mlless[datasets]')")
+    src.add_argument("--synthetic", choices=["pmf", "lr"], help="generate low-rank ratings (pmf) or Criteo-like clicks (lr)")
+    p.add_argument("--out", required=True, help="output directory or fsspec URL (memory://, s3://...)")
+
+    o = p.add_argument_group("batching and split")
+    o.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"rows per batch (default {DEFAULT_BATCH_SIZE}, as in the paper; {DEFAULT_SAMPLE_BATCH_SIZE} for --sample)",
+    )
+    o.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=DEFAULT_VALIDATION_FRACTION,
+        help=f"fraction of rows held out, chosen by a seeded hash of the line (default {DEFAULT_VALIDATION_FRACTION})",
+    )
+    o.add_argument("--max-validation-rows", type=int, default=None, help="cap the validation split (memory); extra rows train")
+    o.add_argument("--seed", type=int, default=0, help="seed of the split and the shuffle (default 0)")
+    o.add_argument("--on-error", choices=["fail", "skip"], default="fail", help="malformed lines: fail naming file:line (default) or skip and count")
+    o.add_argument("--tmp-dir", default=None, help="where shuffle buckets are spilled (default: system temp)")
+    o.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+    f = p.add_argument_group("features (criteo, libsvm, synthetic lr)")
+    f.add_argument("--hash-bits", type=int, default=DEFAULT_HASH_BITS, help=f"feature space is 2**K (default {DEFAULT_HASH_BITS})")
+    f.add_argument("--integer-transform", choices=["log1p", "minmax"], default="log1p", help="Criteo integer columns: log1p(max(x,0)) (default) or min-max from training stats")
+    f.add_argument("--libsvm-base", type=int, choices=[0, 1], default=1, help="libsvm index base (default 1)")
+    f.add_argument("--libsvm-indices", choices=["keep", "hash"], default="keep", help="keep libsvm indices (n_features = max+1) or hash them into 2**K")
+
+    s = p.add_argument_group("synthetic data")
+    s.add_argument("--rows", type=int, default=None, help="rows to generate (default 1,000,000)")
+    s.add_argument("--users", type=int, default=PmfParams.users, help=f"pmf users (default {PmfParams.users})")
+    s.add_argument("--items", type=int, default=PmfParams.items, help=f"pmf items (default {PmfParams.items})")
+    s.add_argument("--rank", type=int, default=PmfParams.rank, help=f"pmf planted rank (default {PmfParams.rank})")
+    s.add_argument("--noise", type=float, default=PmfParams.noise, help=f"pmf noise std (default {PmfParams.noise})")
+    s.add_argument("--raw", action="store_true", help="pmf: do not clip ratings to [1, 5]")
+    p.set_defaults(func=run_prepare)
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    """Handler for `mlless prepare`; returns the process exit code."""
+    chosen = [x for x in (args.format, args.sample, args.synthetic) if x]
+    if len(chosen) != 1:
+        print("mlless prepare: choose exactly one of --format (with INPUT), --sample, --synthetic", file=sys.stderr)
+        return 2
+    if args.format and not args.input:
+        print(f"mlless prepare: --format {args.format} needs an INPUT file", file=sys.stderr)
+        return 2
+    if not args.format and args.input:
+        print("mlless prepare: INPUT is only used with --format", file=sys.stderr)
+        return 2
+    batch_size = args.batch_size or (DEFAULT_SAMPLE_BATCH_SIZE if args.sample else DEFAULT_BATCH_SIZE)
+    options = PrepareOptions(
+        batch_size=batch_size,
+        validation_fraction=args.validation_fraction,
+        seed=args.seed,
+        hash_bits=args.hash_bits,
+        on_error=args.on_error,
+        integer_transform=args.integer_transform,
+        max_validation_rows=args.max_validation_rows,
+        progress=not args.quiet,
+        tmp_dir=args.tmp_dir,
+    )
+    try:
+        if args.format:
+            prepare_file(args.format, args.input, args.out, options, LibsvmOptions(base=args.libsvm_base, indices=args.libsvm_indices))
+        elif args.sample:
+            prepare(sample_source(args.sample), args.out, options)
+        elif args.synthetic == "pmf":
+            params = PmfParams(
+                rows=args.rows or PmfParams.rows, users=args.users, items=args.items, rank=args.rank, noise=args.noise, clip=not args.raw
+            )
+            prepare(synthetic_pmf_source(params, args.seed), args.out, options)
+        else:
+            params_lr = LrParams(rows=args.rows or LrParams.rows, hash_bits=args.hash_bits)
+            prepare(synthetic_lr_source(params_lr, args.seed), args.out, options)
+    except (PrepareError, MalformedInputError, DatasetError, SampleUnavailable, FileNotFoundError) as exc:
+        print(f"mlless prepare: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (`python -m mlless.data.cli prepare ...`) for use before the main CLI exists."""
+    parser = argparse.ArgumentParser(prog="mlless")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_prepare_parser(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
