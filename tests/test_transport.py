@@ -11,7 +11,7 @@ import textwrap
 import threading
 import time
 import uuid
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -33,9 +33,6 @@ from mlless.transport import (
 # servers are down: passing without them would prove nothing.
 REDIS_URL = os.environ.get("MLLESS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 AMQP_URL = os.environ.get("MLLESS_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
-
-
-Factory = Callable[..., Transport]
 
 
 class Backend:
