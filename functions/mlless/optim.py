@@ -78,7 +78,7 @@ def default_optimizer(model_kind: str) -> OptimizerConfig:
     if model_kind == "pmf":
         return OptimizerConfig(type="nesterov", learning_rate=PMF_LR, momentum=0.8)
     if model_kind == "logistic-regression":
-        return OptimizerConfig(type="adam", learning_rate=0.02, lr_decay="sqrt-epoch")
+        return OptimizerConfig(type="adam", learning_rate=0.05, lr_decay="sqrt-epoch")
     raise ValueError(f"unknown model kind {model_kind!r}")
 
 

@@ -16,14 +16,8 @@ returning, so the cost stays O(batch), never O(model).
 """
 import numpy as np
 cimport numpy as cnp
-from libc.math cimport sqrt
 
 cnp.import_array()
-
-
-def _check(arr, dtype, name):
-    if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.ndim != 1 or not arr.flags.c_contiguous:
-        raise TypeError(f"{name} must be a 1-D C-contiguous {np.dtype(dtype)} array")
 
 
 cdef Py_ssize_t _assign_slots(const int[::1] users, const int[::1] items, int n_users, int n_items,

@@ -1,0 +1,187 @@
+"""Gradient kernels against float64 numpy references and finite differences."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlless.kernels import logreg as klr
+from mlless.kernels import pmf as kpmf
+
+
+def pmf_reference(params: np.ndarray, users, items, ratings, n_users, n_items, rank, mean, l2):
+    """Float64 loss (mean regularised squared error), dense gradient and SSE."""
+    p = params.astype(np.float64).reshape(n_users + n_items, rank + 1)
+    U, bu = p[:n_users, :rank], p[:n_users, rank]
+    M, bi = p[n_users:, :rank], p[n_users:, rank]
+    e = (U[users] * M[items]).sum(1) + bu[users] + bi[items] + mean - ratings
+    B = len(ratings)
+    reg = (p[users] ** 2).sum(1) + (p[n_users + items] ** 2).sum(1)
+    loss = (e @ e + l2 * reg.sum()) / B
+    g = np.zeros_like(p)
+    np.add.at(g[:, :rank], users, 2 * e[:, None] * M[items] / B)
+    np.add.at(g[:, :rank], n_users + items, 2 * e[:, None] * U[users] / B)
+    np.add.at(g[:, rank], users, 2 * e / B)
+    np.add.at(g[:, rank], n_users + items, 2 * e / B)
+    np.add.at(g, users, 2 * l2 * p[users] / B)
+    np.add.at(g, n_users + items, 2 * l2 * p[n_users + items] / B)
+    return loss, g.reshape(-1), float(e @ e)
+
+
+def make_pmf(rng, n_users=7, n_items=5, rank=3, n=40):
+    params = rng.normal(0, 0.5, size=(n_users + n_items) * (rank + 1)).astype(np.float32)
+    users = rng.integers(0, n_users, n).astype(np.int32)  # many duplicates on purpose
+    items = rng.integers(0, n_items, n).astype(np.int32)
+    ratings = rng.uniform(1, 5, n).astype(np.float32)
+    return params, users, items, ratings
+
+
+@pytest.mark.parametrize("l2", [0.0, 0.3])
+def test_pmf_gradient_matches_numpy_reference(l2):
+    rng = np.random.default_rng(1)
+    nu, ni, rank = 7, 5, 3
+    params, users, items, ratings = make_pmf(rng, nu, ni, rank)
+    slots = np.full(nu + ni, -1, np.int32)
+    idx, grad, sse = kpmf.pmf_gradient(params, users, items, ratings, nu, ni, rank, 3.0, l2, slots)
+    _, gref, sse_ref = pmf_reference(params, users, items, ratings, nu, ni, rank, 3.0, l2)
+    assert idx.dtype == np.int32 and grad.dtype == np.float32
+    assert len(np.unique(idx)) == len(idx), "indices must be unique"
+    touched = np.zeros(len(params), bool)
+    touched[idx] = True
+    # exactly the rows of the batch's users and items are touched
+    rows = np.unique(np.concatenate([users, nu + items]))
+    expect = (rows[:, None] * (rank + 1) + np.arange(rank + 1)).ravel()
+    np.testing.assert_array_equal(np.sort(idx), expect)
+    np.testing.assert_allclose(grad, gref[idx], rtol=1e-4, atol=1e-6)
+    assert np.all(gref[~touched] == 0)
+    assert sse == pytest.approx(sse_ref, rel=1e-5)
+    assert np.all(slots == -1), "workspace must be reset"
+
+
+def test_pmf_gradient_matches_finite_differences():
+    rng = np.random.default_rng(2)
+    nu, ni, rank, l2 = 4, 3, 2, 0.2
+    params, users, items, ratings = make_pmf(rng, nu, ni, rank, n=15)
+    slots = np.full(nu + ni, -1, np.int32)
+    idx, grad, _ = kpmf.pmf_gradient(params, users, items, ratings, nu, ni, rank, 3.0, l2, slots)
+    dense = np.zeros(len(params))
+    dense[idx] = grad
+    p64 = params.astype(np.float64)
+    h = 1e-6
+    for j in range(len(params)):
+        up, down = p64.copy(), p64.copy()
+        up[j] += h
+        down[j] -= h
+        fd = (pmf_reference(up, users, items, ratings, nu, ni, rank, 3.0, l2)[0]
+              - pmf_reference(down, users, items, ratings, nu, ni, rank, 3.0, l2)[0]) / (2 * h)
+        assert dense[j] == pytest.approx(fd, rel=1e-3, abs=1e-5), f"param {j}"
+
+
+def test_pmf_gradient_rejects_out_of_range_ids_and_keeps_workspace_clean():
+    rng = np.random.default_rng(3)
+    params, users, items, ratings = make_pmf(rng)
+    users[5] = 7  # == n_users
+    slots = np.full(12, -1, np.int32)
+    with pytest.raises(IndexError, match="sample 5"):
+        kpmf.pmf_gradient(params, users, items, ratings, 7, 5, 3, 3.0, 0.0, slots)
+    assert np.all(slots == -1)
+    with pytest.raises(ValueError, match="dtype mismatch"):
+        kpmf.pmf_gradient(params.astype(np.float64), users, items, ratings, 7, 5, 3, 3.0, 0.0, slots)
+
+
+def test_pmf_empty_batch():
+    params = np.zeros(12 * 4, np.float32)
+    e = np.empty(0, np.int32)
+    idx, grad, sse = kpmf.pmf_gradient(params, e, e, np.empty(0, np.float32), 7, 5, 3, 3.0, 0.1,
+                                       np.full(12, -1, np.int32))
+    assert len(idx) == len(grad) == 0 and sse == 0
+
+
+def test_pmf_predict_unknown_ids_fall_back_to_known_bias():
+    nu, ni, rank = 2, 2, 2
+    p = np.arange((nu + ni) * (rank + 1), dtype=np.float32) / 10
+    users = np.array([0, 5, 1, -1], np.int32)
+    items = np.array([1, 0, 9, 9], np.int32)
+    out = kpmf.pmf_predict(p, users, items, nu, ni, rank, 3.0)
+    t = p.reshape(nu + ni, rank + 1)
+    assert out[0] == pytest.approx(3.0 + t[0, :2] @ t[3, :2] + t[0, 2] + t[3, 2], rel=1e-6)
+    assert out[1] == pytest.approx(3.0 + t[2, 2])  # unknown user: mean + item bias
+    assert out[2] == pytest.approx(3.0 + t[1, 2])  # unknown item: mean + user bias
+    assert out[3] == pytest.approx(3.0)
+
+
+# --- logistic regression -------------------------------------------------------------------------
+
+def make_csr(rng, n_rows=30, n_features=10, nnz_per_row=4):
+    indptr = np.zeros(n_rows + 1, np.int64)
+    lens = rng.integers(0, nnz_per_row + 1, n_rows)
+    indptr[1:] = np.cumsum(lens)
+    indices = rng.integers(0, n_features, indptr[-1]).astype(np.int32)  # duplicates within rows allowed
+    values = rng.normal(0, 1, indptr[-1]).astype(np.float32)
+    labels = (rng.random(n_rows) < 0.4).astype(np.float32)
+    return indptr, indices, values, labels
+
+
+def lr_reference(params, indptr, indices, values, labels, n_features):
+    """Float64 mean BCE and dense gradient via a dense design matrix."""
+    p = params.astype(np.float64)
+    X = np.zeros((len(labels), n_features))
+    for r in range(len(labels)):
+        for j in range(indptr[r], indptr[r + 1]):
+            X[r, indices[j]] += values[j]
+    z = X @ p[:n_features] + p[n_features]
+    loss = np.logaddexp(0, z) - z * labels
+    resid = 1 / (1 + np.exp(-z)) - labels
+    g = np.concatenate([X.T @ resid, [resid.sum()]]) / len(labels)
+    return loss.mean(), g, loss.sum()
+
+
+def test_logreg_gradient_matches_numpy_reference_and_finite_differences():
+    rng = np.random.default_rng(4)
+    F = 10
+    indptr, indices, values, labels = make_csr(rng, n_features=F)
+    params = rng.normal(0, 0.7, F + 1).astype(np.float32)
+    slots = np.full(F, -1, np.int32)
+    idx, grad, loss_sum = klr.logreg_gradient(params, indptr, indices, values, labels, F, slots)
+    _, gref, loss_ref = lr_reference(params, indptr, indices, values, labels, F)
+    assert np.all(slots == -1)
+    assert idx[-1] == F, "bias is always touched, last"
+    np.testing.assert_array_equal(np.sort(idx[:-1]), np.unique(indices))
+    np.testing.assert_allclose(grad, gref[idx], rtol=1e-4, atol=1e-6)
+    assert loss_sum == pytest.approx(loss_ref, rel=1e-5)
+    dense = np.zeros(F + 1)
+    dense[idx] = grad
+    h = 1e-6
+    for j in range(F + 1):
+        up, down = params.astype(np.float64), params.astype(np.float64)
+        up[j] += h
+        down[j] -= h
+        fd = (lr_reference(up, indptr, indices, values, labels, F)[0]
+              - lr_reference(down, indptr, indices, values, labels, F)[0]) / (2 * h)
+        assert dense[j] == pytest.approx(fd, rel=1e-3, abs=1e-6)
+
+
+def test_logreg_losses_are_stable_for_huge_logits():
+    assert klr.py_bce(1000.0, 1.0) == pytest.approx(0.0, abs=1e-12)
+    assert klr.py_bce(1000.0, 0.0) == pytest.approx(1000.0)
+    assert klr.py_bce(-1000.0, 1.0) == pytest.approx(1000.0)
+    assert klr.py_sigmoid(-1000.0) == 0.0 and klr.py_sigmoid(1000.0) == 1.0
+    for z in (-3.0, 0.0, 2.5):
+        for y in (0.0, 1.0):
+            p = 1 / (1 + np.exp(-z))
+            assert klr.py_bce(z, y) == pytest.approx(-(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
+def test_logreg_gradient_rejects_bad_input():
+    rng = np.random.default_rng(5)
+    indptr, indices, values, labels = make_csr(rng, n_features=10)
+    params = np.zeros(11, np.float32)
+    slots = np.full(10, -1, np.int32)
+    bad = indices.copy()
+    bad[0] = 10
+    with pytest.raises(IndexError):
+        klr.logreg_gradient(params, indptr, bad, values, labels, 10, slots)
+    assert np.all(slots == -1)
+    with pytest.raises(ValueError):
+        klr.logreg_gradient(params, indptr[:-1], indices, values, labels, 10, slots)
+    with pytest.raises(ValueError):
+        klr.logreg_gradient(np.zeros(10, np.float32), indptr, indices, values, labels, 10, slots)

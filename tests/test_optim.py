@@ -1,0 +1,136 @@
+"""Sparse optimizers against hand-written numpy steps, including the lazy semantics."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlless.optim import OptimizerConfig, default_optimizer, make_optimizer
+
+SIZE = 12
+
+
+class Reference:
+    """Dense float64 re-implementation, restricted to idx (lazy semantics)."""
+
+    def __init__(self, cfg: OptimizerConfig) -> None:
+        self.c = cfg
+        self.v = np.zeros(SIZE)
+        self.m = np.zeros(SIZE)
+        self.s = np.zeros(SIZE)
+        self.t = 0
+
+    def step(self, x, idx, g, lr):
+        c = self.c
+        self.t += 1
+        x0 = x[idx].copy()
+        if c.type == "sgd":
+            upd = g
+        elif c.type in ("momentum", "nesterov"):
+            self.v[idx] = c.momentum * self.v[idx] + g
+            upd = self.v[idx] if c.type == "momentum" else c.momentum * self.v[idx] + g
+        else:
+            self.m[idx] = c.beta1 * self.m[idx] + (1 - c.beta1) * g
+            self.s[idx] = c.beta2 * self.s[idx] + (1 - c.beta2) * g * g
+            mhat = self.m[idx] / (1 - c.beta1 ** self.t)
+            shat = self.s[idx] / (1 - c.beta2 ** self.t)
+            upd = mhat / (np.sqrt(shat) + c.epsilon)
+        delta = -lr * upd - lr * c.weight_decay * x0
+        x[idx] += delta
+        return delta
+
+
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam"])
+@pytest.mark.parametrize("wd", [0.0, 0.1])
+def test_steps_match_reference(kind, wd):
+    rng = np.random.default_rng(0)
+    cfg = OptimizerConfig(type=kind, learning_rate=0.05, momentum=0.8, weight_decay=wd)
+    opt, ref = make_optimizer(SIZE, cfg), Reference(cfg)
+    x = rng.normal(size=SIZE).astype(np.float32)
+    xr = x.astype(np.float64)
+    for step in range(6):
+        idx = np.sort(rng.choice(SIZE, size=5, replace=False)).astype(np.int32)
+        g = rng.normal(size=5).astype(np.float32)
+        before = x.copy()
+        delta = opt.step(x, idx, g, lr=0.05)
+        dref = ref.step(xr, idx, g.astype(np.float64), 0.05)
+        np.testing.assert_allclose(delta, dref, rtol=2e-4, atol=1e-6)
+        np.testing.assert_allclose(x, xr, rtol=2e-4, atol=1e-6)
+        # the returned delta is exactly what was applied
+        np.testing.assert_array_equal(x[idx], before[idx] + delta)
+        untouched = np.setdiff1d(np.arange(SIZE), idx)
+        np.testing.assert_array_equal(x[untouched], before[untouched])
+    assert opt.t == 6
+
+
+def test_momentum_is_lazy_untouched_velocity_not_decayed():
+    opt = make_optimizer(SIZE, OptimizerConfig(type="nesterov", learning_rate=1.0, momentum=0.5))
+    x = np.zeros(SIZE, np.float32)
+    opt.step(x, np.array([3], np.int32), np.array([1.0], np.float32))
+    v_after_first = opt.state()["velocity"][3]
+    for _ in range(5):  # steps that do not touch entry 3
+        opt.step(x, np.array([4], np.int32), np.array([1.0], np.float32))
+    assert opt.state()["velocity"][3] == v_after_first == 1.0
+    assert x[3] == pytest.approx(-1.5)  # only the first step moved it: μ·v + g = 1.5
+    # next touch uses the preserved velocity: v = 0.5·1 + 1 = 1.5, step = 0.5·1.5 + 1 = 1.75
+    d = opt.step(x, np.array([3], np.int32), np.array([1.0], np.float32))
+    assert d[0] == pytest.approx(-1.75)
+
+
+def test_lazy_adam_uses_global_step_for_bias_correction():
+    cfg = OptimizerConfig(type="adam", learning_rate=0.1)
+    opt = make_optimizer(SIZE, cfg)
+    x = np.zeros(SIZE, np.float32)
+    for _ in range(4):
+        opt.step(x, np.array([0], np.int32), np.array([1.0], np.float32))
+    d = opt.step(x, np.array([7], np.int32), np.array([2.0], np.float32))  # first touch, t = 5
+    m = 0.1 * 2.0 / (1 - 0.9 ** 5)
+    v = 0.001 * 4.0 / (1 - 0.999 ** 5)
+    assert d[0] == pytest.approx(-0.1 * m / (np.sqrt(v) + 1e-8), rel=1e-5)
+
+
+def test_weight_decay_alone_shrinks_touched_entries_only():
+    opt = make_optimizer(SIZE, OptimizerConfig(type="sgd", learning_rate=0.5, weight_decay=0.2))
+    x = np.ones(SIZE, np.float32)
+    opt.step(x, np.array([1, 2], np.int32), np.zeros(2, np.float32))
+    assert x[1] == x[2] == pytest.approx(0.9)
+    assert np.all(np.delete(x, [1, 2]) == 1)
+
+
+def test_state_roundtrip_continues_identically():
+    rng = np.random.default_rng(1)
+    cfg = OptimizerConfig(type="adam", learning_rate=0.01)
+    a = make_optimizer(SIZE, cfg)
+    x = rng.normal(size=SIZE).astype(np.float32)
+    idx = np.arange(0, SIZE, 2, dtype=np.int32)
+    for _ in range(3):
+        a.step(x, idx, rng.normal(size=len(idx)).astype(np.float32))
+    b = make_optimizer(SIZE, cfg)
+    b.load_state(a.state())
+    g = rng.normal(size=len(idx)).astype(np.float32)
+    xa, xb = x.copy(), x.copy()
+    np.testing.assert_array_equal(a.step(xa, idx, g), b.step(xb, idx, g))
+    with pytest.raises(ValueError):
+        b.load_state({"m": np.zeros(3, np.float32), "v": np.zeros(SIZE, np.float32), "t": np.array([1])})
+
+
+def test_bad_inputs_and_configs():
+    opt = make_optimizer(SIZE, OptimizerConfig(type="momentum"))
+    x = np.zeros(SIZE, np.float32)
+    with pytest.raises(IndexError):
+        opt.step(x, np.array([SIZE], np.int32), np.ones(1, np.float32))
+    with pytest.raises(ValueError):
+        opt.step(x, np.array([1, 2], np.int32), np.ones(1, np.float32))
+    with pytest.raises(ValueError):
+        OptimizerConfig(type="rmsprop")
+    with pytest.raises(ValueError):
+        OptimizerConfig(learning_rate=-1)
+
+
+def test_lr_schedule_and_defaults():
+    c = OptimizerConfig(type="adam", learning_rate=0.04, lr_decay="sqrt-epoch")
+    assert c.lr_at(1) == pytest.approx(0.04) and c.lr_at(4) == pytest.approx(0.02)
+    assert OptimizerConfig(learning_rate=0.3).lr_at(9) == 0.3
+    pmf = default_optimizer("pmf")
+    assert pmf.type == "nesterov" and pmf.momentum == 0.8
+    lr = default_optimizer("logistic-regression")
+    assert lr.type == "adam" and lr.lr_decay == "sqrt-epoch"
