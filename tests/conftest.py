@@ -39,5 +39,5 @@ def movielens_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def synthetic_lr_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("data") / "lr"
-    assert mlless_main(["prepare", "--synthetic", "lr", "--rows", "40000", "--batch-size", "1000", "--out", str(out)]) == 0
+    assert mlless_main(["prepare", "--synthetic", "lr", "--rows", "40000", "--vocabulary", "300", "--batch-size", "1000", "--out", str(out)]) == 0
     return out

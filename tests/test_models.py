@@ -154,7 +154,7 @@ def test_logreg_trains_on_synthetic_sparse_data():
     model = build_model("logistic-regression", {"n_features": F})
     p = labels[:16000].mean()
     base_rate_bce = float(-(p * np.log(p) + (1 - p) * np.log(1 - p)))
-    curve = train(model, lambda e: (rows(s, s + 250) for s in range(0, 16000, 250)), 6, val=val)
+    curve = train(model, lambda e: (rows(s, s + 250) for s in range(0, 16000, 250)), 12, val=val)
     print(f"synthetic LR: base-rate BCE {base_rate_bce:.4f}, BCE by epoch {np.round(curve, 4).tolist()}")
     assert curve[-1] < 0.85 * base_rate_bce
     acc = np.mean((model.predict(val) > 0.5) == (val.labels == 1))

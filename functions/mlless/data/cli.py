@@ -94,6 +94,7 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--items", type=int, default=PmfParams.items, help=f"pmf items (default {PmfParams.items})")
     s.add_argument("--rank", type=int, default=PmfParams.rank, help=f"pmf planted rank (default {PmfParams.rank})")
     s.add_argument("--noise", type=float, default=PmfParams.noise, help=f"pmf noise std (default {PmfParams.noise})")
+    s.add_argument("--vocabulary", type=int, default=LrParams.vocabulary, help=f"lr: distinct values per categorical column (default {LrParams.vocabulary})")
     s.add_argument("--raw", action="store_true", help="pmf: do not clip ratings to [1, 5]")
     p.set_defaults(func=run_prepare)
 
@@ -133,7 +134,7 @@ def run_prepare(args: argparse.Namespace) -> int:
             )
             prepare(synthetic_pmf_source(params, args.seed), args.out, options)
         else:
-            params_lr = LrParams(rows=args.rows or LrParams.rows, hash_bits=args.hash_bits)
+            params_lr = LrParams(rows=args.rows or LrParams.rows, hash_bits=args.hash_bits, vocabulary=args.vocabulary)
             prepare(synthetic_lr_source(params_lr, args.seed), args.out, options)
     except (PrepareError, MalformedInputError, DatasetError, SampleUnavailable, FileNotFoundError) as exc:
         print(f"mlless prepare: error: {exc}", file=sys.stderr)

@@ -71,7 +71,8 @@ def generate_pmf(p: PmfParams, seed: int) -> Iterator[RatingsChunk]:
 def generate_lr(p: LrParams, seed: int) -> Iterator[SparseChunk]:
     n_features = 1 << p.hash_bits
     rng = np.random.default_rng([seed, 0x4C52])
-    w = rng.normal(0.0, 0.5, size=n_features).astype(np.float32)
+    # Strong enough that a model trained on a few thousand rows measurably beats the base rate.
+    w = rng.normal(0.0, 2.0, size=n_features).astype(np.float32)
     w[:CRITEO_INT_COLUMNS] = rng.normal(0.0, 0.3, size=CRITEO_INT_COLUMNS)
     width = CRITEO_INT_COLUMNS + CRITEO_CAT_COLUMNS
     step = CHUNK_ROWS // 4

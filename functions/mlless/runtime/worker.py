@@ -11,6 +11,7 @@ round trip. Under SSP the wait only blocks once the worker is more than
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
@@ -29,6 +30,10 @@ from mlless.transport import Transport
 log = logging.getLogger(__name__)
 
 PHASES = ("fetch", "compute", "filter", "write", "wait", "read", "apply")
+
+
+class TrainingDiverged(ArithmeticError):
+    """The replica's loss stopped being finite; continuing would only publish garbage."""
 
 
 class WorkerExit(Exception):
@@ -65,7 +70,7 @@ class Worker:
         self.transport = transport
         self.dataset = dataset
         self.model: Model = build_model(job.model.type, dataset.dims(), job.model, job.seed)
-        self.optimizer = make_optimizer(self.model.size, job.optimizer)
+        self.optimizer = make_optimizer(self.model.size, job.optimizer.replace(weight_decay=self.model.weight_decay))
         self.filter = SignificanceFilter(self.model.size)
         self.schedule = Schedule(dataset.n_batches, job.seed)
         self.prefetcher = Prefetcher(dataset)
@@ -82,7 +87,8 @@ class Worker:
         self.transport.send_to_supervisor(wire.encode(wire.Hello(sender=self.rank, step=0, pid=os.getpid())))
         try:
             while True:
-                self._await_close(self.step - self.job.sync.staleness)
+                # Step 0's close carries the worker set, so no one may start before it.
+                self._await_close(max(self.step - self.job.sync.staleness, 0))
                 self.step += 1
                 self._train_step()
         except WorkerExit:
@@ -99,6 +105,8 @@ class Worker:
         timer.lap("fetch")
 
         idx, grad, loss_sum, samples = self.model.gradient(batch)
+        if not math.isfinite(loss_sum):
+            raise TrainingDiverged(f"loss is {loss_sum} at step {self.step}; lower spec.optimizer.learningRate")
         lr = self.job.optimizer.lr_at(self.schedule.epoch(position) + 1)
         delta = self.optimizer.step(self.model.params, idx, grad, lr)
         self.filter.accumulate(idx, delta)
