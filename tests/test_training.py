@@ -18,6 +18,7 @@ import redis
 import yaml
 
 from mlless.data.dataset import Dataset
+from mlless.runtime import keys
 from mlless.runtime.launcher import LocalLauncher
 from mlless.runtime.local import Services, new_job_id, train_local
 from mlless.runtime.record import Progress
@@ -105,7 +106,9 @@ def test_ssp_trains(movielens_dir, tmp_path, redis_url, amqp_url):
     assert summary["rejected_frames"] == 0
 
 
-def _supervise_with(job: TrainingJob, run_dir: Path, redis_url: str, amqp_url: str, during) -> dict[str, Any]:
+def _supervise_with(
+    job: TrainingJob, run_dir: Path, redis_url: str, amqp_url: str, during, supervisor_cls: type[Supervisor] = Supervisor
+) -> dict[str, Any]:
     """Run a job in-process with a hook that gets the supervisor and launcher while it trains."""
     job_id = new_job_id(job.name)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -114,7 +117,7 @@ def _supervise_with(job: TrainingJob, run_dir: Path, redis_url: str, amqp_url: s
     env = {"MLLESS_JOB_ID": job_id, "REDIS_URL": redis_url, "AMQP_URL": amqp_url}
     launcher = LocalLauncher(job_file, env, run_dir / "logs")
     transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
-    supervisor = Supervisor(job, job_id, transport, launcher, run_dir, QUIET)
+    supervisor = supervisor_cls(job, job_id, transport, launcher, run_dir, QUIET)
     hook = threading.Thread(target=during, args=(supervisor, launcher), daemon=True)
     hook.start()
     try:
@@ -218,19 +221,24 @@ def test_ctrl_c_stops_cleanly_and_deletes_keys(movielens_dir, tmp_path, redis_ur
     assert pids.stdout == b""
 
 
-def test_malformed_update_frame_is_rejected_not_applied(movielens_dir, tmp_path, redis_url, amqp_url):
-    """A corrupt frame planted in an update slot is counted and skipped; training carries on."""
-    from mlless.runtime import keys
+class CorruptingSupervisor(Supervisor):
+    """Replaces worker 2's published update with garbage after its report, before the step closes."""
 
-    def corrupt_updates(supervisor, launcher):
-        client = redis.Redis.from_url(redis_url)
-        _when_step(supervisor, 3)
-        for step in range(4, 8):
-            client.set(f"mlless:{supervisor.job_id}:{keys.update(2, step, 0)}", b"MLs\x01garbage", ex=60)
-            _when_step(supervisor, step)
+    corrupt_steps = range(4, 8)
 
+    def _close(self, step, reports):
+        if step in self.corrupt_steps:
+            self.transport.put(keys.update(2, step, self.job.sync.staleness), b"MLs\x01not a frame")
+        super()._close(step, reports)
+
+
+def test_malformed_update_frame_is_rejected_counted_and_not_applied(movielens_dir, tmp_path, redis_url, amqp_url):
     job = job_for(movielens_dir, sync={"protocol": "bsp"}, stop={"maxSteps": 20})
-    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, corrupt_updates)
+    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: None, CorruptingSupervisor)
     assert summary["steps"] == 20
     assert summary["dropped_workers"] == []
+    # Workers 0 and 1 each refused worker 2's frame at each corrupted step.
+    assert summary["rejected_frames"] == 2 * len(CorruptingSupervisor.corrupt_steps)
+    # Worker 2 kept its own updates, the others never got them: the replicas differ (BSP would be identical).
+    assert summary["replica_spread"] > 1e-3
     assert np.isfinite(summary["validation_loss"])

@@ -72,7 +72,7 @@ messages = st.one_of(
     st.builds(Leave, st.just(-1), steps, ranks),
     st.builds(Left, ranks, steps, st.booleans()),
     st.builds(Finish, st.just(-1), steps),
-    st.builds(Done, ranks, steps, nonneg),
+    st.builds(Done, ranks, steps, nonneg, st.integers(0, 2**64 - 1)),
     st.builds(Failed, ranks, steps, st.text(max_size=300)),
 )
 

@@ -668,27 +668,33 @@ class Finish(Message):
 
 @dataclass(frozen=True)
 class Done(Message):
-    """Worker → supervisor: final replica written after ``seconds`` of billed work."""
+    """Worker → supervisor: final replica written after ``seconds`` of billed work.
+
+    ``rejected_frames`` counts the inbound frames this worker refused, so the
+    job's summary accounts for every malformed frame, not only the supervisor's.
+    """
 
     TYPE: ClassVar[FrameType] = FrameType.DONE
-    _ST: ClassVar[struct.Struct] = struct.Struct("<d")
+    _ST: ClassVar[struct.Struct] = struct.Struct("<dQ")
 
     sender: int
     step: int
     seconds: float
+    rejected_frames: int = 0
 
     def __post_init__(self) -> None:
         self._check_envelope()
         _set(self, "seconds", _check_float("seconds", self.seconds, nonneg=True))
+        _set(self, "rejected_frames", _check_int("rejected_frames", self.rejected_frames, 0, 2**64 - 1))
 
     def _payload(self) -> bytes:
-        return self._ST.pack(self.seconds)
+        return self._ST.pack(self.seconds, self.rejected_frames)
 
     @classmethod
     def _parse(cls, sender: int, step: int, r: _Reader, size: int | None) -> "Done":
-        (seconds,) = r.unpack(cls._ST)
+        seconds, rejected = r.unpack(cls._ST)
         r.end()
-        return cls(sender, step, seconds)
+        return cls(sender, step, seconds, rejected)
 
 
 def _truncate_utf8(s: str, limit: int) -> str:

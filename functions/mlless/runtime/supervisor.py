@@ -172,6 +172,7 @@ class Supervisor:
         elif isinstance(msg, wire.Done):
             worker.state = "done"
             worker.seconds = msg.seconds
+            self.rejected_frames += msg.rejected_frames
         elif isinstance(msg, wire.Left):
             worker.state = "left"
         elif isinstance(msg, wire.Failed):

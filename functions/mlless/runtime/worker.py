@@ -209,7 +209,8 @@ class Worker:
     def _finish(self) -> None:
         self.transport.put(keys.final_replica(self.rank), self._replica_frame())
         seconds = time.monotonic() - self.started
-        self.transport.send_to_supervisor(wire.encode(wire.Done(sender=self.rank, step=self.view.closed, seconds=seconds)))
+        done = wire.Done(sender=self.rank, step=self.view.closed, seconds=seconds, rejected_frames=self.rejected_frames)
+        self.transport.send_to_supervisor(wire.encode(done))
         raise WorkerExit
 
     def _leave(self) -> None:
