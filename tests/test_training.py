@@ -242,3 +242,40 @@ def test_malformed_update_frame_is_rejected_counted_and_not_applied(movielens_di
     # Worker 2 kept its own updates, the others never got them: the replicas differ (BSP would be identical).
     assert summary["replica_spread"] > 1e-3
     assert np.isfinite(summary["validation_loss"])
+
+
+@pytest.mark.parametrize(
+    ("stop", "reason"),
+    [
+        ({"targetLoss": 0.95, "targetSteps": 5}, "target loss reached"),
+        ({"maxSeconds": 2}, "max seconds"),
+        ({"budgetUSD": 0.0004}, "budget reached"),
+    ],
+)
+def test_stop_rules(movielens_dir, tmp_path, stop, reason):
+    summary = train_local(job_for(movielens_dir, stop=stop), tmp_path, Services(), QUIET)
+    assert summary["stop_reason"] == reason
+    rows = read_metrics(tmp_path)
+    if "targetLoss" in stop:
+        # The streak that stopped the job is exactly the last five steps.
+        assert all(r["loss"] <= 0.95 for r in rows[-5:]) and rows[-6]["loss"] > 0.95
+    if "maxSeconds" in stop:
+        assert 2 <= rows[-1]["time"] < 10
+    if "budgetUSD" in stop:
+        assert rows[-1]["cost_usd"] >= 0.0004 > rows[-2]["cost_usd"]
+
+
+def test_supervisor_and_worker_entry_points_over_services(movielens_dir, tmp_path, redis_url, amqp_url):
+    """What the pods run: `mlless supervisor` with workers started separately, sharing only a job id."""
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(manifest(movielens_dir, workers=2, stop={"maxSteps": 30})))
+    env = {**os.environ, "MLLESS_JOB_ID": new_job_id("pods"), "REDIS_URL": redis_url, "AMQP_URL": amqp_url}
+    supervisor = _cli("supervisor", "--job", str(job_file), "--out", str(tmp_path / "run"), env=env)
+    workers = [_cli("worker", "--job", str(job_file), "--rank", str(rank), env=env) for rank in range(2)]
+    _, err = supervisor.communicate(timeout=120)
+    assert supervisor.returncode == 0, err.decode()
+    for worker in workers:
+        assert worker.wait(timeout=30) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 30 and summary["workers_final"] == 2
+    assert job_keys(redis_url, summary["job_id"]) == []
