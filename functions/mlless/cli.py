@@ -13,7 +13,9 @@ from typing import Sequence
 from mlless import __version__
 from mlless.data.cli import add_prepare_parser
 from mlless.data.dataset import DatasetError
+from mlless.runtime.supervisor import JobFailed
 from mlless.spec import SpecError, TrainingJob, load_manifest
+from mlless.transport import TransportError
 
 log = logging.getLogger("mlless")
 
@@ -238,6 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SpecError, DatasetError, UsageError) as exc:
         print(f"mlless: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except (TransportError, JobFailed) as exc:
+        print(f"mlless: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("mlless: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

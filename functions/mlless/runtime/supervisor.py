@@ -131,14 +131,7 @@ class Supervisor:
         for rank in range(self.job.workers):
             self.workers[rank] = WorkerRecord(rank, time.monotonic())
             self.launcher.start(rank)
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while any(w.state == "starting" for w in self.workers.values()) and time.monotonic() < deadline:
-            body = self.transport.receive(timeout=0.2)
-            if body is not None:
-                self._handle(body)
-            for rank in self.launcher.exited():
-                if self.workers[rank].state == "starting":
-                    self._drop(rank, "exited before it connected")
+        self._await_workers(set(self.workers), "starting", STARTUP_TIMEOUT, "exited before it connected")
         for rank, w in self.workers.items():
             if w.state == "starting":
                 self._drop(rank, "did not connect in time")
@@ -147,6 +140,17 @@ class Supervisor:
         self.progress.message(f"job {self.job_id}: {len(self.live)} workers, {self.job.sync.protocol.upper()}")
         self.step_opened = time.monotonic()
         self.transport.broadcast(wire.encode(wire.Close(sender=-1, step=0, cursor=0, flags=0, live=self.live, updates=())))
+
+    def _await_workers(self, ranks: set[int], state: str, timeout: float, exit_reason: str) -> None:
+        """Handle messages until none of `ranks` is still in `state`; a process that ends meanwhile is dropped."""
+        deadline = time.monotonic() + timeout
+        while any(self.workers[r].state == state for r in ranks) and time.monotonic() < deadline:
+            body = self.transport.receive(timeout=0.2)
+            if body is not None:
+                self._handle(body)
+            for rank in self.launcher.exited():
+                if self.workers[rank].state == state:
+                    self._drop(rank, exit_reason)
 
     # ---- messages ----------------------------------------------------------------------------
 
@@ -338,14 +342,7 @@ class Supervisor:
 
     def _finish(self) -> dict[str, Any]:
         finishing = set(self.live)
-        deadline = time.monotonic() + FINISH_TIMEOUT
-        while any(self.workers[r].state == "live" for r in finishing) and time.monotonic() < deadline:
-            body = self.transport.receive(timeout=0.2)
-            if body is not None:
-                self._handle(body)
-            for rank in self.launcher.exited():
-                if self.workers[rank].state == "live":
-                    self._drop(rank, "its process ended before publishing its replica")
+        self._await_workers(finishing, "live", FINISH_TIMEOUT, "its process ended before publishing its replica")
         wall = time.monotonic() - self.started
         replicas = self._collect_final_replicas([r for r in finishing if self.workers[r].state == "done"])
         if self._row is not None:

@@ -147,6 +147,8 @@ class ServicesTransport(Transport):
 
         if role == "worker":
             self._redis_call(self._register_rank)
+        else:
+            self._redis_call(self.redis.ping)  # fail at connect, not at the first step
         self._amqp(lambda: None)  # connect + declare topology now: connect() is synchronous
 
     # ------------------------------------------------------------------ helpers
