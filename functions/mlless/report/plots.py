@@ -183,7 +183,7 @@ def draw_phases(fig: Figure, runs: Sequence[Run]) -> None:
         ax.bar(names, heights, bottom=bottoms, color=_PHASE_COLOURS[phase], edgecolor="white", width=0.6, label=phase)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     for x, total in enumerate(bottoms):
-        ax.annotate(EngFormatter(unit="s", places=1)(total), (x, total), ha="center", va="bottom",
+        ax.annotate(EngFormatter(unit="s", places=1)(total) if total > 0 else "no timings", (x, total), ha="center", va="bottom",
                     xytext=(0, 3), textcoords="offset points", fontsize="small")
     ax.yaxis.set_major_formatter(EngFormatter(unit="s"))
     ax.set_ylabel("median seconds per step (mean over workers)")
