@@ -260,13 +260,15 @@ class SupervisorMetrics:
 def metrics_from_run(run_dir: str | Path, job: str | None = None) -> str:
     """The exposition text of a finished run, rebuilt from `metrics.jsonl` and `summary.json`.
 
-    Replays every recorded step into a fresh `SupervisorMetrics`. Everything
+    Replays every recorded step into a fresh `SupervisorMetrics`, labelled with
+    `job` or else the run's job id. Everything
     is recovered except the per-worker billing counters, whose invocation
     durations the run record keeps only as the summed `cost_breakdown_usd`.
     """
     run_dir = Path(run_dir)
     summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
-    metrics = SupervisorMetrics(job or summary["job"])
+    # The live supervisor labels series with the job id (unique per run); fall back to the name.
+    metrics = SupervisorMetrics(job or summary.get("job_id") or summary["job"])
     with (run_dir / "metrics.jsonl").open() as rows:
         for line in rows:
             if not line.strip():
