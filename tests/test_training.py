@@ -249,7 +249,7 @@ def test_malformed_update_frame_is_rejected_counted_and_not_applied(movielens_di
     [
         ({"targetLoss": 0.95, "targetSteps": 5}, "target loss reached"),
         ({"maxSeconds": 2}, "max seconds"),
-        ({"budgetUSD": 0.0004}, "budget reached"),
+        ({"budgetUSD": 0.0015, "maxEpochs": 1000}, "budget reached"),
     ],
 )
 def test_stop_rules(movielens_dir, tmp_path, stop, reason):
@@ -262,7 +262,7 @@ def test_stop_rules(movielens_dir, tmp_path, stop, reason):
     if "maxSeconds" in stop:
         assert 2 <= rows[-1]["time"] < 10
     if "budgetUSD" in stop:
-        assert rows[-1]["cost_usd"] >= 0.0004 > rows[-2]["cost_usd"]
+        assert rows[-1]["cost_usd"] >= 0.0015 > rows[-2]["cost_usd"]
 
 
 def test_supervisor_and_worker_entry_points_over_services(movielens_dir, tmp_path, redis_url, amqp_url):
@@ -270,7 +270,7 @@ def test_supervisor_and_worker_entry_points_over_services(movielens_dir, tmp_pat
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(manifest(movielens_dir, workers=2, stop={"maxSteps": 30})))
     env = {**os.environ, "MLLESS_JOB_ID": new_job_id("pods"), "REDIS_URL": redis_url, "AMQP_URL": amqp_url}
-    supervisor = _cli("supervisor", "--job", str(job_file), "--out", str(tmp_path / "run"), env=env)
+    supervisor = _cli("supervisor", "--job", str(job_file), "--out", str(tmp_path / "run"), "--metrics-port", "0", env=env)
     workers = [_cli("worker", "--job", str(job_file), "--rank", str(rank), env=env) for rank in range(2)]
     _, err = supervisor.communicate(timeout=120)
     assert supervisor.returncode == 0, err.decode()
@@ -279,3 +279,23 @@ def test_supervisor_and_worker_entry_points_over_services(movielens_dir, tmp_pat
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 30 and summary["workers_final"] == 2
     assert job_keys(redis_url, summary["job_id"]) == []
+
+
+def test_prometheus_metrics_of_a_real_run(movielens_dir, tmp_path, redis_url, amqp_url):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    seen = {}
+    job = job_for(movielens_dir, stop={"maxSteps": 25})
+    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: seen.setdefault("supervisor", s))
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(seen["supervisor"].metrics.exposition())
+        for s in family.samples
+    }
+    job_label = ("job", summary["job_id"])
+    assert samples[("mlless_steps_total", (job_label,))] == 25
+    billed = {dict(k[1])["worker"]: v for k, v in samples.items() if k[0] == "mlless_worker_billed_seconds_total"}
+    assert set(billed) == {"0", "1", "2"} and all(v > 0 for v in billed.values())
+    gbs = {dict(k[1])["worker"]: v for k, v in samples.items() if k[0] == "mlless_worker_billed_gigabyte_seconds_total"}
+    assert gbs == pytest.approx({w: 2 * s for w, s in billed.items()})
+    assert samples[("mlless_update_bytes_total", (job_label,))] == summary["bytes_sent"]

@@ -68,7 +68,7 @@ messages = st.one_of(
     st.builds(
         Report, ranks, steps, finite, i64, st.booleans(), i64, i64, i64, st.tuples(*[nonneg] * 7)
     ),
-    st.builds(Close, st.just(-1), steps, i64, st.sampled_from([0, CLOSE_SNAPSHOT, wire.CLOSE_FINAL, CLOSE_SNAPSHOT | wire.CLOSE_FINAL]), rank_lists, rank_lists),
+    st.builds(Close, st.just(-1), steps, i64, st.sampled_from([0, CLOSE_SNAPSHOT, wire.CLOSE_FINAL, CLOSE_SNAPSHOT | wire.CLOSE_FINAL]), rank_lists, rank_lists, rank_lists),
     st.builds(Leave, st.just(-1), steps, ranks),
     st.builds(Left, ranks, steps, st.booleans()),
     st.builds(Finish, st.just(-1), steps),

@@ -13,6 +13,7 @@ from typing import Sequence
 from mlless import __version__
 from mlless.data.cli import add_prepare_parser
 from mlless.data.dataset import DatasetError
+from mlless.report.cli import add_report_parser
 from mlless.runtime.supervisor import JobFailed
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
@@ -71,7 +72,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"training {job.model.type} with {job.workers} workers on {job.dataset_uri} "
         f"({'Redis + RabbitMQ' if redis_url else 'embedded transport'}); run directory {run_dir}"
     )
-    summary = train_local(job, run_dir, Services(redis_url, amqp_url), progress)
+    summary = train_local(job, run_dir, Services(redis_url, amqp_url), progress, args.metrics_port)
     _print_summary(summary, progress)
     if summary["stop_reason"] == "interrupted":
         return EXIT_INTERRUPTED
@@ -147,6 +148,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_supervisor(args: argparse.Namespace) -> int:
     from mlless.runtime.launcher import ExternalLauncher
     from mlless.runtime.record import Progress
+    from mlless.metrics import SupervisorMetrics
     from mlless.runtime.supervisor import Supervisor
     from mlless.transport import connect
 
@@ -160,9 +162,12 @@ def cmd_supervisor(args: argparse.Namespace) -> int:
         raise UsageError("the supervisor needs --redis-url and --amqp-url (or REDIS_URL and AMQP_URL)")
     transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
     progress = Progress(enabled=not args.quiet)
+    metrics = SupervisorMetrics(job_id, memory_gb=job.pricing.function_memory_gb, granularity=job.pricing.billing_granularity_seconds)
+    metrics.serve(args.metrics_port)
     try:
-        summary = Supervisor(job, job_id, transport, ExternalLauncher(), Path(args.out), progress).run()
+        summary = Supervisor(job, job_id, transport, ExternalLauncher(), Path(args.out), progress, metrics=metrics).run()
     finally:
+        metrics.close()
         transport.close()
     _print_summary(summary, progress)
     return EXIT_FAILED if summary["validation_loss"] is None else 0
@@ -191,10 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, metavar="N", help="override spec.workers")
     p.add_argument("--out", metavar="RUNDIR", help="run directory (default: runs/NAME-TIMESTAMP)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on this port while training")
     _add_service_args(p)
     p.set_defaults(func=cmd_train)
 
     add_prepare_parser(sub)
+
+    add_report_parser(sub)
 
     p = sub.add_parser("evaluate", help="evaluate a saved model on a prepared dataset")
     p.add_argument("model", metavar="MODEL", help="model.npz written by a run")
@@ -225,6 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job", metavar="FILE", help="TrainingJob manifest or resolved job.json (default $MLLESS_JOB_FILE)")
     p.add_argument("--job-id", help="job id shared with the workers (default $MLLESS_JOB_ID)")
     p.add_argument("--out", default="run", metavar="RUNDIR", help="run directory (default: ./run)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("MLLESS_METRICS_PORT", "9090")),
+        metavar="N",
+        help="Prometheus metrics port (default $MLLESS_METRICS_PORT or 9090; 0 = any free port)",
+    )
     p.add_argument("-q", "--quiet", action="store_true")
     _add_service_args(p)
     p.set_defaults(func=cmd_supervisor)

@@ -74,12 +74,17 @@ class SignificanceFilter:
         """Entries in the dirty list (an upper bound on the non-zero δ_i)."""
         return int(self._n_dirty)
 
-    def state(self) -> dict[str, np.ndarray]:
-        """Checkpointable arrays: the pending entries as (idx, values)."""
+    def pending(self) -> tuple[np.ndarray, np.ndarray]:
+        """The non-zero accumulated entries (sorted int32 idx, float32 values), left in place."""
         dirty = np.sort(self._dirty[: self._n_dirty])
         values = self._acc[dirty]
         keep = values != 0
-        return {"pending_idx": dirty[keep].astype(np.int32), "pending_values": values[keep].copy()}
+        return dirty[keep].astype(np.int32), values[keep].copy()
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Checkpointable arrays: the pending entries as (idx, values)."""
+        idx, values = self.pending()
+        return {"pending_idx": idx, "pending_values": values}
 
     def load_state(self, state: Mapping[str, np.ndarray]) -> None:
         """Replace the accumulator with a `state()` snapshot."""

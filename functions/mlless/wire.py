@@ -538,9 +538,12 @@ def _read_ranks(r: _Reader) -> tuple[int, ...]:
 class Close(Message):
     """Supervisor → all workers: step closed.
 
-    ``live`` are the ranks in the job, ``updates`` the ranks whose update for
-    this step each worker fetches, ``cursor`` the global mini-batch cursor for
-    the next step; ``flags``: bit0 ``CLOSE_SNAPSHOT``, bit1 ``CLOSE_FINAL``.  Unknown flag bits are
+    ``live`` are the ranks in the job from the next step on (a worker missing
+    from it leaves; one new in it joins from a snapshot), ``updates`` the ranks
+    whose update for this step each worker fetches, ``merges`` the ranks that
+    left and whose unsent accumulated updates every worker adds in, ``cursor``
+    the global mini-batch cursor for the next step; ``flags``: bit0
+    ``CLOSE_SNAPSHOT``, bit1 ``CLOSE_FINAL``.  Unknown flag bits are
     rejected rather than ignored, so an older worker never silently skips a
     request it does not understand.
     """
@@ -555,6 +558,7 @@ class Close(Message):
     flags: int
     live: tuple[int, ...]
     updates: tuple[int, ...]
+    merges: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self._check_envelope()
@@ -565,6 +569,7 @@ class Close(Message):
         _set(self, "flags", flags)
         _set(self, "live", _ranks("live", self.live))
         _set(self, "updates", _ranks("updates", self.updates))
+        _set(self, "merges", _ranks("merges", self.merges))
 
     @property
     def snapshot(self) -> bool:
@@ -582,6 +587,8 @@ class Close(Message):
                 np.asarray(self.live, dtype=_I4).tobytes(),
                 _U32.pack(len(self.updates)),
                 np.asarray(self.updates, dtype=_I4).tobytes(),
+                _U32.pack(len(self.merges)),
+                np.asarray(self.merges, dtype=_I4).tobytes(),
             )
         )
 
@@ -590,8 +597,9 @@ class Close(Message):
         cursor, flags = r.unpack(cls._ST)
         live = _read_ranks(r)
         updates = _read_ranks(r)
+        merges = _read_ranks(r)
         r.end()
-        return cls(sender, step, cursor, flags, live, updates)
+        return cls(sender, step, cursor, flags, live, updates, merges)
 
 
 @dataclass(frozen=True)

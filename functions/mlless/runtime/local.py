@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlless.metrics import SupervisorMetrics
 from mlless.runtime.launcher import Launcher, LocalLauncher
 from mlless.runtime.record import Progress
 from mlless.runtime.supervisor import Supervisor
@@ -39,7 +40,10 @@ def new_job_id(name: str) -> str:
     return f"{name}-{secrets.token_hex(4)}"
 
 
-def train_local(job: TrainingJob, run_dir: Path, services: Services, progress: Progress) -> dict[str, Any]:
+def train_local(
+    job: TrainingJob, run_dir: Path, services: Services, progress: Progress, metrics_port: int | None = None
+) -> dict[str, Any]:
+    """Train `job` here; with `metrics_port`, the supervisor serves Prometheus metrics on it meanwhile."""
     job_id = new_job_id(job.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
@@ -48,7 +52,7 @@ def train_local(job: TrainingJob, run_dir: Path, services: Services, progress: P
     if services.external:
         env |= services.worker_env()
         transport = connect(job_id, role="supervisor", redis_url=services.redis_url, amqp_url=services.amqp_url)
-        return _supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs"), run_dir, progress)
+        return _supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs"), run_dir, progress, metrics_port)
     with tempfile.TemporaryDirectory(prefix="mlless-") as tmp:
         broker = EmbeddedBroker(str(Path(tmp) / "broker.sock"))
         broker.start()
@@ -56,15 +60,26 @@ def train_local(job: TrainingJob, run_dir: Path, services: Services, progress: P
             env["MLLESS_EMBEDDED_ADDRESS"] = broker.address
             transport = connect(job_id, role="supervisor", embedded_address=broker.address)
             launcher = LocalLauncher(job_file, env, run_dir / "logs")
-            return _supervise(job, job_id, transport, launcher, run_dir, progress)
+            return _supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port)
         finally:
             broker.stop()
 
 
 def _supervise(
-    job: TrainingJob, job_id: str, transport: Transport, launcher: Launcher, run_dir: Path, progress: Progress
+    job: TrainingJob,
+    job_id: str,
+    transport: Transport,
+    launcher: Launcher,
+    run_dir: Path,
+    progress: Progress,
+    metrics_port: int | None,
 ) -> dict[str, Any]:
+    metrics = SupervisorMetrics(job_id, memory_gb=job.pricing.function_memory_gb, granularity=job.pricing.billing_granularity_seconds)
+    if metrics_port is not None:
+        port = metrics.serve(metrics_port)
+        progress.message(f"Prometheus metrics on http://localhost:{port}/metrics")
     try:
-        return Supervisor(job, job_id, transport, launcher, run_dir, progress).run()
+        return Supervisor(job, job_id, transport, launcher, run_dir, progress, metrics=metrics).run()
     finally:
+        metrics.close()
         transport.close()

@@ -13,20 +13,24 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from mlless import wire
 from mlless.cost import CostBreakdown, job_cost
 from mlless.data.dataset import Dataset
+from mlless.metrics import SupervisorMetrics
 from mlless.models import build_model
 from mlless.runtime import keys
 from mlless.runtime.launcher import Launcher
+from mlless.autotuner import AutoTuner
 from mlless.runtime.record import Progress, RunRecord
+from mlless.runtime.scaling import LocalScaler, ReplicaQuality, Scaler
 from mlless.runtime.worker import PHASES
 from mlless.spec import TrainingJob
 from mlless.transport import Transport
@@ -46,8 +50,13 @@ class JobFailed(RuntimeError):
 class WorkerRecord:
     rank: int
     started: float
-    state: str = "starting"  # starting -> live -> done | dropped | left
+    # starting -> live -> done | dropped | leaving -> left; scale-out: joining -> ready -> live
+    state: str = "starting"
     seconds: float | None = None  # invocation length once it has ended
+
+    def ended(self, now: float) -> None:
+        if self.seconds is None:
+            self.seconds = now - self.started
 
     def invocation_seconds(self, now: float) -> float:
         return self.seconds if self.seconds is not None else now - self.started
@@ -57,6 +66,7 @@ class WorkerRecord:
 class _StepTotals:
     """Per-step sums over the reports of the live workers."""
 
+    workers: int = 0
     loss_sum: float = 0.0
     samples: int = 0
     bytes_sent: int = 0
@@ -74,6 +84,8 @@ class Supervisor:
         launcher: Launcher,
         run_dir: Path,
         progress: Progress | None = None,
+        scaler: Scaler | None = None,
+        metrics: SupervisorMetrics | None = None,
     ) -> None:
         self.job = job
         self.job_id = job_id
@@ -83,6 +95,8 @@ class Supervisor:
         # One model instance for the supervisor's evaluations; replicas are copied into it.
         self.model = build_model(job.model.type, self.dataset.dims(), job.model, job.seed)
         self.validation_batch = self.dataset.validation()
+        # With MLLESS_AUDIT set, workers track their contribution and the end of the job checks conservation.
+        self.x0 = self.model.params.copy() if os.environ.get("MLLESS_AUDIT") else None
         self.record = RunRecord(run_dir)
         self.progress = progress or Progress(enabled=False)
         self.workers: dict[int, WorkerRecord] = {}
@@ -99,6 +113,19 @@ class Supervisor:
         self.totals = {"bytes_sent": 0, "samples": 0, "compute_seconds": 0.0}
         self.rejected_frames = 0
         self.dropped: list[dict[str, Any]] = []
+        self.scaler = scaler or LocalScaler()
+        self.metrics = metrics or SupervisorMetrics(
+            job_id, memory_gb=job.pricing.function_memory_gb, granularity=job.pricing.billing_granularity_seconds
+        )
+        self.tuner = AutoTuner(job.autoscaler) if job.autoscaler.enabled else None
+        self.quality = ReplicaQuality()
+        self.desired = job.workers
+        # Requests from other threads (the operator, tests), applied at the next step close.
+        self._requested: int | None = None
+        self._stop_requested: str | None = None
+        self.pending_merges: list[int] = []
+        self.scaling_events: list[dict[str, Any]] = []
+        self.decisions: dict[str, int] = {}
         self._row: dict[str, Any] | None = None  # the previous step's row, waiting for its barrier timings
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -158,27 +185,29 @@ class Supervisor:
         try:
             msg = wire.decode(body)
         except wire.FrameError as exc:
-            self.rejected_frames += 1
+            self._count_rejected(1)
             log.error("supervisor: rejected frame: %s", exc)
             return
         worker = self.workers.get(msg.sender)
         if worker is None:
-            self.rejected_frames += 1
+            self._count_rejected(1)
             log.error("supervisor: message from unknown worker %d", msg.sender)
             return
         if isinstance(msg, wire.Hello):
-            if worker.state == "starting":
-                worker.state = "live"
+            worker.state = {"starting": "live", "joining": "ready"}.get(worker.state, worker.state)
         elif isinstance(msg, wire.Report):
             if worker.state == "live" and msg.step > self.closed:
                 self.reports.setdefault(msg.step, {})[msg.sender] = msg
+                self.quality.observe(msg.sender, msg.loss_sum, msg.samples)
                 self._close_ready_steps()
         elif isinstance(msg, wire.Done):
             worker.state = "done"
-            worker.seconds = msg.seconds
-            self.rejected_frames += msg.rejected_frames
+            # Billing runs from invocation to return as the platform sees it, cold start included,
+            # so the supervisor's clock counts, not the worker's own msg.seconds.
+            worker.ended(time.monotonic())
+            self._count_rejected(msg.rejected_frames)
         elif isinstance(msg, wire.Left):
-            worker.state = "left"
+            self._left(worker, msg)
         elif isinstance(msg, wire.Failed):
             self._drop(msg.sender, f"failed: {msg.reason}")
 
@@ -191,7 +220,7 @@ class Supervisor:
             self._close(step, [reports[r] for r in self.live])
 
     def _close(self, step: int, reports: list[wire.Report]) -> None:
-        totals = _StepTotals()
+        totals = _StepTotals(workers=len(reports))
         for r in reports:
             totals.loss_sum += r.loss_sum
             totals.samples += r.samples
@@ -209,16 +238,21 @@ class Supervisor:
         self.cursor += len(reports)
         del self.reports[step]
         self._check_stop()
+        joined = False
+        if self.stop_reason is None:
+            self._autoscale(step, len(reports))
+            joined = self._admit_joiners()
         flags = 0
         if self.stop_reason is not None:
             flags |= wire.CLOSE_FINAL
-        elif self.job.evaluate_every and step % self.job.evaluate_every == 0:
+        elif joined or (self.job.evaluate_every and step % self.job.evaluate_every == 0):
+            # A joiner starts from this snapshot; the supervisor evaluates it too.
             flags |= wire.CLOSE_SNAPSHOT
             self.pending_snapshot = step
         updates = tuple(r.sender for r in reports if r.has_update)
-        self.transport.broadcast(
-            wire.encode(wire.Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=updates))
-        )
+        merges, self.pending_merges = tuple(self.pending_merges), []
+        close = wire.Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=updates, merges=merges)
+        self.transport.broadcast(wire.encode(close))
         self.step_opened = time.monotonic()
         self._evaluate_snapshot()
         self._record_step(step, totals)
@@ -229,16 +263,30 @@ class Supervisor:
             for phase in ("wait", "read", "apply"):
                 self._row["phases"][phase] = totals.phases[phase]
             self.record.step(self._row)
-        elapsed = time.monotonic() - self.started
+        now = time.monotonic()
+        elapsed = now - self.started
         validation = self.validation[1] if self.validation else None
-        cost = self._cost(elapsed).total
+        breakdown = self._cost(elapsed)
+        cost = breakdown.total
+        self.metrics.step_closed(
+            step=step,
+            train_loss=self.train_loss,
+            workers=totals.workers,
+            bytes_published=totals.bytes_sent,
+            entries_filtered=totals.entries_pending,
+            phases=totals.phases,
+        )
+        self.metrics.cost(breakdown.as_dict())
+        for rank, w in self.workers.items():
+            if w.state not in ("joining", "ready", "starting"):
+                self.metrics.worker_billed(rank, self._pod(rank), w.invocation_seconds(now))
         self._row = {
             "step": step,
             "time": round(elapsed, 6),
             "epoch": self.cursor / self.dataset.n_batches,
             "loss": self.train_loss,
             "validation_loss": validation,
-            "workers": len(self.live),
+            "workers": totals.workers,
             "samples": totals.samples,
             "bytes_sent": totals.bytes_sent,
             "bytes_filtered": 8 * totals.entries_pending,
@@ -252,7 +300,7 @@ class Supervisor:
             epoch=self._row["epoch"],
             train_loss=self.train_loss,
             validation_loss=validation,
-            workers=len(self.live),
+            workers=totals.workers,
             bytes_per_step=totals.bytes_sent,
             elapsed=elapsed,
             cost=cost,
@@ -260,12 +308,18 @@ class Supervisor:
 
     # ---- stop rules, liveness, evaluation ------------------------------------------------------
 
+    def request_stop(self, reason: str) -> None:
+        """End the job at the next step close, as if a stop rule had fired (thread-safe)."""
+        self._stop_requested = reason
+
     def _check_stop(self) -> None:
         stop = self.job.stop
         elapsed = time.monotonic() - self.started
         if stop.target_loss is not None:
             self.below_target = self.below_target + 1 if self.train_loss <= stop.target_loss else 0
-        if stop.target_loss is not None and self.below_target >= stop.target_steps:
+        if self._stop_requested is not None:
+            self.stop_reason = self._stop_requested
+        elif stop.target_loss is not None and self.below_target >= stop.target_steps:
             self.stop_reason = "target loss reached"
         elif stop.max_steps is not None and self.closed >= stop.max_steps:
             self.stop_reason = "max steps"
@@ -276,10 +330,72 @@ class Supervisor:
         elif stop.budget_usd is not None and self._cost(elapsed).total >= stop.budget_usd:
             self.stop_reason = "budget reached"
 
+    # ---- scaling: the auto-tuner, scale requests, evictions and joins ----------------------------
+
+    def request_workers(self, n: int) -> None:
+        """Ask for `n` workers (thread-safe); applied at the next step close. Scale-out goes beyond the papers."""
+        self._requested = max(1, n)
+
+    def _autoscale(self, step: int, trained: int) -> None:
+        if self.tuner is not None:
+            decision = self.tuner.observe(step, self.train_loss, time.monotonic(), trained)
+            if decision is not None:
+                self.decisions[decision.outcome] = self.decisions.get(decision.outcome, 0) + 1
+                self.metrics.tuner_decision(decision.outcome)
+                if self.tuner.knee_step is not None:
+                    self.metrics.knee(self.tuner.knee_step)
+                log.info("auto-tuner at step %d: %s (%s)", step, decision.outcome, decision.reason)
+                if decision.outcome == "remove" and self.desired > self.job.autoscaler.min_workers:
+                    self.desired -= 1
+                    victim = self.quality.worst(self.live)
+                    self._evict(victim, f"auto-tuner: {decision.reason}")
+                    self.scaler.set_workers(self.desired, removed=victim)
+        if self._requested is not None:
+            self.desired, self._requested = self._requested, None
+        while len(self.live) > self.desired:
+            self._evict(self.quality.worst(self.live), f"scaled to {self.desired} workers")
+        while sum(w.state in ("live", "joining", "ready") for w in self.workers.values()) < self.desired:
+            self._launch_joiner()
+
+    def _evict(self, rank: int, reason: str) -> None:
+        """Take `rank` out of the next step; seeing itself missing from the close, it hands on its updates and ends."""
+        self.workers[rank].state = "leaving"
+        self.scaling_events.append({"event": "leave", "rank": rank, "step": self.closed, "reason": reason})
+        self.progress.message(f"step {self.closed}: worker {rank} leaves ({reason})")
+
+    def _left(self, worker: WorkerRecord, msg: wire.Left) -> None:
+        if worker.state not in ("live", "leaving"):
+            return
+        if worker.state == "live":  # it left on its own: SIGTERM, e.g. its pod was deleted
+            self.scaling_events.append({"event": "leave", "rank": worker.rank, "step": self.closed, "reason": "left on its own"})
+            self.desired = max(1, self.desired - 1)
+        worker.state = "left"
+        worker.ended(time.monotonic())
+        if msg.has_replica:
+            self.pending_merges.append(worker.rank)
+        self._close_ready_steps()
+
+    def _launch_joiner(self) -> None:
+        rank = max(self.workers) + 1
+        self.workers[rank] = WorkerRecord(rank, time.monotonic(), state="joining")
+        self.launcher.start(rank)
+        self.scaling_events.append({"event": "launch", "rank": rank, "step": self.closed, "reason": f"scaled to {self.desired}"})
+
+    def _admit_joiners(self) -> bool:
+        ready = [w for w in self.workers.values() if w.state == "ready"]
+        for w in ready:
+            w.state = "live"
+            self.scaling_events.append({"event": "join", "rank": w.rank, "step": self.closed + 1, "reason": "snapshot"})
+            self.progress.message(f"step {self.closed}: worker {w.rank} joins")
+        return bool(ready)
+
     def _check_liveness(self) -> None:
         for rank in self.launcher.exited():
-            if self.workers[rank].state == "live":
+            if self.workers[rank].state in ("live", "joining", "ready"):
                 self._drop(rank, "its process ended")
+            elif self.workers[rank].state == "leaving":
+                self.workers[rank].state = "left"  # it ended without handing on its updates
+                self.workers[rank].ended(time.monotonic())
         if time.monotonic() - self.step_opened > self.job.worker_timeout_seconds:
             reported = self.reports.get(self.closed + 1, {})
             for rank in self.live:
@@ -294,7 +410,7 @@ class Supervisor:
         if worker.state in ("dropped", "done", "left"):
             return
         worker.state = "dropped"
-        worker.seconds = time.monotonic() - worker.started
+        worker.ended(time.monotonic())
         self.dropped.append({"rank": rank, "step": self.closed, "reason": why})
         self.progress.message(f"worker {rank} dropped at step {self.closed}: {why}")
         log.warning("worker %d dropped at step %d: %s", rank, self.closed, why)
@@ -312,6 +428,7 @@ class Supervisor:
         if tensors is None or tensors.step != self.pending_snapshot:
             return
         self.validation = (tensors.step, self._evaluate(tensors.arrays["params"]))
+        self.metrics.validation(self.validation[1])
         self.pending_snapshot = None
 
     def _decode_replica(self, frame: bytes) -> wire.Tensors | None:
@@ -323,7 +440,7 @@ class Supervisor:
             if params.shape != self.model.params.shape or params.dtype != self.model.params.dtype:
                 raise wire.FrameError(f"replica is {params.dtype}{params.shape}, the model is {self.model.params.dtype}{self.model.params.shape}")
         except wire.FrameError as exc:
-            self.rejected_frames += 1
+            self._count_rejected(1)
             log.error("supervisor: rejected replica: %s", exc)
             return None
         return msg
@@ -333,6 +450,14 @@ class Supervisor:
         self.model.params[:] = params
         loss_sum, n = self.model.evaluate(self.validation_batch)
         return self.model.loss(loss_sum, n)
+
+    def _count_rejected(self, n: int) -> None:
+        self.rejected_frames += n
+        self.metrics.rejected_frames(n)
+
+    def _pod(self, rank: int) -> str:
+        """The pod (or local process) a worker runs in, for the billing metrics' `pod` label."""
+        return f"{self.job_id}-worker-{rank}"
 
     def _cost(self, elapsed: float) -> CostBreakdown:
         now = time.monotonic()
@@ -344,24 +469,56 @@ class Supervisor:
         finishing = set(self.live)
         self._await_workers(finishing, "live", FINISH_TIMEOUT, "its process ended before publishing its replica")
         wall = time.monotonic() - self.started
-        replicas = self._collect_final_replicas([r for r in finishing if self.workers[r].state == "done"])
+        finals = self._collect_replicas(keys.final_replica, [r for r in finishing if self.workers[r].state == "done"])
         if self._row is not None:
             self.record.step(self._row)
             self._row = None
-        summary = self._summary(wall, replicas)
+        summary = self._summary(wall, [t.arrays["params"] for t in finals])
+        if self.x0 is not None:
+            leavers = self._collect_replicas(keys.leaver_replica, [r for r, w in self.workers.items() if w.state == "left"])
+            summary["audit"] = self._audit(finals, leavers)
         self.record.summary(summary)
         return summary
 
-    def _collect_final_replicas(self, ranks: list[int]) -> list[np.ndarray]:
-        frames = self.transport.get_many([keys.final_replica(r) for r in ranks]) if ranks else []
+    def _collect_replicas(self, key: Callable[[int], str], ranks: list[int]) -> list[wire.Tensors]:
+        frames = self.transport.get_many([key(r) for r in ranks]) if ranks else []
         replicas = []
         for rank, frame in zip(ranks, frames):
             tensors = self._decode_replica(frame) if frame is not None else None
             if tensors is None:
-                log.error("worker %d: final replica missing or invalid; left out of the average", rank)
+                log.error("worker %d: replica %s missing or invalid; left out", rank, key(rank))
                 continue
-            replicas.append(tensors.arrays["params"])
+            replicas.append(tensors)
         return replicas
+
+    def _audit(self, finals: list[wire.Tensors], leavers: list[wire.Tensors]) -> dict[str, Any]:
+        """Check that no update was lost or applied twice (MLLESS_AUDIT=1).
+
+        Every replica is the shared state plus its own unsent accumulator, and
+        the shared state must be the initial model plus every update any worker
+        ever computed, minus those still pending somewhere. Workers that crashed
+        take their pending updates with them, so the check needs none dropped.
+        """
+        if self.dropped or any("contribution" not in t.arrays for t in finals + leavers):
+            return {"checked": False, "reason": "a worker was dropped or did not track its contribution"}
+        size = len(self.x0)
+        contributed = sum(t.arrays["contribution"] for t in finals + leavers)
+        still_pending = sum(np.bincount(t.arrays["pending_indices"], t.arrays["pending_values"], minlength=size) for t in finals)
+        expected_shared = self.x0 + contributed - still_pending
+        errors = []
+        for t in finals:
+            shared = t.arrays["params"].astype(np.float64)
+            shared[t.arrays["pending_indices"]] -= t.arrays["pending_values"]
+            errors.append(float(np.max(np.abs(shared - expected_shared))))
+        return {
+            "checked": True,
+            "max_error": max(errors) if errors else 0.0,
+            "update_scale": float(np.max(np.abs(contributed))),
+            "replicas": len(finals),
+            "leavers": len(leavers),
+            "leaver_pending_entries": sum(len(t.arrays["pending_indices"]) for t in leavers),
+            "leaver_pending_max": max((float(np.max(np.abs(t.arrays["pending_values"]), initial=0)) for t in leavers), default=0.0),
+        }
 
     def _summary(self, wall: float, replicas: list[np.ndarray]) -> dict[str, Any]:
         validation_loss = None
@@ -398,6 +555,14 @@ class Supervisor:
             "rejected_frames": self.rejected_frames,
             "cost_usd": cost.total,
             "cost_breakdown_usd": cost.as_dict(),
+            "perf_per_dollar": 1.0 / (wall * cost.total) if wall > 0 and cost.total > 0 else None,
+            "vm_cost_usd": wall * self.job.pricing.vm_per_hour / 3600.0 if self.job.pricing.vm_per_hour is not None else None,
+            "autoscaler": {
+                "enabled": self.tuner is not None,
+                "knee_step": self.tuner.knee_step if self.tuner is not None else None,
+                "decisions": self.decisions,
+            },
+            "scaling_events": self.scaling_events,
             "model_path": str(model_path) if model_path else None,
         }
 

@@ -17,6 +17,8 @@ import signal
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from mlless import wire
 from mlless.data.dataset import Dataset
 from mlless.models import Model, build_model
@@ -78,6 +80,10 @@ class Worker:
         self.step = 0
         self.started = time.monotonic()
         self.rejected_frames = 0
+        self.merged_entries = 0
+        # MLLESS_AUDIT: the sum of every update this worker computed, for the supervisor's conservation check.
+        self.contribution = np.zeros(self.model.size, np.float64) if os.environ.get("MLLESS_AUDIT") else None
+        self.leave_requested = False
         # wait/read/apply happen after a step is reported, so they travel with the next report.
         self._barrier = dict.fromkeys(("wait", "read", "apply"), 0.0)
 
@@ -89,6 +95,8 @@ class Worker:
             while True:
                 # Step 0's close carries the worker set, so no one may start before it.
                 self._await_close(max(self.step - self.job.sync.staleness, 0))
+                if self.leave_requested:
+                    self._leave()
                 self.step += 1
                 self._train_step()
         except WorkerExit:
@@ -110,6 +118,8 @@ class Worker:
         lr = self.job.optimizer.lr_at(self.schedule.epoch(position) + 1)
         delta = self.optimizer.step(self.model.params, idx, grad, lr)
         self.filter.accumulate(idx, delta)
+        if self.contribution is not None:
+            self.contribution[idx] += delta
         timer.lap("compute")
 
         threshold = isp_threshold(self.job.sync.threshold, self.step)
@@ -145,9 +155,9 @@ class Worker:
         self._barrier = dict.fromkeys(("wait", "read", "apply"), 0.0)
         blocking = self.view.closed < step
         while True:
-            body = self.transport.receive(timeout=1.0 if blocking else 0.0)
+            body = self.transport.receive(timeout=0.5 if blocking else 0.0)
             if body is None:
-                if not blocking:
+                if not blocking or self.leave_requested:
                     break
                 continue
             self._barrier["wait"] += time.perf_counter() - wait_started
@@ -174,14 +184,23 @@ class Worker:
     def _apply_close(self, close: wire.Close) -> None:
         if close.step <= self.view.closed:
             return
+        if self.view.closed < 0 and close.step > 0:
+            # A late joiner (scale-out): it starts from a live replica once the job lists it.
+            if self.rank in close.live:
+                self._join(close)
+            return
+        if self.rank not in close.live:
+            self._leave()
         started = time.perf_counter()
         peers = [r for r in close.updates if r != self.rank]
         frames = self.transport.get_many([keys.update(r, close.step, self.job.sync.staleness) for r in peers])
         read_done = time.perf_counter()
         for rank, frame in zip(peers, frames):
             self._apply_update(rank, close.step, frame)
+        if close.merges:
+            self._merge_leavers(close.merges)
         self.view = _View(closed=close.step, cursor=close.cursor, live=close.live)
-        if close.flags & wire.CLOSE_SNAPSHOT and close.live and close.live[0] == self.rank:
+        if close.flags & wire.CLOSE_SNAPSHOT and self._is_donor(close):
             self.transport.put(keys.snapshot(), self._replica_frame())
         self._barrier["read"] += read_done - started
         self._barrier["apply"] += time.perf_counter() - read_done
@@ -203,8 +222,68 @@ class Worker:
             return
         self.model.params[update.indices] += update.values
 
+    def _is_donor(self, close: wire.Close) -> bool:
+        """The first worker of the step that was just closed provides snapshots."""
+        senders = [r for r in close.live if r in self.view.live] or list(close.live)
+        return senders[0] == self.rank
+
     def _replica_frame(self) -> bytes:
-        return wire.encode(wire.Tensors(sender=self.rank, step=self.view.closed, arrays={"params": self.model.params}))
+        """The replica plus the unsent accumulator: replica − pending is the state every peer shares."""
+        idx, val = self.filter.pending()
+        arrays = {"params": self.model.params, "pending_indices": idx, "pending_values": val}
+        if self.contribution is not None:
+            arrays["contribution"] = self.contribution
+        return wire.encode(wire.Tensors(sender=self.rank, step=self.view.closed, arrays=arrays))
+
+    def _decode_replica(self, frame: bytes | None, rank: int | None, what: str) -> wire.Tensors | None:
+        try:
+            if frame is None:
+                raise wire.FrameError("missing")
+            msg = wire.decode(frame)
+            if not isinstance(msg, wire.Tensors) or rank not in (None, msg.sender):
+                raise wire.FrameError(f"expected a replica of worker {rank}")
+            rank = msg.sender
+            params, idx, val = (msg.arrays.get(k) for k in ("params", "pending_indices", "pending_values"))
+            if params is None or params.shape != self.model.params.shape or params.dtype != self.model.params.dtype:
+                raise wire.FrameError("replica does not match the model")
+            wire.Update(sender=rank, step=msg.step, indices=idx, values=val).check_size(self.model.size)
+        except (wire.FrameError, TypeError, ValueError) as exc:
+            self.rejected_frames += 1
+            log.error("worker %d: rejected %s of worker %d: %s", self.rank, what, rank, exc)
+            return None
+        return msg
+
+    def _merge_leavers(self, ranks: tuple[int, ...]) -> None:
+        """Add each leaver's unsent accumulated updates, exactly once, to this replica.
+
+        DESIGN §2 averages the leaver's replica in, x ← (x + x_leaving)/2. Replicas
+        differ only by their own unsent accumulators (x_k = shared + δ_k), so the
+        average would halve both δ_leaving and this worker's δ_k while δ_k is
+        still sent later in full. Adding δ_leaving instead keeps every replica
+        equal to shared + its own δ, and reintegrates the leaver's updates exactly.
+        Under BSP δ_leaving is empty, so nothing changes, as the design intends for v = 0.
+        """
+        frames = self.transport.get_many([keys.leaver_replica(r) for r in ranks])
+        for rank, frame in zip(ranks, frames):
+            replica = self._decode_replica(frame, rank, "leaver replica")
+            if replica is not None:
+                self.model.params[replica.arrays["pending_indices"]] += replica.arrays["pending_values"]
+                self.merged_entries += len(replica.arrays["pending_indices"])
+
+    def _join(self, close: wire.Close) -> None:
+        """Start from the donor's snapshot of step `close.step`, minus the donor's own unsent updates."""
+        deadline = time.monotonic() + self.job.worker_timeout_seconds
+        while time.monotonic() < deadline:
+            frame = self.transport.get_many([keys.snapshot()])[0]
+            replica = self._decode_replica(frame, None, "snapshot") if frame is not None else None
+            if replica is not None and replica.step == close.step:
+                self.model.params[:] = replica.arrays["params"]
+                self.model.params[replica.arrays["pending_indices"]] -= replica.arrays["pending_values"]
+                self.view = _View(closed=close.step, cursor=close.cursor, live=close.live)
+                self.step = close.step
+                return
+            time.sleep(0.005)
+        raise RuntimeError(f"no snapshot of step {close.step} arrived in {self.job.worker_timeout_seconds:g}s")
 
     def _finish(self) -> None:
         self.transport.put(keys.final_replica(self.rank), self._replica_frame())
@@ -214,8 +293,7 @@ class Worker:
         raise WorkerExit
 
     def _leave(self) -> None:
-        # The replica still holds the unsent accumulated updates, which is why it is published:
-        # with v > 0 the survivors average it into theirs (DESIGN §2, worker removal).
+        # The published frame carries the unsent accumulated updates; the survivors add them in.
         self.transport.put(keys.leaver_replica(self.rank), self._replica_frame())
         self.transport.send_to_supervisor(wire.encode(wire.Left(sender=self.rank, step=self.view.closed, has_replica=True)))
         raise WorkerExit
@@ -227,6 +305,12 @@ def serve(job: TrainingJob, rank: int, transport: Transport) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     dataset = Dataset.open(job.dataset_uri, cache_batches=job.cache_batches)
     worker = Worker(job, rank, transport, dataset)
+
+    def leave_on_sigterm(signum: int, frame: object) -> None:
+        # Deleting a worker pod sends SIGTERM: leave gracefully, handing on the unsent updates.
+        worker.leave_requested = True
+
+    signal.signal(signal.SIGTERM, leave_on_sigterm)
     try:
         worker.run()
     except Exception as exc:

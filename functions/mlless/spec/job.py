@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import jsonschema
 import yaml
 
+from mlless.autotuner import KneeConfig, TunerConfig
 from mlless.models.base import ModelConfig
 from mlless.optim import OptimizerConfig, default_optimizer
 from mlless.spec.schema import manifest_schema
@@ -65,6 +66,7 @@ class PricingConfig:
     billing_granularity_seconds: float = 0.1
     redis_per_hour: float = 0.17
     rabbitmq_per_hour: float = 0.15
+    vm_per_hour: float | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class TrainingJob:
     evaluate_every: int = 25
     worker_timeout_seconds: float = 60.0
     pricing: PricingConfig = field(default_factory=PricingConfig)
+    autoscaler: TunerConfig = field(default_factory=TunerConfig)
 
     def to_json(self) -> str:
         """Serialise the resolved job for worker processes (plain JSON, never pickle)."""
@@ -97,6 +100,7 @@ class TrainingJob:
                 "sync": SyncConfig(**raw["sync"]),
                 "stop": StopConfig(**raw["stop"]),
                 "pricing": PricingConfig(**raw["pricing"]),
+                "autoscaler": TunerConfig(**{**raw["autoscaler"], "knee": KneeConfig(**raw["autoscaler"]["knee"])}),
             }
         )
 
@@ -126,7 +130,16 @@ _PRICING_FIELDS = {
     "billingGranularitySeconds": "billing_granularity_seconds",
     "redisPerHour": "redis_per_hour",
     "rabbitmqPerHour": "rabbitmq_per_hour",
+    "vmPerHour": "vm_per_hour",
 }
+_AUTOSCALER_FIELDS = {
+    "enabled": "enabled",
+    "intervalSeconds": "interval_seconds",
+    "horizonSeconds": "horizon_seconds",
+    "threshold": "threshold",
+    "minWorkers": "min_workers",
+}
+_KNEE_FIELDS = {"method": "method", "span": "span", "slope": "slope", "stableChecks": "stable_checks"}
 
 
 def _renamed(section: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
@@ -153,6 +166,7 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
     model = ModelConfig(type=spec["model"]["type"], rank=spec["model"].get("rank", 20), l2=spec["model"].get("l2"))
     optimizer = dataclasses.replace(default_optimizer(model.type), **_renamed(spec.get("optimizer", {}), _OPTIMIZER_FIELDS))
     sync = spec.get("sync", {})
+    autoscaler = spec.get("autoscaler", {})
     stop = StopConfig(**_renamed(spec.get("stop", {}), _STOP_FIELDS))
     if not stop.has_limit():
         stop = dataclasses.replace(stop, max_epochs=DEFAULT_MAX_EPOCHS)
@@ -176,6 +190,9 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
         evaluate_every=spec.get("evaluation", {}).get("everySteps", 25),
         worker_timeout_seconds=spec.get("liveness", {}).get("workerTimeoutSeconds", 60.0),
         pricing=PricingConfig(**_renamed(spec.get("pricing", {}), _PRICING_FIELDS)),
+        autoscaler=TunerConfig(
+            **_renamed(autoscaler, _AUTOSCALER_FIELDS), knee=KneeConfig(**_renamed(autoscaler.get("knee", {}), _KNEE_FIELDS))
+        ),
     )
 
 

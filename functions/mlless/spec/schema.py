@@ -129,6 +129,26 @@ SPEC_SCHEMA: Schema = _obj(
                 ),
             },
         ),
+        "autoscaler": _obj(
+            "Scale-in auto-tuner (MLLess §4.2): after the loss curve's knee, remove workers while the projected "
+            "loss with fewer workers stays within `threshold` of the full pool's.",
+            {
+                "enabled": {"type": "boolean", "description": "Run the auto-tuner. Default false."},
+                "intervalSeconds": _num("Re-evaluate this often after a removal. Default 20.", 0, exclusive=True),
+                "horizonSeconds": _num("Projection horizon Δ. Default 10.", 0, exclusive=True),
+                "threshold": _num("Remove another worker while the projected relative loss gap is below S. Default 0.15.", 0),
+                "minWorkers": _int("Never go below this many workers. Default 1.", 1),
+                "knee": _obj(
+                    "Knee detection on the smoothed training loss.",
+                    {
+                        "method": {"type": "string", "enum": ["slope", "kneedle"], "description": "Default slope (the papers')."},
+                        "span": _int("EWMA span. Default 20.", 1),
+                        "slope": _num("Relative slope threshold: the knee is where d(loss)/dt / loss rises above -slope.", 0, exclusive=True),
+                        "stableChecks": _int("The knee must stay put for this many checks. Default 5.", 1),
+                    },
+                ),
+            },
+        ),
         "pricing": _obj(
             "Prices for the serverless cost estimate. Defaults are the papers' IBM Cloud prices (2021).",
             {
@@ -137,6 +157,7 @@ SPEC_SCHEMA: Schema = _obj(
                 "billingGranularitySeconds": _num("Billing unit of a function invocation. Default 0.1.", 0, exclusive=True),
                 "redisPerHour": _num("Redis instance price in $/h. Default 0.17.", 0),
                 "rabbitmqPerHour": _num("RabbitMQ instance price in $/h. Default 0.15.", 0),
+                "vmPerHour": _num("Optional: price of a VM that would run the same job, for the IaaS comparison (papers: 0.2 $/h, 4 vCPU).", 0),
             },
         ),
     },

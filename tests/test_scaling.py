@@ -1,0 +1,89 @@
+"""Scale-in and scale-out over real Redis and RabbitMQ, checked by the update-conservation audit.
+
+With MLLESS_AUDIT set, each worker also sums every update it computes. At the
+end the supervisor checks that every final replica, minus its own unsent
+accumulator, equals the initial model plus all updates ever computed minus
+those still unsent somewhere. That holds only if each leaver's unsent updates
+reached every survivor exactly once, and a joiner started from the shared state.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from test_training import _supervise_with, _when_step, job_for, read_metrics
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def audit(monkeypatch):
+    monkeypatch.setenv("MLLESS_AUDIT", "1")
+
+
+def assert_conserved(summary):
+    audit = summary["audit"]
+    assert audit["checked"], audit
+    assert audit["update_scale"] > 0.1
+    assert audit["max_error"] < 1e-4, audit
+
+
+def test_isp_replicas_are_shared_state_plus_their_own_accumulator(movielens_dir, tmp_path, redis_url, amqp_url):
+    summary = _supervise_with(job_for(movielens_dir, stop={"maxSteps": 40}), tmp_path, redis_url, amqp_url, lambda s, l: None)
+    assert summary["replica_spread"] > 1e-3  # ISP replicas really differ...
+    assert_conserved(summary)  # ...by exactly their unsent updates
+
+
+def test_evicted_workers_unsent_updates_reach_every_survivor(movielens_dir, tmp_path, redis_url, amqp_url):
+    def scale_in(supervisor, launcher):
+        _when_step(supervisor, 15)
+        supervisor.request_workers(2)
+
+    summary = _supervise_with(job_for(movielens_dir, stop={"maxSteps": 40}), tmp_path, redis_url, amqp_url, scale_in)
+    assert summary["workers_final"] == 2 and summary["dropped_workers"] == []
+    [leave] = [e for e in summary["scaling_events"] if e["event"] == "leave"]
+    assert 15 <= leave["step"] <= 17
+    audit = summary["audit"]
+    assert audit["leavers"] == 1 and audit["leaver_pending_entries"] > 1000
+    # Losing the leaver's updates would leave an error as large as they are.
+    assert audit["leaver_pending_max"] > 100 * audit["max_error"]
+    assert_conserved(summary)
+    workers = [r["workers"] for r in read_metrics(tmp_path)]
+    assert workers[0] == 3 and workers[-1] == 2
+
+
+def test_scale_out_joiner_starts_from_the_shared_state(movielens_dir, tmp_path, redis_url, amqp_url):
+    def scale_out(supervisor, launcher):
+        _when_step(supervisor, 10)
+        supervisor.request_workers(3)
+        # Starting a process takes longer than many steps; train a while with the joiner before stopping.
+        deadline = time.monotonic() + 60
+        while (2 not in supervisor.live or supervisor.closed < joined_at(supervisor) + 30) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        supervisor.request_stop("test done")
+
+    def joined_at(supervisor):
+        return next((e["step"] for e in supervisor.scaling_events if e["event"] == "join"), 10**9)
+
+    job = job_for(movielens_dir, workers=2, stop={"maxSteps": 100000})
+    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, scale_out)
+    assert summary["workers_initial"] == 2 and summary["workers_final"] == 3
+    assert [e["event"] for e in summary["scaling_events"]] == ["launch", "join"]
+    assert_conserved(summary)
+    workers = [r["workers"] for r in read_metrics(tmp_path)]
+    assert workers[0] == 2 and workers[-1] == 3
+
+
+def test_sigterm_makes_a_worker_leave_gracefully(movielens_dir, tmp_path, redis_url, amqp_url):
+    def terminate_worker_1(supervisor, launcher):
+        _when_step(supervisor, 10)
+        os.kill(launcher.pid(1), signal.SIGTERM)
+
+    summary = _supervise_with(job_for(movielens_dir, stop={"maxSteps": 40}), tmp_path, redis_url, amqp_url, terminate_worker_1)
+    assert summary["dropped_workers"] == []
+    assert summary["workers_final"] == 2
+    assert [e["reason"] for e in summary["scaling_events"]] == ["left on its own"]
+    assert_conserved(summary)
