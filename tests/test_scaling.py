@@ -87,3 +87,20 @@ def test_sigterm_makes_a_worker_leave_gracefully(movielens_dir, tmp_path, redis_
     assert summary["workers_final"] == 2
     assert [e["reason"] for e in summary["scaling_events"]] == ["left on its own"]
     assert_conserved(summary)
+
+
+def test_auto_tuner_removes_workers_after_the_knee_down_to_min_workers(movielens_dir, tmp_path, redis_url, amqp_url):
+    autoscaler = {"enabled": True, "intervalSeconds": 0.5, "horizonSeconds": 0.5, "minWorkers": 2}
+    job = job_for(movielens_dir, workers=4, autoscaler=autoscaler, stop={"maxEpochs": 8})
+    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: None)
+    tuner = summary["autoscaler"]
+    assert tuner["knee_step"] is not None
+    leaves = [e for e in summary["scaling_events"] if e["event"] == "leave"]
+    assert len(leaves) == 2 and tuner["decisions"]["remove"] == 2
+    assert all(e["step"] >= tuner["knee_step"] for e in leaves)  # never before the knee
+    assert all(e["reason"].startswith("auto-tuner") for e in leaves)
+    assert summary["workers_final"] == 2
+    workers = [r["workers"] for r in read_metrics(tmp_path)]
+    assert workers == sorted(workers, reverse=True) and workers[0] == 4 and workers[-1] == 2
+    assert_conserved(summary)
+    assert summary["validation_loss"] < 0.92
