@@ -1,0 +1,171 @@
+"""Shared helpers for the benchmark scripts (not a test module; no asserts on wall time).
+
+- `machine_info()`: CPU model, cores, RAM, library versions, load average.
+- `table()`: a GitHub-markdown table from rows of values.
+- `update_results()`: replace (or append) one script's section of benchmarks/RESULTS.md,
+  delimited by ``<!-- BEGIN name -->`` / ``<!-- END name -->``.
+- `prepare()`: run ``mlless prepare`` into a data directory unless it is already there.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "RESULTS.md"
+DEFAULT_DATA_DIR = Path(os.environ.get("MLLESS_BENCH_DATA", "/tmp/mlless-bench"))
+
+
+def single_thread_env() -> None:
+    """Pin BLAS/OpenMP pools to one thread (call before importing numpy-heavy libraries)."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def ram_gb() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                return int(line.split()[1]) / 1024 / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _version(mod: str) -> str:
+    try:
+        m = __import__(mod)
+        return str(getattr(m, "__version__", "?"))
+    except Exception:  # noqa: BLE001 - optional libraries
+        return "not installed"
+
+
+def library() -> str:
+    """Where `mlless` was imported from, with the git commit when it is a checkout."""
+    try:
+        import mlless
+    except ImportError:
+        return "mlless not importable"
+    where = Path(mlless.__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "."], capture_output=True,
+                               text=True, check=True).stdout.strip()
+        return f"{where} (git {commit}{', uncommitted changes' if dirty else ''})"
+    except (subprocess.CalledProcessError, OSError):
+        return str(where)
+
+
+def machine_info() -> dict[str, str]:
+    return {
+        "library": library(),
+        "cpu": cpu_model(),
+        "cores": str(os.cpu_count()),
+        "ram": f"{ram_gb():.1f} GB",
+        "python": platform.python_version(),
+        "numpy": _version("numpy"),
+        "scipy": _version("scipy"),
+        "torch": _version("torch"),
+        "surprise": _version("surprise"),
+        "sklearn": _version("sklearn"),
+        "mlless": _version("mlless"),
+        "load": loadavg(),
+        "date": _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+    }
+
+
+def machine_line(info: dict[str, str] | None = None) -> str:
+    i = info or machine_info()
+    return (f"{i['date']}; {i['cpu']}, {i['cores']} cores, {i['ram']} RAM; Python {i['python']}, "
+            f"numpy {i['numpy']}, torch {i['torch']}, surprise {i['surprise']}, sklearn {i['sklearn']}; "
+            f"load average at start {i['load']}; mlless from {i['library']}")
+
+
+def fmt(v: Any, digits: int = 4) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        if v != v:
+            return "nan"
+        if abs(v) >= 1e5:
+            return f"{v:,.0f}"
+        if abs(v) >= 100:
+            return f"{v:,.1f}"
+        return f"{v:.{digits}f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def command_line() -> str:
+    return "python " + " ".join([os.path.relpath(sys.argv[0], HERE.parent)] + sys.argv[1:])
+
+
+def update_results(name: str, body: str, path: Path = RESULTS) -> None:
+    """Replace the section `name` of RESULTS.md with `body` (append it when absent)."""
+    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)
+    print(f"updated section '{name}' of {path}")
+
+
+def prepare(out: Path, *args: str) -> Path:
+    """`mlless prepare ... --out OUT` unless OUT already holds a manifest; returns OUT."""
+    if (out / "manifest.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "mlless", "prepare", *args, "--out", str(out), "--quiet"]
+    print("$ " + " ".join(cmd[2:]).replace("-m mlless", "mlless"), flush=True)
+    started = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    print(f"  prepared {out} in {time.perf_counter() - started:.1f}s", flush=True)
+    return out
+
+
+class Stopwatch:
+    def __enter__(self) -> "Stopwatch":
+        self.start = time.perf_counter()
+        self.cpu_start = time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.start
+        self.cpu_seconds = time.process_time() - self.cpu_start

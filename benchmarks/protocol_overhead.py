@@ -1,0 +1,144 @@
+#!/usr/bin/env python
+"""Per-step protocol overhead (everything except compute) for P workers on loopback.
+
+Runs PMF on the MovieLens sample (batch 1000, ISP v = 0.7, batches cached in worker
+memory, no periodic evaluation so the supervisor never stalls a step) with `mlless
+train`, over the embedded broker and over Redis + RabbitMQ, for P = 4 and P = 2, and
+reads the run's metrics.jsonl:
+
+  * step time  = difference of consecutive step-close timestamps (`time`);
+  * compute    = `phases.compute` (mean per worker: gradient + optimizer + accumulate);
+  * overhead   = step time − compute (the issue's definition; includes the ISP
+    `filter` phase, which is local CPU work, and waiting for the slowest peer);
+  * protocol   = step time − compute − filter (only messaging, I/O and waiting).
+
+The first --warmup steps are skipped. Median and p90 over the remaining steps, plus
+the median of every phase (fetch, compute, filter, write, wait, read, apply: mean
+per-worker seconds). With P workers + supervisor + broker sharing the machine's cores,
+CPU contention shows up as `wait` (a step closes only when the slowest worker reports).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+REDIS = "redis://127.0.0.1:6379/0"
+AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
+PHASES = ("fetch", "compute", "filter", "write", "wait", "read", "apply")
+
+JOB = """\
+apiVersion: mlless.io/v1alpha1
+kind: TrainingJob
+metadata:
+  name: bench-overhead
+spec:
+  workers: {workers}
+  model:
+    type: pmf
+  dataset:
+    uri: {data}
+    cacheBatches: true
+  sync:
+    protocol: {protocol}
+  stop:
+    maxSteps: {steps}
+  evaluation:
+    everySteps: 0
+"""
+
+
+def run(base: Path, data: Path, workers: int, steps: int, transport: str, protocol: str) -> Path:
+    job = base / f"overhead-p{workers}-{transport}-{protocol}.yaml"
+    job.write_text(JOB.format(workers=workers, data=data, steps=steps, protocol=protocol))
+    out = base / f"run-p{workers}-{transport}-{protocol}-{int(time.time() * 1000) % 10**8}"
+    cmd = [sys.executable, "-m", "mlless", "train", str(job), "--out", str(out), "-q"]
+    if transport == "redis+rabbitmq":
+        cmd += ["--redis-url", REDIS, "--amqp-url", AMQP]
+    subprocess.run(cmd, check=True)
+    return out
+
+
+def analyse(run_dir: Path, warmup: int) -> dict:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["phases"].get("wait") is not None]  # the last row lacks barrier timings
+    t = np.array([r["time"] for r in rows])
+    dt = np.diff(t)
+    body = rows[1:]
+    keep = slice(warmup, None)
+    dt = dt[keep]
+    body = body[keep]
+    comp = np.array([r["phases"]["compute"] for r in body])
+    filt = np.array([r["phases"]["filter"] for r in body])
+    over = dt - comp
+    proto = over - filt
+    phases = {p: float(np.median([r["phases"][p] for r in body])) for p in PHASES}
+    return {"steps": len(dt), "step_med": float(np.median(dt)), "step_p90": float(np.percentile(dt, 90)),
+            "over_med": float(np.median(over)), "over_p90": float(np.percentile(over, 90)),
+            "proto_med": float(np.median(proto)), "proto_p90": float(np.percentile(proto, 90)),
+            "phases": phases, "summary": json.loads((run_dir / "summary.json").read_text())}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR,
+                   help="prepared data and runs (default %(default)s)")
+    p.add_argument("--steps", type=int, default=400, help="steps per run (default 400)")
+    p.add_argument("--warmup", type=int, default=20, help="steps skipped at the start (default 20)")
+    p.add_argument("--workers", default="4,2", help="comma list of P (default 4,2)")
+    p.add_argument("--transports", default="embedded,redis+rabbitmq", help="comma list (default both)")
+    p.add_argument("--protocol", default="isp", choices=["isp", "bsp"], help="sync protocol (default isp)")
+    p.add_argument("--quick", action="store_true", help="150 steps, P = 4 only")
+    p.add_argument("--write-results", action="store_true", help="refresh this script's section of RESULTS.md")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.workers = 150, "4"
+    info = _common.machine_info()
+    print(_common.machine_line(info))
+    data = _common.prepare(args.data_dir / "movielens-small", "--sample", "movielens-small")
+    base = args.data_dir / "protocol-overhead"
+    base.mkdir(parents=True, exist_ok=True)
+
+    results = []
+    for P in [int(w) for w in args.workers.split(",")]:
+        for transport in args.transports.split(","):
+            out = run(base, data, P, args.steps, transport, args.protocol)
+            a = analyse(out, args.warmup)
+            a.update(P=P, transport=transport, load=_common.loadavg(), run=str(out))
+            results.append(a)
+            print(f"  P={P} {transport:15s} step {a['step_med'] * 1e3:6.2f} ms (p90 {a['step_p90'] * 1e3:6.2f})  "
+                  f"overhead {a['over_med'] * 1e3:6.2f} ms (p90 {a['over_p90'] * 1e3:6.2f})  protocol-only "
+                  f"{a['proto_med'] * 1e3:6.2f} ms  load {a['load']}", flush=True)
+
+    ms = lambda x: f"{x * 1e3:.2f}"  # noqa: E731
+    t1 = _common.table(["P", "transport", "steps", "step median ms", "step p90 ms", "overhead (step − compute) median ms",
+                        "p90 ms", "protocol only (− filter) median ms", "p90 ms", "≤ 5 ms median?", "load avg after"],
+                       [(a["P"], a["transport"], a["steps"], ms(a["step_med"]), ms(a["step_p90"]), ms(a["over_med"]),
+                         ms(a["over_p90"]), ms(a["proto_med"]), ms(a["proto_p90"]),
+                         "met" if a["over_med"] <= 0.005 else "MISSED", a["load"]) for a in results])
+    t2 = _common.table(["P", "transport"] + [f"{ph} ms" for ph in PHASES],
+                       [(a["P"], a["transport"], *(ms(a["phases"][ph]) for ph in PHASES)) for a in results])
+    print("\n" + t1 + "\n\nMedian per-worker phase times:\n\n" + t2)
+    if args.write_results:
+        body = ["## 5. Protocol overhead per step (`benchmarks/protocol_overhead.py`)", "",
+                f"Run: {_common.machine_line(info)}.", "",
+                "```", _common.command_line(), "```", "",
+                f"PMF on the MovieLens sample (batch 1000), {args.protocol.upper()}, {args.steps} steps per run, first "
+                f"{args.warmup} skipped, evaluation disabled. Step time from consecutive step-close timestamps.", "",
+                t1, "", "Median per-worker phase times (mean over workers, then median over steps):", "", t2, ""]
+        _common.update_results("protocol_overhead", "\n".join(body))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
