@@ -92,7 +92,13 @@ def test_movielens_csv_round_trip(tmp_path: Path) -> None:
     train_ratings = np.concatenate([b.ratings for b in batches])
     assert m.mean_rating == pytest.approx(train_ratings.mean(), rel=1e-6)
     assert m.rating_min == train_ratings.min() and m.rating_max == train_ratings.max()
-    assert ds.dims() == {"n_users": m.n_users, "n_items": m.n_items, "mean_rating": m.mean_rating}
+    assert ds.dims() == {
+        "n_users": m.n_users,
+        "n_items": m.n_items,
+        "mean_rating": m.mean_rating,
+        "rating_min": m.rating_min,
+        "rating_max": m.rating_max,
+    }
 
 
 def test_movielens_dat_and_unseen_validation_dropped(tmp_path: Path) -> None:

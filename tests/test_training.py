@@ -198,7 +198,8 @@ def test_cli_rejects_invalid_manifest_naming_the_field(movielens_dir, tmp_path):
     assert b"spec.sync.protocol" in err and b"Traceback" not in err
 
 
-def test_ctrl_c_stops_cleanly_and_deletes_keys(movielens_dir, tmp_path, redis_url, amqp_url):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupt_stops_cleanly_and_deletes_keys(movielens_dir, tmp_path, redis_url, amqp_url, sig):
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(manifest(movielens_dir, stop={"maxEpochs": 10000})))
     run_dir = tmp_path / "run"
@@ -209,7 +210,7 @@ def test_ctrl_c_stops_cleanly_and_deletes_keys(movielens_dir, tmp_path, redis_ur
         if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
             break
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
     assert b"Traceback" not in err
@@ -299,3 +300,23 @@ def test_prometheus_metrics_of_a_real_run(movielens_dir, tmp_path, redis_url, am
     gbs = {dict(k[1])["worker"]: v for k, v in samples.items() if k[0] == "mlless_worker_billed_gigabyte_seconds_total"}
     assert gbs == pytest.approx({w: 2 * s for w, s in billed.items()})
     assert samples[("mlless_update_bytes_total", (job_label,))] == summary["bytes_sent"]
+
+
+def test_worker_gives_up_when_the_supervisor_is_gone(movielens_dir, tmp_path, redis_url, amqp_url):
+    """A function must not bill forever waiting for a supervisor that died."""
+    from mlless import wire
+
+    job_file = tmp_path / "job.json"
+    job_file.write_text(job_for(movielens_dir, liveness={"workerTimeoutSeconds": 0.5}).to_json())
+    job_id = new_job_id("orphan")
+    silent_supervisor = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
+    try:
+        env = {**os.environ, "MLLESS_JOB_ID": job_id, "REDIS_URL": redis_url, "AMQP_URL": amqp_url}
+        worker = _cli("worker", "--job", str(job_file), "--rank", "0", env=env)
+        assert worker.wait(timeout=60) == 1
+        messages = [wire.decode(silent_supervisor.receive(timeout=5)) for _ in range(2)]
+        assert isinstance(messages[0], wire.Hello)
+        assert isinstance(messages[1], wire.Failed) and "no message from the supervisor" in messages[1].reason
+    finally:
+        silent_supervisor.delete_job()
+        silent_supervisor.close()

@@ -71,11 +71,15 @@ class Dataset:
         return self.manifest.n_batches
 
     def dims(self) -> dict[str, int | float]:
-        """Model dimensions: n_users, n_items, mean_rating (ratings) or n_features (sparse)."""
+        """Model dimensions: n_users, n_items, mean_rating and the rating range (ratings) or n_features (sparse)."""
         m = self.manifest
         if m.kind == "ratings":
             assert m.n_users is not None and m.n_items is not None and m.mean_rating is not None
-            return {"n_users": m.n_users, "n_items": m.n_items, "mean_rating": m.mean_rating}
+            dims: dict[str, int | float] = {"n_users": m.n_users, "n_items": m.n_items, "mean_rating": m.mean_rating}
+            if m.rating_min is not None and m.rating_max is not None:
+                # Predictions are clipped to the range the data can hold.
+                dims |= {"rating_min": m.rating_min, "rating_max": m.rating_max}
+            return dims
         assert m.n_features is not None
         return {"n_features": m.n_features}
 

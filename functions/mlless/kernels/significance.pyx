@@ -3,8 +3,8 @@
 
 The accumulator ``acc`` (float32, one per parameter) is paired with a dirty
 list: ``flags[i]`` is 1 iff ``i`` is in ``dirty[:n_dirty]``.  Accumulating
-appends newly dirty entries; selection walks only the dirty list, so a step
-costs O(entries touched since they were last sent), never O(model size).
+appends newly dirty entries; selection walks the dirty list, or the whole
+accumulator sequentially once the list is a large part of it.
 """
 import numpy as np
 cimport numpy as cnp
@@ -38,6 +38,11 @@ def accumulate(float[::1] acc not None, cnp.uint8_t[::1] flags not None, int[::1
     return n_dirty
 
 
+cdef inline bint _significant(float d, float xi, double threshold, bint everything) noexcept nogil:
+    # |d| > t·|x| rather than |d/x| > t: a multiply instead of a divide per entry, same decision.
+    return everything or xi == 0.0 or fabs(<double>d) > threshold * fabs(<double>xi)
+
+
 def select(float[::1] acc not None, cnp.uint8_t[::1] flags not None, int[::1] dirty not None,
            Py_ssize_t n_dirty, const float[::1] x not None, double threshold, bint everything):
     """Pop the significant entries: |acc_i / x_i| > threshold, or x_i == 0 and acc_i ≠ 0.
@@ -45,31 +50,33 @@ def select(float[::1] acc not None, cnp.uint8_t[::1] flags not None, int[::1] di
     With ``everything`` set, every non-zero entry is popped (drain / BSP).
     Entries whose accumulated value is exactly zero leave the dirty list
     without being sent.  Returns ``(idx, values, new_n_dirty)``; the popped
-    entries of ``acc`` are reset to 0, the kept ones are compacted to the
-    front of ``dirty`` in their original order.
+    entries of ``acc`` are reset to 0, the kept ones stay in ``dirty``.
+
+    Under ISP most of the model stays pending (below threshold) and the dirty
+    list grows towards the whole model, in random order. Once it holds more
+    than an eighth of the model, one sequential pass over ``acc`` is cheaper
+    than chasing the list, and it rebuilds the list in index order.
     """
     if x.shape[0] != acc.shape[0]:
         raise ValueError("x must match the accumulator")
+    cdef Py_ssize_t size = acc.shape[0]
     out_idx_arr = np.empty(n_dirty, dtype=np.int32)
     out_val_arr = np.empty(n_dirty, dtype=np.float32)
     cdef int[::1] out_idx = out_idx_arr
     cdef float[::1] out_val = out_val_arr
     cdef Py_ssize_t j, i, kept = 0, sent = 0
-    cdef float d, xi
-    cdef bint send
+    cdef float d
+    cdef bint dense = n_dirty * 8 > size
     with nogil:
-        for j in range(n_dirty):
-            i = dirty[j]
+        for j in range(size if dense else n_dirty):
+            i = j if dense else dirty[j]
+            if dense and not flags[i]:
+                continue
             d = acc[i]
             if d == 0.0:
                 flags[i] = 0
                 continue
-            if everything:
-                send = True
-            else:
-                xi = x[i]
-                send = xi == 0.0 or fabs(<double>d / <double>xi) > threshold
-            if send:
+            if _significant(d, x[i], threshold, everything):
                 out_idx[sent] = <int>i
                 out_val[sent] = d
                 sent += 1

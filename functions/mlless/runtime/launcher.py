@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -25,8 +26,8 @@ class Launcher(ABC):
     @abstractmethod
     def stop(self, rank: int) -> None: ...
 
-    def stop_all(self) -> None:
-        """Stop every worker this launcher started."""
+    def stop_all(self, grace: float = 5.0) -> None:
+        """Stop every worker this launcher started, after `grace` seconds for them to end on their own."""
 
 
 class LocalLauncher(Launcher):
@@ -58,19 +59,20 @@ class LocalLauncher(Launcher):
         return self.procs[rank].pid
 
     def stop(self, rank: int) -> None:
+        """Kill a worker the job gave up on; never blocks, since the supervisor's loop must keep closing steps."""
         proc = self.procs.get(rank)
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
+        if proc is not None and proc.poll() is None:
             proc.kill()
-            proc.wait()
 
-    def stop_all(self) -> None:
-        for rank in list(self.procs):
-            self.stop(rank)
+    def stop_all(self, grace: float = 5.0) -> None:
+        """At the end of the job: workers exit on their own after the final close; stragglers are killed."""
+        deadline = time.monotonic() + grace
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 class ExternalLauncher(Launcher):

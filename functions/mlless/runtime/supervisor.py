@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,10 @@ log = logging.getLogger(__name__)
 #: How long workers may take to connect, and to publish their final replicas.
 STARTUP_TIMEOUT = 120.0
 FINISH_TIMEOUT = 30.0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 class JobFailed(RuntimeError):
@@ -135,7 +141,13 @@ class Supervisor:
         return tuple(sorted(r for r, w in self.workers.items() if w.state == "live"))
 
     def run(self) -> dict[str, Any]:
-        """Train to a stop condition; returns the summary written to summary.json."""
+        """Train to a stop condition; returns the summary written to summary.json.
+
+        Ctrl-C, or SIGTERM when this runs in the main thread (a deleted supervisor pod), ends the job
+        cleanly: the workers publish their replicas, the model is saved, and keys and queues are deleted.
+        """
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _interrupt)
         try:
             self._start_workers()
             while self.stop_reason is None:

@@ -38,6 +38,14 @@ class TrainingDiverged(ArithmeticError):
     """The replica's loss stopped being finite; continuing would only publish garbage."""
 
 
+class SupervisorLost(RuntimeError):
+    """The supervisor has been silent for much longer than it could legitimately be."""
+
+
+#: A worker gives up after this many worker timeouts without any message from the supervisor.
+SUPERVISOR_SILENCE_FACTOR = 3
+
+
 class WorkerExit(Exception):
     """The supervisor ended this worker's part in the job (finish or leave)."""
 
@@ -154,12 +162,18 @@ class Worker:
         wait_started = time.perf_counter()
         self._barrier = dict.fromkeys(("wait", "read", "apply"), 0.0)
         blocking = self.view.closed < step
+        silent_since = time.monotonic()
         while True:
             body = self.transport.receive(timeout=0.5 if blocking else 0.0)
             if body is None:
                 if not blocking or self.leave_requested:
                     break
+                if time.monotonic() - silent_since > SUPERVISOR_SILENCE_FACTOR * self.job.worker_timeout_seconds:
+                    # The supervisor closes or drops within the worker timeout; past a few of those it is gone,
+                    # and a function must not keep billing while it waits for nobody.
+                    raise SupervisorLost(f"no message from the supervisor for {time.monotonic() - silent_since:.0f}s")
                 continue
+            silent_since = time.monotonic()
             self._barrier["wait"] += time.perf_counter() - wait_started
             self._handle(body)
             wait_started = time.perf_counter()
