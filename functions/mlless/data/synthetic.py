@@ -33,6 +33,7 @@ class PmfParams:
     rank: int = 10
     noise: float = 0.5
     mean: float = 3.5
+    bias: float = 0.4  # std of the user and item biases, as real ratings have them
     clip: bool = True
 
     def describe(self) -> dict:
@@ -55,12 +56,14 @@ def generate_pmf(p: PmfParams, seed: int) -> Iterator[RatingsChunk]:
     scale = p.rank ** -0.25  # each factor N(0, rank^-1/4) -> dot product has unit variance
     U = rng.normal(0.0, scale, size=(p.users, p.rank)).astype(np.float32)
     V = rng.normal(0.0, scale, size=(p.items, p.rank)).astype(np.float32)
+    user_bias = rng.normal(0.0, p.bias, size=p.users).astype(np.float32)
+    item_bias = rng.normal(0.0, p.bias, size=p.items).astype(np.float32)
     for start in range(0, p.rows, CHUNK_ROWS):
         n = min(CHUNK_ROWS, p.rows - start)
         crng = np.random.default_rng([seed, 0x504D46, start])
         users = crng.integers(0, p.users, size=n)
         items = crng.integers(0, p.items, size=n)
-        r = np.einsum("ij,ij->i", U[users], V[items]) + p.mean
+        r = np.einsum("ij,ij->i", U[users], V[items]) + user_bias[users] + item_bias[items] + p.mean
         r += crng.normal(0.0, p.noise, size=n).astype(np.float32)
         if p.clip:
             np.clip(r, 1.0, 5.0, out=r)
