@@ -24,13 +24,14 @@ from typing import Any, Callable
 import numpy as np
 
 from mlless import wire
+from mlless.autotuner import AutoTuner
 from mlless.cost import CostBreakdown, job_cost
 from mlless.data.dataset import Dataset
 from mlless.metrics import SupervisorMetrics
 from mlless.models import build_model
 from mlless.runtime import keys
+from mlless.runtime.audit import audit_conservation
 from mlless.runtime.launcher import Launcher
-from mlless.autotuner import AutoTuner
 from mlless.runtime.record import Progress, RunRecord
 from mlless.runtime.scaling import LocalScaler, ReplicaQuality, Scaler
 from mlless.runtime.worker import PHASES
@@ -488,7 +489,10 @@ class Supervisor:
         summary = self._summary(wall, [t.arrays["params"] for t in finals])
         if self.x0 is not None:
             leavers = self._collect_replicas(keys.leaver_replica, [r for r, w in self.workers.items() if w.state == "left"])
-            summary["audit"] = self._audit(finals, leavers)
+            summary["audit"] = audit_conservation(self.x0, finals, leavers) if not self.dropped else {
+                "checked": False,
+                "reason": "a dropped worker took its unsent updates with it",
+            }
         self.record.summary(summary)
         return summary
 
@@ -502,35 +506,6 @@ class Supervisor:
                 continue
             replicas.append(tensors)
         return replicas
-
-    def _audit(self, finals: list[wire.Tensors], leavers: list[wire.Tensors]) -> dict[str, Any]:
-        """Check that no update was lost or applied twice (MLLESS_AUDIT=1).
-
-        Every replica is the shared state plus its own unsent accumulator, and
-        the shared state must be the initial model plus every update any worker
-        ever computed, minus those still pending somewhere. Workers that crashed
-        take their pending updates with them, so the check needs none dropped.
-        """
-        if self.dropped or any("contribution" not in t.arrays for t in finals + leavers):
-            return {"checked": False, "reason": "a worker was dropped or did not track its contribution"}
-        size = len(self.x0)
-        contributed = sum(t.arrays["contribution"] for t in finals + leavers)
-        still_pending = sum(np.bincount(t.arrays["pending_indices"], t.arrays["pending_values"], minlength=size) for t in finals)
-        expected_shared = self.x0 + contributed - still_pending
-        errors = []
-        for t in finals:
-            shared = t.arrays["params"].astype(np.float64)
-            shared[t.arrays["pending_indices"]] -= t.arrays["pending_values"]
-            errors.append(float(np.max(np.abs(shared - expected_shared))))
-        return {
-            "checked": True,
-            "max_error": max(errors) if errors else 0.0,
-            "update_scale": float(np.max(np.abs(contributed))),
-            "replicas": len(finals),
-            "leavers": len(leavers),
-            "leaver_pending_entries": sum(len(t.arrays["pending_indices"]) for t in leavers),
-            "leaver_pending_max": max((float(np.max(np.abs(t.arrays["pending_values"]), initial=0)) for t in leavers), default=0.0),
-        }
 
     def _summary(self, wall: float, replicas: list[np.ndarray]) -> dict[str, Any]:
         validation_loss = None

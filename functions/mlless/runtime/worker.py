@@ -69,9 +69,6 @@ class _Timer:
         self.seconds[phase] += now - self._mark
         self._mark = now
 
-    def restart(self) -> None:
-        self._mark = time.perf_counter()
-
 
 class Worker:
     def __init__(self, job: TrainingJob, rank: int, transport: Transport, dataset: Dataset) -> None:
@@ -88,7 +85,6 @@ class Worker:
         self.step = 0
         self.started = time.monotonic()
         self.rejected_frames = 0
-        self.merged_entries = 0
         # MLLESS_AUDIT: the sum of every update this worker computed, for the supervisor's conservation check.
         self.contribution = np.zeros(self.model.size, np.float64) if os.environ.get("MLLESS_AUDIT") else None
         self.leave_requested = False
@@ -282,7 +278,6 @@ class Worker:
             replica = self._decode_replica(frame, rank, "leaver replica")
             if replica is not None:
                 self.model.params[replica.arrays["pending_indices"]] += replica.arrays["pending_values"]
-                self.merged_entries += len(replica.arrays["pending_indices"])
 
     def _join(self, close: wire.Close) -> None:
         """Start from the donor's snapshot of step `close.step`, minus the donor's own unsent updates."""
