@@ -148,7 +148,7 @@ def _renamed(section: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, 
 
 def validate_manifest(doc: Any, source: str = "manifest") -> None:
     """Raise SpecError naming the offending field paths."""
-    validator = jsonschema.Draft202012Validator(manifest_schema(strict=True))
+    validator = jsonschema.Draft4Validator(manifest_schema(strict=True))
     errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
     if not errors:
         return

@@ -1,9 +1,11 @@
 """The one JSON schema of a TrainingJob.
 
-The CLI validates manifests with it (`mlless.spec.load`) and the CRD's
-`openAPIV3Schema` is generated from it, so a field exists in exactly one
-place. It is kept inside the Kubernetes structural-schema subset (every node
-typed, no `additionalProperties` beside `properties`); the CLI adds
+The CLI validates manifests with it (`mlless.spec.load_manifest`) and the CRD's
+`openAPIV3Schema` is generated from it (`mlless.spec.crd`), so a field exists
+in exactly one place. It is written in OpenAPI 3.0's dialect, which the CLI
+checks with JSON Schema draft 4 (the same boolean exclusive bounds), and kept
+inside the Kubernetes structural-schema subset (every node typed, no
+`additionalProperties` beside `properties`); the CLI adds
 `additionalProperties: false` when validating so that a typo in a local
 manifest is an error rather than silently ignored, as the API server would
 prune it.
@@ -21,11 +23,15 @@ Schema = dict[str, Any]
 
 def _num(description: str, minimum: float | None = None, exclusive: bool = False, below: float | None = None) -> Schema:
     """A number >= minimum (> with `exclusive`) and, if given, strictly below `below`."""
+    # OpenAPI 3.0 (and JSON Schema draft 4) spell exclusive bounds as booleans beside minimum/maximum.
     node: Schema = {"type": "number", "description": description}
     if minimum is not None:
-        node["exclusiveMinimum" if exclusive else "minimum"] = minimum
+        node["minimum"] = minimum
+        if exclusive:
+            node["exclusiveMinimum"] = True
     if below is not None:
-        node["exclusiveMaximum"] = below
+        node["maximum"] = below
+        node["exclusiveMaximum"] = True
     return node
 
 
@@ -164,11 +170,103 @@ SPEC_SCHEMA: Schema = _obj(
     ["model", "dataset"],
 )
 
-STATUS_SCHEMA: Schema = {
+def _str(description: str, enum: list[str] | None = None, fmt: str | None = None) -> Schema:
+    node: Schema = {"type": "string", "description": description}
+    if enum:
+        node["enum"] = enum
+    if fmt:
+        node["format"] = fmt
+    return node
+
+
+_RESOURCES: Schema = {
     "type": "object",
-    "description": "Observed state, written by the operator and the supervisor.",
+    "description": "Kubernetes resource requests and limits (core/v1 ResourceRequirements).",
     "x-kubernetes-preserve-unknown-fields": True,
 }
+
+
+def _service(name: str) -> Schema:
+    """A backing service that is either managed by the operator (a StatefulSet) or external."""
+    return _obj(
+        f"{name}: managed by the operator (default), or an existing one given by URL.",
+        {
+            "url": _str(f"External {name} URL without the password; the operator then creates no {name}."),
+            "passwordSecretRef": _obj(
+                "Secret key holding the external instance's password.",
+                {"name": _str("Secret name."), "key": _str("Key in the Secret.")},
+                ["name", "key"],
+            ),
+            "image": _str(f"Image of the managed {name}."),
+            "storage": _str("Volume size of the managed instance, e.g. 1Gi; empty for none."),
+            "resources": _RESOURCES,
+        },
+    )
+
+
+# Fields only the operator reads: a local `mlless train` accepts and ignores them, so one manifest serves both.
+CLUSTER_SPEC: dict[str, Schema] = {
+    "function": _obj(
+        "How worker functions are deployed.",
+        {
+            "backend": _str("Function platform; the operator falls back to pod when the chosen CRD is not served.",
+                            ["knative", "openfaas", "pod"]),
+            "image": _str("Worker image (default: the chart's image)."),
+            "memory": _str("Memory per function, e.g. 2Gi."),
+            "cpu": _str("CPU per function, e.g. 1."),
+            "timeoutSeconds": _int("Invocation time limit; a worker checkpoints and is re-invoked before it.", 1),
+            "env": {
+                "type": "array",
+                "description": "Extra environment variables (core/v1 EnvVar).",
+                "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            },
+        },
+    ),
+    "redis": _service("Redis"),
+    "rabbitmq": _service("RabbitMQ"),
+    "supervisor": _obj("The supervisor pod.", {"resources": _RESOURCES}),
+    "suspend": {"type": "boolean", "description": "Checkpoint and scale to zero; unset to resume from the checkpoint."},
+    "ttlSecondsAfterFinished": _int("Delete the job this long after it succeeds or fails.", 0),
+    "activeDeadlineSeconds": _int("Fail the job once it has run this long.", 1),
+}
+SPEC_SCHEMA["properties"].update(CLUSTER_SPEC)
+
+CONDITION_TYPES = ["Created", "Running", "Suspended", "Succeeded", "Failed"]
+
+STATUS_SCHEMA: Schema = _obj(
+    "Observed state, written by the operator and the supervisor.",
+    {
+        "phase": _str("Lifecycle phase.", ["Pending", "Running", "Suspended", "Succeeded", "Failed"]),
+        "conditions": {
+            "type": "array",
+            "description": "Standard metav1.Condition entries, one per type.",
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+            "items": _obj(
+                "A condition in the metav1.Condition shape.",
+                {
+                    "type": _str("Condition type.", CONDITION_TYPES),
+                    "status": _str("True, False or Unknown.", ["True", "False", "Unknown"]),
+                    "reason": _str("CamelCase reason, e.g. InvalidSpec."),
+                    "message": _str("Human-readable detail."),
+                    "lastTransitionTime": _str("When the status last changed.", fmt="date-time"),
+                    "observedGeneration": _int("The .metadata.generation the condition was set for.", 0),
+                },
+                ["type", "status", "reason", "message", "lastTransitionTime"],
+            ),
+        },
+        "observedGeneration": _int("The .metadata.generation last reconciled.", 0),
+        "workers": _int("Workers currently in the job (the scale subresource's status replicas).", 0),
+        "selector": _str("Label selector of the worker pods (the scale subresource's selector)."),
+        "step": _int("Last closed step.", 0),
+        "trainLoss": _num("Training loss of the last closed step."),
+        "validationLoss": _num("Newest validation loss."),
+        "costUSD": _num("Serverless cost so far in dollars.", 0),
+        "startTime": _str("When training started.", fmt="date-time"),
+        "completionTime": _str("When the job ended.", fmt="date-time"),
+        "modelURI": _str("Where the final model was written."),
+    },
+)
 
 
 def manifest_schema(strict: bool) -> Schema:
@@ -180,8 +278,8 @@ def manifest_schema(strict: bool) -> Schema:
         "type": "object",
         "required": ["apiVersion", "kind", "spec"],
         "properties": {
-            "apiVersion": {"type": "string", "const": API_VERSION},
-            "kind": {"type": "string", "const": KIND},
+            "apiVersion": {"type": "string", "enum": [API_VERSION]},
+            "kind": {"type": "string", "enum": [KIND]},
             "metadata": {
                 "type": "object",
                 "properties": {
