@@ -1,0 +1,1 @@
+"""The mlless Kopf operator: turns a TrainingJob into Redis, RabbitMQ, a supervisor and worker functions."""
