@@ -4,6 +4,7 @@ FROM python:3.11 AS build
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY functions ./functions
+COPY operator ./operator
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim
