@@ -1,0 +1,68 @@
+"""Operator configuration from `MLLESS_OPERATOR_*` environment variables.
+
+`load()` runs in the `@kopf.on.startup` handler (and once at import of
+`main.py` for the few values that decorators need), so tests can set the
+environment before the operator starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+PREFIX = "MLLESS_OPERATOR_"
+
+
+@dataclass(frozen=True)
+class Config:
+    #: Image of the supervisor and the workers when `spec.function.image` is not set.
+    image: str = "ghcr.io/mlless/mlless:0.1.0"
+    #: Image of a managed Redis when `spec.redis.image` is not set.
+    redis_image: str = "redis:7.2-alpine"
+    #: Image of a managed RabbitMQ when `spec.rabbitmq.image` is not set.
+    rabbitmq_image: str = "rabbitmq:3.13-alpine"
+    #: Namespaces to watch (comma-separated); empty means the whole cluster.
+    namespaces: tuple[str, ...] = ()
+    #: Namespace of OpenFaaS functions (the gateway's `functionNamespace`).
+    openfaas_namespace: str = "openfaas-fn"
+    #: OpenFaaS gateway URL the supervisor invokes functions through.
+    openfaas_gateway: str = "http://gateway.openfaas:8080"
+    #: Backend when `spec.function.backend` is unset: auto (knative, then openfaas, then pod), or a fixed one.
+    default_backend: str = "auto"
+    #: Default worker invocation time limit (Knative's default revision timeout).
+    function_timeout_seconds: int = 300
+    #: How often the status timer mirrors the supervisor pod's phase into the job's status.
+    status_interval: float = 10.0
+    #: Port of the operator's Prometheus /metrics; 0 disables the server (tests).
+    metrics_port: int = 9100
+    #: Prefix of Kopf's progress and diff-base annotations on TrainingJobs.
+    annotations_prefix: str = "operator.mlless.io"
+    #: Finalizer Kopf puts on TrainingJobs (it blocks deletion until the cleanup handler ran).
+    finalizer: str = "mlless.io/finalizer"
+
+    def __post_init__(self) -> None:
+        if self.default_backend not in ("auto", "knative", "openfaas", "pod"):
+            raise ValueError(f"{PREFIX}DEFAULT_BACKEND: {self.default_backend!r} is not auto, knative, openfaas or pod")
+
+
+def load(env: Mapping[str, str] | None = None) -> Config:
+    """Read every field from `MLLESS_OPERATOR_<FIELD>`; unset variables keep the defaults."""
+    env = os.environ if env is None else env
+    values: dict[str, object] = {}
+    for f in dataclasses.fields(Config):
+        raw = env.get(PREFIX + f.name.upper())
+        if raw is None:
+            continue
+        try:
+            if f.name == "namespaces":
+                values[f.name] = tuple(ns.strip() for ns in raw.split(",") if ns.strip())
+            elif f.type in ("int", int):
+                values[f.name] = int(raw)
+            elif f.type in ("float", float):
+                values[f.name] = float(raw)
+            else:
+                values[f.name] = raw
+        except ValueError:
+            raise ValueError(f"{PREFIX}{f.name.upper()}: cannot parse {raw!r}") from None
+    return Config(**values)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""Kopf handler bodies, one module per concern; `mlless_operator.main` only registers them."""

@@ -1,0 +1,60 @@
+"""Kopf entry points of the mlless operator: `kopf run -m mlless_operator.main` (or `python -m mlless_operator`).
+
+Only registrations live here; each hands off in one line to `handlers/`.
+Kopf may execute this file once per run, so it holds no state (the Prometheus
+collectors live in `mlless_operator.metrics`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from mlless_operator import config as config_module
+from mlless_operator import metrics
+from mlless_operator.handlers import create, delete, lifecycle, scale, status
+
+GROUP, VERSION, PLURAL = "mlless.io", "v1alpha1", "trainingjobs"
+RESOURCE = (GROUP, VERSION, PLURAL)
+#: Decorator arguments must be known at import; everything else is read in `startup`.
+_CONFIG = config_module.load()
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    lifecycle.configure(settings, memo, logger)
+
+
+@kopf.on.cleanup()
+def shutdown(**kwargs: Any) -> None:
+    lifecycle.shutdown(**kwargs)
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    return lifecycle.login(**kwargs)
+
+
+@kopf.on.resume(*RESOURCE, id="reconcile", backoff=10)
+@kopf.on.create(*RESOURCE, id="reconcile", backoff=10)
+@metrics.instrumented("reconcile")
+async def reconcile(**kwargs: Any) -> None:
+    await create.reconcile(**kwargs)
+
+
+@kopf.on.field(*RESOURCE, field="spec.workers", id="scale", backoff=10)
+@metrics.instrumented("scale")
+async def rescale(**kwargs: Any) -> None:
+    await scale.rescale(**kwargs)
+
+
+@kopf.on.delete(*RESOURCE, id="cleanup", backoff=10)
+@metrics.instrumented("cleanup")
+async def cleanup(**kwargs: Any) -> None:
+    await delete.cleanup(**kwargs)
+
+
+@kopf.timer(*RESOURCE, id="status", interval=_CONFIG.status_interval, initial_delay=min(_CONFIG.status_interval, 5.0))
+@metrics.instrumented("status")
+async def follow_supervisor(**kwargs: Any) -> None:
+    await status.follow_supervisor(**kwargs)

@@ -1,0 +1,309 @@
+"""The operator's manifest builders, validated offline: built-ins strictly against Kubernetes 1.32,
+Knative and OpenFaaS objects against small schemas written from their documented fields."""
+from __future__ import annotations
+
+import base64
+
+import jsonschema
+import kubernetes_validate
+import pytest
+
+from mlless_operator import builders as b
+from mlless_operator.backends import choose_backend
+from mlless_operator.config import Config, load
+from mlless_operator.kubeapi import is_subset
+from mlless_operator.status import is_invalid, set_condition
+
+SPEC = {"workers": 3, "model": {"type": "pmf"}, "dataset": {"uri": "s3://bucket/ml"}, "function": {"memory": "1Gi", "cpu": "500m", "timeoutSeconds": 600, "env": [{"name": "EXTRA", "value": "1"}]}}
+UID = "0a1b2c3d-0000-4000-8000-000000000001"
+
+
+def job(backend: str = "pod", spec: dict | None = None, config: Config | None = None) -> b.JobRef:
+    return b.JobRef(name="ml", namespace="team", uid=UID, spec=spec or SPEC, config=config or Config(), backend=backend)
+
+
+def validate(obj: dict) -> None:
+    kubernetes_validate.validate(obj, "1.32", strict=True)
+
+
+def built_ins(j: b.JobRef) -> list[dict]:
+    return [
+        b.build_secret(j),
+        b.build_job_configmap(j),
+        b.build_redis_service(j),
+        b.build_redis_statefulset(j),
+        b.build_rabbitmq_service(j),
+        b.build_rabbitmq_statefulset(j),
+        b.build_supervisor_service_account(j),
+        b.build_supervisor_role(j),
+        b.build_supervisor_role_binding(j),
+        b.build_supervisor_pod(j),
+        b.build_supervisor_service(j),
+        b.build_worker_pod(j, 0),
+        b.build_worker_pod(j, 2),
+    ]
+
+
+def containers(obj: dict) -> list[dict]:
+    spec = obj["spec"]
+    if "template" in spec:
+        spec = spec["template"]["spec"]
+    return spec["containers"]
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container["env"]}
+
+
+def test_every_built_in_object_is_strictly_valid_and_owned():
+    for obj in built_ins(job()):
+        validate(obj)
+        meta = obj["metadata"]
+        assert meta["namespace"] == "team"
+        assert meta["ownerReferences"] == [
+            {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "name": "ml", "uid": UID, "controller": True, "blockOwnerDeletion": True}
+        ]
+        assert meta["labels"][b.LABEL_JOB] == "ml"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "mlless-operator"
+
+
+def test_external_services_and_persistent_storage_are_valid():
+    spec = {**SPEC, "redis": {"url": "redis://cache.example:6380/2", "passwordSecretRef": {"name": "cache", "key": "pw"}},
+            "rabbitmq": {"url": "amqp://ml@mq.example:5672/%2F"}}
+    j = job(spec=spec)
+    for obj in built_ins(j):
+        validate(obj)
+    env = env_of(containers(b.build_worker_pod(j, 0))[0])
+    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "cache", "key": "pw"}
+    assert env["REDIS_URL"]["value"] == "redis://:$(REDIS_PASSWORD)@cache.example:6380/2"
+    names = [e["name"] for e in containers(b.build_worker_pod(j, 0))[0]["env"]]
+    assert names.index("REDIS_PASSWORD") < names.index("REDIS_URL")  # kubelet expands only earlier variables
+    assert env["AMQP_URL"]["value"] == "amqp://ml@mq.example:5672/%2F"
+    assert set(b.generate_credentials(j)) == set()
+    stored = {**SPEC, "redis": {"storage": "5Gi"}}
+    sts = b.build_redis_statefulset(job(spec=stored))
+    validate(sts)
+    assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    assert "--appendonly" in containers(sts)[0]["args"] and "yes" in containers(sts)[0]["args"]
+
+
+def test_secret_holds_generated_credentials_and_urls():
+    j = job()
+    secret = b.build_secret(j)
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert len(data["redis-password"]) >= 32 and len(data["rabbitmq-password"]) >= 32
+    assert data["redis-url"] == f"redis://:{data['redis-password']}@ml-redis.team.svc:6379/0"
+    assert data["amqp-url"] == f"amqp://mlless:{data['rabbitmq-password']}@ml-rabbitmq.team.svc:5672/%2F"
+    assert b.build_secret(j)["data"]["redis-password"] != secret["data"]["redis-password"]  # fresh each build
+
+
+def test_no_password_appears_literally_in_any_pod_spec():
+    j = job()
+    creds = b.generate_credentials(j)
+    secret = b.build_secret(j, creds)
+    for obj in built_ins(j) + [b.build_knative_service(j)]:
+        if obj is secret or obj["kind"] == "Secret":
+            continue
+        text = repr(obj)
+        assert creds["redis-password"] not in text and creds["rabbitmq-password"] not in text
+
+
+def test_redis_and_rabbitmq_read_passwords_from_the_secret():
+    j = job()
+    redis = containers(b.build_redis_statefulset(j))[0]
+    assert redis["args"][:2] == ["--requirepass", "$(REDIS_PASSWORD)"]
+    assert env_of(redis)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "redis-password"}
+    rabbit = env_of(containers(b.build_rabbitmq_statefulset(j))[0])
+    assert rabbit["RABBITMQ_DEFAULT_USER"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "rabbitmq-username"}
+    assert rabbit["RABBITMQ_DEFAULT_PASS"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "rabbitmq-password"}
+    svc = b.build_redis_service(j)
+    assert svc["spec"]["selector"] == b.build_redis_statefulset(j)["spec"]["selector"]["matchLabels"]
+
+
+def test_supervisor_rbac_is_limited_to_its_own_status_and_scale():
+    j = job()
+    (rule,) = b.build_supervisor_role(j)["rules"]
+    assert rule == {"apiGroups": ["mlless.io"], "resources": ["trainingjobs/status", "trainingjobs/scale"], "resourceNames": ["ml"], "verbs": ["get", "patch"]}
+    binding = b.build_supervisor_role_binding(j)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ml-supervisor", "namespace": "team"}]
+    pod = b.build_supervisor_pod(j)
+    assert pod["spec"]["serviceAccountName"] == "ml-supervisor"
+    c = containers(pod)[0]
+    assert c["command"][:2] == ["mlless", "supervisor"]
+    env = env_of(c)
+    assert env["MLLESS_JOB_FILE"]["value"] == b.JOB_FILE and env["MLLESS_JOB_ID"]["value"] == "team.ml"
+    assert env["MLLESS_METRICS_PORT"]["value"] == "9090"
+    assert env["REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "redis-url"}
+    assert env["AMQP_URL"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "amqp-url"}
+
+
+@pytest.mark.parametrize("obj", ["supervisor", "worker", "redis", "knative"])
+def test_containers_run_non_root_with_no_capabilities(obj):
+    j = job()
+    built = {"supervisor": b.build_supervisor_pod(j), "worker": b.build_worker_pod(j, 1), "redis": b.build_redis_statefulset(j),
+             "knative": b.build_knative_service(j)}[obj]
+    spec = built["spec"]["template"]["spec"] if "template" in built["spec"] else built["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] == (b.SERVICE_UID if obj == "redis" else 10001)
+    for c in spec["containers"]:
+        sc = c["securityContext"]
+        assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+
+
+def test_worker_pod_runs_its_rank_with_function_resources():
+    j = job()
+    pod = b.build_worker_pod(j, 2)
+    assert pod["metadata"]["name"] == "ml-worker-2" and pod["metadata"]["labels"][b.LABEL_RANK] == "2"
+    c = containers(pod)[0]
+    assert c["command"] == ["mlless", "worker"]
+    env = env_of(c)
+    assert env["MLLESS_RANK"]["value"] == "2" and env["EXTRA"]["value"] == "1"
+    assert c["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert b.worker_selector(j) == "mlless.io/job=ml,mlless.io/role=worker"
+
+
+KNATIVE_SERVICE_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "serving.knative.dev/v1"},
+        "kind": {"const": "Service"},
+        "metadata": {"type": "object", "required": ["name", "namespace"]},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["template"],
+            "properties": {
+                "template": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "metadata": {
+                            "type": "object",
+                            "properties": {
+                                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                            },
+                        },
+                        "spec": {
+                            "type": "object",
+                            "required": ["containers"],
+                            "properties": {
+                                "containerConcurrency": {"type": "integer", "minimum": 0, "maximum": 1000},
+                                "timeoutSeconds": {"type": "integer", "minimum": 1, "maximum": 600},
+                                "containers": {"type": "array", "minItems": 1, "maxItems": 1,
+                                               "items": {"type": "object", "required": ["image"],
+                                                         "properties": {"ports": {"type": "array", "maxItems": 1,
+                                                                                  "items": {"type": "object", "properties": {"name": {"enum": ["http1", "h2c"]}}}}}}},
+                            },
+                        },
+                    },
+                }
+            },
+        },
+    },
+}
+
+OPENFAAS_FUNCTION_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "openfaas.com/v1"},
+        "kind": {"const": "Function"},
+        "metadata": {"type": "object", "required": ["name", "namespace"], "not": {"required": ["ownerReferences"]}},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name", "image"],
+            "properties": {
+                "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
+                "image": {"type": "string"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                "environment": {"type": "object", "additionalProperties": {"type": "string"}},
+                "secrets": {"type": "array", "items": {"type": "string"}},
+                "constraints": {"type": "array", "items": {"type": "string"}},
+                "limits": {"type": "object", "additionalProperties": False, "properties": {"memory": {"type": "string"}, "cpu": {"type": "string"}}},
+                "requests": {"type": "object", "additionalProperties": False, "properties": {"memory": {"type": "string"}, "cpu": {"type": "string"}}},
+                "readOnlyRootFilesystem": {"type": "boolean"},
+            },
+        },
+    },
+}
+
+
+def test_knative_service_pins_scale_and_concurrency():
+    j = job("knative")
+    svc = b.build_knative_service(j)
+    jsonschema.validate(svc, KNATIVE_SERVICE_SCHEMA)
+    template = svc["spec"]["template"]
+    assert template["metadata"]["annotations"] == {
+        "autoscaling.knative.dev/min-scale": "3", "autoscaling.knative.dev/max-scale": "3", "autoscaling.knative.dev/initial-scale": "3"}
+    assert template["spec"]["containerConcurrency"] == 1 and template["spec"]["timeoutSeconds"] == 600
+    env = env_of(template["spec"]["containers"][0])
+    assert env["REDIS_URL"]["valueFrom"]["secretKeyRef"]["name"] == "ml-credentials"
+    assert svc["metadata"]["ownerReferences"][0]["uid"] == UID
+    # The containers are a core/v1 PodSpec subset: check them with the built-in schema through a Pod.
+    validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"},
+              "spec": {k: v for k, v in template["spec"].items() if k not in ("containerConcurrency", "timeoutSeconds")}})
+    assert b.worker_endpoint(j) == "http://ml-worker.team.svc.cluster.local"
+
+
+def test_openfaas_function_pins_scale_and_lives_in_the_openfaas_namespace():
+    j = job("openfaas", config=Config(openfaas_namespace="fn"))
+    fn = b.build_openfaas_function(j)
+    jsonschema.validate(fn, OPENFAAS_FUNCTION_SCHEMA)
+    assert fn["metadata"]["namespace"] == "fn" and fn["metadata"]["name"] == "mlless-team-ml" == fn["spec"]["name"]
+    assert fn["spec"]["labels"]["com.openfaas.scale.min"] == fn["spec"]["labels"]["com.openfaas.scale.max"] == "3"
+    assert fn["spec"]["secrets"] == ["mlless-team-ml-credentials"]
+    assert fn["metadata"]["annotations"][b.ANNOTATION_OWNER] == "team/ml"
+    secret = b.build_openfaas_secret(j, {"redis-url": "eA==", "amqp-url": "eQ==", "redis-password": "eg=="})
+    validate(secret)
+    assert secret["metadata"]["namespace"] == "fn" and set(secret["data"]) == {"redis-url", "amqp-url"}
+    assert "ownerReferences" not in secret["metadata"]
+    assert b.worker_endpoint(j) == "http://gateway.openfaas:8080/function/mlless-team-ml.fn"
+
+
+def test_long_names_stay_valid_and_distinct():
+    long = "x" * 63
+    j = b.JobRef(name=long, namespace="team", uid=UID, spec=SPEC, config=Config())
+    names = {b.redis_name(j), b.rabbitmq_name(j), b.supervisor_name(j), b.secret_name(j), b.worker_pod_name(j, 0), b.worker_pod_name(j, 1)}
+    assert len(names) == 6 and all(len(n) <= 63 for n in names)
+    for obj in (b.build_redis_service(j), b.build_supervisor_pod(j)):
+        validate(obj)
+
+
+def test_conditions_keep_transition_time_until_status_changes():
+    c1 = set_condition(None, "Created", "True", "ChildrenCreated", "ok", 1, "2026-01-01T00:00:00Z")
+    c2 = set_condition(c1, "Created", "True", "ChildrenCreated", "again", 2, "2026-01-02T00:00:00Z")
+    assert c2[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z" and c2[0]["observedGeneration"] == 2
+    c3 = set_condition(c2, "Created", "False", "Gone", "x", 2, "2026-01-03T00:00:00Z")
+    assert c3[0]["lastTransitionTime"] == "2026-01-03T00:00:00Z"
+    assert is_invalid({"conditions": set_condition(None, "Failed", "True", "InvalidSpec", "spec.workers", 1)})
+
+
+def test_backend_choice_falls_back_to_pods():
+    assert choose_backend(None, {"pod", "knative", "openfaas"}) == ("knative", None)
+    assert choose_backend(None, {"pod", "openfaas"}) == ("openfaas", None)
+    assert choose_backend("openfaas", {"pod", "openfaas"}) == ("openfaas", None)
+    backend, why = choose_backend("knative", {"pod"})
+    assert backend == "pod" and "serving.knative.dev/v1" in why
+    assert choose_backend(None, {"pod", "knative"}, default="pod") == ("pod", None)
+
+
+def test_config_reads_prefixed_environment():
+    cfg = load({"MLLESS_OPERATOR_IMAGE": "reg/mlless:1", "MLLESS_OPERATOR_NAMESPACES": "a, b", "MLLESS_OPERATOR_STATUS_INTERVAL": "0.5",
+                "MLLESS_OPERATOR_METRICS_PORT": "0"})
+    assert cfg.image == "reg/mlless:1" and cfg.namespaces == ("a", "b") and cfg.status_interval == 0.5 and cfg.metrics_port == 0
+    with pytest.raises(ValueError, match="MLLESS_OPERATOR_METRICS_PORT"):
+        load({"MLLESS_OPERATOR_METRICS_PORT": "x"})
+    with pytest.raises(ValueError, match="DEFAULT_BACKEND"):
+        load({"MLLESS_OPERATOR_DEFAULT_BACKEND": "lambda"})
+
+
+def test_subset_comparison_tolerates_server_defaults():
+    assert is_subset({"a": {"b": 1}, "l": [{"x": 1}]}, {"a": {"b": 1, "c": 2}, "l": [{"x": 1, "y": 2}], "z": 0})
+    assert not is_subset({"l": [{"x": 1}]}, {"l": [{"x": 1}, {"x": 2}]})
+    assert not is_subset({"a": "1"}, {"a": 1})
