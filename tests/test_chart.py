@@ -26,6 +26,7 @@ The Grafana dashboard's PromQL must only name series that a real `SupervisorMetr
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import tarfile
@@ -62,7 +63,8 @@ VARIATIONS: dict[str, dict[str, Any]] = {
     "external-service-account": {"serviceAccount": {"create": False, "name": "ml-operator"}, "rbac": {"create": False}},
     "everything": {
         "fullnameOverride": "ml",
-        "operator": {"extraEnv": [{"name": "MLLESS_OPERATOR_OPENFAAS_NAMESPACE", "value": "openfaas-fn"}],
+        "operator": {"extraEnv": [{"name": "MLLESS_OPERATOR_STATUS_INTERVAL", "value": "5"}],
+                     "defaultBackend": "pod", "openfaas": {"namespace": "functions", "gateway": "http://gw.openfaas:8080"},
                      "podAnnotations": {"a": "b"}, "podLabels": {"team": "ml"}, "nodeSelector": {"kubernetes.io/os": "linux"},
                      "tolerations": [{"key": "ml", "operator": "Exists", "effect": "NoSchedule"}],
                      "affinity": {"nodeAffinity": {}}, "priorityClassName": "system-cluster-critical"},
@@ -85,6 +87,7 @@ OPERATOR_NEEDS: dict[tuple[str, str], set[str]] = {
     ("mlless.io", "trainingjobs/status"): {"get", "patch"},
     ("mlless.io", "trainingjobs/scale"): {"get", "patch", "update"},
     **{("", r): {"create", "get", "list", "watch", "patch", "delete"} for r in ("secrets", "services", "pods", "serviceaccounts")},
+    ("", "configmaps"): {"create", "get", "patch", "delete"},
     ("apps", "statefulsets"): {"create", "get", "list", "watch", "patch", "delete"},
     ("rbac.authorization.k8s.io", "roles"): {"create", "get", "patch", "delete"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"create", "get", "patch", "delete"},
@@ -416,7 +419,7 @@ class TestDeployment:
     def test_runs_kopf_standalone_on_the_operator_module(self, render):
         c = container(render())
         assert c["command"] == ["kopf"]
-        assert c["args"][:3] == ["run", "--standalone", "--module=mlless_operator"]
+        assert c["args"][:3] == ["run", "--standalone", "--module=mlless_operator.main"]
         assert "--all-namespaces" in c["args"]
         assert "--liveness=http://0.0.0.0:8080/healthz" in c["args"]
 
@@ -457,8 +460,7 @@ class TestDeployment:
         c = container(rendered)
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert c["image"] == env["MLLESS_OPERATOR_IMAGE"] == "registry.example.com/ml/mlless:0.1.1"
-        assert c["imagePullPolicy"] == env["MLLESS_OPERATOR_IMAGE_PULL_POLICY"] == "Always"
-        assert env["MLLESS_OPERATOR_IMAGE_PULL_SECRETS"] == "regcred,mirror"
+        assert c["imagePullPolicy"] == "Always"
         pod = one(rendered, "deployment.yaml")["spec"]["template"]["spec"]
         assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
 
@@ -471,13 +473,17 @@ class TestDeployment:
         assert "--all-namespaces" not in args
         assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
         assert "--debug" in args and "--log-format=json" in args
+        env = {e["name"]: e["value"] for e in container(render(VARIATIONS["watch-namespaces"]))["env"]}
+        assert env["MLLESS_OPERATOR_NAMESPACES"] == "team-a,team-b"
 
     def test_operator_environment(self, render):
-        env = {e["name"]: e for e in container(render(VARIATIONS["everything"]))["env"]}
-        assert env["MLLESS_OPERATOR_METRICS_PORT"]["value"] == "9090"
-        assert env["MLLESS_OPERATOR_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
-        assert env["MLLESS_OPERATOR_OPENFAAS_NAMESPACE"]["value"] == "openfaas-fn"
+        env = {e["name"]: e["value"] for e in container(render(VARIATIONS["everything"]))["env"]}
+        assert env["MLLESS_OPERATOR_METRICS_PORT"] == "9090"
+        assert env["MLLESS_OPERATOR_DEFAULT_BACKEND"] == "pod"
+        assert env["MLLESS_OPERATOR_OPENFAAS_NAMESPACE"] == "functions"
+        assert env["MLLESS_OPERATOR_STATUS_INTERVAL"] == "5"  # extraEnv
         assert all(name.startswith("MLLESS_OPERATOR_") for name in env)
+        assert "MLLESS_OPERATOR_NAMESPACES" not in env  # all namespaces
 
     def test_metrics_port_is_exposed(self, render):
         c = container(render({"metrics": {"port": 9191}}))
@@ -563,7 +569,7 @@ class TestRBAC:
                         assert allows(rules, group, resource, verb), (group, resource, verb)
 
     def test_cannot_touch_what_it_does_not_manage(self, rules):
-        for group, resource in [("", "nodes"), ("", "configmaps"), ("apps", "deployments"), ("", "persistentvolumes"),
+        for group, resource in [("", "nodes"), ("apps", "deployments"), ("", "persistentvolumes"),
                                 ("rbac.authorization.k8s.io", "clusterroles"), ("rbac.authorization.k8s.io", "clusterrolebindings"),
                                 ("apiextensions.k8s.io", "customresourcedefinitions")]:
             for verb in ("create", "patch", "delete"):
@@ -803,6 +809,78 @@ class TestDashboard:
             for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
                 assert {g.strip() for g in group.split(",")} <= labels, where
         assert set(PHASES) and set(TUNER_OUTCOMES)  # the label values the legends show
+
+
+# ---- the contract with the operator (operator/mlless_operator) ------------------------------------
+
+
+class TestOperatorContract:
+    """What the chart sets up is what the operator reads and does. These fail when either side drifts."""
+
+    @pytest.fixture(scope="class")
+    def example_job(self):
+        from mlless_operator import config as operator_config
+        from mlless_operator.builders import JobRef
+
+        body = yaml.safe_load((ROOT / "examples" / "trainingjob.yaml").read_text())
+        body["metadata"].update(namespace="team-a", uid="00000000-0000-0000-0000-000000000001")
+        return JobRef.from_body(body, operator_config.Config())
+
+    def test_the_module_kopf_runs_exists(self, render):
+        import importlib.util
+
+        (module,) = [a.removeprefix("--module=") for a in container(render())["args"] if a.startswith("--module=")]
+        assert importlib.util.find_spec(module) is not None, module
+
+    @pytest.mark.parametrize("variation", VARIATIONS)
+    def test_operator_config_reads_every_variable_the_chart_sets(self, render, variation):
+        from mlless_operator import config as operator_config
+
+        values = VARIATIONS[variation]
+        env = {e["name"]: e["value"] for e in container(render(values))["env"]}
+        fields = {f"{operator_config.PREFIX}{f.name.upper()}" for f in dataclasses.fields(operator_config.Config)}
+        assert set(env) <= fields, f"not read by mlless_operator.config: {set(env) - fields}"
+        cfg = operator_config.load(env)
+        c = container(render(values))
+        assert cfg.image == c["image"]
+        assert cfg.metrics_port == {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"]
+        assert list(cfg.namespaces) == [a.removeprefix("--namespace=") for a in c["args"] if a.startswith("--namespace=")]
+
+    def test_cluster_role_covers_every_kind_the_operator_writes(self, render):
+        from mlless_operator.kubeapi import PLURALS
+
+        rules = one(render(), "clusterrole.yaml")["rules"]
+        for (api_version, kind), plural in PLURALS.items():
+            group = api_version.rpartition("/")[0]
+            verbs = {"get", "patch"} if kind == "TrainingJob" else {"create", "get", "patch", "delete"}
+            for verb in verbs:
+                assert allows(rules, group, plural, verb), (api_version, kind, verb)
+
+    def test_operator_may_grant_the_supervisor_role_it_builds(self, render, example_job):
+        from mlless_operator.builders import build_supervisor_role
+
+        rules = one(render(), "clusterrole.yaml")["rules"]
+        for rule in build_supervisor_role(example_job)["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        assert allows(rules, group, resource, verb), (group, resource, verb)
+
+    def test_pod_monitor_selects_the_supervisor_pod_and_its_metrics_port(self, render, example_job):
+        from mlless_operator.builders import build_supervisor_pod
+
+        pod = build_supervisor_pod(example_job)
+        pm = one(render(VARIATIONS["watch-namespaces"]), "podmonitor.yaml")
+        assert pm["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        assert pod["metadata"]["namespace"] in pm["spec"]["namespaceSelector"]["matchNames"]
+        ports = {p.get("name") for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        assert pm["spec"]["podMetricsEndpoints"][0]["port"] in ports
+
+    def test_operator_service_does_not_select_supervisors(self, render, example_job):
+        from mlless_operator.builders import build_supervisor_pod
+
+        selector = one(render(), "service.yaml")["spec"]["selector"]
+        assert not selector.items() <= build_supervisor_pod(example_job)["metadata"]["labels"].items()
 
 
 # ---- templates/NOTES.txt --------------------------------------------------------------------------
