@@ -1,0 +1,335 @@
+"""The real Kopf operator (mlless_operator.main, in-loop) against the kmock API emulator.
+
+Each test starts its own emulator on a random port, points a kubeconfig at it
+and runs the operator until the test ends. Waits poll the emulator's state with
+a generous timeout; nothing asserts on elapsed time.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import runpy
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import aiohttp
+import kmock
+import kopf
+import pytest
+import pytest_asyncio
+
+import mlless_operator.main
+from mlless_operator import metrics
+from mlless_operator import builders as b
+
+from kmock_emulator import Emulator  # tests/operator/ is on sys.path (rootdir-relative test modules)
+
+pytestmark = pytest.mark.asyncio
+
+NS = "team"
+FN_NS = "openfaas-fn"
+TJ = kmock.resource("mlless.io/v1alpha1/trainingjobs")
+PODS = kmock.resource("v1/pods")
+SECRETS = kmock.resource("v1/secrets")
+KSVC = kmock.resource("serving.knative.dev/v1/services")
+FUNCTIONS = kmock.resource("openfaas.com/v1/functions")
+WAIT = float(__import__("os").environ.get("MLLESS_TEST_WAIT", "30"))  # seconds before a wait gives up (a failure, never a timing assertion)
+
+
+def manifest(name: str = "ml", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "mlless.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"workers": 3, "model": {"type": "pmf"}, "dataset": {"uri": "s3://bucket/ml"}, **spec},
+    }
+
+
+class Cluster:
+    def __init__(self, emu: Emulator, url: str) -> None:
+        self.emu = emu
+        self.url = url.rstrip("/")
+
+    async def call(self, method: str, path: str, body: Any = None, content_type: str = "application/merge-patch+json") -> tuple[int, Any]:
+        async with aiohttp.ClientSession() as session:
+            headers = {"Content-Type": "application/json" if method == "POST" else content_type}
+            async with session.request(method, self.url + path, json=body, headers=headers) as resp:
+                return resp.status, await resp.json(content_type=None)
+
+    async def apply(self, doc: dict[str, Any]) -> dict[str, Any]:
+        status, body = await self.call("POST", f"/apis/mlless.io/v1alpha1/namespaces/{NS}/trainingjobs", doc)
+        assert status == 201, body
+        return body
+
+    async def patch_job(self, name: str, body: dict[str, Any], subresource: str = "") -> None:
+        status, answer = await self.call("PATCH", f"/apis/mlless.io/v1alpha1/namespaces/{NS}/trainingjobs/{name}{subresource}", body)
+        assert status == 200, answer
+
+    def get(self, resource: kmock.resource, name: str, namespace: str = NS) -> dict[str, Any] | None:
+        key = (resource, namespace, name)
+        if key not in self.emu.objects or self.emu.objects[key].deleted:
+            return None
+        return self.emu.objects[key].raw
+
+    def names(self, resource: kmock.resource, namespace: str = NS) -> set[str]:
+        return {name for (res, ns, name), obj in self.emu.objects.items() if res == resource and ns == namespace and not obj.deleted}
+
+    def children(self) -> set[tuple[str, str, str]]:
+        """Every live object except TrainingJobs and Events."""
+        return {
+            (f"{res.group}/{res.version}/{res.plural}", ns, name)
+            for (res, ns, name), obj in self.emu.objects.items()
+            if not obj.deleted and res.plural not in ("trainingjobs", "events")
+        }
+
+    async def until(self, check: Callable[[], Any], what: str) -> Any:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT
+        while True:
+            value = check()
+            if value:
+                return value
+            if loop.time() > deadline:
+                raise AssertionError(f"gave up waiting for {what}")
+            await asyncio.sleep(0.05)
+
+    def job(self, name: str = "ml") -> dict[str, Any]:
+        obj = self.get(TJ, name)
+        assert obj is not None, f"TrainingJob {name} is gone"
+        return obj
+
+    def condition(self, type_: str, name: str = "ml") -> dict[str, Any] | None:
+        obj = self.get(TJ, name)
+        return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == type_), None)
+
+
+def declare(emu: Emulator, knative: bool = False, openfaas: bool = False) -> None:
+    emu.resources.load_bundled()
+    emu.resources["mlless.io/v1alpha1/trainingjobs"] = kmock.ResourceInfo(
+        kind="TrainingJob", singular="trainingjob", namespaced=True, shortnames={"tj"},
+        verbs={"get", "list", "watch", "create", "patch", "delete"}, subresources={"status", "scale"},
+    )
+    if knative:
+        emu.resources["serving.knative.dev/v1/services"] = kmock.ResourceInfo(
+            kind="Service", singular="service", namespaced=True, shortnames={"ksvc"},
+            verbs={"get", "list", "watch", "create", "patch", "delete"}, subresources={"status"},
+        )
+    if openfaas:
+        emu.resources["openfaas.com/v1/functions"] = kmock.ResourceInfo(
+            kind="Function", singular="function", namespaced=True, verbs={"get", "list", "watch", "create", "patch", "delete"},
+        )
+
+
+@pytest.fixture
+def operator_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str], None]:
+    def point_at(url: str) -> None:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters: [{{name: kmock, cluster: {{server: '{url}'}}}}]\n"
+            "users: [{name: kmock, user: {}}]\n"
+            "contexts: [{name: kmock, context: {cluster: kmock, user: kmock, namespace: team}}]\n"
+            "current-context: kmock\n"
+        )
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        monkeypatch.setenv("MLLESS_OPERATOR_METRICS_PORT", "0")
+        monkeypatch.setenv("MLLESS_OPERATOR_STATUS_INTERVAL", "0.2")
+        monkeypatch.setenv("MLLESS_OPERATOR_OPENFAAS_NAMESPACE", FN_NS)
+        monkeypatch.setenv("MLLESS_OPERATOR_IMAGE", "registry.example/mlless:test")
+
+    return point_at
+
+
+@asynccontextmanager
+async def running_operator() -> AsyncIterator[None]:
+    """Kopf in this event loop with a fresh registry, filled by executing main.py as `kopf run` would."""
+    registry = kopf.OperatorRegistry()
+    previous = kopf.get_default_registry()
+    kopf.set_default_registry(registry)
+    try:
+        runpy.run_path(mlless_operator.main.__file__, run_name="mlless_operator_main_under_test")
+    finally:
+        kopf.set_default_registry(previous)
+    stop = asyncio.Event()
+    task = asyncio.create_task(kopf.operator(registry=registry, standalone=True, clusterwide=True, stop_flag=stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=WAIT)
+
+
+@pytest_asyncio.fixture
+async def cluster_factory(operator_env: Callable[[str], None]) -> AsyncIterator[Callable[..., Any]]:
+    stack: list[Any] = []
+
+    @asynccontextmanager
+    async def make(knative: bool = False, openfaas: bool = False) -> AsyncIterator[Cluster]:
+        emu = Emulator()
+        declare(emu, knative=knative, openfaas=openfaas)
+        async with emu, kmock.Server(emu) as server:
+            operator_env(str(server.url))
+            yield Cluster(emu, str(server.url))
+
+    yield make
+
+
+def owned_by(obj: dict[str, Any], job: dict[str, Any]) -> bool:
+    refs = obj["metadata"].get("ownerReferences") or []
+    return any(r["uid"] == job["metadata"]["uid"] and r["kind"] == "TrainingJob" and r.get("controller") for r in refs)
+
+
+def env(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+
+
+async def test_pod_backend_creates_every_child_sets_status_and_scales(cluster_factory):
+    async with cluster_factory() as c, running_operator():
+        await c.apply(manifest())
+        await c.until(lambda: c.condition("Created"), "the Created condition")
+        job = c.job()
+        expected = {
+            ("/v1/secrets", "ml-credentials"), ("/v1/configmaps", "ml-job"),
+            ("/v1/services", "ml-redis"), ("apps/v1/statefulsets", "ml-redis"),
+            ("/v1/services", "ml-rabbitmq"), ("apps/v1/statefulsets", "ml-rabbitmq"),
+            ("/v1/serviceaccounts", "ml-supervisor"), ("rbac.authorization.k8s.io/v1/roles", "ml-supervisor"),
+            ("rbac.authorization.k8s.io/v1/rolebindings", "ml-supervisor"), ("/v1/services", "ml-supervisor"),
+            ("/v1/pods", "ml-supervisor"), ("/v1/pods", "ml-worker-0"), ("/v1/pods", "ml-worker-1"), ("/v1/pods", "ml-worker-2"),
+        }
+        assert {(r, n) for r, ns, n in c.children()} == expected
+        for res, ns, name in c.children():
+            obj = c.emu.objects[kmock.resource(res), ns, name].raw
+            assert owned_by(obj, job), (res, name)
+
+        worker = c.get(PODS, "ml-worker-1")
+        e = env(worker)
+        assert e["MLLESS_RANK"]["value"] == "1" and e["MLLESS_JOB_ID"]["value"] == "team.ml"
+        assert e["REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "redis-url"}
+        assert e["AMQP_URL"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "amqp-url"}
+        assert worker["spec"]["containers"][0]["image"] == "registry.example/mlless:test"
+        supervisor = c.get(PODS, "ml-supervisor")
+        assert env(supervisor)["MLLESS_WORKER_BACKEND"]["value"] == "pod"
+        secret = c.get(SECRETS, "ml-credentials")
+        password = base64.b64decode(secret["data"]["redis-password"]).decode()
+        assert password not in repr(c.get(kmock.resource("apps/v1/statefulsets"), "ml-redis"))
+
+        status = job["status"]
+        assert status["phase"] == "Pending" and status["workers"] == 3
+        assert status["selector"] == "mlless.io/job=ml,mlless.io/role=worker" and status["startTime"]
+        created = c.condition("Created")
+        assert created["status"] == "True" and created["reason"] == "ChildrenCreated"
+        assert created["lastTransitionTime"] and created["observedGeneration"] == 1
+        assert job["metadata"]["annotations"][b.ANNOTATION_BACKEND] == "pod"
+        assert "mlless.io/finalizer" in job["metadata"]["finalizers"]
+        assert any(k.startswith("operator.mlless.io/") for k in job["metadata"]["annotations"])
+
+        # The supervisor pod runs: the job follows.
+        c.emu.objects[PODS, NS, "ml-supervisor"].patch({"status": {"phase": "Running"}})
+        await c.until(lambda: c.job()["status"].get("phase") == "Running", "phase Running")
+        assert c.condition("Running")["status"] == "True"
+
+        # kubectl scale tj/ml --replicas=1 (through the scale subresource), then a plain spec patch back up to 2.
+        await c.patch_job("ml", {"spec": {"replicas": 1}}, "/scale")
+        await c.until(lambda: c.names(PODS) == {"ml-supervisor", "ml-worker-0"}, "scale-in to one worker")
+        await c.until(lambda: c.job()["status"].get("workers") == 1, "status.workers 1")
+        await c.patch_job("ml", {"spec": {"workers": 2}})
+        await c.until(lambda: c.names(PODS) == {"ml-supervisor", "ml-worker-0", "ml-worker-1"}, "scale-out to two workers")
+        await c.until(lambda: c.job()["status"].get("workers") == 2, "status.workers 2")
+
+        # The supervisor finishes: Succeeded, with a completion time.
+        c.emu.objects[PODS, NS, "ml-supervisor"].patch({"status": {"phase": "Succeeded"}})
+        await c.until(lambda: c.job()["status"].get("phase") == "Succeeded", "phase Succeeded")
+        assert c.condition("Succeeded")["status"] == "True" and c.job()["status"]["completionTime"]
+        assert c.condition("Running")["status"] == "False"
+
+
+async def test_knative_backend_creates_a_pinned_service_and_scales_it(cluster_factory):
+    async with cluster_factory(knative=True) as c, running_operator():
+        await c.apply(manifest(function={"backend": "knative", "timeoutSeconds": 600}))
+        await c.until(lambda: c.condition("Created"), "the Created condition")
+        job = c.job()
+        ksvc = c.get(KSVC, "ml-worker")
+        assert ksvc is not None and owned_by(ksvc, job)
+        template = ksvc["spec"]["template"]
+        assert template["metadata"]["annotations"]["autoscaling.knative.dev/min-scale"] == "3"
+        assert template["metadata"]["annotations"]["autoscaling.knative.dev/max-scale"] == "3"
+        assert template["metadata"]["annotations"]["autoscaling.knative.dev/initial-scale"] == "3"
+        assert template["spec"]["containerConcurrency"] == 1 and template["spec"]["timeoutSeconds"] == 600
+        assert env(template)["REDIS_URL"]["valueFrom"]["secretKeyRef"]["name"] == "ml-credentials"
+        assert c.names(PODS) == {"ml-supervisor"}
+        assert env(c.get(PODS, "ml-supervisor"))["MLLESS_WORKER_URL"]["value"] == "http://ml-worker.team.svc.cluster.local"
+
+        await c.patch_job("ml", {"spec": {"workers": 5}})
+        scale = lambda: c.get(KSVC, "ml-worker")["spec"]["template"]["metadata"]["annotations"]  # noqa: E731
+        await c.until(lambda: scale()["autoscaling.knative.dev/min-scale"] == "5", "Knative scale 5")
+        assert scale()["autoscaling.knative.dev/max-scale"] == scale()["autoscaling.knative.dev/initial-scale"] == "5"
+
+
+async def test_requested_backend_that_is_not_served_falls_back_to_pods(cluster_factory):
+    async with cluster_factory() as c, running_operator():
+        await c.apply(manifest(workers=2, function={"backend": "knative"}))
+        await c.until(lambda: c.condition("Created"), "the Created condition")
+        assert c.names(PODS) == {"ml-supervisor", "ml-worker-0", "ml-worker-1"}
+        assert c.job()["metadata"]["annotations"][b.ANNOTATION_BACKEND] == "pod"
+
+
+async def test_openfaas_backend_function_scaled_and_cleaned_up_on_delete(cluster_factory):
+    async with cluster_factory(openfaas=True) as c, running_operator():
+        await c.apply(manifest())  # no backend given: auto picks the served OpenFaaS
+        await c.until(lambda: c.condition("Created"), "the Created condition")
+        fn = c.get(FUNCTIONS, "mlless-team-ml", FN_NS)
+        assert fn is not None and "ownerReferences" not in fn["metadata"]
+        assert fn["spec"]["labels"]["com.openfaas.scale.min"] == fn["spec"]["labels"]["com.openfaas.scale.max"] == "3"
+        assert fn["spec"]["secrets"] == ["mlless-team-ml-credentials"]
+        copy_ = c.get(SECRETS, "mlless-team-ml-credentials", FN_NS)
+        original = c.get(SECRETS, "ml-credentials")
+        assert copy_["data"]["redis-url"] == original["data"]["redis-url"]
+        assert "redis-password" not in copy_["data"]
+
+        await c.patch_job("ml", {"spec": {"workers": 2}})
+        await c.until(lambda: c.get(FUNCTIONS, "mlless-team-ml", FN_NS)["spec"]["labels"]["com.openfaas.scale.max"] == "2", "OpenFaaS scale 2")
+        assert c.get(FUNCTIONS, "mlless-team-ml", FN_NS)["spec"]["labels"]["com.openfaas.scale.min"] == "2"
+
+        status, _ = await c.call("DELETE", f"/apis/mlless.io/v1alpha1/namespaces/{NS}/trainingjobs/ml")
+        assert status == 200
+        await c.until(lambda: c.get(TJ, "ml") is None, "the job released by its finalizer")
+        assert c.get(FUNCTIONS, "mlless-team-ml", FN_NS) is None
+        assert c.get(SECRETS, "mlless-team-ml-credentials", FN_NS) is None
+
+
+async def test_invalid_spec_fails_with_invalid_spec_and_creates_nothing(cluster_factory):
+    async with cluster_factory() as c, running_operator():
+        await c.apply(manifest(sync={"protocol": "gossip"}))
+        failed = await c.until(lambda: c.condition("Failed"), "the Failed condition")
+        assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
+        assert "spec.sync.protocol" in failed["message"] and "gossip" in failed["message"]
+        assert c.job()["status"]["phase"] == "Failed"
+        # A later valid job in the same namespace is reconciled, so the operator got past the invalid one.
+        await c.apply(manifest("ok", workers=1))
+        await c.until(lambda: c.condition("Created", "ok"), "the valid job's Created condition")
+        assert not {n for _, _, n in c.children() if n.startswith("ml-")}
+        assert c.condition("Created") is None
+
+
+async def test_operator_restart_is_idempotent(cluster_factory):
+    async with cluster_factory() as c:
+        async with running_operator():
+            await c.apply(manifest())
+            await c.until(lambda: c.condition("Created"), "the Created condition")
+        before = c.children()
+        secret = dict(c.get(SECRETS, "ml-credentials")["data"])
+        created_at = c.condition("Created")["lastTransitionTime"]
+        # As if the operator had crashed before recording its progress, and a worker pod had vanished.
+        annotations = {k: None for k in c.job()["metadata"]["annotations"] if k.startswith("operator.mlless.io/")}
+        await c.patch_job("ml", {"metadata": {"annotations": annotations}})
+        c.emu.objects[PODS, NS, "ml-worker-2"].delete()
+        errors = metrics.ERRORS.labels("reconcile")._value.get()
+
+        async with running_operator():
+            await c.until(lambda: c.get(PODS, "ml-worker-2"), "the vanished worker pod re-created")
+            await c.until(lambda: any(k.startswith("operator.mlless.io/") for k in c.job()["metadata"]["annotations"]), "progress recorded")
+        assert c.children() == before  # nothing duplicated, nothing missing
+        assert c.get(SECRETS, "ml-credentials")["data"] == secret  # passwords unchanged
+        assert c.condition("Created")["lastTransitionTime"] == created_at
+        assert metrics.ERRORS.labels("reconcile")._value.get() == errors
