@@ -173,6 +173,13 @@ def cmd_supervisor(args: argparse.Namespace) -> int:
     return EXIT_FAILED if summary["validation_loss"] is None else 0
 
 
+def cmd_operator(args: argparse.Namespace) -> int:
+    from mlless_operator.__main__ import main as operator_main
+
+    operator_main()  # kopf's own CLI; it exits the process when the operator stops
+    return 0
+
+
 # ---- parser --------------------------------------------------------------------------------------
 
 
@@ -243,6 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true")
     _add_service_args(p)
     p.set_defaults(func=cmd_supervisor)
+
+    p = sub.add_parser(
+        "operator",
+        help="run the Kubernetes operator (kopf --standalone, liveness on :8080/healthz)",
+        description="Run the TrainingJob operator. Settings come from MLLESS_OPERATOR_* variables (see charts/mlless/README.md).",
+    )
+    p.set_defaults(func=cmd_operator)
     return parser
 
 
