@@ -3,8 +3,7 @@
 
 The accumulator ``acc`` (float32, one per parameter) is paired with a dirty
 list: ``flags[i]`` is 1 iff ``i`` is in ``dirty[:n_dirty]``.  Accumulating
-appends newly dirty entries; selection walks the dirty list, or the whole
-accumulator sequentially once the list is a large part of it.
+appends newly dirty entries; selection walks only the dirty list.
 """
 import numpy as np
 cimport numpy as cnp
@@ -50,28 +49,24 @@ def select(float[::1] acc not None, cnp.uint8_t[::1] flags not None, int[::1] di
     With ``everything`` set, every non-zero entry is popped (drain / BSP).
     Entries whose accumulated value is exactly zero leave the dirty list
     without being sent.  Returns ``(idx, values, new_n_dirty)``; the popped
-    entries of ``acc`` are reset to 0, the kept ones stay in ``dirty``.
+    entries of ``acc`` are reset to 0, the kept ones are compacted to the
+    front of ``dirty`` in their original order.
 
-    Under ISP most of the model stays pending (below threshold) and the dirty
-    list grows towards the whole model, in random order. Once it holds more
-    than an eighth of the model, one sequential pass over ``acc`` is cheaper
-    than chasing the list, and it rebuilds the list in index order.
+    A sequential pass over the whole accumulator once most of the model is
+    pending was measured slower than this walk (benchmarks/select_kernel.py),
+    so the walk is the only path.
     """
     if x.shape[0] != acc.shape[0]:
         raise ValueError("x must match the accumulator")
-    cdef Py_ssize_t size = acc.shape[0]
     out_idx_arr = np.empty(n_dirty, dtype=np.int32)
     out_val_arr = np.empty(n_dirty, dtype=np.float32)
     cdef int[::1] out_idx = out_idx_arr
     cdef float[::1] out_val = out_val_arr
     cdef Py_ssize_t j, i, kept = 0, sent = 0
     cdef float d
-    cdef bint dense = n_dirty * 8 > size
     with nogil:
-        for j in range(size if dense else n_dirty):
-            i = j if dense else dirty[j]
-            if dense and not flags[i]:
-                continue
+        for j in range(n_dirty):
+            i = dirty[j]
             d = acc[i]
             if d == 0.0:
                 flags[i] = 0
