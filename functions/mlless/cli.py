@@ -264,6 +264,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.verbose < 2:
+        # pika warns about returned messages and cancelled consumers, which the transport handles itself.
+        logging.getLogger("pika").setLevel(logging.ERROR)
     try:
         return args.func(args)
     except (SpecError, DatasetError, UsageError) as exc:

@@ -27,7 +27,7 @@ from mlless.runtime import keys
 from mlless.runtime.striding import Prefetcher, Schedule
 from mlless.significance import SignificanceFilter, isp_threshold
 from mlless.spec import TrainingJob
-from mlless.transport import Transport
+from mlless.transport import Transport, UnroutableError
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class Worker:
     # ---- main loop -------------------------------------------------------------------------
 
     def run(self) -> None:
-        self.transport.send_to_supervisor(wire.encode(wire.Hello(sender=self.rank, step=0, pid=os.getpid())))
+        self._say_hello()
         try:
             while True:
                 # Step 0's close carries the worker set, so no one may start before it.
@@ -107,6 +107,21 @@ class Worker:
             pass
         finally:
             self.prefetcher.close()
+
+    def _say_hello(self) -> None:
+        """Announce this worker, waiting for the supervisor's queue if the worker started first (pods start in any order)."""
+        hello = wire.encode(wire.Hello(sender=self.rank, step=0, pid=os.getpid()))
+        deadline = time.monotonic() + SUPERVISOR_SILENCE_FACTOR * self.job.worker_timeout_seconds
+        delay = 0.05
+        while True:
+            try:
+                self.transport.send_to_supervisor(hello)
+                return
+            except UnroutableError:
+                if time.monotonic() > deadline:
+                    raise SupervisorLost("the supervisor's queue never appeared") from None
+                time.sleep(delay)
+                delay = min(2 * delay, 2.0)
 
     def _train_step(self) -> None:
         timer = _Timer()
