@@ -537,7 +537,8 @@ def allows(rules: list[dict[str, Any]], group: str, resource: str, verb: str) ->
 
 class TestRBAC:
     @pytest.fixture(scope="class")
-    def rules(self, render):
+    @classmethod
+    def rules(cls, render):
         return one(render(), "clusterrole.yaml")["rules"]
 
     def test_no_wildcards(self, rules):
@@ -744,7 +745,8 @@ def dashboard_queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
 
 class TestDashboard:
     @pytest.fixture(scope="class")
-    def dashboard(self):
+    @classmethod
+    def dashboard(cls):
         return json.loads(DASHBOARD.read_text())
 
     def test_parses_as_a_dashboard(self, dashboard):
@@ -818,7 +820,8 @@ class TestOperatorContract:
     """What the chart sets up is what the operator reads and does. These fail when either side drifts."""
 
     @pytest.fixture(scope="class")
-    def example_job(self):
+    @classmethod
+    def example_job(cls):
         from mlless_operator import config as operator_config
         from mlless_operator.builders import JobRef
 
