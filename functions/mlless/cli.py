@@ -2,18 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from mlless import __version__
 from mlless.data.cli import add_prepare_parser
 from mlless.data.dataset import DatasetError
 from mlless.report.cli import add_report_parser
+from mlless.runtime.record import Progress
 from mlless.runtime.supervisor import JobFailed
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
@@ -57,10 +59,7 @@ def _add_service_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from mlless.runtime.local import Services, train_local
-    from mlless.runtime.record import Progress
 
     job = _load_job(args.job)
     if args.workers is not None:
@@ -79,7 +78,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return EXIT_FAILED if summary["validation_loss"] is None else 0
 
 
-def _print_summary(summary: dict, progress) -> None:
+def _print_summary(summary: dict[str, Any], progress: Progress) -> None:
     metric = summary["loss_metric"]
 
     def fmt(v: float | None) -> str:
@@ -147,7 +146,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_supervisor(args: argparse.Namespace) -> int:
     from mlless.runtime.launcher import ExternalLauncher
-    from mlless.runtime.record import Progress
     from mlless.metrics import SupervisorMetrics
     from mlless.runtime.supervisor import Supervisor
     from mlless.transport import connect
