@@ -5,6 +5,7 @@
 - `update_results()`: replace (or append) one script's section of benchmarks/RESULTS.md,
   delimited by ``<!-- BEGIN name -->`` / ``<!-- END name -->``.
 - `prepare()`: run ``mlless prepare`` into a data directory unless it is already there.
+- `write_pmf_job()` / `mlless_train()`: the PMF TrainingJob the runtime benchmarks run, and running it.
 """
 from __future__ import annotations
 
@@ -18,9 +19,13 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+import yaml
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
 DEFAULT_DATA_DIR = Path(os.environ.get("MLLESS_BENCH_DATA", "/tmp/mlless-bench"))
+REDIS = "redis://127.0.0.1:6379/0"
+AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 
 def single_thread_env() -> None:
@@ -158,6 +163,36 @@ def prepare(out: Path, *args: str) -> Path:
     subprocess.run(cmd, check=True)
     print(f"  prepared {out} in {time.perf_counter() - started:.1f}s", flush=True)
     return out
+
+
+def write_pmf_job(path: Path, *, name: str, workers: int, data: Path, protocol: str, stop: dict[str, Any],
+                  v: float | None = None, evaluate_every: int = 0, autoscaler: dict[str, Any] | None = None) -> Path:
+    """A PMF TrainingJob manifest with batches cached in the workers; `v` sets the ISP threshold."""
+    sync: dict[str, Any] = {"protocol": protocol}
+    if v is not None:
+        sync["significanceThreshold"] = v
+    spec: dict[str, Any] = {
+        "workers": workers,
+        "model": {"type": "pmf"},
+        "dataset": {"uri": str(data), "cacheBatches": True},
+        "sync": sync,
+        "stop": stop,
+        "evaluation": {"everySteps": evaluate_every},
+    }
+    if autoscaler is not None:
+        spec["autoscaler"] = autoscaler
+    doc = {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name}, "spec": spec}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def mlless_train(job: Path, run: Path, services: bool) -> Path:
+    """`mlless train JOB --out RUN -q`, over the local Redis + RabbitMQ or the embedded broker; returns RUN."""
+    cmd = [sys.executable, "-m", "mlless", "train", str(job), "--out", str(run), "-q"]
+    if services:
+        cmd += ["--redis-url", REDIS, "--amqp-url", AMQP]
+    subprocess.run(cmd, check=True)
+    return run
 
 
 class Stopwatch:

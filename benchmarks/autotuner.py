@@ -41,51 +41,24 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-REDIS = "redis://127.0.0.1:6379/0"
-AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
-
-JOB = """\
-apiVersion: mlless.io/v1alpha1
-kind: TrainingJob
-metadata:
-  name: bench-tuner-{name}
-spec:
-  workers: {workers}
-  model:
-    type: pmf
-  dataset:
-    uri: {data}
-    cacheBatches: true
-  sync:
-    protocol: {protocol}
-    significanceThreshold: {v}
-  stop:
-{stop}
-  evaluation:
-    everySteps: 0
-{autoscaler}"""
-
 VARIANTS = ("BSP", "ISP", "ISP + tuner")
 
 
 def write_job(path: Path, name: str, data: Path, workers: int, variant: str, v: float, target: float | None,
               target_steps: int, max_seconds: float, interval: float, horizon: float) -> None:
-    stop = [f"    maxSeconds: {max_seconds:g}"]
+    stop: dict = {"maxSeconds": max_seconds}
     if target is not None:
-        stop += [f"    targetLoss: {target:.6g}", f"    targetSteps: {target_steps}"]
-    autoscaler = ""
+        stop |= {"targetLoss": target, "targetSteps": target_steps}
+    autoscaler = None
     if variant == "ISP + tuner":
-        autoscaler = (f"  autoscaler:\n    enabled: true\n    intervalSeconds: {interval:g}\n"
-                      f"    horizonSeconds: {horizon:g}\n    minWorkers: 1\n")
-    path.write_text(JOB.format(name=name, workers=workers, data=data, protocol="bsp" if variant == "BSP" else "isp",
-                               v=0.0 if variant == "BSP" else v, stop="\n".join(stop), autoscaler=autoscaler))
+        autoscaler = {"enabled": True, "intervalSeconds": interval, "horizonSeconds": horizon, "minWorkers": 1}
+    _common.write_pmf_job(path, name=f"bench-tuner-{name}", workers=workers, data=data,
+                          protocol="bsp" if variant == "BSP" else "isp", v=0.0 if variant == "BSP" else v,
+                          stop=stop, autoscaler=autoscaler)
 
 
 def train(job: Path, run: Path, embedded: bool) -> dict:
-    cmd = [sys.executable, "-m", "mlless", "train", str(job), "--out", str(run), "-q"]
-    if not embedded:
-        cmd += ["--redis-url", REDIS, "--amqp-url", AMQP]
-    subprocess.run(cmd, check=True)
+    _common.mlless_train(job, run, services=not embedded)
     s = json.loads((run / "summary.json").read_text())
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     s["run_dir"] = str(run)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,41 +23,13 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-REDIS = "redis://127.0.0.1:6379/0"
-AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
-
-JOB = """\
-apiVersion: mlless.io/v1alpha1
-kind: TrainingJob
-metadata:
-  name: bench-{name}
-spec:
-  workers: {workers}
-  model:
-    type: pmf
-  dataset:
-    uri: {data}
-    cacheBatches: true
-  sync:
-    protocol: {protocol}
-    significanceThreshold: {v}
-  stop:
-    maxSteps: {steps}
-  evaluation:
-    everySteps: {every}
-"""
-
 
 def train(base: Path, data: Path, name: str, workers: int, protocol: str, v: float, steps: int,
           embedded: bool, every: int = 0) -> dict:
     job = base / f"{name}.yaml"
-    job.write_text(JOB.format(name=name.replace("_", "-").replace(".", "-"), workers=workers, data=data,
-                              protocol=protocol, v=v, steps=steps, every=every))
-    run = base / f"run-{name}-{int(time.time() * 1000) % 10**8}"
-    cmd = [sys.executable, "-m", "mlless", "train", str(job), "--out", str(run), "-q"]
-    if not embedded:
-        cmd += ["--redis-url", REDIS, "--amqp-url", AMQP]
-    subprocess.run(cmd, check=True)
+    _common.write_pmf_job(job, name="bench-" + name.replace("_", "-").replace(".", "-"), workers=workers, data=data,
+                          protocol=protocol, v=v, stop={"maxSteps": steps}, evaluate_every=every)
+    run = _common.mlless_train(job, base / f"run-{name}-{int(time.time() * 1000) % 10**8}", services=not embedded)
     s = json.loads((run / "summary.json").read_text())
     s["run_dir"] = str(run)
     return s

@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,40 +31,15 @@ import _common  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-REDIS = "redis://127.0.0.1:6379/0"
-AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
 PHASES = ("fetch", "compute", "filter", "write", "wait", "read", "apply")
-
-JOB = """\
-apiVersion: mlless.io/v1alpha1
-kind: TrainingJob
-metadata:
-  name: bench-overhead
-spec:
-  workers: {workers}
-  model:
-    type: pmf
-  dataset:
-    uri: {data}
-    cacheBatches: true
-  sync:
-    protocol: {protocol}
-  stop:
-    maxSteps: {steps}
-  evaluation:
-    everySteps: 0
-"""
 
 
 def run(base: Path, data: Path, workers: int, steps: int, transport: str, protocol: str) -> Path:
     job = base / f"overhead-p{workers}-{transport}-{protocol}.yaml"
-    job.write_text(JOB.format(workers=workers, data=data, steps=steps, protocol=protocol))
+    _common.write_pmf_job(job, name="bench-overhead", workers=workers, data=data, protocol=protocol,
+                          stop={"maxSteps": steps})
     out = base / f"run-p{workers}-{transport}-{protocol}-{int(time.time() * 1000) % 10**8}"
-    cmd = [sys.executable, "-m", "mlless", "train", str(job), "--out", str(out), "-q"]
-    if transport == "redis+rabbitmq":
-        cmd += ["--redis-url", REDIS, "--amqp-url", AMQP]
-    subprocess.run(cmd, check=True)
-    return out
+    return _common.mlless_train(job, out, services=transport == "redis+rabbitmq")
 
 
 def analyse(run_dir: Path, warmup: int) -> dict:
