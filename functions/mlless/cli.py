@@ -146,8 +146,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_supervisor(args: argparse.Namespace) -> int:
     from mlless.runtime.launcher import ExternalLauncher
-    from mlless.metrics import SupervisorMetrics
-    from mlless.runtime.supervisor import Supervisor
+    from mlless.runtime.local import supervise
     from mlless.transport import connect
 
     job_file = args.job or os.environ.get("MLLESS_JOB_FILE")
@@ -160,13 +159,7 @@ def cmd_supervisor(args: argparse.Namespace) -> int:
         raise UsageError("the supervisor needs --redis-url and --amqp-url (or REDIS_URL and AMQP_URL)")
     transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
     progress = Progress(enabled=not args.quiet)
-    metrics = SupervisorMetrics(job_id, memory_gb=job.pricing.function_memory_gb, granularity=job.pricing.billing_granularity_seconds)
-    metrics.serve(args.metrics_port)
-    try:
-        summary = Supervisor(job, job_id, transport, ExternalLauncher(), Path(args.out), progress, metrics=metrics).run()
-    finally:
-        metrics.close()
-        transport.close()
+    summary = supervise(job, job_id, transport, ExternalLauncher(), Path(args.out), progress, args.metrics_port)
     _print_summary(summary, progress)
     return EXIT_FAILED if summary["validation_loss"] is None else 0
 

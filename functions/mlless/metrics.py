@@ -30,6 +30,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
 from mlless.runtime.worker import PHASES
+from mlless.spec import PricingConfig
 
 #: Step phases last from ~0.1 ms (an in-memory apply) to seconds (a cold fetch from S3),
 #: so the buckets are spaced logarithmically (1-2.5-5 per decade) over 0.1 ms .. 10 s.
@@ -144,6 +145,11 @@ class SupervisorMetrics:
 
     # ---- serving -------------------------------------------------------------------------------
 
+
+    @classmethod
+    def for_job(cls, job_id: str, pricing: PricingConfig) -> SupervisorMetrics:
+        """Metrics of one job, billed with its pricing's function memory and granularity."""
+        return cls(job_id, memory_gb=pricing.function_memory_gb, granularity=pricing.billing_granularity_seconds)
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Expose this registry over HTTP (`/metrics`) in a daemon thread; returns the bound port.
 

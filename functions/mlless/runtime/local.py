@@ -52,7 +52,7 @@ def train_local(
     if services.external:
         env |= services.worker_env()
         transport = connect(job_id, role="supervisor", redis_url=services.redis_url, amqp_url=services.amqp_url)
-        return _supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs"), run_dir, progress, metrics_port)
+        return supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs"), run_dir, progress, metrics_port)
     with tempfile.TemporaryDirectory(prefix="mlless-") as tmp:
         broker = EmbeddedBroker(str(Path(tmp) / "broker.sock"))
         broker.start()
@@ -60,12 +60,12 @@ def train_local(
             env["MLLESS_EMBEDDED_ADDRESS"] = broker.address
             transport = connect(job_id, role="supervisor", embedded_address=broker.address)
             launcher = LocalLauncher(job_file, env, run_dir / "logs")
-            return _supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port)
+            return supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port)
         finally:
             broker.stop()
 
 
-def _supervise(
+def supervise(
     job: TrainingJob,
     job_id: str,
     transport: Transport,
@@ -74,7 +74,8 @@ def _supervise(
     progress: Progress,
     metrics_port: int | None,
 ) -> dict[str, Any]:
-    metrics = SupervisorMetrics(job_id, memory_gb=job.pricing.function_memory_gb, granularity=job.pricing.billing_granularity_seconds)
+    """Run the supervisor to the end of the job, serving metrics meanwhile; closes the transport."""
+    metrics = SupervisorMetrics.for_job(job_id, job.pricing)
     if metrics_port is not None:
         port = metrics.serve(metrics_port)
         progress.message(f"Prometheus metrics on http://localhost:{port}/metrics")

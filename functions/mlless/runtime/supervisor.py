@@ -121,9 +121,7 @@ class Supervisor:
         self.rejected_frames = 0
         self.dropped: list[dict[str, Any]] = []
         self.scaler = scaler or LocalScaler()
-        self.metrics = metrics or SupervisorMetrics(
-            job_id, memory_gb=job.pricing.function_memory_gb, granularity=job.pricing.billing_granularity_seconds
-        )
+        self.metrics = metrics or SupervisorMetrics.for_job(job_id, job.pricing)
         self.tuner = AutoTuner(job.autoscaler) if job.autoscaler.enabled else None
         self.quality = ReplicaQuality()
         self.desired = job.workers
