@@ -1,4 +1,4 @@
-"""Who leaves on scale-in, and how the desired worker count reaches the platform.
+"""Who leaves on scale-in.
 
 The papers remove the "lowest-quality replica" without defining it; the
 original code evicted whichever worker reported last. Here quality is each
@@ -10,11 +10,7 @@ loss points at the replica whose local drift hurts most.
 """
 from __future__ import annotations
 
-import logging
 import math
-from abc import ABC, abstractmethod
-
-log = logging.getLogger(__name__)
 
 
 class ReplicaQuality:
@@ -34,18 +30,3 @@ class ReplicaQuality:
     def worst(self, ranks: tuple[int, ...]) -> int:
         """The rank with the highest recent loss; ties (or no data) go to the highest rank."""
         return max(ranks, key=lambda r: (self.loss.get(r, -math.inf), r))
-
-
-class Scaler(ABC):
-    """Tells the platform how many workers the job wants (the TrainingJob's `scale` on Kubernetes)."""
-
-    @abstractmethod
-    def set_workers(self, desired: int, removed: int | None = None) -> None:
-        """`removed` names the rank that is leaving, so the platform removes that one."""
-
-
-class LocalScaler(Scaler):
-    """Locally the supervisor starts and stops worker processes itself; nothing else to tell."""
-
-    def set_workers(self, desired: int, removed: int | None = None) -> None:
-        log.info("desired workers: %d%s", desired, f" (rank {removed} leaves)" if removed is not None else "")

@@ -33,7 +33,8 @@ from mlless.runtime import keys
 from mlless.runtime.audit import audit_conservation
 from mlless.runtime.launcher import Launcher
 from mlless.runtime.record import Progress, RunRecord
-from mlless.runtime.scaling import LocalScaler, ReplicaQuality, Scaler
+from mlless.runtime.platform import Platform
+from mlless.runtime.scaling import ReplicaQuality
 from mlless.runtime.worker import PHASES
 from mlless.spec import TrainingJob
 from mlless.transport import Transport
@@ -91,7 +92,7 @@ class Supervisor:
         launcher: Launcher,
         run_dir: Path,
         progress: Progress | None = None,
-        scaler: Scaler | None = None,
+        platform: Platform | None = None,
         metrics: SupervisorMetrics | None = None,
     ) -> None:
         self.job = job
@@ -120,7 +121,7 @@ class Supervisor:
         self.totals = {"bytes_sent": 0, "samples": 0, "compute_seconds": 0.0}
         self.rejected_frames = 0
         self.dropped: list[dict[str, Any]] = []
-        self.scaler = scaler or LocalScaler()
+        self.platform = platform or Platform()
         self.metrics = metrics or SupervisorMetrics.for_job(job_id, job.pricing)
         self.tuner = AutoTuner(job.autoscaler) if job.autoscaler.enabled else None
         self.quality = ReplicaQuality()
@@ -360,7 +361,7 @@ class Supervisor:
                     self.desired -= 1
                     victim = self.quality.worst(self.live)
                     self._evict(victim, f"auto-tuner: {decision.reason}")
-                    self.scaler.set_workers(self.desired, removed=victim)
+                    self.platform.set_workers(self.desired, removed=victim)
         if self._requested is not None:
             self.desired, self._requested = self._requested, None
         while len(self.live) > self.desired:

@@ -265,6 +265,12 @@ STATUS_SCHEMA: Schema = _obj(
         "startTime": _str("When training started.", fmt="date-time"),
         "completionTime": _str("When the job ended.", fmt="date-time"),
         "modelURI": _str("Where the final model was written."),
+        "removedRanks": {
+            "type": "array",
+            "description": "Worker ranks the supervisor took out on scale-in; the operator removes these first.",
+            "items": {"type": "integer", "minimum": 0},
+        },
+        "checkpointStep": _int("Step of the checkpoint a suspended job resumes from.", 0),
     },
 )
 
