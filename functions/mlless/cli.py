@@ -15,6 +15,7 @@ from mlless import __version__
 from mlless.data.cli import add_prepare_parser
 from mlless.data.dataset import DatasetError
 from mlless.report.cli import add_report_parser
+from mlless.runtime.launcher import Launcher
 from mlless.runtime.record import Progress
 from mlless.runtime.supervisor import JobFailed
 from mlless.spec import SpecError, TrainingJob, load_manifest
@@ -140,12 +141,35 @@ def cmd_worker(args: argparse.Namespace) -> int:
     embedded = os.environ.get("MLLESS_EMBEDDED_ADDRESS")
     if not redis_url and not embedded:
         raise UsageError("a worker needs --redis-url/--amqp-url or MLLESS_EMBEDDED_ADDRESS")
+    deadline_seconds = args.deadline_seconds if args.deadline_seconds is not None else os.environ.get("MLLESS_DEADLINE_SECONDS")
+    deadline = time.monotonic() + float(deadline_seconds) if deadline_seconds else None
+    resume = args.resume or os.environ.get("MLLESS_RESUME") == "1"
     transport = connect(job_id, role="worker", rank=int(rank), redis_url=redis_url, amqp_url=amqp_url, embedded_address=embedded)
-    return serve(job, int(rank), transport)
+    return serve(job, int(rank), transport, deadline=deadline, resume=resume)
+
+
+def cmd_worker_server(args: argparse.Namespace) -> int:
+    from mlless.runtime.function_server import serve_functions
+
+    return serve_functions(args.port, args.concurrency)
+
+
+def _worker_launcher(job: TrainingJob, job_id: str) -> Launcher:
+    """How the supervisor reaches its workers, from what the operator put in its environment."""
+    from mlless.runtime.launcher import ExternalLauncher, HttpLauncher
+
+    backend = os.environ.get("MLLESS_WORKER_BACKEND", "pod")
+    if backend == "pod":
+        return ExternalLauncher()
+    url = os.environ.get("MLLESS_WORKER_URL")
+    if backend not in ("knative", "openfaas") or not url:
+        raise UsageError(f"MLLESS_WORKER_BACKEND={backend!r} needs to be pod, or knative/openfaas with MLLESS_WORKER_URL")
+    timeout = float(os.environ.get("MLLESS_FUNCTION_TIMEOUT_SECONDS", "300"))
+    return HttpLauncher(url, job, job_id, timeout)
 
 
 def cmd_supervisor(args: argparse.Namespace) -> int:
-    from mlless.runtime.launcher import ExternalLauncher
+    from mlless.runtime.kube import KubePlatform
     from mlless.runtime.local import supervise
     from mlless.transport import connect
 
@@ -157,9 +181,11 @@ def cmd_supervisor(args: argparse.Namespace) -> int:
     redis_url, amqp_url = _services(args)
     if not redis_url:
         raise UsageError("the supervisor needs --redis-url and --amqp-url (or REDIS_URL and AMQP_URL)")
+    launcher = _worker_launcher(job, job_id)
+    platform = KubePlatform.from_env(desired=job.workers)
     transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
     progress = Progress(enabled=not args.quiet)
-    summary = supervise(job, job_id, transport, ExternalLauncher(), Path(args.out), progress, args.metrics_port)
+    summary = supervise(job, job_id, transport, launcher, Path(args.out), progress, args.metrics_port, platform)
     _print_summary(summary, progress)
     return EXIT_FAILED if summary["validation_loss"] is None else 0
 
@@ -221,8 +247,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job", metavar="FILE", help="TrainingJob manifest or resolved job.json")
     p.add_argument("--rank", type=int)
     p.add_argument("--job-id")
+    p.add_argument(
+        "--deadline-seconds",
+        type=float,
+        metavar="S",
+        help="checkpoint to Redis and exit with code 75 before S seconds have passed (default $MLLESS_DEADLINE_SECONDS; none: run to the end)",
+    )
+    p.add_argument("--resume", action="store_true", help="continue from this rank's checkpoint (default: $MLLESS_RESUME=1)")
     _add_service_args(p)
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser(
+        "worker-server",
+        help="serve worker invocations over HTTP (what a Knative or OpenFaaS worker container runs)",
+        description="An HTTP function: each POST / runs one worker rank until the job ends for it or until the "
+        "invocation's deadline, when the worker checkpoints to Redis and the supervisor invokes it again. "
+        "Redis and RabbitMQ come from REDIS_URL and AMQP_URL, or from the files redis-url and amqp-url in "
+        "$MLLESS_SECRETS_DIR; MLLESS_JOB_ID, if set, is the only job it accepts.",
+    )
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    p.add_argument("--concurrency", type=int, default=1, metavar="N", help="invocations at a time; more get 429 (default 1)")
+    p.set_defaults(func=cmd_worker_server)
 
     p = sub.add_parser(
         "supervisor",

@@ -28,3 +28,13 @@ def final_replica(rank: int) -> str:
 
 def leaver_replica(rank: int) -> str:
     return f"leaver:{rank}"
+
+
+def checkpoint(rank: int) -> str:
+    """A worker's state when its invocation returns before the job ends; the next invocation resumes from it."""
+    return f"checkpoint:{rank}"
+
+
+def job_checkpoint() -> str:
+    """The averaged model of a suspended job; the supervisor that resumes the job starts from it."""
+    return "job-checkpoint"

@@ -1,21 +1,37 @@
 """How the supervisor starts and stops worker functions.
 
-Locally each worker is a real OS process (`python -m mlless worker`). On
-Kubernetes the operator creates the functions and the supervisor only
-watches them arrive, which `ExternalLauncher` stands for; there, failure
-detection relies on the step timeout alone.
+Locally each worker is a real OS process (`python -m mlless worker`). With
+the Knative and OpenFaaS backends the supervisor invokes each rank over HTTP
+(`HttpLauncher`), re-invoking it whenever an invocation returns at its
+deadline with a checkpoint. With the pod backend the operator starts one pod
+per rank and the supervisor only watches them arrive (`ExternalLauncher`);
+there, failure detection relies on the step timeout alone.
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from mlless.spec import TrainingJob
+
+log = logging.getLogger(__name__)
+
 
 class Launcher(ABC):
+    #: The supervisor can start a worker of any rank (scale-out); pods are started by the operator instead.
+    starts_workers = True
+    #: On Kubernetes the platform removes workers on scale-in (the removed pod's worker leaves on SIGTERM),
+    #: so a scale request from outside must not also make the supervisor evict one.
+    platform_scales_in = False
     @abstractmethod
     def start(self, rank: int) -> None: ...
 
@@ -76,7 +92,10 @@ class LocalLauncher(Launcher):
 
 
 class ExternalLauncher(Launcher):
-    """Workers started by someone else (the operator's function backend); nothing to do here."""
+    """Workers started by someone else (the operator's worker pods); nothing to do here."""
+
+    starts_workers = False
+    platform_scales_in = True
 
     def start(self, rank: int) -> None:
         pass
@@ -86,3 +105,89 @@ class ExternalLauncher(Launcher):
 
     def stop(self, rank: int) -> None:
         pass
+
+
+#: Answers that mean "no free function instance right now": try again.
+_RETRY_STATUSES = {429, 502, 503, 504}
+
+
+class HttpLauncher(Launcher):
+    """Workers as HTTP function invocations: the Knative Service URL or the OpenFaaS gateway.
+
+    Each rank has one thread that POSTs its invocation and blocks until it
+    returns. An invocation that returns "checkpointed" (its deadline was near)
+    is invoked again with `resume`; one that returns "finished" or "failed",
+    or cannot be delivered within `connect_timeout`, counts as exited.
+    """
+
+    platform_scales_in = True
+
+    def __init__(self, url: str, job: TrainingJob, job_id: str, timeout_seconds: float, connect_timeout: float = 120.0) -> None:
+        self.url = url
+        self.job = json.loads(job.to_json())
+        self.job_id = job_id
+        self.timeout_seconds = timeout_seconds
+        # The worker must return before the platform cuts the request: leave a tenth, 5 to 30 s, for the checkpoint.
+        self.deadline_seconds = max(1.0, timeout_seconds - min(30.0, max(5.0, 0.1 * timeout_seconds)))
+        self.connect_timeout = connect_timeout
+        self.results: dict[int, dict] = {}
+        self.invocations: dict[int, int] = {}
+        self._threads: dict[int, threading.Thread] = {}
+        self._abandoned: set[int] = set()
+        self._lock = threading.Lock()
+
+    def start(self, rank: int) -> None:
+        thread = threading.Thread(target=self._run, args=(rank,), name=f"invoke-{rank}", daemon=True)
+        self._threads[rank] = thread
+        thread.start()
+
+    def _run(self, rank: int) -> None:
+        resume = False
+        while True:
+            result = self._invoke(rank, resume)
+            with self._lock:
+                self.invocations[rank] = self.invocations.get(rank, 0) + 1
+                if result.get("status") != "checkpointed" or rank in self._abandoned:
+                    self.results[rank] = result
+                    return
+            resume = True
+
+    def _invoke(self, rank: int, resume: bool) -> dict:
+        body = json.dumps(
+            {"rank": rank, "jobId": self.job_id, "job": self.job, "resume": resume, "deadlineSeconds": self.deadline_seconds}
+        ).encode()
+        give_up = time.monotonic() + self.connect_timeout
+        delay = 0.1
+        while True:
+            request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_seconds + 30) as response:
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                if exc.code not in _RETRY_STATUSES:
+                    detail = exc.read()[:300].decode(errors="replace")
+                    return {"rank": rank, "status": "failed", "error": f"HTTP {exc.code}: {detail}"}
+                reason = f"HTTP {exc.code}"
+            except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() > give_up:
+                return {"rank": rank, "status": "failed", "error": f"could not invoke {self.url}: {reason}"}
+            log.debug("rank %d: invocation not accepted (%s); retrying", rank, reason)
+            time.sleep(delay)
+            delay = min(2 * delay, 2.0)
+
+    def exited(self) -> list[int]:
+        with self._lock:
+            return list(self.results)
+
+    def stop(self, rank: int) -> None:
+        """A running invocation cannot be cancelled over HTTP; the dropped worker leaves at the next close. Never re-invoke it."""
+        with self._lock:
+            self._abandoned.add(rank)
+
+    def stop_all(self, grace: float = 5.0) -> None:
+        with self._lock:
+            self._abandoned.update(self._threads)
+        deadline = time.monotonic() + grace
+        for thread in self._threads.values():
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -14,6 +14,7 @@ from typing import Any
 
 from mlless.metrics import SupervisorMetrics
 from mlless.runtime.launcher import Launcher, LocalLauncher
+from mlless.runtime.platform import Platform
 from mlless.runtime.record import Progress
 from mlless.runtime.supervisor import Supervisor
 from mlless.spec import TrainingJob
@@ -73,6 +74,7 @@ def supervise(
     run_dir: Path,
     progress: Progress,
     metrics_port: int | None,
+    platform: Platform | None = None,
 ) -> dict[str, Any]:
     """Run the supervisor to the end of the job, serving metrics meanwhile; closes the transport."""
     metrics = SupervisorMetrics.for_job(job_id, job.pricing)
@@ -80,7 +82,7 @@ def supervise(
         port = metrics.serve(metrics_port)
         progress.message(f"Prometheus metrics on http://localhost:{port}/metrics")
     try:
-        return Supervisor(job, job_id, transport, launcher, run_dir, progress, metrics=metrics).run()
+        return Supervisor(job, job_id, transport, launcher, run_dir, progress, platform=platform, metrics=metrics).run()
     finally:
         metrics.close()
         transport.close()

@@ -111,6 +111,7 @@ class Supervisor:
         self.reports: dict[int, dict[int, wire.Report]] = {}
         self.closed = 0
         self.cursor = 0
+        self.steps_before = 0  # steps closed before a suspend this run resumed from
         self.started = time.monotonic()
         self.step_opened = self.started
         self.below_target = 0
@@ -130,6 +131,8 @@ class Supervisor:
         self._requested: int | None = None
         self._stop_requested: str | None = None
         self.pending_merges: list[int] = []
+        self.removing: set[int] = set()  # ranks the auto-tuner took out, reported to the platform once they are gone
+        self.suspend_checkpoint: bytes | None = None
         self.scaling_events: list[dict[str, Any]] = []
         self.decisions: dict[str, int] = {}
         self._row: dict[str, Any] | None = None  # the previous step's row, waiting for its barrier timings
@@ -149,6 +152,7 @@ class Supervisor:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _interrupt)
         try:
+            self._resume_from_checkpoint()
             self._start_workers()
             while self.stop_reason is None:
                 body = self.transport.receive(timeout=0.2)
@@ -164,7 +168,23 @@ class Supervisor:
             self.launcher.stop_all()
             deleted = self.transport.delete_job()
             log.info("job %s: deleted %d keys", self.job_id, deleted)
+            if self.suspend_checkpoint is not None:
+                # Everything else of the job is gone; the model it resumes from stays.
+                self.transport.put(keys.job_checkpoint(), self.suspend_checkpoint)
             self.record.close()
+
+    def _resume_from_checkpoint(self) -> None:
+        """A suspended job resumes from its averaged model: the workers load it, the batch cursor continues."""
+        frame = self.transport.get_many([keys.job_checkpoint()])[0]
+        if frame is None:
+            return
+        tensors = self._decode_replica(frame)
+        position = tensors.arrays.get("position") if tensors is not None else None
+        if position is None or position.shape != (2,):
+            log.error("job %s: ignoring a malformed suspend checkpoint", self.job_id)
+            return
+        self.steps_before, self.cursor = (int(v) for v in position)
+        self.progress.message(f"job {self.job_id}: resuming from the checkpoint of step {self.steps_before}")
 
     def _start_workers(self) -> None:
         for rank in range(self.job.workers):
@@ -201,6 +221,10 @@ class Supervisor:
             log.error("supervisor: rejected frame: %s", exc)
             return
         worker = self.workers.get(msg.sender)
+        if worker is None and isinstance(msg, wire.Hello) and not self.launcher.starts_workers and msg.sender >= 0:
+            # The operator started a new rank (kubectl scale); it joins like a scale-out worker.
+            worker = self.workers[msg.sender] = WorkerRecord(msg.sender, time.monotonic(), state="joining")
+            self.desired = max(self.desired, sum(w.state in ("live", "joining", "ready") for w in self.workers.values()))
         if worker is None:
             self._count_rejected(1)
             log.error("supervisor: message from unknown worker %d", msg.sender)
@@ -268,6 +292,7 @@ class Supervisor:
         self.step_opened = time.monotonic()
         self._evaluate_snapshot()
         self._record_step(step, totals)
+        self._sync_platform()
 
     def _record_step(self, step: int, totals: _StepTotals) -> None:
         # A report carries the barrier timings (wait/read/apply) of the step before it.
@@ -333,7 +358,7 @@ class Supervisor:
             self.stop_reason = self._stop_requested
         elif stop.target_loss is not None and self.below_target >= stop.target_steps:
             self.stop_reason = "target loss reached"
-        elif stop.max_steps is not None and self.closed >= stop.max_steps:
+        elif stop.max_steps is not None and self.steps_before + self.closed >= stop.max_steps:
             self.stop_reason = "max steps"
         elif stop.max_epochs is not None and self.cursor >= stop.max_epochs * self.dataset.n_batches:
             self.stop_reason = "max epochs"
@@ -361,13 +386,47 @@ class Supervisor:
                     self.desired -= 1
                     victim = self.quality.worst(self.live)
                     self._evict(victim, f"auto-tuner: {decision.reason}")
-                    self.platform.set_workers(self.desired, removed=victim)
+                    self.removing.add(victim)
         if self._requested is not None:
             self.desired, self._requested = self._requested, None
-        while len(self.live) > self.desired:
+        # On Kubernetes the platform removes workers itself on a scale request (their workers leave on SIGTERM).
+        while len(self.live) > self.desired and not self.launcher.platform_scales_in:
             self._evict(self.quality.worst(self.live), f"scaled to {self.desired} workers")
-        while sum(w.state in ("live", "joining", "ready") for w in self.workers.values()) < self.desired:
+        while self.launcher.starts_workers and self._active() < self.desired:
             self._launch_joiner()
+
+    def _active(self) -> int:
+        return sum(w.state in ("live", "joining", "ready") for w in self.workers.values())
+
+    def _gone(self, worker: WorkerRecord) -> None:
+        """`worker`'s invocation has ended; a rank the tuner removed is now reported, so the platform drops that one."""
+        worker.state = "left"
+        worker.ended(time.monotonic())
+        if worker.rank in self.removing:
+            self.removing.discard(worker.rank)
+            self.platform.set_workers(self.desired, removed=worker.rank)
+
+    def _sync_platform(self) -> None:
+        """Mirror progress to the platform and take in what its users asked for (kubectl scale, suspend)."""
+        self.platform.publish(self._status_fields())
+        request = self.platform.poll()
+        if request is None:
+            return
+        if request.suspend and self._stop_requested is None:
+            self.request_stop("suspended")
+        if request.workers is not None and request.workers != self.desired:
+            self.progress.message(f"step {self.closed}: {request.workers} workers requested")
+            self.request_workers(request.workers)
+
+    def _status_fields(self) -> dict[str, Any]:
+        validation = self.validation[1] if self.validation else None
+        return {
+            "step": self.steps_before + self.closed,
+            "trainLoss": None if math.isnan(self.train_loss) else self.train_loss,
+            "validationLoss": validation,
+            "costUSD": round(self._cost(time.monotonic() - self.started).total, 6),
+            "workers": len(self.live),
+        }
 
     def _evict(self, rank: int, reason: str) -> None:
         """Take `rank` out of the next step; seeing itself missing from the close, it hands on its updates and ends."""
@@ -380,9 +439,9 @@ class Supervisor:
             return
         if worker.state == "live":  # it left on its own: SIGTERM, e.g. its pod was deleted
             self.scaling_events.append({"event": "leave", "rank": worker.rank, "step": self.closed, "reason": "left on its own"})
-            self.desired = max(1, self.desired - 1)
-        worker.state = "left"
-        worker.ended(time.monotonic())
+            # The platform removed it, on its own or on a scale request the supervisor may already have taken in.
+            self.desired = max(1, min(self.desired, self._active() - 1))
+        self._gone(worker)
         if msg.has_replica:
             self.pending_merges.append(worker.rank)
         self._close_ready_steps()
@@ -406,8 +465,7 @@ class Supervisor:
             if self.workers[rank].state in ("live", "joining", "ready"):
                 self._drop(rank, "its process ended")
             elif self.workers[rank].state == "leaving":
-                self.workers[rank].state = "left"  # it ended without handing on its updates
-                self.workers[rank].ended(time.monotonic())
+                self._gone(self.workers[rank])  # it ended without handing on its updates
         if time.monotonic() - self.step_opened > self.job.worker_timeout_seconds:
             reported = self.reports.get(self.closed + 1, {})
             for rank in self.live:
@@ -493,7 +551,23 @@ class Supervisor:
                 "reason": "a dropped worker took its unsent updates with it",
             }
         self.record.summary(summary)
+        final = self._status_fields() | {"modelURI": summary["model_path"]}
+        if self.stop_reason == "suspended" and summary["model_path"]:
+            self.suspend_checkpoint = self._checkpoint_frame()
+            final["checkpointStep"] = self.steps_before + self.closed
+        self.platform.publish(final, final=True)
         return summary
+
+    def _checkpoint_frame(self) -> bytes:
+        """The averaged model (left in self.model by the final evaluation) and where the job stands."""
+        position = np.array([self.steps_before + self.closed, self.cursor], np.int64)
+        return wire.encode(wire.Tensors(sender=0, step=self.closed, arrays={
+            "params": self.model.params.copy(),
+            # Empty, so a worker reads it like any replica: the averaged model has no unsent updates.
+            "pending_indices": np.zeros(0, np.int32),
+            "pending_values": np.zeros(0, np.float32),
+            "position": position,
+        }))
 
     def _collect_replicas(self, key: Callable[[int], str], ranks: list[int]) -> list[wire.Tensors]:
         frames = self.transport.get_many([key(r) for r in ranks]) if ranks else []

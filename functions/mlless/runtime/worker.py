@@ -50,6 +50,14 @@ class WorkerExit(Exception):
     """The supervisor ended this worker's part in the job (finish or leave)."""
 
 
+class Checkpointed(Exception):
+    """The invocation's deadline is near: the state is in Redis and the next invocation resumes from it."""
+
+
+#: `mlless worker` exits with this code after a checkpoint (EX_TEMPFAIL: "invoke me again").
+EXIT_CHECKPOINTED = 75
+
+
 @dataclass
 class _View:
     """What the worker knows of the job from the last step-close it applied."""
@@ -71,7 +79,9 @@ class _Timer:
 
 
 class Worker:
-    def __init__(self, job: TrainingJob, rank: int, transport: Transport, dataset: Dataset) -> None:
+    def __init__(
+        self, job: TrainingJob, rank: int, transport: Transport, dataset: Dataset, deadline: float | None = None
+    ) -> None:
         self.job = job
         self.rank = rank
         self.transport = transport
@@ -88,25 +98,78 @@ class Worker:
         # MLLESS_AUDIT: the sum of every update this worker computed, for the supervisor's conservation check.
         self.contribution = np.zeros(self.model.size, np.float64) if os.environ.get("MLLESS_AUDIT") else None
         self.leave_requested = False
+        # A function invocation must return before the platform kills it (monotonic time; None = no limit).
+        self.deadline = deadline
+        self.longest_step = 0.0
         # wait/read/apply happen after a step is reported, so they travel with the next report.
         self._barrier = dict.fromkeys(("wait", "read", "apply"), 0.0)
 
     # ---- main loop -------------------------------------------------------------------------
 
     def run(self) -> None:
+        """Train until the job ends for this worker; raises `Checkpointed` if the invocation's deadline comes first."""
         self._say_hello()
         try:
             while True:
+                started = time.monotonic()
                 # Step 0's close carries the worker set, so no one may start before it.
                 self._await_close(max(self.step - self.job.sync.staleness, 0))
                 if self.leave_requested:
                     self._leave()
+                if self._deadline_near():
+                    self._checkpoint()
                 self.step += 1
                 self._train_step()
+                self.longest_step = max(self.longest_step, time.monotonic() - started)
         except WorkerExit:
             pass
         finally:
             self.prefetcher.close()
+
+    # ---- invocation deadline: checkpoint and resume -------------------------------------------
+
+    def _deadline_near(self) -> bool:
+        # Two of the slowest steps seen so far: one may be running late, the other is the checkpoint's margin.
+        return self.deadline is not None and time.monotonic() + 2 * self.longest_step + 1.0 >= self.deadline
+
+    def _checkpoint(self) -> None:
+        """Between steps, everything this worker knows goes to Redis; queued control messages wait in its queue."""
+        arrays = self._replica_arrays()
+        arrays |= {f"optimizer.{name}": value for name, value in self.optimizer.state().items()}
+        arrays["position"] = np.array([self.step, self.view.closed, self.view.cursor, self.rejected_frames], np.int64)
+        arrays["live"] = np.array(self.view.live, np.int64)
+        frame = wire.encode(wire.Tensors(sender=self.rank, step=self.step, arrays=arrays))
+        self.transport.put(keys.checkpoint(self.rank), frame)
+        log.info("worker %d: checkpointed at step %d before the invocation deadline", self.rank, self.step)
+        raise Checkpointed
+
+    def start_from_job_checkpoint(self) -> None:
+        """A suspended job resumes from the model its supervisor averaged at the suspend (if there is one)."""
+        frame = self.transport.get_many([keys.job_checkpoint()])[0]
+        if frame is None:
+            return
+        checkpoint = self._decode_replica(frame, None, "job checkpoint")
+        if checkpoint is None:
+            raise RuntimeError("the job's suspend checkpoint is not a valid model")
+        self.model.params[:] = checkpoint.arrays["params"]
+
+    def resume(self) -> None:
+        """Continue from the checkpoint the previous invocation of this rank wrote."""
+        frame = self.transport.get_many([keys.checkpoint(self.rank)])[0]
+        checkpoint = self._decode_replica(frame, self.rank, "checkpoint")
+        if checkpoint is None:
+            raise RuntimeError(f"no valid checkpoint of worker {self.rank} to resume from")
+        arrays = checkpoint.arrays
+        position, live = arrays.get("position"), arrays.get("live")
+        if position is None or position.shape != (4,) or live is None or live.ndim != 1:
+            raise RuntimeError(f"checkpoint of worker {self.rank} lacks its position in the job")
+        self.model.params[:] = arrays["params"]
+        self.filter.accumulate(arrays["pending_indices"], arrays["pending_values"])
+        self.optimizer.load_state({k.removeprefix("optimizer."): v for k, v in arrays.items() if k.startswith("optimizer.")})
+        if self.contribution is not None and "contribution" in arrays:
+            self.contribution[:] = arrays["contribution"]
+        self.step, closed, cursor, self.rejected_frames = (int(v) for v in position)
+        self.view = _View(closed=closed, cursor=cursor, live=tuple(int(r) for r in live))
 
     def _say_hello(self) -> None:
         """Announce this worker, waiting for the supervisor's queue if the worker started first (pods start in any order)."""
@@ -252,13 +315,16 @@ class Worker:
         senders = [r for r in close.live if r in self.view.live] or list(close.live)
         return senders[0] == self.rank
 
-    def _replica_frame(self) -> bytes:
+    def _replica_arrays(self) -> dict[str, np.ndarray]:
         """The replica plus the unsent accumulator: replica − pending is the state every peer shares."""
         idx, val = self.filter.pending()
         arrays = {"params": self.model.params, "pending_indices": idx, "pending_values": val}
         if self.contribution is not None:
             arrays["contribution"] = self.contribution
-        return wire.encode(wire.Tensors(sender=self.rank, step=self.view.closed, arrays=arrays))
+        return arrays
+
+    def _replica_frame(self) -> bytes:
+        return wire.encode(wire.Tensors(sender=self.rank, step=self.view.closed, arrays=self._replica_arrays()))
 
     def _decode_replica(self, frame: bytes | None, rank: int | None, what: str) -> wire.Tensors | None:
         try:
@@ -323,12 +389,16 @@ class Worker:
         raise WorkerExit
 
 
-def serve(job: TrainingJob, rank: int, transport: Transport) -> int:
-    """Run worker `rank` until the supervisor finishes the job; the exit code of the process."""
+def serve(job: TrainingJob, rank: int, transport: Transport, deadline: float | None = None, resume: bool = False) -> int:
+    """Run worker `rank` until the supervisor finishes the job, or until `deadline` (monotonic) is near.
+
+    Returns the exit code of the process: 0 when the job ended for this worker,
+    EXIT_CHECKPOINTED when it checkpointed for the next invocation, 1 on failure.
+    """
     # The supervisor owns shutdown: a Ctrl-C in the terminal must not kill workers mid-write.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     dataset = Dataset.open(job.dataset_uri, cache_batches=job.cache_batches)
-    worker = Worker(job, rank, transport, dataset)
+    worker = Worker(job, rank, transport, dataset, deadline)
 
     def leave_on_sigterm(signum: int, frame: object) -> None:
         # Deleting a worker pod sends SIGTERM: leave gracefully, handing on the unsent updates.
@@ -336,7 +406,13 @@ def serve(job: TrainingJob, rank: int, transport: Transport) -> int:
 
     signal.signal(signal.SIGTERM, leave_on_sigterm)
     try:
+        if resume:
+            worker.resume()
+        else:
+            worker.start_from_job_checkpoint()
         worker.run()
+    except Checkpointed:
+        return EXIT_CHECKPOINTED
     except Exception as exc:
         log.exception("worker %d failed", rank)
         reason = f"{type(exc).__name__}: {exc}"[:500]

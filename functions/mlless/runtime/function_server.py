@@ -1,0 +1,227 @@
+"""`mlless worker-server`: the HTTP function a Knative or OpenFaaS worker container runs.
+
+One invocation (POST / or /invoke) runs one worker rank as a child process,
+`mlless worker`, until the job ends for that rank or until shortly before
+the platform's request timeout; then the worker checkpoints to Redis and the
+response says "checkpointed", so the supervisor invokes the rank again
+(DESIGN §2). A child process rather than a thread keeps the worker exactly
+what the pod backend and `mlless train` run, with its own signal handling.
+
+Request (JSON): {"rank": int, "jobId": str, "job": {resolved job}, "resume": bool, "deadlineSeconds": number}
+Response (JSON): {"rank": int, "status": "finished" | "checkpointed" | "failed", "exitCode": int, "seconds": number}
+"finished" means the job ended for this rank (it finished or left). A
+server already running `concurrency` invocations answers 429, so the caller
+retries elsewhere. The request carries no secret: Redis and RabbitMQ URLs
+come from the container's environment, or from the files OpenFaaS mounts
+under MLLESS_SECRETS_DIR.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Mapping
+
+from mlless.runtime.worker import EXIT_CHECKPOINTED
+from mlless.spec import SpecError, TrainingJob
+from mlless.transport.base import check_job_id
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 1 << 20  # a resolved job is a few kB
+SECRET_FILES = {"REDIS_URL": "redis-url", "AMQP_URL": "amqp-url"}
+
+
+class InvocationError(ValueError):
+    """A malformed invocation; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Invocation:
+    rank: int
+    job_id: str
+    job: TrainingJob
+    resume: bool
+    deadline_seconds: float | None
+
+    @classmethod
+    def parse(cls, body: bytes, expected_job_id: str | None) -> Invocation:
+        try:
+            doc = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InvocationError(f"body is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise InvocationError("body must be a JSON object")
+        rank = doc.get("rank")
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            raise InvocationError("rank must be an integer >= 0")
+        job_id = doc.get("jobId")
+        try:
+            check_job_id(job_id)
+        except (TypeError, ValueError) as exc:
+            raise InvocationError(f"jobId: {exc}") from None
+        if expected_job_id and job_id != expected_job_id:
+            raise InvocationError(f"jobId {job_id!r} is not this function's job ({expected_job_id!r})")
+        if not isinstance(doc.get("job"), dict):
+            raise InvocationError("job must be the resolved TrainingJob object")
+        try:
+            job = TrainingJob.from_json(json.dumps(doc["job"]))
+        except (SpecError, ValueError, TypeError, KeyError) as exc:
+            raise InvocationError(f"job: not a resolved TrainingJob: {exc}") from None
+        deadline = doc.get("deadlineSeconds")
+        if deadline is not None and (not isinstance(deadline, (int, float)) or isinstance(deadline, bool) or deadline <= 0):
+            raise InvocationError("deadlineSeconds must be a number > 0")
+        resume = doc.get("resume", False)
+        if not isinstance(resume, bool):
+            raise InvocationError("resume must be true or false")
+        return cls(rank, job_id, job, resume, None if deadline is None else float(deadline))
+
+
+def service_urls(environ: Mapping[str, str]) -> dict[str, str]:
+    """REDIS_URL and AMQP_URL from the environment, else from MLLESS_SECRETS_DIR (OpenFaaS has no secretKeyRef)."""
+    urls = {name: environ[name] for name in SECRET_FILES if environ.get(name)}
+    secrets_dir = environ.get("MLLESS_SECRETS_DIR")
+    for name, filename in SECRET_FILES.items():
+        if name not in urls and secrets_dir:
+            path = Path(secrets_dir) / filename
+            try:
+                urls[name] = path.read_text().strip()
+            except OSError as exc:
+                raise SpecError(f"{path}: cannot read the {name} secret: {exc.strerror}") from None
+    missing = [name for name in SECRET_FILES if not urls.get(name)]
+    if missing:
+        raise SpecError(f"the worker server needs {' and '.join(missing)} (environment or files in MLLESS_SECRETS_DIR)")
+    return urls
+
+
+class FunctionServer(ThreadingHTTPServer):
+    """Runs at most `concurrency` invocations at a time, each a `mlless worker` child process."""
+
+    daemon_threads = True
+
+    def __init__(self, port: int, services: Mapping[str, str], job_id: str | None = None, concurrency: int = 1, host: str = "") -> None:
+        super().__init__((host, port), _Handler)
+        self.services = dict(services)
+        self.job_id = job_id
+        self.concurrency = concurrency
+        self.slots = threading.BoundedSemaphore(concurrency)
+        self.children: dict[int, subprocess.Popen[bytes]] = {}
+        self.lock = threading.Lock()
+        self.stopping = False
+
+    def invoke(self, inv: Invocation) -> dict[str, Any]:
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="mlless-invocation-") as tmp:
+            job_file = Path(tmp) / "job.json"
+            job_file.write_text(inv.job.to_json())
+            env = {
+                **os.environ,
+                **self.services,
+                "MLLESS_JOB_FILE": str(job_file),
+                "MLLESS_JOB_ID": inv.job_id,
+                "MLLESS_RANK": str(inv.rank),
+                "MLLESS_RESUME": "1" if inv.resume else "0",
+            }
+            env.pop("MLLESS_DEADLINE_SECONDS", None)
+            if inv.deadline_seconds is not None:
+                env["MLLESS_DEADLINE_SECONDS"] = repr(inv.deadline_seconds)
+            child = subprocess.Popen([sys.executable, "-m", "mlless", "worker"], env=env, stdin=subprocess.DEVNULL)
+            with self.lock:
+                self.children[child.pid] = child
+            try:
+                code = child.wait()
+            finally:
+                with self.lock:
+                    self.children.pop(child.pid, None)
+        status = "finished" if code == 0 else "checkpointed" if code == EXIT_CHECKPOINTED else "failed"
+        log.info("rank %d: invocation %s (exit code %d)", inv.rank, status, code)
+        return {"rank": inv.rank, "status": status, "exitCode": code, "seconds": round(time.monotonic() - started, 3)}
+
+    def terminate_children(self, grace: float) -> None:
+        """Platform shutdown (SIGTERM): each running worker leaves gracefully, handing on its unsent updates."""
+        self.stopping = True
+        with self.lock:
+            children = list(self.children.values())
+        for child in children:
+            child.terminate()
+        deadline = time.monotonic() + grace
+        for child in children:
+            try:
+                child.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+        # Each handler releases its slot once its response is written; holding all slots means none is left unanswered.
+        for _ in range(self.concurrency):
+            self.slots.acquire(timeout=5.0)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FunctionServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def _reply(self, status: HTTPStatus, doc: Mapping[str, Any]) -> None:
+        body = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        if self.path in ("/healthz", "/_/health", "/_/ready"):
+            self._reply(HTTPStatus.OK, {"status": "ok"})
+        else:
+            self._reply(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}"})
+
+    def do_POST(self) -> None:
+        if self.path not in ("/", "/invoke"):
+            self._reply(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}; POST / to invoke"})
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        if length <= 0 or length > MAX_BODY:
+            self._reply(HTTPStatus.BAD_REQUEST, {"error": f"body must be 1 to {MAX_BODY} bytes of JSON"})
+            return
+        try:
+            inv = Invocation.parse(self.rfile.read(length), self.server.job_id)
+        except InvocationError as exc:
+            self._reply(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+            return
+        if self.server.stopping or not self.server.slots.acquire(blocking=False):
+            self._reply(HTTPStatus.TOO_MANY_REQUESTS, {"error": "busy: this function runs one invocation at a time"})
+            return
+        try:
+            self._reply(HTTPStatus.OK, self.server.invoke(inv))
+        finally:
+            self.server.slots.release()
+
+
+def serve_functions(port: int, concurrency: int = 1, grace: float = 50.0) -> int:
+    """Serve until SIGTERM or Ctrl-C; running workers leave gracefully first. The process's exit code."""
+    server = FunctionServer(port, service_urls(os.environ), os.environ.get("MLLESS_JOB_ID") or None, concurrency)
+
+    def stop(signum: int, frame: object) -> None:
+        # shutdown() waits for serve_forever, so it must run off the signal handler's thread.
+        threading.Thread(target=lambda: (server.terminate_children(grace), server.shutdown()), daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("worker function listening on :%d", server.server_address[1])
+    print(f"mlless worker-server listening on port {server.server_address[1]}", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+    return 0

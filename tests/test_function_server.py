@@ -1,0 +1,161 @@
+"""`mlless worker-server` and the supervisor's HTTP invocations (the Knative and OpenFaaS backends).
+
+The server is a real process; each invocation it serves is a real `mlless
+worker` child process training over the real Redis and RabbitMQ. A short
+function timeout makes every invocation return at its deadline with a
+checkpoint, so the job only completes if resume restores each worker exactly:
+the update-conservation audit and the BSP replica spread check that.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from mlless.runtime.function_server import service_urls
+from mlless.runtime.launcher import HttpLauncher
+from mlless.runtime.local import new_job_id
+from mlless.runtime.record import Progress
+from mlless.runtime.supervisor import Supervisor
+from mlless.spec import SpecError
+from mlless.transport import connect
+
+from test_training import job_for
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def function_server(redis_url, amqp_url, tmp_path):
+    """A worker server with room for three invocations, on a free port; yields (url, job_id, process)."""
+    port = free_port()
+    job_id = new_job_id("fn")
+    env = {**os.environ, "REDIS_URL": redis_url, "AMQP_URL": amqp_url, "MLLESS_JOB_ID": job_id, "MLLESS_AUDIT": "1"}
+    log = (tmp_path / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlless", "worker-server", "--port", str(port), "--concurrency", "3"],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "healthz", timeout=1).read()
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield url, job_id, proc
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(timeout=30)
+    log.close()
+
+
+def post(url: str, doc: object) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(doc).encode(), headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.parametrize("protocol", ["bsp", "isp"])
+def test_invocations_checkpoint_at_their_deadline_and_resume_exactly(function_server, movielens_dir, tmp_path, redis_url, amqp_url, monkeypatch, protocol):
+    url, job_id, _ = function_server
+    monkeypatch.setenv("MLLESS_AUDIT", "1")
+    job = job_for(movielens_dir, sync={"protocol": protocol}, stop={"maxEpochs": 1000})
+    # A 10 s function timeout leaves each invocation a 5 s deadline: every rank is invoked again and again.
+    launcher = HttpLauncher(url, job, job_id, timeout_seconds=10)
+    transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
+    supervisor = Supervisor(job, job_id, transport, launcher, tmp_path, Progress(enabled=False))
+
+    def stop_after_three_invocations_each() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (len(launcher.invocations) == 3 and min(launcher.invocations.values()) >= 3):
+            time.sleep(0.1)
+        supervisor.request_stop("test done")
+
+    threading.Thread(target=stop_after_three_invocations_each, daemon=True).start()
+    try:
+        summary = supervisor.run()
+    finally:
+        transport.close()
+
+    assert summary["stop_reason"] == "test done", summary
+    assert summary["dropped_workers"] == [] and summary["workers_final"] == 3
+    assert all(n >= 4 for n in launcher.invocations.values()), launcher.invocations  # 3 checkpoints, then the end
+    assert {r["status"] for r in launcher.results.values()} == {"finished"}
+    assert summary["audit"]["checked"] and summary["audit"]["max_error"] < 1e-4, summary["audit"]
+    if protocol == "bsp":
+        assert summary["replica_spread"] < 1e-4
+    assert summary["validation_loss"] < 0.95
+
+
+def test_malformed_invocations_get_an_error_naming_the_field(function_server, movielens_dir):
+    url, job_id, _ = function_server
+    job = json.loads(job_for(movielens_dir).to_json())
+    cases = [
+        ({"rank": -1, "jobId": job_id, "job": job}, "rank"),
+        ({"rank": 0, "jobId": "other-job", "job": job}, "jobId"),
+        ({"rank": 0, "jobId": job_id, "job": {"model": 3}}, "job"),
+        ({"rank": 0, "jobId": job_id, "job": job, "deadlineSeconds": "soon"}, "deadlineSeconds"),
+        ([1, 2], "JSON object"),
+    ]
+    for doc, field in cases:
+        status, reply = post(url, doc)
+        assert status == 400 and field in reply["error"], (doc, reply)
+    request = urllib.request.Request(url, data=b"\x80not json", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(request, timeout=10)
+    assert exc.value.code == 400
+
+
+def test_a_busy_function_answers_429_and_a_worker_without_supervisor_fails(function_server, movielens_dir):
+    url, job_id, _ = function_server
+    # No supervisor: each worker waits for its queue for 3 x 1 s, then its invocation fails.
+    job = json.loads(job_for(movielens_dir, liveness={"workerTimeoutSeconds": 1}).to_json())
+    results: list[tuple[int, dict]] = []
+    threads = [threading.Thread(target=lambda r=r: results.append(post(url, {"rank": r, "jobId": job_id, "job": job}))) for r in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)  # all three slots taken (this only orders the requests; nothing asserts on time)
+    status, reply = post(url, {"rank": 3, "jobId": job_id, "job": job})
+    for t in threads:
+        t.join(timeout=60)
+    assert status == 429 and "busy" in reply["error"]
+    assert sorted(r["rank"] for _, r in results) == [0, 1, 2]
+    assert all(s == 200 and r["status"] == "failed" and r["exitCode"] == 1 for s, r in results)
+
+
+def test_sigterm_ends_the_server_after_its_workers_leave(function_server):
+    _, _, proc = function_server
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+
+
+def test_service_urls_come_from_env_or_the_openfaas_secret_files(tmp_path):
+    assert service_urls({"REDIS_URL": "redis://r", "AMQP_URL": "amqp://a"}) == {"REDIS_URL": "redis://r", "AMQP_URL": "amqp://a"}
+    (tmp_path / "redis-url").write_text("redis://from-file\n")
+    (tmp_path / "amqp-url").write_text("amqp://from-file")
+    assert service_urls({"MLLESS_SECRETS_DIR": str(tmp_path)}) == {"REDIS_URL": "redis://from-file", "AMQP_URL": "amqp://from-file"}
+    (tmp_path / "amqp-url").unlink()
+    with pytest.raises(SpecError, match="amqp-url"):
+        service_urls({"MLLESS_SECRETS_DIR": str(tmp_path)})
+    with pytest.raises(SpecError, match="REDIS_URL and AMQP_URL"):
+        service_urls({})
