@@ -75,11 +75,17 @@ def run(job: TrainingJob, job_id: str, run_dir: Path, redis_url: str, amqp_url: 
 
 def test_progress_is_published_every_step_and_finally_with_the_model(movielens_dir, tmp_path, redis_url, amqp_url):
     platform = RecordingPlatform()
-    summary = run(job_for(movielens_dir, workers=2, stop={"maxSteps": 20}), new_job_id("pub"), tmp_path, redis_url, amqp_url, platform)
+    exported = tmp_path / "exported"
+    job = job_for(movielens_dir, workers=2, stop={"maxSteps": 20}, output={"uri": str(exported)})
+    summary = run(job, new_job_id("pub"), tmp_path / "run", redis_url, amqp_url, platform)
     steps = [status["step"] for status, final in platform.published if not final]
     assert steps == list(range(1, 21))
     last, final = platform.published[-1]
-    assert final and last["step"] == 20 and last["modelURI"] == summary["model_path"]
+    # spec.output.uri outlives the run directory (which on Kubernetes dies with the supervisor pod).
+    assert final and last["step"] == 20 and last["modelURI"] == f"{exported}/model.npz"
+    assert sorted(p.name for p in exported.iterdir()) == ["metrics.jsonl", "model.npz", "summary.json"]
+    assert (exported / "model.npz").read_bytes() == Path(summary["model_path"]).read_bytes()
+    assert len((exported / "metrics.jsonl").read_text().splitlines()) == 20
     assert math.isfinite(last["trainLoss"]) and last["costUSD"] > 0
     # Like a Job's `active`, the count is of workers still running: 2 while training, none once the job is over.
     assert {status["workers"] for status, final in platform.published if not final} == {2} and last["workers"] == 0

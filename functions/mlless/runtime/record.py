@@ -11,6 +11,11 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+import fsspec
+
+#: What `export` copies: everything `mlless report` and `mlless evaluate` need.
+EXPORTED = ("model.npz", "summary.json", "metrics.jsonl")
+
 
 class RunRecord:
     def __init__(self, run_dir: Path) -> None:
@@ -23,6 +28,19 @@ class RunRecord:
 
     def summary(self, summary: dict[str, Any]) -> None:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+
+    def export(self, uri: str) -> str:
+        """Copy the model and the record to `uri` (a directory or fsspec URL); returns the model's URI there.
+
+        On Kubernetes the run directory dies with the supervisor pod; this is what outlives it.
+        """
+        self._metrics.flush()
+        fs, root = fsspec.core.url_to_fs(uri)
+        fs.makedirs(root, exist_ok=True)
+        for name in EXPORTED:
+            if (self.run_dir / name).exists():
+                fs.put_file(str(self.run_dir / name), f"{root.rstrip('/')}/{name}")
+        return f"{uri.rstrip('/')}/model.npz"
 
     def close(self) -> None:
         self._metrics.close()

@@ -551,12 +551,25 @@ class Supervisor:
                 "reason": "a dropped worker took its unsent updates with it",
             }
         self.record.summary(summary)
-        final = self._status_fields() | {"modelURI": summary["model_path"]}
+        final = self._status_fields() | {"modelURI": self._export(summary["model_path"])}
         if self.stop_reason == "suspended" and summary["model_path"]:
             self.suspend_checkpoint = self._checkpoint_frame()
             final["checkpointStep"] = self.steps_before + self.closed
         self.platform.publish(final, final=True)
         return summary
+
+    def _export(self, model_path: str | None) -> str | None:
+        """Where the model ends up: spec.output.uri if the copy there succeeds, else the run directory."""
+        if not self.job.output_uri or model_path is None:
+            return model_path
+        try:
+            uri = self.record.export(self.job.output_uri)
+        except (OSError, ValueError, ImportError) as exc:
+            log.error("could not copy the results to %s: %s", self.job.output_uri, exc)
+            self.progress.message(f"could not copy the results to {self.job.output_uri}: {exc}; they stay in {self.record.run_dir}")
+            return model_path
+        self.progress.message(f"results copied to {self.job.output_uri}")
+        return uri
 
     def _checkpoint_frame(self) -> bytes:
         """The averaged model (left in self.model by the final evaluation) and where the job stands."""

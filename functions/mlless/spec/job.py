@@ -84,6 +84,7 @@ class TrainingJob:
     worker_timeout_seconds: float = 60.0
     pricing: PricingConfig = field(default_factory=PricingConfig)
     autoscaler: TunerConfig = field(default_factory=TunerConfig)
+    output_uri: str | None = None
 
     def to_json(self) -> str:
         """Serialise the resolved job for worker processes (plain JSON, never pickle)."""
@@ -170,9 +171,8 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
     stop = StopConfig(**_renamed(spec.get("stop", {}), _STOP_FIELDS))
     if not stop.has_limit():
         stop = dataclasses.replace(stop, max_epochs=DEFAULT_MAX_EPOCHS)
-    uri = spec["dataset"]["uri"]
-    if base_dir is not None and "://" not in uri and not Path(uri).is_absolute():
-        uri = str((base_dir / uri).resolve())
+    uri = _resolve(spec["dataset"]["uri"], base_dir)
+    output_uri = spec.get("output", {}).get("uri")
     return TrainingJob(
         name=doc.get("metadata", {}).get("name", "trainingjob"),
         workers=spec.get("workers", 3),
@@ -193,7 +193,15 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
         autoscaler=TunerConfig(
             **_renamed(autoscaler, _AUTOSCALER_FIELDS), knee=KneeConfig(**_renamed(autoscaler.get("knee", {}), _KNEE_FIELDS))
         ),
+        output_uri=_resolve(output_uri, base_dir) if output_uri else None,
     )
+
+
+def _resolve(uri: str, base_dir: Path | None) -> str:
+    """Relative local paths resolve against the manifest's folder; URLs and absolute paths stay."""
+    if base_dir is not None and "://" not in uri and not Path(uri).is_absolute():
+        return str((base_dir / uri).resolve())
+    return uri
 
 
 def load_manifest(path: str | Path) -> TrainingJob:

@@ -112,6 +112,16 @@ SPEC_SCHEMA: Schema = _obj(
                 "slack": _int("SSP slack s: a worker at step t has applied every update up to t-s-1. Default 3.", 0, 1000),
             },
         ),
+        "output": _obj(
+            "Where the results go when the job ends.",
+            {
+                "uri": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "Directory or fsspec URL (s3://...) the supervisor copies model.npz, summary.json and metrics.jsonl to; relative paths resolve like dataset.uri. Default: the run directory only (inside the supervisor pod on Kubernetes).",
+                },
+            },
+        ),
         "stop": _obj(
             "When the job ends; the first condition reached wins. With none given, training stops after 10 epochs.",
             {
