@@ -82,18 +82,25 @@ SUPERVISOR_ROLE_RULES = [
 ]
 
 # What the operator does to each kind it manages (issue 4 §2), as (group, resource) -> verbs.
+# The children's rows are mlless_operator.kubeapi.VERBS, which the operator's client enforces
+# (TestOperatorContract checks that they agree).
 OPERATOR_NEEDS: dict[tuple[str, str], set[str]] = {
+    # Kopf watches and patches (finalizer, annotations); the operator deletes for ttlSecondsAfterFinished.
     ("mlless.io", "trainingjobs"): {"get", "list", "watch", "patch", "delete"},
     ("mlless.io", "trainingjobs/status"): {"get", "patch"},
     ("mlless.io", "trainingjobs/scale"): {"get", "patch"},  # only to grant them to the supervisor
-    # Children are addressed by name: no list/watch, above all not on Secrets.
-    **{("", r): {"create", "get", "patch", "delete"} for r in ("secrets", "services", "serviceaccounts", "configmaps")},
-    ("", "pods"): {"create", "get", "list", "watch", "patch", "delete"},  # scale-in lists a job's worker pods
-    ("apps", "statefulsets"): {"create", "get", "patch", "delete"},
-    ("rbac.authorization.k8s.io", "roles"): {"create", "get", "patch", "delete"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {"create", "get", "patch", "delete"},
-    ("serving.knative.dev", "services"): {"create", "get", "patch", "delete"},
-    ("openfaas.com", "functions"): {"create", "get", "patch", "delete"},
+    # Children are addressed by name: no list/watch, above all not on Secrets. Owner references let the
+    # garbage collector delete them; the operator deletes only Secrets (the OpenFaaS copy) and pods.
+    ("", "secrets"): {"create", "get", "patch", "delete"},
+    **{("", r): {"create", "get", "patch"} for r in ("services", "serviceaccounts", "configmaps")},
+    # Created once, never patched; scale-in lists a job's worker pods and deletes them by rank, and
+    # suspension and activeDeadlineSeconds delete the supervisor and the workers.
+    ("", "pods"): {"create", "get", "list", "delete"},
+    ("apps", "statefulsets"): {"create", "get", "patch"},
+    ("rbac.authorization.k8s.io", "roles"): {"create", "get", "patch"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"create", "get", "patch"},
+    ("serving.knative.dev", "services"): {"create", "get", "patch"},
+    ("openfaas.com", "functions"): {"create", "get", "patch", "delete"},  # out of owner references' reach
     ("", "events"): {"create", "patch"},
     ("", "namespaces"): {"get", "list", "watch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
@@ -849,15 +856,25 @@ class TestOperatorContract:
         assert cfg.metrics_port == {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"]
         assert list(cfg.namespaces) == [a.removeprefix("--namespace=") for a in c["args"] if a.startswith("--namespace=")]
 
-    def test_cluster_role_covers_every_kind_the_operator_writes(self, render):
-        from mlless_operator.kubeapi import PLURALS
+    def test_cluster_role_grants_every_verb_the_operator_client_may_use(self, render):
+        """kubeapi.VERBS is what the operator's client lets itself do (it refuses anything else)."""
+        from mlless_operator.kubeapi import PLURALS, VERBS
 
         rules = one(render(), "clusterrole.yaml")["rules"]
-        for (api_version, kind), plural in PLURALS.items():
-            group = api_version.rpartition("/")[0]
-            verbs = {"get", "patch"} if kind == "TrainingJob" else {"create", "get", "patch", "delete"}
+        for (api_version, kind), verbs in VERBS.items():
             for verb in verbs:
-                assert allows(rules, group, plural, verb), (api_version, kind, verb)
+                assert allows(rules, api_version.rpartition("/")[0], PLURALS[(api_version, kind)], verb), (api_version, kind, verb)
+
+    def test_children_get_exactly_the_verbs_the_operator_client_declares(self):
+        """Both ways: a verb the code no longer uses is not granted (TrainingJobs also get what Kopf needs)."""
+        from mlless_operator.kubeapi import PLURALS, VERBS
+
+        for (api_version, kind), verbs in VERBS.items():
+            needed = OPERATOR_NEEDS[(api_version.rpartition("/")[0], PLURALS[(api_version, kind)])]
+            if kind == "TrainingJob":
+                assert verbs <= needed
+            else:
+                assert needed == verbs, (api_version, kind)
 
     def test_cluster_role_allows_every_list_the_operator_makes(self, render):
         """Static check: each `api.list("<apiVersion>", "<Kind>", ...)` in the operator's code is allowed."""

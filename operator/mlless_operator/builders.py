@@ -15,7 +15,7 @@ Children of job NAME in namespace NS (the workers depend on the backend):
 - supervisor: ServiceAccount, Role, RoleBinding, Pod and metrics Service
   `NAME-supervisor`;
 - workers: Pods `NAME-worker-RANK`, a Knative Service `NAME-worker`, or an
-  OpenFaaS Function (and a copy of the Secret) in the OpenFaaS namespace.
+  OpenFaaS Function (and a Secret with the service URLs) in the OpenFaaS namespace.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import json
 import secrets
 from dataclasses import dataclass
 from typing import Any, Mapping
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import yaml
 
@@ -42,6 +42,9 @@ LABEL_RANK = f"{GROUP}/rank"
 ANNOTATION_BACKEND = f"{GROUP}/backend"
 ANNOTATION_OWNER = f"{GROUP}/owner"
 ANNOTATION_OWNER_UID = f"{GROUP}/owner-uid"
+#: On a TrainingJob (pod backend): the highest worker rank created in the current session, so that no rank is
+#: ever reused even after its pod is gone without a trace in status.removedRanks (a user's scale-in).
+ANNOTATION_HIGHEST_RANK = f"{GROUP}/highest-rank"
 
 BACKENDS = ("knative", "openfaas", "pod")
 DEFAULT_WORKERS = 3
@@ -66,6 +69,8 @@ REDIS_URL_KEY = "redis-url"
 RABBITMQ_USER_KEY = "rabbitmq-username"
 RABBITMQ_PASSWORD_KEY = "rabbitmq-password"
 AMQP_URL_KEY = "amqp-url"
+#: What the OpenFaaS copy holds: the URLs only, never the bare passwords.
+OPENFAAS_SECRET_KEYS = (REDIS_URL_KEY, AMQP_URL_KEY)
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,10 @@ class JobRef:
     @property
     def workers(self) -> int:
         return int(self.spec.get("workers", DEFAULT_WORKERS))
+
+    @property
+    def suspended(self) -> bool:
+        return bool(self.spec.get("suspend"))
 
     @property
     def function(self) -> Mapping[str, Any]:
@@ -263,11 +272,13 @@ def build_secret(job: JobRef, credentials: Mapping[str, str] | None = None) -> M
     }
 
 
-def build_openfaas_secret(job: JobRef, data: Mapping[str, str]) -> Manifest:
-    """A copy of the job's service URLs in the OpenFaaS namespace, where the Function mounts it.
+def build_openfaas_secret(job: JobRef, urls: Mapping[str, str]) -> Manifest:
+    """The job's service URLs in the OpenFaaS namespace, where the Function mounts them.
 
-    `data` is the job Secret's base64 `data`. No owner reference can cross
-    namespaces, so the delete handler removes it explicitly.
+    `urls` maps `redis-url` and `amqp-url` to the full URLs, passwords included
+    (OpenFaaS has no secretKeyRef, so nothing can be assembled at start). The
+    Function sees each key as a file of that name under OPENFAAS_SECRETS_DIR.
+    No owner reference can cross namespaces: the delete handler removes it.
     """
     return {
         "apiVersion": "v1",
@@ -279,7 +290,7 @@ def build_openfaas_secret(job: JobRef, data: Mapping[str, str]) -> Manifest:
             "annotations": _cross_namespace_owner(job),
         },
         "type": "Opaque",
-        "data": {k: v for k, v in sorted(data.items()) if k in (REDIS_URL_KEY, AMQP_URL_KEY)},
+        "data": {k: _b64(v) for k, v in sorted(urls.items()) if k in OPENFAAS_SECRET_KEYS},
     }
 
 
@@ -289,6 +300,17 @@ def _cross_namespace_owner(job: JobRef) -> dict[str, str]:
 
 def _secret_env(name: str, secret: str, key: str) -> Manifest:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def url_with_password(url: str, password: str | None) -> str:
+    """`url` with `password` as its password, percent-encoded (an external service's URL for OpenFaaS)."""
+    if password is None:
+        return url
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:{quote(password, safe='')}@{host}"))
 
 
 def _with_password(url: str, variable: str) -> str:
@@ -522,6 +544,9 @@ def build_supervisor_pod(job: JobRef) -> Manifest:
         "spec": {
             "serviceAccountName": name,
             "restartPolicy": "Never",
+            # On SIGTERM (activeDeadlineSeconds, or a suspension past its grace period) the supervisor ends the job
+            # cleanly: workers publish their replicas, the model is saved. Give it the time a worker gets.
+            "terminationGracePeriodSeconds": 60,
             "securityContext": pod_security_context(),
             "containers": [
                 {
@@ -646,7 +671,12 @@ def build_knative_service(job: JobRef) -> Manifest:
 
 
 def openfaas_scale_labels(workers: int) -> dict[str, str]:
-    return {"com.openfaas.scale.min": str(workers), "com.openfaas.scale.max": str(workers)}
+    """Pin the replica count; 0 (a suspended job) also allows scale-to-zero, which is otherwise off."""
+    return {
+        "com.openfaas.scale.min": str(workers),
+        "com.openfaas.scale.max": str(workers),
+        "com.openfaas.scale.zero": "true" if workers == 0 else "false",
+    }
 
 
 def build_openfaas_function(job: JobRef) -> Manifest:
@@ -667,7 +697,7 @@ def build_openfaas_function(job: JobRef) -> Manifest:
         "spec": {
             "name": name,
             "image": job.image,
-            "labels": {**openfaas_scale_labels(job.workers), "com.openfaas.scale.zero": "false", **selector_labels(job, "worker")},
+            "labels": {**openfaas_scale_labels(job.workers), **selector_labels(job, "worker")},
             "annotations": _cross_namespace_owner(job),
             "environment": {
                 "MLLESS_JOB_ID": job.job_id,
@@ -678,6 +708,9 @@ def build_openfaas_function(job: JobRef) -> Manifest:
                 "read_timeout": timeout,
                 "write_timeout": timeout,
                 "exec_timeout": timeout,
+                # One invocation (one rank) per replica at a time: the watchdog answers 429 to a second one
+                # instead of running two ranks in one memory-limited container.
+                "max_inflight": "1",
                 **extra_env,
             },
             "secrets": [openfaas_secret_name(job)],

@@ -32,8 +32,12 @@ class Config:
     default_backend: str = "auto"
     #: Default worker invocation time limit (Knative's default revision timeout).
     function_timeout_seconds: int = 300
-    #: How often the status timer mirrors the supervisor pod's phase into the job's status.
+    #: How often the status timer follows the supervisor pod (phase, suspension, activeDeadlineSeconds).
     status_interval: float = 10.0
+    #: How often finished jobs are checked against spec.ttlSecondsAfterFinished.
+    ttl_interval: float = 15.0
+    #: After spec.suspend, how long the supervisor may take to checkpoint and exit before its pod is deleted anyway.
+    suspend_grace_seconds: float = 120.0
     #: Port of the operator's Prometheus /metrics; 0 disables the server (tests).
     metrics_port: int = 9100
     #: Prefix of Kopf's progress and diff-base annotations on TrainingJobs.

@@ -37,6 +37,28 @@ PLURALS: dict[tuple[str, str], str] = {
     ("mlless.io/v1alpha1", "TrainingJob"): "trainingjobs",
 }
 
+_ENSURED = frozenset({"create", "get", "patch"})  # ensure(): get, then create or patch
+#: Every verb this client may use, per kind: the contract with the chart's ClusterRole (tests/test_chart.py
+#: requires it to grant exactly these, plus what Kopf itself needs). `KubeAPI` refuses anything else, so a
+#: code path that needs a new verb fails in the tests, not with a 403 in a cluster.
+VERBS: dict[tuple[str, str], frozenset[str]] = {
+    # The job Secret (create-only), the OpenFaaS copy (ensured, deleted on cleanup), passwordSecretRef reads.
+    ("v1", "Secret"): _ENSURED | {"delete"},
+    ("v1", "ConfigMap"): _ENSURED,
+    ("v1", "Service"): _ENSURED,
+    ("v1", "ServiceAccount"): _ENSURED,
+    # Created once (a Pod's spec is immutable), listed and deleted by scale-in, suspension and the deadline.
+    ("v1", "Pod"): frozenset({"create", "get", "list", "delete"}),
+    ("apps/v1", "StatefulSet"): _ENSURED,
+    ("rbac.authorization.k8s.io/v1", "Role"): _ENSURED,
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): _ENSURED,
+    ("serving.knative.dev/v1", "Service"): _ENSURED,
+    # In the OpenFaaS namespace, out of reach of owner references: deleted by the cleanup handler.
+    ("openfaas.com/v1", "Function"): _ENSURED | {"delete"},
+    # ttlSecondsAfterFinished; Kopf itself watches and patches TrainingJobs.
+    ("mlless.io/v1alpha1", "TrainingJob"): frozenset({"delete"}),
+}
+
 
 class KubeAPIError(kopf.TemporaryError):
     """A transient API failure (5xx, 429, connection): Kopf retries the handler."""
@@ -52,6 +74,12 @@ class KubeAPIRejected(kopf.PermanentError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"Kubernetes API {status}: {message}")
         self.status = status
+
+
+def check_verb(api_version: str, kind: str, verb: str) -> None:
+    """Refuse a verb `VERBS` does not declare for the kind (the chart's ClusterRole would not grant it)."""
+    if verb not in VERBS.get((api_version, kind), ()):
+        raise KubeAPIRejected(403, f"{verb} {api_version} {kind} is not declared in mlless_operator.kubeapi.VERBS (nor granted by the chart)")
 
 
 def resource_path(api_version: str, kind: str, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
@@ -132,6 +160,7 @@ class KubeAPI:
     # ---- verbs ----------------------------------------------------------------------------------
 
     async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
+        check_verb(api_version, kind, "get")
         status, data = await self.request("GET", resource_path(api_version, kind, namespace, name))
         if status == 404:
             return None
@@ -141,6 +170,7 @@ class KubeAPI:
 
     async def list(self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str] | None = None) -> list[Manifest]:
         """Objects of a kind; the label selector is also applied here, client-side, in case the server ignores it."""
+        check_verb(api_version, kind, "list")
         query = [("labelSelector", ",".join(f"{k}={v}" for k, v in labels.items()))] if labels else []
         status, data = await self.request("GET", resource_path(api_version, kind, namespace), query=query)
         if status == 404:
@@ -155,6 +185,7 @@ class KubeAPI:
     async def create(self, obj: Manifest) -> Manifest | None:
         """Create; None if it already exists (409)."""
         meta = obj["metadata"]
+        check_verb(obj["apiVersion"], obj["kind"], "create")
         status, data = await self.request("POST", resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace")), obj)
         if status == 409:
             return None
@@ -164,6 +195,7 @@ class KubeAPI:
 
     async def patch(self, api_version: str, kind: str, namespace: str | None, name: str, body: Manifest, subresource: str | None = None) -> Manifest | None:
         """JSON merge-patch; None if the object is gone (404)."""
+        check_verb(api_version, kind, "patch")
         path = resource_path(api_version, kind, namespace, name, subresource)
         status, data = await self.request("PATCH", path, body, "application/merge-patch+json")
         if status == 404:
@@ -172,11 +204,18 @@ class KubeAPI:
             self._raise(status, data, f"patch {kind} {namespace}/{name}")
         return data
 
-    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
-        """Delete (background propagation); False if it was already gone or its kind is not served."""
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str, uid: str | None = None) -> bool:
+        """Delete (background propagation); False if it was already gone or its kind is not served.
+
+        With `uid`, only that incarnation of the object: a precondition the API server checks, answering
+        409 (also False here) when the name now belongs to a newer object, e.g. a re-created pod.
+        """
+        check_verb(api_version, kind, "delete")
+        body: Manifest = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
         status, data = await self.request("DELETE", resource_path(api_version, kind, namespace, name), body)
-        if status == 404:
+        if status == 404 or (status == 409 and uid):
             return False
         if status not in (200, 202):
             self._raise(status, data, f"delete {kind} {namespace}/{name}")
@@ -191,6 +230,8 @@ class KubeAPI:
         """
         meta = obj["metadata"]
         api_version, kind, namespace, name = obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"]
+        if update:  # whether or not this call needs a patch: the verb must be there when one does
+            check_verb(api_version, kind, "patch")
         for _ in range(3):
             current = await self.get(api_version, kind, namespace, name)
             if current is None:

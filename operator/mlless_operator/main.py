@@ -12,7 +12,7 @@ import kopf
 
 from mlless_operator import config as config_module
 from mlless_operator import metrics
-from mlless_operator.handlers import create, delete, lifecycle, scale, status
+from mlless_operator.handlers import create, delete, lifecycle, scale, status, ttl
 
 GROUP, VERSION, PLURAL = "mlless.io", "v1alpha1", "trainingjobs"
 RESOURCE = (GROUP, VERSION, PLURAL)
@@ -54,7 +54,15 @@ async def cleanup(**kwargs: Any) -> None:
     await delete.cleanup(**kwargs)
 
 
+# Phase, suspension and resumption, activeDeadlineSeconds: the one writer of phase and conditions after creation.
 @kopf.timer(*RESOURCE, id="status", interval=_CONFIG.status_interval, initial_delay=min(_CONFIG.status_interval, 5.0))
 @metrics.instrumented("status")
 async def follow_supervisor(**kwargs: Any) -> None:
     await status.follow_supervisor(**kwargs)
+
+
+# Only finished jobs with spec.ttlSecondsAfterFinished get this timer.
+@kopf.timer(*RESOURCE, id="ttl", interval=_CONFIG.ttl_interval, initial_delay=min(_CONFIG.ttl_interval, 5.0), when=ttl.applies)
+@metrics.instrumented("ttl")
+async def expire(**kwargs: Any) -> None:
+    await ttl.expire(**kwargs)

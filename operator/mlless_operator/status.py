@@ -6,10 +6,42 @@ import datetime
 from typing import Any, Mapping
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+#: Pod phases after which a pod never runs again (the runtime's pods never restart once finished).
+FINISHED_POD_PHASES = ("Succeeded", "Failed")
 
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> datetime.datetime | None:
+    """An RFC 3339 timestamp as written by `now()` or the API server; None if absent or unreadable."""
+    if not text:
+        return None
+    try:
+        value = datetime.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=datetime.timezone.utc)
+
+
+def seconds_since(text: str | None, at: datetime.datetime | None = None) -> float | None:
+    """Seconds from the timestamp `text` to `at` (default: now); None if `text` is absent or unreadable."""
+    then = parse_time(text)
+    if then is None:
+        return None
+    return ((at or datetime.datetime.now(datetime.timezone.utc)) - then).total_seconds()
+
+
+def finished_at(status: Mapping[str, Any] | None) -> str | None:
+    """When a Succeeded or Failed job ended: completionTime, else the transition time of its terminal condition."""
+    status = status or {}
+    if status.get("phase") not in TERMINAL_PHASES:
+        return None
+    if status.get("completionTime"):
+        return str(status["completionTime"])
+    condition = get_condition(status, status["phase"])
+    return condition.get("lastTransitionTime") if condition else None
 
 
 def set_condition(
@@ -40,6 +72,11 @@ def set_condition(
 
 def get_condition(status: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
     return next((c for c in (status or {}).get("conditions") or [] if c.get("type") == type_), None)
+
+
+def is_true(status: Mapping[str, Any] | None, type_: str) -> bool:
+    condition = get_condition(status, type_)
+    return bool(condition and condition.get("status") == "True")
 
 
 def is_invalid(status: Mapping[str, Any] | None) -> bool:

@@ -1,6 +1,8 @@
 """kmock 0.8's KubernetesEmulator plus what a real Kopf operator needs from an API server (notes/kmock.md).
 
 - every created object gets uid, resourceVersion, generation 1 and creationTimestamp; create answers 201;
+- `metadata.generateName` gets a random suffix (kmock 0.8 ignores it, so all but the first of Kopf's
+  events, which are all named `kopf-event-…` that way, fail with 409);
 - every update bumps resourceVersion (merge- and JSON-patches alike), and generation when spec changes;
 - a JSON-patch whose `test` op fails answers 422, as the apiserver does (Kopf then waits for the next event);
 - a patch of the `scale` subresource sets the TrainingJob's spec.workers (specReplicasPath);
@@ -48,6 +50,8 @@ class Emulator(kmock.KubernetesEmulator):
             meta = request.data.setdefault("metadata", {})
             if request.namespace and not meta.get("namespace"):
                 meta["namespace"] = request.namespace
+            if meta.get("generateName") and not meta.get("name"):
+                meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
             meta.update(
                 uid=str(uuid.uuid4()),
                 resourceVersion=_next_version(),

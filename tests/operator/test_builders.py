@@ -9,10 +9,13 @@ import kubernetes_validate
 import pytest
 
 from mlless_operator import builders as b
+from mlless_operator import metrics
 from mlless_operator.backends import choose_backend
 from mlless_operator.config import Config, load
-from mlless_operator.kubeapi import is_subset
-from mlless_operator.status import is_invalid, set_condition
+from mlless_operator.handlers.ttl import applies as ttl_applies
+from mlless_operator.kubeapi import PLURALS, VERBS, KubeAPIRejected, check_verb, is_subset
+from mlless_operator.ranks import plan_pod_scale, pod_rank
+from mlless_operator.status import finished_at, is_invalid, is_true, parse_time, seconds_since, set_condition
 
 SPEC = {"workers": 3, "model": {"type": "pmf"}, "dataset": {"uri": "s3://bucket/ml"}, "function": {"memory": "1Gi", "cpu": "500m", "timeoutSeconds": 600, "env": [{"name": "EXTRA", "value": "1"}]}}
 UID = "0a1b2c3d-0000-4000-8000-000000000001"
@@ -259,9 +262,15 @@ def test_openfaas_function_pins_scale_and_lives_in_the_openfaas_namespace():
     assert fn["spec"]["labels"]["com.openfaas.scale.min"] == fn["spec"]["labels"]["com.openfaas.scale.max"] == "3"
     assert fn["spec"]["secrets"] == ["mlless-team-ml-credentials"]
     assert fn["metadata"]["annotations"][b.ANNOTATION_OWNER] == "team/ml"
-    secret = b.build_openfaas_secret(j, {"redis-url": "eA==", "amqp-url": "eQ==", "redis-password": "eg=="})
+    environment = fn["spec"]["environment"]
+    assert environment["max_inflight"] == "1"  # one invocation (one rank) per replica
+    assert environment["MLLESS_SECRETS_DIR"] == "/var/openfaas/secrets" and environment["EXTRA"] == "1"
+    assert environment["exec_timeout"] == environment["read_timeout"] == environment["write_timeout"] == "600s"
+    assert fn["spec"]["labels"]["com.openfaas.scale.zero"] == "false"
+    secret = b.build_openfaas_secret(j, {"redis-url": "redis://:pw@r:6379/0", "amqp-url": "amqp://u:pw@q:5672/%2F", "redis-password": "pw"})
     validate(secret)
-    assert secret["metadata"]["namespace"] == "fn" and set(secret["data"]) == {"redis-url", "amqp-url"}
+    assert secret["metadata"]["namespace"] == "fn" and set(secret["data"]) == {"redis-url", "amqp-url"}  # files under MLLESS_SECRETS_DIR
+    assert base64.b64decode(secret["data"]["redis-url"]).decode() == "redis://:pw@r:6379/0"
     assert "ownerReferences" not in secret["metadata"]
     assert b.worker_endpoint(j) == "http://gateway.openfaas:8080/function/mlless-team-ml.fn"
 
@@ -307,3 +316,129 @@ def test_subset_comparison_tolerates_server_defaults():
     assert is_subset({"a": {"b": 1}, "l": [{"x": 1}]}, {"a": {"b": 1, "c": 2}, "l": [{"x": 1, "y": 2}], "z": 0})
     assert not is_subset({"l": [{"x": 1}]}, {"l": [{"x": 1}, {"x": 2}]})
     assert not is_subset({"a": "1"}, {"a": 1})
+
+
+def test_openfaas_scale_labels_allow_zero_only_when_suspended():
+    assert b.openfaas_scale_labels(0) == {"com.openfaas.scale.min": "0", "com.openfaas.scale.max": "0", "com.openfaas.scale.zero": "true"}
+    assert b.openfaas_scale_labels(2)["com.openfaas.scale.zero"] == "false"
+    assert set(b.knative_scale_annotations(0).values()) == {"0"}
+
+
+def test_external_url_gets_its_password_percent_encoded():
+    assert b.url_with_password("redis://cache.example:6380/2", "p@ss/w:rd") == "redis://:p%40ss%2Fw%3Ard@cache.example:6380/2"
+    assert b.url_with_password("amqp://ml@mq.example:5672/%2F", "x y") == "amqp://ml:x%20y@mq.example:5672/%2F"
+    assert b.url_with_password("amqp://ml@mq.example/%2F", None) == "amqp://ml@mq.example/%2F"
+
+
+@pytest.mark.parametrize("backend, url", [("pod", ""), ("knative", "http://ml-worker.team.svc.cluster.local"),
+                                          ("openfaas", "http://gateway.openfaas:8080/function/mlless-team-ml.openfaas-fn")])
+def test_supervisor_pod_has_what_the_supervisor_needs(backend, url):
+    pod = b.build_supervisor_pod(job(backend))
+    env = env_of(containers(pod)[0])
+    assert {k: env[k]["value"] for k in ("MLLESS_JOB_NAME", "MLLESS_JOB_NAMESPACE", "MLLESS_WORKER_BACKEND", "MLLESS_WORKER_URL")} == {
+        "MLLESS_JOB_NAME": "ml", "MLLESS_JOB_NAMESPACE": "team", "MLLESS_WORKER_BACKEND": backend, "MLLESS_WORKER_URL": url}
+    # SIGTERM (deadline, or a suspension past its grace) is a clean interrupt: time to save the model.
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= 60 and pod["spec"]["restartPolicy"] == "Never"
+
+
+def _pod(rank, phase="Running", deleting=False, label=None):
+    meta = {"name": f"ml-worker-{rank}", "labels": {b.LABEL_RANK: str(rank) if label is None else label}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "status": {"phase": phase}}
+
+
+def test_scale_in_deletes_removed_ranks_then_finished_pods_then_the_highest():
+    pods = [_pod(r) for r in range(5)]
+    plan = plan_pod_scale(pods, 3, removed=[1])
+    assert plan.delete == ["ml-worker-1", "ml-worker-4"] and plan.create == [] and plan.highest == 4
+    pods[3]["status"]["phase"] = "Succeeded"
+    plan = plan_pod_scale(pods, 2, removed=[1])
+    assert plan.delete == ["ml-worker-1", "ml-worker-3", "ml-worker-4"]
+    # Removed and finished pods never count as workers: they go even without a scale-in.
+    assert plan_pod_scale(pods, 5, removed=[1]).delete == ["ml-worker-1", "ml-worker-3"]
+    assert plan_pod_scale(pods, 0).delete == ["ml-worker-3", "ml-worker-4", "ml-worker-2", "ml-worker-1", "ml-worker-0"]
+
+
+def test_scale_out_never_reuses_a_rank():
+    pods = [_pod(0), _pod(2), _pod(6, deleting=True)]
+    assert plan_pod_scale(pods, 4).create == [7, 8]  # a terminating pod's rank is still taken
+    assert plan_pod_scale(pods, 4, removed=[9]).create == [10, 11]
+    plan = plan_pod_scale(pods, 4, highest_used=12)  # deleted without a trace, remembered on the job
+    assert plan.create == [13, 14] and plan.highest == 14 and plan.delete == []
+    assert plan_pod_scale([], 3) == plan_pod_scale([], 3, highest_used=-1)
+    assert plan_pod_scale([], 3).create == [0, 1, 2]
+    assert plan_pod_scale([_pod(0), _pod(1)], 2).create == [] and plan_pod_scale([_pod(0), _pod(1)], 2).highest == 1
+
+
+def test_pods_without_a_rank_are_not_ours():
+    assert pod_rank(_pod(3)) == 3 and pod_rank(_pod(0, label="x")) is None and pod_rank(_pod(0, label="-1")) is None
+    assert plan_pod_scale([_pod(0, label="x"), _pod(1)], 1).delete == []
+
+
+def test_time_helpers_and_finish_time():
+    assert parse_time("2026-01-01T00:00:00Z").isoformat() == "2026-01-01T00:00:00+00:00"
+    assert parse_time("2026-01-01T00:00:00.5+00:00") is not None and parse_time("yesterday") is None and parse_time(None) is None
+    assert seconds_since("2026-01-01T00:00:00Z", parse_time("2026-01-01T00:01:30Z")) == 90
+    succeeded = {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z"}
+    assert finished_at(succeeded) == "2026-01-01T00:00:00Z"
+    failed = {"phase": "Failed", "conditions": set_condition(None, "Failed", "True", "X", "y", 1, "2026-01-02T00:00:00Z")}
+    assert finished_at(failed) == "2026-01-02T00:00:00Z"
+    assert finished_at({"phase": "Suspended", "completionTime": "2026-01-01T00:00:00Z"}) is None
+    assert is_true(failed, "Failed") and not is_true(failed, "Running")
+
+
+def test_ttl_timer_runs_only_for_finished_jobs_with_a_ttl():
+    assert ttl_applies(spec={"ttlSecondsAfterFinished": 0}, status={"phase": "Failed"})
+    assert not ttl_applies(spec={"ttlSecondsAfterFinished": 60}, status={"phase": "Running"})
+    assert not ttl_applies(spec={}, status={"phase": "Succeeded"})
+
+
+def test_lifecycle_config_from_environment():
+    cfg = load({"MLLESS_OPERATOR_SUSPEND_GRACE_SECONDS": "1.5", "MLLESS_OPERATOR_TTL_INTERVAL": "0.2"})
+    assert cfg.suspend_grace_seconds == 1.5 and cfg.ttl_interval == 0.2
+    assert Config().suspend_grace_seconds == 120
+
+
+def test_every_verb_the_client_uses_is_declared():
+    assert set(VERBS) == set(PLURALS)
+    check_verb("v1", "Pod", "delete")
+    check_verb("mlless.io/v1alpha1", "TrainingJob", "delete")  # ttlSecondsAfterFinished
+    with pytest.raises(KubeAPIRejected, match="not declared"):
+        check_verb("v1", "Pod", "patch")  # pods are never patched: created once, deleted
+    with pytest.raises(KubeAPIRejected):
+        check_verb("v1", "Secret", "list")  # never enumerate Secrets
+
+
+def test_metrics_count_jobs_by_phase_including_suspended():
+    assert "Suspended" in metrics.PHASES
+    before = metrics.JOBS.labels("Suspended")._value.get()
+    metrics.observe_phase("unit-test-uid", "Running")
+    metrics.observe_phase("unit-test-uid", "Suspended")
+    assert metrics.JOBS.labels("Suspended")._value.get() == before + 1
+    metrics.forget("unit-test-uid")
+    assert metrics.JOBS.labels("Suspended")._value.get() == before
+
+
+def test_openfaas_copy_holds_full_urls_for_managed_and_external_services():
+    import asyncio
+
+    from mlless_operator.handlers.create import openfaas_urls
+
+    class FakeAPI:
+        def __init__(self, secrets: dict[str, dict]):
+            self.secrets = secrets
+
+        async def get(self, api_version, kind, namespace, name):
+            assert (api_version, kind, namespace) == ("v1", "Secret", "team")
+            return self.secrets.get(name)
+
+    managed = b.build_secret(job(), {"redis-url": "redis://:a@ml-redis.team.svc:6379/0", "amqp-url": "amqp://mlless:b@ml-rabbitmq.team.svc:5672/%2F"})
+    assert asyncio.run(openfaas_urls(FakeAPI({"ml-credentials": managed}), job("openfaas"))) == {
+        "redis-url": "redis://:a@ml-redis.team.svc:6379/0", "amqp-url": "amqp://mlless:b@ml-rabbitmq.team.svc:5672/%2F"}
+    # External services have no URL in the job Secret: their URL, with the password from passwordSecretRef.
+    spec = {**SPEC, "redis": {"url": "redis://cache.example:6380/2", "passwordSecretRef": {"name": "cache", "key": "pw"}},
+            "rabbitmq": {"url": "amqp://ml:open@mq.example:5672/%2F"}}
+    cache = {"data": {"pw": base64.b64encode(b"s3cr/t").decode()}}
+    urls = asyncio.run(openfaas_urls(FakeAPI({"ml-credentials": {"data": {}}, "cache": cache}), job("openfaas", spec)))
+    assert urls == {"redis-url": "redis://:s3cr%2Ft@cache.example:6380/2", "amqp-url": "amqp://ml:open@mq.example:5672/%2F"}

@@ -34,6 +34,7 @@ PODS = kmock.resource("v1/pods")
 SECRETS = kmock.resource("v1/secrets")
 KSVC = kmock.resource("serving.knative.dev/v1/services")
 FUNCTIONS = kmock.resource("openfaas.com/v1/functions")
+EVENTS = kmock.resource("v1/events")
 WAIT = float(__import__("os").environ.get("MLLESS_TEST_WAIT", "30"))  # seconds before a wait gives up (a failure, never a timing assertion)
 
 
@@ -102,6 +103,23 @@ class Cluster:
     def condition(self, type_: str, name: str = "ml") -> dict[str, Any] | None:
         obj = self.get(TJ, name)
         return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == type_), None)
+
+    def phase(self, name: str = "ml") -> str | None:
+        return ((self.get(TJ, name) or {}).get("status") or {}).get("phase")
+
+    def events(self, name: str = "ml") -> dict[str, str]:
+        """reason -> message of the Events posted about TrainingJob `name` (the newest per reason)."""
+        found = {}
+        for (res, _, _), obj in self.emu.objects.items():
+            if res == EVENTS and not obj.deleted:
+                ref = obj.raw.get("involvedObject") or {}
+                if ref.get("kind") == "TrainingJob" and ref.get("name") == name:
+                    found[obj.raw.get("reason")] = obj.raw.get("message")
+        return found
+
+    def set_pod_phase(self, name: str, phase: str) -> None:
+        """What the kubelet would report."""
+        self.emu.objects[PODS, NS, name].patch({"status": {"phase": phase}})
 
 
 def declare(emu: Emulator, knative: bool = False, openfaas: bool = False) -> None:
@@ -216,7 +234,9 @@ async def test_pod_backend_creates_every_child_sets_status_and_scales(cluster_fa
 
         status = job["status"]
         assert status["phase"] == "Pending" and status["workers"] == 3
-        assert status["selector"] == "mlless.io/job=ml,mlless.io/role=worker" and status["startTime"]
+        assert status["selector"] == "mlless.io/job=ml,mlless.io/role=worker"
+        assert "startTime" not in status  # set when the supervisor runs
+        assert job["metadata"]["annotations"][b.ANNOTATION_HIGHEST_RANK] == "2"
         created = c.condition("Created")
         assert created["status"] == "True" and created["reason"] == "ChildrenCreated"
         assert created["lastTransitionTime"] and created["observedGeneration"] == 1
@@ -224,24 +244,27 @@ async def test_pod_backend_creates_every_child_sets_status_and_scales(cluster_fa
         assert "mlless.io/finalizer" in job["metadata"]["finalizers"]
         assert any(k.startswith("operator.mlless.io/") for k in job["metadata"]["annotations"])
 
-        # The supervisor pod runs: the job follows.
-        c.emu.objects[PODS, NS, "ml-supervisor"].patch({"status": {"phase": "Running"}})
-        await c.until(lambda: c.job()["status"].get("phase") == "Running", "phase Running")
-        assert c.condition("Running")["status"] == "True"
+        # The supervisor pod runs: the job follows, and its running time starts.
+        c.set_pod_phase("ml-supervisor", "Running")
+        await c.until(lambda: c.phase() == "Running", "phase Running")
+        assert c.condition("Running")["status"] == "True" and c.job()["status"]["startTime"]
 
-        # kubectl scale tj/ml --replicas=1 (through the scale subresource), then a plain spec patch back up to 2.
+        # kubectl scale tj/ml --replicas=1 (through the scale subresource), then a plain spec patch back up to 2:
+        # the highest ranks go, and the new worker gets a new rank.
         await c.patch_job("ml", {"spec": {"replicas": 1}}, "/scale")
         await c.until(lambda: c.names(PODS) == {"ml-supervisor", "ml-worker-0"}, "scale-in to one worker")
         await c.until(lambda: c.job()["status"].get("workers") == 1, "status.workers 1")
         await c.patch_job("ml", {"spec": {"workers": 2}})
-        await c.until(lambda: c.names(PODS) == {"ml-supervisor", "ml-worker-0", "ml-worker-1"}, "scale-out to two workers")
+        await c.until(lambda: c.names(PODS) == {"ml-supervisor", "ml-worker-0", "ml-worker-3"}, "scale-out to two workers")
         await c.until(lambda: c.job()["status"].get("workers") == 2, "status.workers 2")
 
         # The supervisor finishes: Succeeded, with a completion time.
-        c.emu.objects[PODS, NS, "ml-supervisor"].patch({"status": {"phase": "Succeeded"}})
-        await c.until(lambda: c.job()["status"].get("phase") == "Succeeded", "phase Succeeded")
+        c.set_pod_phase("ml-supervisor", "Succeeded")
+        await c.until(lambda: c.phase() == "Succeeded", "phase Succeeded")
         assert c.condition("Succeeded")["status"] == "True" and c.job()["status"]["completionTime"]
         assert c.condition("Running")["status"] == "False"
+        # Every transition is an Event.
+        await c.until(lambda: {"Created", "Running", "Scaled", "Succeeded"} <= set(c.events()), "the transitions' events")
 
 
 async def test_knative_backend_creates_a_pinned_service_and_scales_it(cluster_factory):
@@ -282,14 +305,28 @@ async def test_openfaas_backend_function_scaled_and_cleaned_up_on_delete(cluster
         assert fn is not None and "ownerReferences" not in fn["metadata"]
         assert fn["spec"]["labels"]["com.openfaas.scale.min"] == fn["spec"]["labels"]["com.openfaas.scale.max"] == "3"
         assert fn["spec"]["secrets"] == ["mlless-team-ml-credentials"]
+        assert fn["spec"]["environment"]["max_inflight"] == "1"
         copy_ = c.get(SECRETS, "mlless-team-ml-credentials", FN_NS)
         original = c.get(SECRETS, "ml-credentials")
         assert copy_["data"]["redis-url"] == original["data"]["redis-url"]
-        assert "redis-password" not in copy_["data"]
+        assert copy_["data"]["amqp-url"] == original["data"]["amqp-url"]
+        assert set(copy_["data"]) == {"redis-url", "amqp-url"}  # never the bare passwords
+        supervisor_env = env(c.get(PODS, "ml-supervisor"))
+        assert supervisor_env["MLLESS_WORKER_BACKEND"]["value"] == "openfaas"
+        assert supervisor_env["MLLESS_WORKER_URL"]["value"] == f"http://gateway.openfaas:8080/function/mlless-team-ml.{FN_NS}"
 
+        labels = lambda: c.get(FUNCTIONS, "mlless-team-ml", FN_NS)["spec"]["labels"]  # noqa: E731
         await c.patch_job("ml", {"spec": {"workers": 2}})
-        await c.until(lambda: c.get(FUNCTIONS, "mlless-team-ml", FN_NS)["spec"]["labels"]["com.openfaas.scale.max"] == "2", "OpenFaaS scale 2")
-        assert c.get(FUNCTIONS, "mlless-team-ml", FN_NS)["spec"]["labels"]["com.openfaas.scale.min"] == "2"
+        await c.until(lambda: labels()["com.openfaas.scale.max"] == "2", "OpenFaaS scale 2")
+        assert labels()["com.openfaas.scale.min"] == "2"
+
+        # Suspended (the supervisor has checkpointed and exited): the Function is pinned to zero, its Secret stays.
+        await c.patch_job("ml", {"spec": {"suspend": True}})
+        c.set_pod_phase("ml-supervisor", "Succeeded")
+        await c.until(lambda: c.phase() == "Suspended", "phase Suspended")
+        assert labels()["com.openfaas.scale.min"] == labels()["com.openfaas.scale.max"] == "0"
+        assert labels()["com.openfaas.scale.zero"] == "true"
+        assert c.get(SECRETS, "mlless-team-ml-credentials", FN_NS) is not None and c.get(PODS, "ml-supervisor") is None
 
         status, _ = await c.call("DELETE", f"/apis/mlless.io/v1alpha1/namespaces/{NS}/trainingjobs/ml")
         assert status == 200
@@ -333,3 +370,147 @@ async def test_operator_restart_is_idempotent(cluster_factory):
         assert c.get(SECRETS, "ml-credentials")["data"] == secret  # passwords unchanged
         assert c.condition("Created")["lastTransitionTime"] == created_at
         assert metrics.ERRORS.labels("reconcile")._value.get() == errors
+
+        # A restart with the progress recorded resumes the session: a worker pod lost meanwhile is replaced by a
+        # new rank (its own may have left keys and a queue behind), never re-created under its old one.
+        c.emu.objects[PODS, NS, "ml-worker-1"].delete()
+        async with running_operator():
+            await c.until(lambda: c.get(PODS, "ml-worker-3"), "a new rank for the lost worker")
+            await c.until(lambda: c.job()["metadata"]["annotations"][b.ANNOTATION_HIGHEST_RANK] == "3", "the new highest rank recorded")
+        assert {n for _, _, n in c.children() if "-worker-" in n} == {"ml-worker-0", "ml-worker-2", "ml-worker-3"}
+        assert metrics.ERRORS.labels("reconcile")._value.get() == errors
+
+
+async def test_pod_scaling_is_rank_aware_and_never_reuses_a_rank(cluster_factory):
+    workers = lambda: {n for n in c.names(PODS) if n != "ml-supervisor"}  # noqa: E731
+    async with cluster_factory() as c, running_operator():
+        await c.apply(manifest())
+        await c.until(lambda: c.condition("Created"), "the Created condition")
+        assert workers() == {"ml-worker-0", "ml-worker-1", "ml-worker-2"}
+
+        # The tuner took rank 1 out: the supervisor records it, then lowers the scale. Rank 1 goes, not rank 2.
+        await c.patch_job("ml", {"status": {"removedRanks": [1]}}, "/status")
+        await c.patch_job("ml", {"spec": {"replicas": 2}}, "/scale")
+        await c.until(lambda: workers() == {"ml-worker-0", "ml-worker-2"}, "the removed rank deleted")
+
+        # Scale-out: new ranks above every rank used so far.
+        await c.patch_job("ml", {"spec": {"workers": 4}})
+        await c.until(lambda: workers() == {"ml-worker-0", "ml-worker-2", "ml-worker-3", "ml-worker-4"}, "ranks 3 and 4 created")
+
+        # A finished pod goes first, then the highest rank.
+        c.set_pod_phase("ml-worker-0", "Succeeded")
+        await c.patch_job("ml", {"spec": {"workers": 2}})
+        await c.until(lambda: workers() == {"ml-worker-2", "ml-worker-3"}, "the finished pod and rank 4 deleted")
+
+        # Rank 4 left no trace in status.removedRanks; the job's annotation remembers it, so the next rank is 5.
+        await c.patch_job("ml", {"spec": {"workers": 3}})
+        await c.until(lambda: workers() == {"ml-worker-2", "ml-worker-3", "ml-worker-5"}, "rank 5 created")
+        await c.until(lambda: c.job()["metadata"]["annotations"][b.ANNOTATION_HIGHEST_RANK] == "5", "the highest rank recorded")
+        assert c.job()["status"]["removedRanks"] == [1]  # the supervisor's field, untouched
+
+
+async def test_suspend_waits_for_the_checkpoint_keeps_the_state_and_resumes(cluster_factory):
+    state = {("/v1/secrets", "ml-credentials"), ("/v1/configmaps", "ml-job"), ("apps/v1/statefulsets", "ml-redis"),
+             ("apps/v1/statefulsets", "ml-rabbitmq"), ("/v1/services", "ml-redis"), ("/v1/services", "ml-rabbitmq")}
+    async with cluster_factory() as c, running_operator():
+        await c.apply(manifest())
+        await c.until(lambda: c.condition("Created"), "the Created condition")
+        c.set_pod_phase("ml-supervisor", "Running")
+        await c.until(lambda: c.phase() == "Running", "phase Running")
+        suspended_jobs = metrics.JOBS.labels("Suspended")._value.get()
+
+        await c.patch_job("ml", {"spec": {"suspend": True}})
+        suspending = await c.until(lambda: c.condition("Suspended"), "the Suspended condition")
+        assert suspending["status"] == "True" and suspending["reason"] == "Suspending"
+        await c.until(lambda: "Suspending" in c.events(), "the Suspending event")
+        # The supervisor is still checkpointing (well within its grace period): nothing is stopped yet.
+        assert c.phase() == "Running" and len(c.names(PODS)) == 4
+
+        # It saved the model to Redis, said so, and exited 0: the job is Suspended, not Succeeded.
+        await c.patch_job("ml", {"status": {"checkpointStep": 42}}, "/status")
+        c.set_pod_phase("ml-supervisor", "Succeeded")
+        await c.until(lambda: c.phase() == "Suspended", "phase Suspended")
+        assert c.names(PODS) == set()
+        assert state <= {(r, n) for r, _, n in c.children()}
+        done = c.condition("Suspended")
+        assert done["status"] == "True" and done["reason"] == "Suspended" and "step 42" in done["message"]
+        assert done["lastTransitionTime"] == suspending["lastTransitionTime"]
+        assert c.condition("Running")["status"] == "False" and c.condition("Running")["reason"] == "Suspended"
+        assert "startTime" not in c.job()["status"] and c.job()["status"]["checkpointStep"] == 42
+        assert metrics.JOBS.labels("Suspended")._value.get() == suspended_jobs + 1
+        await c.until(lambda: "Suspended" in c.events(), "the Suspended event")
+
+        # Scaling a suspended job creates nothing; the resume starts the new count.
+        await c.patch_job("ml", {"spec": {"workers": 2}})
+        await c.until(lambda: c.job()["metadata"]["generation"] == 3, "the spec change seen")
+        await asyncio.sleep(1)  # a few status-timer ticks: the job must stay suspended
+        assert c.phase() == "Suspended" and c.names(PODS) == set() and c.condition("Succeeded") is None
+
+        await c.patch_job("ml", {"spec": {"suspend": False}})
+        await c.until(lambda: c.phase() == "Pending", "phase Pending after the resume")
+        resumed = c.condition("Suspended")
+        assert resumed["status"] == "False" and resumed["reason"] == "Resumed" and "step 42" in resumed["message"]
+        assert c.names(PODS) == {"ml-supervisor", "ml-worker-0", "ml-worker-1"}  # a new session: ranks 0..N-1
+        assert "workers: 2" in c.get(kmock.resource("v1/configmaps"), "ml-job")["data"]["job.yaml"]
+        await c.until(lambda: "Resumed" in c.events(), "the Resumed event")
+        c.set_pod_phase("ml-supervisor", "Running")
+        await c.until(lambda: c.phase() == "Running" and c.job()["status"].get("startTime"), "running again")
+        assert metrics.JOBS.labels("Suspended")._value.get() == suspended_jobs
+
+
+async def test_suspend_grace_period_then_knative_scaled_to_zero_and_back(cluster_factory, monkeypatch):
+    scale = {f"autoscaling.knative.dev/{k}-scale" for k in ("min", "max", "initial")}
+    annotations = lambda: c.get(KSVC, "ml-worker")["spec"]["template"]["metadata"]["annotations"]  # noqa: E731
+    async with cluster_factory(knative=True) as c:
+        monkeypatch.setenv("MLLESS_OPERATOR_SUSPEND_GRACE_SECONDS", "1")
+        async with running_operator():
+            await c.apply(manifest(function={"backend": "knative"}))
+            await c.until(lambda: c.condition("Created"), "the Created condition")
+            c.set_pod_phase("ml-supervisor", "Running")
+            await c.until(lambda: c.phase() == "Running", "phase Running")
+            assert env(c.get(PODS, "ml-supervisor"))["MLLESS_WORKER_BACKEND"]["value"] == "knative"
+
+            # The supervisor never exits: after the grace period its pod is deleted anyway.
+            await c.patch_job("ml", {"spec": {"suspend": True}})
+            await c.until(lambda: c.phase() == "Suspended", "phase Suspended")
+            assert c.get(PODS, "ml-supervisor") is None
+            assert {annotations()[k] for k in scale} == {"0"}
+            assert "did not exit within 1s" in c.condition("Suspended")["message"]
+            await c.until(lambda: "Suspended" in c.events(), "the Suspended event")
+
+            await c.patch_job("ml", {"spec": {"suspend": False}})
+            await c.until(lambda: c.get(PODS, "ml-supervisor"), "the supervisor re-created")
+            await c.until(lambda: {annotations()[k] for k in scale} == {"3"}, "Knative scaled back to 3")
+            await c.until(lambda: c.phase() == "Pending", "phase Pending after the resume")
+
+
+async def test_active_deadline_fails_the_job_then_ttl_deletes_it(cluster_factory):
+    async with cluster_factory() as c, running_operator():
+        await c.apply(manifest(activeDeadlineSeconds=1, ttlSecondsAfterFinished=2))
+        await c.until(lambda: c.condition("Created"), "the Created condition")
+        c.set_pod_phase("ml-supervisor", "Running")
+        await c.until(lambda: c.phase() == "Failed", "phase Failed")
+        job = c.job()
+        failed = c.condition("Failed")
+        assert failed["status"] == "True" and failed["reason"] == "DeadlineExceeded"
+        assert "spec.activeDeadlineSeconds=1" in failed["message"]
+        assert c.condition("Running")["status"] == "False" and c.condition("Running")["reason"] == "DeadlineExceeded"
+        assert job["status"]["startTime"] and job["status"]["completionTime"]
+        assert c.names(PODS) == set()  # supervisor (SIGTERM: a clean interrupt) and workers
+        assert c.get(SECRETS, "ml-credentials") is not None
+        await c.until(lambda: "DeadlineExceeded" in c.events(), "the DeadlineExceeded event")
+
+        # Two seconds after it finished, the job goes (and its finalizer ran its cleanup).
+        await c.until(lambda: c.get(TJ, "ml") is None, "the job deleted by its TTL")
+        assert "Expired" in c.events()
+
+
+async def test_a_job_created_suspended_gets_its_state_but_no_runtime_until_resumed(cluster_factory):
+    async with cluster_factory() as c, running_operator():
+        await c.apply(manifest(workers=2, suspend=True))
+        await c.until(lambda: c.phase() == "Suspended", "phase Suspended")
+        assert c.condition("Created")["status"] == "True" and c.condition("Suspended")["status"] == "True"
+        assert c.names(PODS) == set() and c.get(SECRETS, "ml-credentials") and c.get(kmock.resource("apps/v1/statefulsets"), "ml-redis")
+        await c.patch_job("ml", {"spec": {"suspend": None}})  # unset, as `kubectl patch --type=json -p '[{"op":"remove",…}]'`
+        await c.until(lambda: c.names(PODS) == {"ml-supervisor", "ml-worker-0", "ml-worker-1"}, "the runtime started")
+        await c.until(lambda: c.phase() == "Pending" and c.condition("Suspended")["reason"] == "Resumed", "resumed")

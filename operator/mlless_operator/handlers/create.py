@@ -3,12 +3,22 @@
 Each child is ensured with get-then-create(-or-patch), so running this again
 after an operator restart, or after a crash half-way, creates only what is
 missing and never fails on what is already there.
+
+The runtime (supervisor pod and workers) comes in one of three ways:
+- `start`: a new session (creation, resume from suspension): the supervisor
+  and workers of ranks 0..N-1, which a new supervisor waits for;
+- `continue`: the operator restarted mid-session: a missing worker is replaced
+  by a new rank, never re-created under its old one (handlers/scale.py);
+- `none`: the job is suspended, or suspending, and handlers/suspend.py owns
+  the runtime; only the state (Secret, ConfigMap, Redis, RabbitMQ, RBAC) is ensured.
 """
 from __future__ import annotations
 
 import base64
+import binascii
 import logging
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
 
 import kopf
 
@@ -17,8 +27,11 @@ from mlless_operator import builders as b
 from mlless_operator import metrics
 from mlless_operator.backends import choose_backend, served_backends
 from mlless_operator.config import Config
+from mlless_operator.handlers.scale import highest_rank, removed_ranks, scale_pods
 from mlless_operator.kubeapi import KubeAPI
-from mlless_operator.status import TERMINAL_PHASES, is_invalid, now, set_condition
+from mlless_operator.status import TERMINAL_PHASES, is_invalid, is_true, now, set_condition
+
+Runtime = Literal["start", "continue", "none"]
 
 
 def spec_error(body: Mapping[str, Any]) -> str | None:
@@ -33,12 +46,28 @@ def spec_error(body: Mapping[str, Any]) -> str | None:
     return None
 
 
-async def ensure_children(api: KubeAPI, job: b.JobRef) -> dict[str, str]:
-    """Make every child exist; returns 'Kind/name' -> created | patched | unchanged."""
-    results: dict[str, str] = {}
+@dataclass
+class Ensured:
+    results: dict[str, str] = field(default_factory=dict)  # 'Kind/name' -> created | patched | unchanged
+    highest_rank: int | None = None  # pod backend: the highest worker rank now used, to remember on the job
+
+
+async def ensure_pod(api: KubeAPI, pod: dict[str, Any]) -> str:
+    """Create a pod unless it exists. One still terminating must go first: a Pod's spec is immutable, and a new
+    supervisor or worker must not be mistaken for the old one that is on its way out (after a suspension)."""
+    meta = pod["metadata"]
+    current = await api.get("v1", "Pod", meta["namespace"], meta["name"])
+    if current is not None and current["metadata"].get("deletionTimestamp"):
+        raise kopf.TemporaryError(f"Pod {meta['name']} is still terminating; waiting to create its successor", delay=5)
+    return await api.ensure(pod, update=False)
+
+
+async def ensure_children(api: KubeAPI, job: b.JobRef, runtime: Runtime = "start", status: Mapping[str, Any] | None = None, highest_used: int = -1) -> Ensured:
+    """Make every child exist; `status` and `highest_used` steer the ranks of a `continue`d pod session."""
+    ensured = Ensured()
 
     async def ensure(obj: dict[str, Any], update: bool = True) -> None:
-        results[f"{obj['kind']}/{obj['metadata']['name']}"] = await api.ensure(obj, update=update)
+        ensured.results[f"{obj['kind']}/{obj['metadata']['name']}"] = await api.ensure(obj, update=update)
 
     # Generated passwords must never change once services use them: create only.
     await ensure(b.build_secret(job), update=False)
@@ -53,27 +82,69 @@ async def ensure_children(api: KubeAPI, job: b.JobRef) -> dict[str, str]:
     await ensure(b.build_supervisor_role(job))
     await ensure(b.build_supervisor_role_binding(job))
     await ensure(b.build_supervisor_service(job))
-    await ensure(b.build_supervisor_pod(job), update=False)  # a Pod's spec is immutable
-    await ensure_workers(api, job, ensure)
-    return results
-
-
-async def ensure_workers(api: KubeAPI, job: b.JobRef, ensure: Any) -> None:
+    if runtime == "none":
+        return ensured
+    supervisor = b.build_supervisor_pod(job)
+    ensured.results[f"Pod/{supervisor['metadata']['name']}"] = await ensure_pod(api, supervisor)
     if job.backend == "pod":
-        for rank in range(job.workers):
-            await ensure(b.build_worker_pod(job, rank), update=False)
+        if runtime == "start":
+            for rank in range(job.workers):
+                pod = b.build_worker_pod(job, rank)
+                ensured.results[f"Pod/{pod['metadata']['name']}"] = await ensure_pod(api, pod)
+            ensured.highest_rank = job.workers - 1
+        else:
+            changes, ensured.highest_rank = await scale_pods(api, job, job.workers, removed_ranks(status or {}), highest_used)
+            for change in changes:  # "created Pod/x", "deleted Pod/y"
+                verb, what = change.split(" ", 1)
+                ensured.results[what] = verb
     elif job.backend == "knative":
         await ensure(b.build_knative_service(job))
     elif job.backend == "openfaas":
-        secret = await api.get("v1", "Secret", job.namespace, b.secret_name(job))
-        data = dict((secret or {}).get("data") or {})
-        # Servers answer with base64 `data`; a client may have stored `stringData` (an emulator keeps it as sent).
-        for key, value in ((secret or {}).get("stringData") or {}).items():
-            data.setdefault(key, base64.b64encode(value.encode()).decode())
-        await ensure(b.build_openfaas_secret(job, data))
+        await ensure(b.build_openfaas_secret(job, await openfaas_urls(api, job)))
         await ensure(b.build_openfaas_function(job))
     else:  # pragma: no cover - choose_backend only returns the three
         raise kopf.PermanentError(f"unknown backend {job.backend}")
+    return ensured
+
+
+def secret_value(secret: Mapping[str, Any] | None, key: str) -> str | None:
+    """A Secret's value for `key`, decoded; None if absent."""
+    if not secret:
+        return None
+    data = secret.get("data") or {}
+    if key in data:
+        try:
+            return base64.b64decode(data[key]).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+    # Servers answer with base64 `data`; a client may have stored `stringData` (an emulator keeps it as sent).
+    value = (secret.get("stringData") or {}).get(key)
+    return None if value is None else str(value)
+
+
+async def openfaas_urls(api: KubeAPI, job: b.JobRef) -> dict[str, str]:
+    """The full Redis and AMQP URLs for the OpenFaaS copy: managed ones from the job Secret, external ones with the
+    password from their passwordSecretRef (OpenFaaS can only mount whole values, it cannot assemble a URL)."""
+    urls: dict[str, str] = {}
+    job_secret: Mapping[str, Any] | None = None
+    for service, key in (("redis", b.REDIS_URL_KEY), ("rabbitmq", b.AMQP_URL_KEY)):
+        ext = job.external(service)
+        if ext is None:
+            if job_secret is None:
+                job_secret = await api.get("v1", "Secret", job.namespace, b.secret_name(job)) or {}
+            value = secret_value(job_secret, key)
+            if value is None:
+                raise kopf.TemporaryError(f"Secret {b.secret_name(job)} has no {key} yet", delay=5)
+            urls[key] = value
+            continue
+        password = None
+        ref = ext.get("passwordSecretRef")
+        if ref:
+            password = secret_value(await api.get("v1", "Secret", job.namespace, ref["name"]), ref["key"])
+            if password is None:
+                raise kopf.TemporaryError(f"spec.{service}.passwordSecretRef: Secret {ref['name']} has no key {ref['key']} (yet)", delay=30)
+        urls[key] = b.url_with_password(ext["url"], password)
+    return urls
 
 
 def fail_invalid(body: Mapping[str, Any], patch: kopf.Patch, message: str) -> None:
@@ -83,8 +154,16 @@ def fail_invalid(body: Mapping[str, Any], patch: kopf.Patch, message: str) -> No
     patch.status["phase"] = "Failed"
     patch.status["conditions"] = conditions
     patch.status["observedGeneration"] = generation
+    patch.status["completionTime"] = status.get("completionTime") or now()  # so ttlSecondsAfterFinished applies
     metrics.observe_phase(body["metadata"].get("uid", ""), "Failed")
     kopf.warn(dict(body), reason="InvalidSpec", message=message)
+
+
+def runtime_for(body: Mapping[str, Any], reason: Any) -> Runtime:
+    status = body.get("status") or {}
+    if (body.get("spec") or {}).get("suspend") or status.get("phase") == "Suspended" or is_true(status, "Suspended"):
+        return "none"  # handlers/suspend.py stops and restarts the runtime
+    return "continue" if str(reason) == "resume" else "start"
 
 
 async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: logging.Logger | logging.LoggerAdapter, reason: Any = None, **_: Any) -> None:
@@ -109,7 +188,8 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger:
         patch.setdefault("metadata", {}).setdefault("annotations", {})[b.ANNOTATION_BACKEND] = backend
 
     job = b.JobRef.from_body(body, config, backend)
-    results = await ensure_children(api, job)
+    ensured = await ensure_children(api, job, runtime_for(body, reason), status, highest_rank(body))
+    results = ensured.results
     created = sorted(k for k, v in results.items() if v == "created")
     logger.info("children of %s: %s", job.name, results)
 
@@ -118,13 +198,15 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger:
         status.get("conditions"), "Created", "True", "ChildrenCreated",
         f"{len(results)} children on backend {backend}", generation,
     )
+    if ensured.highest_rank is not None:
+        patch.setdefault("metadata", {}).setdefault("annotations", {})[b.ANNOTATION_HIGHEST_RANK] = str(ensured.highest_rank)
     patch.status["conditions"] = conditions
     patch.status["phase"] = status.get("phase") or "Pending"
-    patch.status["workers"] = job.workers
+    if "workers" not in status:
+        patch.status["workers"] = job.workers  # provisional, until the supervisor reports the workers it has
     patch.status["selector"] = b.worker_selector(job)
     patch.status["observedGeneration"] = generation
-    if not status.get("startTime"):
-        patch.status["startTime"] = now()
+    # (startTime is set when the supervisor pod is first seen running: handlers/status.py.)
     metrics.observe_phase(job.uid, patch.status["phase"])
     if created:
         kopf.info(dict(body), reason="Created", message=f"created {', '.join(created)} (backend {backend})")

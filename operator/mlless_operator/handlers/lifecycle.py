@@ -24,8 +24,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     # A stuck connection must not block the operator forever.
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
-    # Kubernetes Events come from kopf.info/warn only, not from every log line.
-    settings.posting.level = logging.WARNING
+    # Kubernetes Events come from kopf.info/warn only, not from every log line. (The level must stay at INFO:
+    # it also filters kopf.info, which records every transition.)
+    settings.posting.loggers = False
+    settings.posting.level = logging.INFO
     metrics.serve(cfg.metrics_port)
     logger.info("mlless operator configured: image %s, openfaas namespace %s", cfg.image, cfg.openfaas_namespace)
 

@@ -1,7 +1,13 @@
-"""Phase from the supervisor pod: Pending until it runs, then Running, Succeeded or Failed.
+"""The status timer: the job's lifecycle, from the supervisor pod and the spec.
 
-(Step, loss, cost and the actual worker count are the supervisor's to mirror
-into the status; this timer only follows the pod's lifecycle.)
+Each tick, in this order (the first that applies ends the tick):
+1. suspension or resumption in progress (handlers/suspend.py);
+2. the supervisor pod's phase: Pending until it runs, then Running (startTime
+   is set the first time), Succeeded or Failed;
+3. spec.activeDeadlineSeconds (handlers/deadline.py).
+It is level-triggered, so a missed event or an operator restart only delays a
+transition. It never writes what the supervisor owns (step, losses, cost,
+workers, modelURI, removedRanks, checkpointStep).
 """
 from __future__ import annotations
 
@@ -12,8 +18,10 @@ import kopf
 
 from mlless_operator import builders as b
 from mlless_operator import metrics
+from mlless_operator.handlers.deadline import enforce_deadline
+from mlless_operator.handlers.suspend import reconcile_suspension
 from mlless_operator.kubeapi import KubeAPI
-from mlless_operator.status import TERMINAL_PHASES, is_invalid, now, set_condition
+from mlless_operator.status import TERMINAL_PHASES, is_invalid, is_true, now, set_condition
 
 
 def _termination(pod: dict[str, Any]) -> str:
@@ -28,35 +36,40 @@ async def follow_supervisor(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
     status = dict(body.get("status") or {})
     meta = body["metadata"]
     phase = status.get("phase")
-    if phase in TERMINAL_PHASES or is_invalid(status) or b.ANNOTATION_BACKEND not in (meta.get("annotations") or {}):
+    backend = (meta.get("annotations") or {}).get(b.ANNOTATION_BACKEND)
+    if phase in TERMINAL_PHASES or is_invalid(status) or backend not in b.BACKENDS:
+        return
+    if await reconcile_suspension(body, patch, memo, logger):
         return
     api: KubeAPI = memo.api
-    job = b.JobRef.from_body(body, memo.config)
+    job = b.JobRef.from_body(body, memo.config, backend)
     pod = await api.get("v1", "Pod", job.namespace, b.supervisor_name(job))
-    if pod is None:
-        return
-    pod_phase = (pod.get("status") or {}).get("phase")
+    pod_phase = ((pod or {}).get("status") or {}).get("phase")
     generation = meta.get("generation")
     conditions = status.get("conditions")
-    if pod_phase == "Running" and phase != "Running":
+    if pod_phase == "Running" and (phase != "Running" or not is_true(status, "Running")):
         new_phase = "Running"
         conditions = set_condition(conditions, "Running", "True", "SupervisorRunning", "the supervisor pod is running", generation)
+        if not status.get("startTime"):
+            patch.status["startTime"] = now()  # activeDeadlineSeconds counts from here
     elif pod_phase == "Succeeded":
         new_phase = "Succeeded"
         conditions = set_condition(conditions, "Running", "False", "Completed", "training finished", generation)
         conditions = set_condition(conditions, "Succeeded", "True", "Completed", "the supervisor finished the job", generation)
     elif pod_phase == "Failed":
         new_phase = "Failed"
-        message = _termination(pod)
+        message = _termination(pod or {})
         conditions = set_condition(conditions, "Running", "False", "SupervisorFailed", message, generation)
         conditions = set_condition(conditions, "Failed", "True", "SupervisorFailed", message, generation)
     else:
+        await enforce_deadline(body, patch, memo, logger, job, pod)
         return
     patch.status["phase"] = new_phase
     patch.status["conditions"] = conditions
     if new_phase in TERMINAL_PHASES:
         patch.status["completionTime"] = now()
     metrics.observe_phase(job.uid, new_phase)
-    event = kopf.warn if new_phase == "Failed" else kopf.info
-    event(dict(body), reason=new_phase, message=f"phase {phase} -> {new_phase}")
-    logger.info("%s: phase %s -> %s", job.name, phase, new_phase)
+    if new_phase != phase:
+        event = kopf.warn if new_phase == "Failed" else kopf.info
+        event(dict(body), reason=new_phase, message=f"phase {phase} -> {new_phase}")
+        logger.info("%s: phase %s -> %s", job.name, phase, new_phase)
