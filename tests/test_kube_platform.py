@@ -192,13 +192,13 @@ def test_from_env_reads_kubeconfig_at_call_time(cluster: Cluster, clock: Clock, 
     platform = KubePlatform.from_env(clock=clock)
     assert isinstance(platform, KubePlatform) and (platform.namespace, platform.name) == (NS, NAME)
     platform.publish({"step": 1}, final=True)
-    assert cluster.status() == {"step": 1}
+    assert cluster.status() == {"removedRanks": [], "step": 1}
     assert client.Configuration.get_default_copy().host == default_host  # a client of its own; the global one untouched
 
     explicit = KubePlatform.from_env({**JOB_ENV, "KUBERNETES_SERVICE_HOST": "10.0.0.1"}, kubeconfig=str(cluster.kubeconfig), clock=clock)
     assert explicit is not None
     explicit.publish({"step": 2}, final=True)
-    assert cluster.status() == {"step": 2}
+    assert cluster.status() == {"removedRanks": [], "step": 2}
 
 
 # ---- publish -------------------------------------------------------------------------------------
@@ -236,7 +236,7 @@ def test_publish_sends_plain_json(cluster: Cluster, clock: Clock) -> None:
     platform.publish({"step": np.int64(5), "trainLoss": np.float32(0.25), "validationLoss": 0.5})
     clock.advance(5)
     platform.publish({"step": 6, "trainLoss": math.nan, "validationLoss": math.inf})  # no loss yet: the fields are cleared
-    assert cluster.status() == {"step": 6}
+    assert cluster.status() == {"removedRanks": [], "step": 6}
 
 
 def test_final_publish_flushes_at_once(cluster: Cluster, clock: Clock) -> None:
@@ -245,9 +245,9 @@ def test_final_publish_flushes_at_once(cluster: Cluster, clock: Clock) -> None:
     platform.publish({"step": 1})
     clock.advance(1)
     platform.publish({"step": 2, "trainLoss": 0.5})
-    assert cluster.status() == {"step": 1}
+    assert cluster.status() == {"removedRanks": [], "step": 1}
     platform.publish({"completionTime": "2026-01-01T00:00:00Z", "modelURI": "s3://bucket/model"}, final=True)
-    assert cluster.status() == {"step": 2, "trainLoss": 0.5, "completionTime": "2026-01-01T00:00:00Z", "modelURI": "s3://bucket/model"}
+    assert cluster.status() == {"removedRanks": [], "step": 2, "trainLoss": 0.5, "completionTime": "2026-01-01T00:00:00Z", "modelURI": "s3://bucket/model"}
 
 
 # ---- set_workers ---------------------------------------------------------------------------------
@@ -255,19 +255,22 @@ def test_final_publish_flushes_at_once(cluster: Cluster, clock: Clock) -> None:
 
 def test_set_workers_records_the_removed_rank_then_scales(cluster: Cluster, clock: Clock) -> None:
     cluster.create(workers=4)
-    cluster.patch({"status": {"removedRanks": [7]}}, "status")  # e.g. left by the run before a suspend
+    cluster.patch({"status": {"removedRanks": [7]}}, "status")  # left by the session before a suspend
     platform = cluster.platform(clock, desired=4)
+    platform.publish({"step": 1})
+    # The operator numbers each session's ranks from 0: the old entries would name live pods, so they go.
+    assert cluster.status()["removedRanks"] == []
     start = len(cluster.emu.calls)
 
     platform.set_workers(3, removed=2)
-    assert cluster.status()["removedRanks"] == [7, 2] and cluster.job()["spec"]["workers"] == 3
+    assert cluster.status()["removedRanks"] == [2] and cluster.job()["spec"]["workers"] == 3
     calls = [(method, sub) for method, sub, _ in cluster.emu.calls[start:]]
-    assert calls == [("GET", "status"), ("PATCH", "status"), ("PATCH", "scale")]  # read, ranks, then the count
+    assert calls == [("PATCH", "status"), ("PATCH", "scale")]  # the ranks, then the count
 
     platform.set_workers(2, removed=0)
     platform.set_workers(2, removed=0)  # told twice: listed once
     platform.set_workers(3)  # no rank left: the count alone
-    assert cluster.status()["removedRanks"] == [7, 2, 0] and cluster.job()["spec"]["workers"] == 3
+    assert cluster.status()["removedRanks"] == [2, 0] and cluster.job()["spec"]["workers"] == 3
     assert cluster.emu.calls[-1][1:] == ("scale", {"spec": {"replicas": 3}})
 
 
@@ -342,9 +345,13 @@ def test_a_deleted_job_is_logged_once_per_kind_and_nothing_is_lost(
         clock.advance(5)
         platform.publish({"step": step, "trainLoss": 1.0 / step})
         assert platform.poll() is None
-    platform.set_workers(2, removed=1)  # removedRanks cannot be read, so neither they nor the count are sent
+    platform.set_workers(2, removed=1)  # the ranks cannot be recorded, so the count is not sent either
     warnings = warnings_of(caplog)
-    assert sorted(w.split(" failed")[0] for w in warnings) == [f"TrainingJob {NS}/{NAME}: get status", f"TrainingJob {NS}/{NAME}: patch status"]
+    assert sorted(w.split(" failed")[0] for w in warnings) == [
+        f"TrainingJob {NS}/{NAME}: get status",
+        f"TrainingJob {NS}/{NAME}: patch status",
+        f"TrainingJob {NS}/{NAME}: patch status.removedRanks",
+    ]
     assert all("HTTP 404 Not Found" in w for w in warnings), warnings
     assert TOKEN not in caplog.text
 

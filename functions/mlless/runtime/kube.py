@@ -65,9 +65,12 @@ class KubePlatform(Platform):
         self.clock = clock
         self._desired = desired  # the newest count set here or reported by poll
         self._scale_unsent = False  # set_workers' count has not reached the server yet
-        self._removed: list[int] | None = None  # status.removedRanks as last read or written; None until read
+        # The operator numbers the ranks of each session (creation, resume after a suspend) from 0, so
+        # removedRanks left by an earlier session would name live pods: a supervisor starts the list afresh,
+        # with its first status patch.
+        self._removed: list[int] = []  # status.removedRanks as last written
         self._ranks_unsent: list[int] = []  # ranks set_workers was told about, not yet in status
-        self._pending: dict[str, Any] = {}  # published fields not yet patched
+        self._pending: dict[str, Any] = {"removedRanks": []}  # published fields not yet patched
         self._last_publish: float | None = None
         self._last_poll: float | None = None
         self._suspend = False  # the suspend flag as last reported
@@ -155,9 +158,6 @@ class KubePlatform(Platform):
     def _push_scale(self) -> bool:
         """Send what `set_workers` has not got through yet, ranks before the count; True when nothing is left."""
         if self._ranks_unsent:
-            if self._removed is None and self._read() is None:
-                return False  # appending to a list not read would overwrite ranks recorded before
-            assert self._removed is not None
             ranks = self._removed + [r for r in self._ranks_unsent if r not in self._removed]
             if self._call("patch status.removedRanks", self.api.patch_namespaced_custom_object_status, {"status": {"removedRanks": ranks}}) is None:
                 return False
@@ -170,10 +170,7 @@ class KubePlatform(Platform):
 
     def _read(self) -> dict[str, Any] | None:
         """The whole TrainingJob, read through the status subresource (the only GET the Role allows)."""
-        job = self._call("get status", self.api.get_namespaced_custom_object_status)
-        if job is not None and self._removed is None:
-            self._removed = [int(r) for r in (job.get("status") or {}).get("removedRanks") or []]
-        return job
+        return self._call("get status", self.api.get_namespaced_custom_object_status)
 
     def _call(self, what: str, method: Callable[..., Any], *body: Any) -> dict[str, Any] | None:
         """One call on this job; on any failure log it (once per kind) and answer None, so training goes on."""
