@@ -442,3 +442,26 @@ def test_openfaas_copy_holds_full_urls_for_managed_and_external_services():
     cache = {"data": {"pw": base64.b64encode(b"s3cr/t").decode()}}
     urls = asyncio.run(openfaas_urls(FakeAPI({"ml-credentials": {"data": {}}, "cache": cache}), job("openfaas", spec)))
     assert urls == {"redis-url": "redis://:s3cr%2Ft@cache.example:6380/2", "amqp-url": "amqp://ml:open@mq.example:5672/%2F"}
+
+
+# ---- spec validation -----------------------------------------------------------------------------
+
+
+def _job_body(**spec):
+    return {
+        "apiVersion": "mlless.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "ml", "namespace": "team"},
+        "spec": {"model": {"type": "pmf"}, "dataset": {"uri": "s3://bucket/movielens"}, **spec},
+    }
+
+
+def test_spec_error_names_fields_and_rejects_paths_a_pod_cannot_resolve():
+    from mlless_operator.handlers.create import spec_error
+
+    assert spec_error(_job_body()) is None
+    assert spec_error(_job_body(dataset={"uri": "/data/movielens"}, output={"uri": "s3://bucket/runs/ml"})) is None
+    assert "spec.sync.protocol" in spec_error(_job_body(sync={"protocol": "gossip"}))
+    relative = spec_error(_job_body(dataset={"uri": "data/movielens"}))
+    assert relative.startswith("spec.dataset.uri: 'data/movielens' is a relative path")
+    assert spec_error(_job_body(output={"uri": "runs"})).startswith("spec.output.uri: 'runs' is a relative path")

@@ -43,6 +43,11 @@ def spec_error(body: Mapping[str, Any]) -> str | None:
     except SpecError as exc:
         lines = [line.strip() for line in str(exc).splitlines()[1:] if line.strip()]
         return "; ".join(lines) or str(exc)
+    spec = manifest["spec"]
+    for field_path, uri in (("spec.dataset.uri", (spec.get("dataset") or {}).get("uri")), ("spec.output.uri", (spec.get("output") or {}).get("uri"))):
+        # `mlless train` resolves these against the manifest's folder; a pod has no such folder.
+        if uri and "://" not in uri and not uri.startswith("/"):
+            return f"{field_path}: {uri!r} is a relative path, which cannot resolve inside a pod; use a URL such as s3://bucket/prefix or an absolute path"
     return None
 
 
