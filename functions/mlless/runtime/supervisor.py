@@ -46,10 +46,6 @@ STARTUP_TIMEOUT = 120.0
 FINISH_TIMEOUT = 30.0
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 class JobFailed(RuntimeError):
     """The job cannot continue (no live workers left, or nobody started)."""
 
@@ -133,6 +129,7 @@ class Supervisor:
         self.pending_merges: list[int] = []
         self.removing: set[int] = set()  # ranks the auto-tuner took out, reported to the platform once they are gone
         self.suspend_checkpoint: bytes | None = None
+        self._interrupted = False  # set by SIGINT/SIGTERM, acted on between messages
         self.scaling_events: list[dict[str, Any]] = []
         self.decisions: dict[str, int] = {}
         self._row: dict[str, Any] | None = None  # the previous step's row, waiting for its barrier timings
@@ -148,13 +145,14 @@ class Supervisor:
 
         Ctrl-C, or SIGTERM when this runs in the main thread (a deleted supervisor pod), ends the job
         cleanly: the workers publish their replicas, the model is saved, and keys and queues are deleted.
+        A second one stops waiting for the workers.
         """
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _interrupt)
+        previous = self._catch_signals()
         try:
             self._resume_from_checkpoint()
             self._start_workers()
             while self.stop_reason is None:
+                self._raise_if_interrupted()
                 body = self.transport.receive(timeout=0.2)
                 if body is not None:
                     self._handle(body)
@@ -172,6 +170,25 @@ class Supervisor:
                 # Everything else of the job is gone; the model it resumes from stays.
                 self.transport.put(keys.job_checkpoint(), self.suspend_checkpoint)
             self.record.close()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _catch_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {signum: signal.signal(signum, self._on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        # Raising right here could cut a Redis or RabbitMQ exchange in half; the loops check the flag
+        # between messages instead. Only a second signal before that raises at once.
+        if self._interrupted:
+            raise KeyboardInterrupt
+        self._interrupted = True
+
+    def _raise_if_interrupted(self) -> None:
+        if self._interrupted:
+            self._interrupted = False  # taken in: from now on another signal stops the clean shutdown
+            raise KeyboardInterrupt
 
     def _resume_from_checkpoint(self) -> None:
         """A suspended job resumes from its averaged model: the workers load it, the batch cursor continues."""
@@ -204,6 +221,7 @@ class Supervisor:
         """Handle messages until none of `ranks` is still in `state`; a process that ends meanwhile is dropped."""
         deadline = time.monotonic() + timeout
         while any(self.workers[r].state == state for r in ranks) and time.monotonic() < deadline:
+            self._raise_if_interrupted()
             body = self.transport.receive(timeout=0.2)
             if body is not None:
                 self._handle(body)
