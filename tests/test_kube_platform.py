@@ -375,3 +375,21 @@ def test_an_unreachable_api_is_logged_not_raised(tmp_path: Path, clock: Clock, c
     warnings = warnings_of(caplog)
     assert warnings and len(warnings) == len(set(warnings)) and all("MaxRetryError" in w for w in warnings), warnings
     assert TOKEN not in caplog.text
+
+
+def test_mlless_supervisor_refuses_a_broken_platform_setup_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from mlless.cli import main
+
+    job = Path(__file__).parent.parent / "examples" / "movielens.yaml"
+    args = ["supervisor", "--job", str(job), "--job-id", "t", "--redis-url", "redis://127.0.0.1", "--amqp-url", "amqp://127.0.0.1"]
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("MLLESS_WORKER_BACKEND", "lambda")
+    assert main(args) == 2
+    assert "MLLESS_WORKER_BACKEND='lambda'" in capsys.readouterr().err
+    monkeypatch.setenv("MLLESS_WORKER_BACKEND", "pod")
+    monkeypatch.setenv("MLLESS_JOB_NAME", NAME)
+    monkeypatch.setenv("MLLESS_JOB_NAMESPACE", NS)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "no usable Kubernetes configuration" in err and "Traceback" not in err

@@ -169,6 +169,8 @@ def _worker_launcher(job: TrainingJob, job_id: str) -> Launcher:
 
 
 def cmd_supervisor(args: argparse.Namespace) -> int:
+    from kubernetes.config import ConfigException
+
     from mlless.runtime.kube import KubePlatform
     from mlless.runtime.local import supervise
     from mlless.transport import connect
@@ -182,7 +184,10 @@ def cmd_supervisor(args: argparse.Namespace) -> int:
     if not redis_url:
         raise UsageError("the supervisor needs --redis-url and --amqp-url (or REDIS_URL and AMQP_URL)")
     launcher = _worker_launcher(job, job_id)
-    platform = KubePlatform.from_env(desired=job.workers)
+    try:
+        platform = KubePlatform.from_env(desired=job.workers)
+    except (ConfigException, OSError) as exc:
+        raise UsageError(f"MLLESS_JOB_NAME is set, but there is no usable Kubernetes configuration: {exc}") from None
     transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
     progress = Progress(enabled=not args.quiet)
     summary = supervise(job, job_id, transport, launcher, Path(args.out), progress, args.metrics_port, platform)
