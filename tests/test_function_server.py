@@ -21,13 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from mlless.runtime.function_server import service_urls
 from mlless.runtime.launcher import HttpLauncher
 from mlless.runtime.local import new_job_id
 from mlless.runtime.record import Progress
 from mlless.runtime.supervisor import Supervisor
-from mlless.spec import SpecError
-from mlless.transport import connect
+from mlless.transport import TransportError, connect
+from mlless.transport.env import service_urls
 
 from test_training import job_for
 
@@ -155,7 +154,17 @@ def test_service_urls_come_from_env_or_the_openfaas_secret_files(tmp_path):
     (tmp_path / "amqp-url").write_text("amqp://from-file")
     assert service_urls({"MLLESS_SECRETS_DIR": str(tmp_path)}) == {"REDIS_URL": "redis://from-file", "AMQP_URL": "amqp://from-file"}
     (tmp_path / "amqp-url").unlink()
-    with pytest.raises(SpecError, match="amqp-url"):
+    with pytest.raises(TransportError, match="amqp-url"):
         service_urls({"MLLESS_SECRETS_DIR": str(tmp_path)})
-    with pytest.raises(SpecError, match="REDIS_URL and AMQP_URL"):
-        service_urls({})
+    assert service_urls({}) == {}
+
+
+def test_an_external_services_password_is_percent_encoded_into_its_url():
+    env = {"REDIS_URL": "redis://cache:6380/2", "REDIS_PASSWORD": "p@ss/w:rd", "AMQP_URL": "amqp://ml@mq/%2F", "RABBITMQ_PASSWORD": "x y"}
+    assert service_urls(env) == {"REDIS_URL": "redis://:p%40ss%2Fw%3Ard@cache:6380/2", "AMQP_URL": "amqp://ml:x%20y@mq/%2F"}
+
+
+def test_the_worker_server_without_services_fails_clearly(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "AMQP_URL", "MLLESS_SECRETS_DIR")}
+    proc = subprocess.run([sys.executable, "-m", "mlless", "worker-server", "--port", str(free_port())], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "needs REDIS_URL and AMQP_URL" in proc.stderr and "Traceback" not in proc.stderr

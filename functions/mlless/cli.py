@@ -20,6 +20,7 @@ from mlless.runtime.record import Progress
 from mlless.runtime.supervisor import JobFailed
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
+from mlless.transport.env import service_urls
 
 log = logging.getLogger("mlless")
 
@@ -44,8 +45,9 @@ def _load_job(path: str | Path) -> TrainingJob:
 
 
 def _services(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    redis_url = args.redis_url or os.environ.get("REDIS_URL")
-    amqp_url = args.amqp_url or os.environ.get("AMQP_URL")
+    from_env = service_urls(os.environ)
+    redis_url = args.redis_url or from_env.get("REDIS_URL")
+    amqp_url = args.amqp_url or from_env.get("AMQP_URL")
     if bool(redis_url) != bool(amqp_url):
         raise UsageError("give both --redis-url and --amqp-url (or REDIS_URL and AMQP_URL), or neither for the embedded transport")
     return redis_url, amqp_url

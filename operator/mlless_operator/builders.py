@@ -26,11 +26,11 @@ import json
 import secrets
 from dataclasses import dataclass
 from typing import Any, Mapping
-from urllib.parse import quote, urlsplit, urlunsplit
 
 import yaml
 
 from mlless.spec.schema import API_VERSION, KIND
+from mlless.transport.env import PASSWORD_VARS
 from mlless_operator.config import Config
 
 Manifest = dict[str, Any]
@@ -302,43 +302,22 @@ def _secret_env(name: str, secret: str, key: str) -> Manifest:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
 
 
-def url_with_password(url: str, password: str | None) -> str:
-    """`url` with `password` as its password, percent-encoded (an external service's URL for OpenFaaS)."""
-    if password is None:
-        return url
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:{quote(password, safe='')}@{host}"))
-
-
-def _with_password(url: str, variable: str) -> str:
-    """Insert `$(VARIABLE)` as the URL's password; the kubelet expands it from the env var of that name."""
-    parts = urlsplit(url)
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:$({variable})@{host}"))
-
-
 def service_env(job: JobRef) -> list[Manifest]:
     """REDIS_URL and AMQP_URL for a runtime container: from the job Secret, or the external URL + its password Secret."""
     env: list[Manifest] = []
     for service, url_var, pw_var, url_key in (
-        ("redis", "REDIS_URL", "REDIS_PASSWORD", REDIS_URL_KEY),
-        ("rabbitmq", "AMQP_URL", "RABBITMQ_PASSWORD", AMQP_URL_KEY),
+        ("redis", "REDIS_URL", PASSWORD_VARS["REDIS_URL"], REDIS_URL_KEY),
+        ("rabbitmq", "AMQP_URL", PASSWORD_VARS["AMQP_URL"], AMQP_URL_KEY),
     ):
         ext = job.external(service)
         if ext is None:
             env.append(_secret_env(url_var, secret_name(job), url_key))
-        elif ext.get("passwordSecretRef"):
-            ref = ext["passwordSecretRef"]
-            env.append(_secret_env(pw_var, ref["name"], ref["key"]))  # must precede its use in the URL
-            env.append({"name": url_var, "value": _with_password(ext["url"], pw_var)})
         else:
             env.append({"name": url_var, "value": ext["url"]})
+            if ext.get("passwordSecretRef"):
+                # The runtime percent-encodes it into the URL (mlless.transport.env); `$(VAR)` would paste it raw.
+                ref = ext["passwordSecretRef"]
+                env.append(_secret_env(pw_var, ref["name"], ref["key"]))
     return env
 
 
@@ -536,6 +515,7 @@ def build_supervisor_pod(job: JobRef) -> Manifest:
         {"name": "MLLESS_FUNCTION_TIMEOUT_SECONDS", "value": str(job.timeout_seconds)},
         {"name": "MPLCONFIGDIR", "value": "/tmp"},
         *service_env(job),
+        *_user_env(job),  # object-store credentials: the supervisor reads the dataset too, and writes output.uri
     ]
     return {
         "apiVersion": "v1",
@@ -708,8 +688,8 @@ def build_openfaas_function(job: JobRef) -> Manifest:
                 "read_timeout": timeout,
                 "write_timeout": timeout,
                 "exec_timeout": timeout,
-                # One invocation (one rank) per replica at a time: the watchdog answers 429 to a second one
-                # instead of running two ranks in one memory-limited container.
+                # One invocation (one rank) per replica at a time. `mlless worker-server` enforces this itself
+                # (429 when busy); max_inflight says the same to an OpenFaaS watchdog, should one front it.
                 "max_inflight": "1",
                 **extra_env,
             },

@@ -8,6 +8,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
+from mlless.transport.env import with_password
 from mlless_operator import builders as b
 from mlless_operator import metrics
 from mlless_operator.backends import choose_backend
@@ -78,9 +79,8 @@ def test_external_services_and_persistent_storage_are_valid():
         validate(obj)
     env = env_of(containers(b.build_worker_pod(j, 0))[0])
     assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "cache", "key": "pw"}
-    assert env["REDIS_URL"]["value"] == "redis://:$(REDIS_PASSWORD)@cache.example:6380/2"
-    names = [e["name"] for e in containers(b.build_worker_pod(j, 0))[0]["env"]]
-    assert names.index("REDIS_PASSWORD") < names.index("REDIS_URL")  # kubelet expands only earlier variables
+    # The URL as given; the runtime percent-encodes the password into it (`$(VAR)` would paste it raw).
+    assert env["REDIS_URL"]["value"] == "redis://cache.example:6380/2"
     assert env["AMQP_URL"]["value"] == "amqp://ml@mq.example:5672/%2F"
     assert set(b.generate_credentials(j)) == set()
     stored = {**SPEC, "redis": {"storage": "5Gi"}}
@@ -325,9 +325,9 @@ def test_openfaas_scale_labels_allow_zero_only_when_suspended():
 
 
 def test_external_url_gets_its_password_percent_encoded():
-    assert b.url_with_password("redis://cache.example:6380/2", "p@ss/w:rd") == "redis://:p%40ss%2Fw%3Ard@cache.example:6380/2"
-    assert b.url_with_password("amqp://ml@mq.example:5672/%2F", "x y") == "amqp://ml:x%20y@mq.example:5672/%2F"
-    assert b.url_with_password("amqp://ml@mq.example/%2F", None) == "amqp://ml@mq.example/%2F"
+    assert with_password("redis://cache.example:6380/2", "p@ss/w:rd") == "redis://:p%40ss%2Fw%3Ard@cache.example:6380/2"
+    assert with_password("amqp://ml@mq.example:5672/%2F", "x y") == "amqp://ml:x%20y@mq.example:5672/%2F"
+    assert with_password("amqp://ml@mq.example/%2F", None) == "amqp://ml@mq.example/%2F"
 
 
 @pytest.mark.parametrize("backend, url", [("pod", ""), ("knative", "http://ml-worker.team.svc.cluster.local"),
@@ -465,3 +465,10 @@ def test_spec_error_names_fields_and_rejects_paths_a_pod_cannot_resolve():
     relative = spec_error(_job_body(dataset={"uri": "data/movielens"}))
     assert relative.startswith("spec.dataset.uri: 'data/movielens' is a relative path")
     assert spec_error(_job_body(output={"uri": "runs"})).startswith("spec.output.uri: 'runs' is a relative path")
+
+
+def test_function_env_reaches_the_workers_and_the_supervisor():
+    user_env = [{"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "id"}}}]
+    j = job(spec={**SPEC, "function": {"env": user_env}})
+    for pod in (b.build_supervisor_pod(j), b.build_worker_pod(j, 0)):
+        assert env_of(containers(pod)[0])["AWS_ACCESS_KEY_ID"] == user_env[0]

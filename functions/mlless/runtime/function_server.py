@@ -34,12 +34,12 @@ from typing import Any, Mapping
 
 from mlless.runtime.worker import EXIT_CHECKPOINTED
 from mlless.spec import SpecError, TrainingJob
-from mlless.transport.base import check_job_id
+from mlless.transport.base import TransportError, check_job_id
+from mlless.transport.env import service_urls
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20  # a resolved job is a few kB
-SECRET_FILES = {"REDIS_URL": "redis-url", "AMQP_URL": "amqp-url"}
 
 
 class InvocationError(ValueError):
@@ -85,23 +85,6 @@ class Invocation:
         if not isinstance(resume, bool):
             raise InvocationError("resume must be true or false")
         return cls(rank, job_id, job, resume, None if deadline is None else float(deadline))
-
-
-def service_urls(environ: Mapping[str, str]) -> dict[str, str]:
-    """REDIS_URL and AMQP_URL from the environment, else from MLLESS_SECRETS_DIR (OpenFaaS has no secretKeyRef)."""
-    urls = {name: environ[name] for name in SECRET_FILES if environ.get(name)}
-    secrets_dir = environ.get("MLLESS_SECRETS_DIR")
-    for name, filename in SECRET_FILES.items():
-        if name not in urls and secrets_dir:
-            path = Path(secrets_dir) / filename
-            try:
-                urls[name] = path.read_text().strip()
-            except OSError as exc:
-                raise SpecError(f"{path}: cannot read the {name} secret: {exc.strerror}") from None
-    missing = [name for name in SECRET_FILES if not urls.get(name)]
-    if missing:
-        raise SpecError(f"the worker server needs {' and '.join(missing)} (environment or files in MLLESS_SECRETS_DIR)")
-    return urls
 
 
 class FunctionServer(ThreadingHTTPServer):
@@ -210,7 +193,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 def serve_functions(port: int, concurrency: int = 1, grace: float = 50.0) -> int:
     """Serve until SIGTERM or Ctrl-C; running workers leave gracefully first. The process's exit code."""
-    server = FunctionServer(port, service_urls(os.environ), os.environ.get("MLLESS_JOB_ID") or None, concurrency)
+    services = service_urls(os.environ)
+    if len(services) < 2:
+        raise TransportError("the worker server needs REDIS_URL and AMQP_URL (environment, or files in MLLESS_SECRETS_DIR)")
+    server = FunctionServer(port, services, os.environ.get("MLLESS_JOB_ID") or None, concurrency)
 
     def stop(signum: int, frame: object) -> None:
         # shutdown() waits for serve_forever, so it must run off the signal handler's thread.

@@ -227,7 +227,7 @@ CLUSTER_SPEC: dict[str, Schema] = {
             "timeoutSeconds": _int("Invocation time limit; a worker checkpoints and is re-invoked before it.", 1),
             "env": {
                 "type": "array",
-                "description": "Extra environment variables (core/v1 EnvVar).",
+                "description": "Extra environment variables (core/v1 EnvVar) for the workers and the supervisor, e.g. object-store credentials (both read the dataset; the supervisor writes output.uri).",
                 "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
             },
         },

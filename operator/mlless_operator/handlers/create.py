@@ -23,6 +23,7 @@ from typing import Any, Literal, Mapping
 import kopf
 
 from mlless.spec import SpecError, from_manifest
+from mlless.transport.env import with_password
 from mlless_operator import builders as b
 from mlless_operator import metrics
 from mlless_operator.backends import choose_backend, served_backends
@@ -148,7 +149,7 @@ async def openfaas_urls(api: KubeAPI, job: b.JobRef) -> dict[str, str]:
             password = secret_value(await api.get("v1", "Secret", job.namespace, ref["name"]), ref["key"])
             if password is None:
                 raise kopf.TemporaryError(f"spec.{service}.passwordSecretRef: Secret {ref['name']} has no key {ref['key']} (yet)", delay=30)
-        urls[key] = b.url_with_password(ext["url"], password)
+        urls[key] = with_password(ext["url"], password)
     return urls
 
 

@@ -1,0 +1,48 @@
+"""Redis and RabbitMQ URLs from a process's environment, the way the operator hands them over.
+
+- `REDIS_URL` / `AMQP_URL`, complete (the job's generated Secret holds whole URLs);
+- or, for an external service, the URL without its password plus `REDIS_PASSWORD` /
+  `RABBITMQ_PASSWORD` from the user's Secret; the password is percent-encoded here,
+  because the kubelet's `$(VAR)` expansion would paste `@`, `/` or `:` in raw and
+  break the URL;
+- or, on OpenFaaS (which has no secretKeyRef), files `redis-url` / `amqp-url` under
+  `MLLESS_SECRETS_DIR`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from mlless.transport.base import TransportError
+
+PASSWORD_VARS = {"REDIS_URL": "REDIS_PASSWORD", "AMQP_URL": "RABBITMQ_PASSWORD"}
+SECRET_FILES = {"REDIS_URL": "redis-url", "AMQP_URL": "amqp-url"}
+
+
+def with_password(url: str, password: str | None) -> str:
+    """`url` with `password` (percent-encoded) as its password; unchanged if `password` is None."""
+    if password is None:
+        return url
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:{quote(password, safe='')}@{host}"))
+
+
+def service_urls(environ: Mapping[str, str]) -> dict[str, str]:
+    """Whichever of REDIS_URL and AMQP_URL the environment provides (none, one or both)."""
+    urls = {name: environ[name] for name in SECRET_FILES if environ.get(name)}
+    secrets_dir = environ.get("MLLESS_SECRETS_DIR")
+    for name, filename in SECRET_FILES.items():
+        if name not in urls and secrets_dir:
+            path = Path(secrets_dir) / filename
+            try:
+                urls[name] = path.read_text().strip()
+            except OSError as exc:
+                raise TransportError(f"{path}: cannot read the {name} secret: {exc.strerror}") from None
+    for name, password_var in PASSWORD_VARS.items():
+        if name in urls and environ.get(password_var) is not None:
+            urls[name] = with_password(urls[name], environ[password_var])
+    return urls
