@@ -143,6 +143,7 @@ class ServicesTransport(Transport):
         self._pub: pika.adapters.blocking_connection.BlockingChannel | None = None
         self._sub: pika.adapters.blocking_connection.BlockingChannel | None = None
         self._inbox: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._consumer_tag: str | None = None
         self._closed = False
 
         if role == "worker":
@@ -226,7 +227,12 @@ class ServicesTransport(Transport):
 
         def drop() -> None:
             ch = self._pub
-            assert ch is not None
+            assert ch is not None and self._sub is not None
+            # Stop consuming first: deleting a queue under a live consumer makes the broker cancel it,
+            # and pika logs that cancel as an unknown consumer.
+            if self._consumer_tag is not None:
+                self._sub.basic_cancel(self._consumer_tag)
+                self._consumer_tag = None
             for q in queues:
                 ch.queue_delete(q)
             ch.exchange_delete(self._names["exchange"])
@@ -246,7 +252,7 @@ class ServicesTransport(Transport):
             self._conn, self._pub, self._sub = conn, pub, sub
             self._declare_topology()
             self._inbox.clear()  # unacked deliveries of a dead connection are redelivered by the broker
-            sub.basic_consume(self._own_queue, self._on_message, auto_ack=False)
+            self._consumer_tag = sub.basic_consume(self._own_queue, self._on_message, auto_ack=False)
         except BaseException:
             self._conn = self._pub = self._sub = None
             try:
