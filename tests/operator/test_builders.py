@@ -423,7 +423,7 @@ def test_metrics_count_jobs_by_phase_including_suspended():
 def test_openfaas_copy_holds_full_urls_for_managed_and_external_services():
     import asyncio
 
-    from mlless_operator.handlers.create import openfaas_urls
+    from mlless_operator.credentials import openfaas_urls
 
     class FakeAPI:
         def __init__(self, secrets: dict[str, dict]):

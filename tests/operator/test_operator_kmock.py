@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import runpy
+import secrets
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
@@ -180,7 +181,6 @@ async def running_operator() -> AsyncIterator[None]:
 
 @pytest_asyncio.fixture
 async def cluster_factory(operator_env: Callable[[str], None]) -> AsyncIterator[Callable[..., Any]]:
-    stack: list[Any] = []
 
     @asynccontextmanager
     async def make(knative: bool = False, openfaas: bool = False) -> AsyncIterator[Cluster]:
@@ -514,3 +514,25 @@ async def test_a_job_created_suspended_gets_its_state_but_no_runtime_until_resum
         await c.patch_job("ml", {"spec": {"suspend": None}})  # unset, as `kubectl patch --type=json -p '[{"op":"remove",…}]'`
         await c.until(lambda: c.names(PODS) == {"ml-supervisor", "ml-worker-0", "ml-worker-1"}, "the runtime started")
         await c.until(lambda: c.phase() == "Pending" and c.condition("Suspended")["reason"] == "Resumed", "resumed")
+
+
+async def test_delete_removes_the_jobs_keys_from_an_external_redis(cluster_factory, redis_url):
+    import redis as redis_client
+
+    name = f"ext-{secrets.token_hex(3)}"
+    store = redis_client.Redis.from_url(redis_url)
+    # A suspended job's checkpoint (no supervisor is left to delete it), and another job's key that must stay.
+    store.set(f"mlless:{NS}.{name}:job-checkpoint", b"model", ex=600)
+    store.set(f"mlless:{NS}.{name}-other:job-checkpoint", b"model", ex=600)
+    try:
+        async with cluster_factory() as c, running_operator():
+            spec = {"redis": {"url": redis_url}, "rabbitmq": {"url": "amqp://guest:guest@127.0.0.1:5672/%2F"}}
+            await c.apply(manifest(name, **spec))
+            await c.until(lambda: c.condition("Created", name), "the Created condition")
+            status, _ = await c.call("DELETE", f"/apis/mlless.io/v1alpha1/namespaces/{NS}/trainingjobs/{name}")
+            assert status == 200
+            await c.until(lambda: c.get(TJ, name) is None, "the job released by its finalizer")
+        assert store.exists(f"mlless:{NS}.{name}:job-checkpoint") == 0
+        assert store.exists(f"mlless:{NS}.{name}-other:job-checkpoint") == 1
+    finally:
+        store.delete(f"mlless:{NS}.{name}-other:job-checkpoint")

@@ -79,6 +79,31 @@ def queue_names(job_id: str) -> dict[str, str]:
     }
 
 
+def unlink_prefix(client: redis.Redis, prefix: str) -> int:
+    """SCAN for `prefix*` and UNLINK in batches; the number of keys deleted."""
+    deleted = 0
+    batch: list[bytes] = []
+    for k in client.scan_iter(match=prefix + "*", count=1000):
+        batch.append(k)
+        if len(batch) >= 500:
+            deleted += client.unlink(*batch)
+            batch.clear()
+    if batch:
+        deleted += client.unlink(*batch)
+    return deleted
+
+
+def delete_job_keys(redis_url: str, job_id: str, timeout: float = 10.0) -> int:
+    """Delete every key of `job_id` from the Redis at `redis_url` (no queue is touched; they expire on their own)."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    try:
+        return unlink_prefix(client, key_prefix(check_job_id(job_id)))
+    except (redis.RedisError, OSError) as exc:
+        raise TransportError(f"cannot delete the keys of {job_id} on {redact_url(redis_url)}: {exc}") from None
+    finally:
+        client.close()
+
+
 class ServicesTransport(Transport):
     """Redis + RabbitMQ backend.  See the module docstring for topology and idioms."""
 
@@ -209,16 +234,7 @@ class ServicesTransport(Transport):
             rk = self._prefix + _RANKS_KEY
             ranks = sorted(int(r) for r in self.redis.smembers(rk))
             self.redis.unlink(rk)  # the internal rank registry is not one of the caller's keys
-            deleted = 0
-            batch: list[bytes] = []
-            for k in self.redis.scan_iter(match=self._prefix + "*", count=1000):
-                batch.append(k)
-                if len(batch) >= 500:
-                    deleted += self.redis.unlink(*batch)
-                    batch.clear()
-            if batch:
-                deleted += self.redis.unlink(*batch)
-            return deleted, ranks
+            return unlink_prefix(self.redis, self._prefix), ranks
 
         deleted, ranks = self._redis_call(run)
         queues = [self._names["supervisor"], self._names["sink"]] + [self._queue_of(r) for r in ranks]

@@ -14,8 +14,6 @@ The runtime (supervisor pod and workers) comes in one of three ways:
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
@@ -23,11 +21,11 @@ from typing import Any, Literal, Mapping
 import kopf
 
 from mlless.spec import SpecError, from_manifest
-from mlless.transport.env import with_password
 from mlless_operator import builders as b
 from mlless_operator import metrics
 from mlless_operator.backends import choose_backend, served_backends
 from mlless_operator.config import Config
+from mlless_operator.credentials import openfaas_urls
 from mlless_operator.handlers.scale import highest_rank, removed_ranks, scale_pods
 from mlless_operator.kubeapi import KubeAPI
 from mlless_operator.status import TERMINAL_PHASES, is_invalid, is_true, now, set_condition
@@ -111,46 +109,6 @@ async def ensure_children(api: KubeAPI, job: b.JobRef, runtime: Runtime = "start
     else:  # pragma: no cover - choose_backend only returns the three
         raise kopf.PermanentError(f"unknown backend {job.backend}")
     return ensured
-
-
-def secret_value(secret: Mapping[str, Any] | None, key: str) -> str | None:
-    """A Secret's value for `key`, decoded; None if absent."""
-    if not secret:
-        return None
-    data = secret.get("data") or {}
-    if key in data:
-        try:
-            return base64.b64decode(data[key]).decode()
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-    # Servers answer with base64 `data`; a client may have stored `stringData` (an emulator keeps it as sent).
-    value = (secret.get("stringData") or {}).get(key)
-    return None if value is None else str(value)
-
-
-async def openfaas_urls(api: KubeAPI, job: b.JobRef) -> dict[str, str]:
-    """The full Redis and AMQP URLs for the OpenFaaS copy: managed ones from the job Secret, external ones with the
-    password from their passwordSecretRef (OpenFaaS can only mount whole values, it cannot assemble a URL)."""
-    urls: dict[str, str] = {}
-    job_secret: Mapping[str, Any] | None = None
-    for service, key in (("redis", b.REDIS_URL_KEY), ("rabbitmq", b.AMQP_URL_KEY)):
-        ext = job.external(service)
-        if ext is None:
-            if job_secret is None:
-                job_secret = await api.get("v1", "Secret", job.namespace, b.secret_name(job)) or {}
-            value = secret_value(job_secret, key)
-            if value is None:
-                raise kopf.TemporaryError(f"Secret {b.secret_name(job)} has no {key} yet", delay=5)
-            urls[key] = value
-            continue
-        password = None
-        ref = ext.get("passwordSecretRef")
-        if ref:
-            password = secret_value(await api.get("v1", "Secret", job.namespace, ref["name"]), ref["key"])
-            if password is None:
-                raise kopf.TemporaryError(f"spec.{service}.passwordSecretRef: Secret {ref['name']} has no key {ref['key']} (yet)", delay=30)
-        urls[key] = with_password(ext["url"], password)
-    return urls
 
 
 def fail_invalid(body: Mapping[str, Any], patch: kopf.Patch, message: str) -> None:

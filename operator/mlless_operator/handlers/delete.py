@@ -3,19 +3,25 @@
 Everything in the job's namespace carries an owner reference and goes with
 the job. The OpenFaaS Function and its Secret copy live in the OpenFaaS
 namespace, where owner references are not allowed, so they are deleted here.
-(The job's Redis keys on an external Redis are not cleaned up here: the
-supervisor deletes them at the end of a job and every key has a TTL.)
+So are the job's keys on an external Redis: the supervisor deletes them when
+a job ends, but a suspended job's checkpoint, or the keys of a job whose
+supervisor never finished, would otherwise stay until their TTL. (An external
+RabbitMQ needs nothing: the job's queues expire once unused.)
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 import kopf
 
+from mlless.transport import TransportError
+from mlless.transport.services import delete_job_keys
 from mlless_operator import builders as b
 from mlless_operator import metrics
 from mlless_operator.config import Config
+from mlless_operator.credentials import external_url
 from mlless_operator.kubeapi import KubeAPI
 
 
@@ -34,4 +40,17 @@ async def cleanup(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger | log
         if await api.delete("v1", "Secret", ns, b.openfaas_secret_name(job)):
             deleted.append(b.openfaas_secret_name(job))
         logger.info("deleted from %s: %s", ns, deleted or "nothing (already gone)")
+    if job.external("redis") is not None:
+        await delete_external_keys(api, job, logger)
     metrics.forget(job.uid)
+
+
+async def delete_external_keys(api: KubeAPI, job: b.JobRef, logger: logging.Logger | logging.LoggerAdapter) -> None:
+    """Best effort: a Redis the operator cannot reach keeps the keys until their TTL, which must not block deletion."""
+    try:
+        url = await external_url(api, job, "redis")
+        deleted = await asyncio.to_thread(delete_job_keys, url, job.job_id)
+    except (kopf.TemporaryError, TransportError) as exc:
+        logger.warning("%s: the job's keys stay on the external Redis until their TTL: %s", job.name, exc)
+        return
+    logger.info("deleted %d keys of %s from the external Redis", deleted, job.job_id)

@@ -1,0 +1,58 @@
+"""Service URLs with their passwords, read from Secrets: for the OpenFaaS copy, and to clean up an external Redis."""
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, Mapping
+
+import kopf
+
+from mlless.transport.env import with_password
+from mlless_operator import builders as b
+from mlless_operator.kubeapi import KubeAPI
+
+
+def secret_value(secret: Mapping[str, Any] | None, key: str) -> str | None:
+    """A Secret's value for `key`, decoded; None if absent."""
+    if not secret:
+        return None
+    data = secret.get("data") or {}
+    if key in data:
+        try:
+            return base64.b64decode(data[key]).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+    # Servers answer with base64 `data`; a client may have stored `stringData` (an emulator keeps it as sent).
+    value = (secret.get("stringData") or {}).get(key)
+    return None if value is None else str(value)
+
+
+async def external_url(api: KubeAPI, job: b.JobRef, service: str) -> str:
+    """spec.<service>.url with the password from its passwordSecretRef, percent-encoded."""
+    ext = job.external(service)
+    assert ext is not None, f"spec.{service} is managed, not external"
+    password = None
+    ref = ext.get("passwordSecretRef")
+    if ref:
+        password = secret_value(await api.get("v1", "Secret", job.namespace, ref["name"]), ref["key"])
+        if password is None:
+            raise kopf.TemporaryError(f"spec.{service}.passwordSecretRef: Secret {ref['name']} has no key {ref['key']} (yet)", delay=30)
+    return with_password(ext["url"], password)
+
+
+async def openfaas_urls(api: KubeAPI, job: b.JobRef) -> dict[str, str]:
+    """The full Redis and AMQP URLs for the OpenFaaS copy: managed ones from the job Secret, external ones with the
+    password from their passwordSecretRef (OpenFaaS can only mount whole values, it cannot assemble a URL)."""
+    urls: dict[str, str] = {}
+    job_secret: Mapping[str, Any] | None = None
+    for service, key in (("redis", b.REDIS_URL_KEY), ("rabbitmq", b.AMQP_URL_KEY)):
+        if job.external(service) is not None:
+            urls[key] = await external_url(api, job, service)
+            continue
+        if job_secret is None:
+            job_secret = await api.get("v1", "Secret", job.namespace, b.secret_name(job)) or {}
+        value = secret_value(job_secret, key)
+        if value is None:
+            raise kopf.TemporaryError(f"Secret {b.secret_name(job)} has no {key} yet", delay=5)
+        urls[key] = value
+    return urls
