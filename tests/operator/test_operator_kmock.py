@@ -181,7 +181,6 @@ async def running_operator() -> AsyncIterator[None]:
 
 @pytest_asyncio.fixture
 async def cluster_factory(operator_env: Callable[[str], None]) -> AsyncIterator[Callable[..., Any]]:
-
     @asynccontextmanager
     async def make(knative: bool = False, openfaas: bool = False) -> AsyncIterator[Cluster]:
         emu = Emulator()
