@@ -5,7 +5,8 @@ command as a local process, the way a kubelet runs a pod on its node. It only
 plays the kubelet: what runs is the real code (`mlless supervisor`, `mlless
 worker`, ...), against whatever services the pod's environment names. With
 `knative=True` it also plays Knative Serving for `serving.knative.dev/v1`
-Services (see `KnativeServing`).
+Services (see `KnativeServing`), and with `openfaas=True` faas-netes and the
+gateway for `openfaas.com/v1` Functions (see `OpenFaaS`).
 
 As a kubelet, for each new Pod it:
 
@@ -14,8 +15,9 @@ As a kubelet, for each new Pod it:
   `fieldRef`, `envFrom`, and `$(VAR)` references to earlier variables with
   Kubernetes' rules (`$$` escapes, an unresolvable reference stays literal);
   `command` and `args` are expanded against the whole container environment;
-- materialises volumes: `configMap` and `secret` volumes as files, `emptyDir`
-  as an empty directory, each in a per-pod directory;
+- materialises volumes: `configMap`, `secret` and `projected` (Secret and
+  ConfigMap sources) volumes as files, `emptyDir` as an empty directory,
+  each in a per-pod directory;
 - runs the process with the resolved environment on top of a minimal base
   environment (PATH, LANG, PYTHONUNBUFFERED, HOSTNAME) - never the test's own;
 - gives a pod with a service account (automountServiceAccountToken not
@@ -41,12 +43,18 @@ passed on as they are):
    value that equals the container port (also after `--flag=`) becomes it;
 3. cluster DNS: in an `http(s)://NAME.NS.svc[.cluster.local]` URL the host is
    replaced by a local plain-HTTP proxy for that Service (`ServiceProxy`), whose backends
-   are the copies `KnativeServing` runs.
+   are the copies `KnativeServing` runs; the short form `http(s)://NAME.NS[:port]` (what
+   a pod's DNS search path completes) only for a Service the stand-in already serves,
+   such as the OpenFaaS gateway (else `example.com` would be Service `example` of
+   namespace `com`).
 
-The image is ignored: `mlless` runs the console script next to
-`sys.executable` (or `python -m mlless`), other commands are looked up on the
-base PATH. Not emulated: init and sidecar containers, probes, resources,
-security contexts, other volume types, workload controllers (StatefulSets and
+The image is ignored, except for what `images` says of its ENTRYPOINT and CMD,
+which a container without `command` runs (as an OpenFaaS Function's does; the
+liberties apply to them too, $(VAR) expansion does not, as on a node): `mlless`
+runs the console script next to `sys.executable` (or `python -m mlless`), other
+commands are looked up on the base PATH. Not emulated: init and sidecar
+containers, probes (the served copies' readiness aside), resources, security
+contexts, other volume types, workload controllers (StatefulSets and
 Deployments get no pods), and Services other than the proxies.
 """
 from __future__ import annotations
@@ -68,7 +76,8 @@ import traceback
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from urllib.parse import urlparse
 
 import aiohttp
 from aiohttp import web
@@ -85,7 +94,10 @@ CLOSE_GRACE = 5.0
 _FORWARDED_HEADERS = ("Content-Type", "Accept", "Authorization")
 
 KNATIVE_SERVICES = "/apis/serving.knative.dev/v1/services"
+OPENFAAS_FUNCTIONS = "/apis/openfaas.com/v1/functions"
 _DNS_URL = re.compile(r"(?P<scheme>https?)://(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\.(?P<ns>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc(\.cluster\.local)?(:(?P<port>\d+))?(?=[/?#]|$)")
+#: `http://NAME.NS[:port]`, which a pod's DNS search path completes to NAME.NS.svc.cluster.local.
+_SHORT_DNS_URL = re.compile(r"https?://(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\.(?P<ns>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(:\d+)?(?=[/?#]|$)")
 
 
 def now() -> str:
@@ -195,6 +207,14 @@ class Launch:
     cwd: Path
 
 
+@dataclass(frozen=True)
+class Image:
+    """What the stand-in knows of an image: its ENTRYPOINT and CMD, for a container without `command`."""
+
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+
+
 @dataclass
 class Sandbox:
     """A pod's node-side state: its directory, volume directories, port map and kubeconfig."""
@@ -213,15 +233,20 @@ class Kubelet:
     pods and the tails of their logs, for a failing test's message.
     """
 
-    def __init__(self, api_url: str, root: Path, knative: bool = False) -> None:
+    def __init__(
+        self, api_url: str, root: Path, knative: bool = False, openfaas: bool = False,
+        openfaas_gateway: str = "http://gateway.openfaas:8080", images: Mapping[str, Image] | None = None,
+    ) -> None:
         self.api = Api(api_url)
         self.api_url = api_url.rstrip("/")
         self.root = Path(root)
         self.log_dir = self.root / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.images = dict(images or {})
         self.pods: dict[str, PodRuntime] = {}  # by uid: a re-created pod of the same name is a new pod
-        self.proxies: dict[tuple[str, str], ServiceProxy] = {}
+        self.proxies: dict[tuple[str, str], Proxy] = {}
         self.knative = KnativeServing(self) if knative else None
+        self.openfaas = OpenFaaS(self, openfaas_gateway) if openfaas else None
         self.errors: list[str] = []  # the stand-in's own failures (a test should fail on them, not wait)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -250,11 +275,23 @@ class Kubelet:
 
     # -- the sync loop
 
+    def runtimes(self) -> list[PodRuntime]:
+        """Every pod the stand-in runs: the API's Pods, then the Knative and OpenFaaS copies."""
+        return (
+            list(self.pods.values())
+            + (self.knative.runtimes() if self.knative else [])
+            + (self.openfaas.runtimes() if self.openfaas else [])
+        )
+
     async def _loop(self) -> None:
+        if self.openfaas is not None:
+            await self.openfaas.start()  # before any pod resolves the gateway's address
         while not self._closing:
             try:
                 if self.knative is not None:
                     await self.knative.sync()
+                if self.openfaas is not None:
+                    await self.openfaas.sync()
                 await self._sync_pods()
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 self.event(f"API error (retrying): {exc!r}")
@@ -285,7 +322,7 @@ class Kubelet:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        runtimes = list(self.pods.values()) + (self.knative.runtimes() if self.knative else [])
+        runtimes = self.runtimes()
         for runtime in runtimes:
             runtime.delete(grace=CLOSE_GRACE)
         await asyncio.gather(*(r.task for r in runtimes), return_exceptions=True)
@@ -297,7 +334,7 @@ class Kubelet:
 
     # -- resolving a container
 
-    async def proxy_for(self, namespace: str, name: str) -> ServiceProxy:
+    async def proxy_for(self, namespace: str, name: str) -> Proxy:
         """The local address of Service NAME.NS (created on first use, as pods resolve it before its backends exist)."""
         async with self._proxy_lock:
             key = (namespace, name)
@@ -322,25 +359,17 @@ class Kubelet:
             if "emptyDir" in volume:
                 pass
             elif "configMap" in volume or "secret" in volume:
-                source = volume.get("configMap") or volume.get("secret")
                 secret = "secret" in volume
-                name = source.get("secretName") if secret else source.get("name")
-                obj = await self.api.get(_object_path("/api/v1/secrets" if secret else "/api/v1/configmaps", ns, name))
-                if obj is None:
-                    if source.get("optional"):
-                        continue
-                    raise ConfigError(f"volume {volume['name']}: {'Secret' if secret else 'ConfigMap'} {name} not found")
-                data = _decoded_data(obj, secret)
-                items = source.get("items") or [{"key": k, "path": k} for k in data]
-                for item in items:
-                    if item["key"] not in data:
-                        raise ConfigError(f"volume {volume['name']}: key {item['key']} not in {name}")
-                    target = path / item["path"]
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(data[item["key"]])
-                    target.chmod(0o444)
+                if not await self._project(path, ns, volume["name"], volume["secret" if secret else "configMap"], secret):
+                    continue
+            elif "projected" in volume:  # as OpenFaaS mounts a Function's secrets
+                for source in volume["projected"].get("sources") or []:
+                    if not ("secret" in source or "configMap" in source):
+                        raise Unsupported(f"volume {volume['name']}: projected {sorted(source)} is not emulated")
+                    secret = "secret" in source
+                    await self._project(path, ns, volume["name"], source["secret" if secret else "configMap"], secret)
             else:
-                raise Unsupported(f"volume {volume['name']}: only configMap, secret and emptyDir volumes are emulated")
+                raise Unsupported(f"volume {volume['name']}: only configMap, secret, projected and emptyDir volumes are emulated")
             box.volumes[volume["name"]] = path
         for container in spec.get("containers") or []:
             for port in container.get("ports") or []:
@@ -357,6 +386,26 @@ class Kubelet:
                 "current-context: in-cluster\n"
             )
         return box
+
+    async def _project(self, path: Path, namespace: str, volume: str, source: Manifest, secret: bool) -> bool:
+        """Write a Secret's or ConfigMap's keys (or its `items`) as read-only files; False if it is optional and missing."""
+        name = source.get("secretName" if "secretName" in source else "name")
+        obj = await self.api.get(_object_path("/api/v1/secrets" if secret else "/api/v1/configmaps", namespace, name))
+        if obj is None:
+            if source.get("optional"):
+                return False
+            raise ConfigError(f"volume {volume}: {'Secret' if secret else 'ConfigMap'} {name} not found")
+        data = _decoded_data(obj, secret)
+        for item in source.get("items") or [{"key": k, "path": k} for k in data]:
+            if item["key"] not in data:
+                raise ConfigError(f"volume {volume}: key {item['key']} not in {name}")
+            target = path / item["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                target.chmod(0o644)
+            target.write_bytes(data[item["key"]])
+            target.chmod(0o444)
+        return True
 
     async def resolve_container(self, pod: Manifest, container: Manifest, box: Sandbox) -> Launch:
         """The argv, environment and working directory of one container, resolved as a kubelet would."""
@@ -397,7 +446,14 @@ class Kubelet:
         command = [expand(await literal(a), env) for a in container.get("command") or []]
         args = [expand(await literal(a), env) for a in container.get("args") or []]
         if not command:
-            raise Unsupported(f"container {container['name']}: no command (the stand-in has no image entrypoint)")
+            # A container runtime's rule: ENTRYPOINT, then the pod's args if it has any, else CMD (not $(VAR)-expanded).
+            image = self.images.get(container.get("image", ""))
+            if image is None:
+                raise Unsupported(f"container {container['name']}: no command, and the stand-in knows no default command of image {container.get('image')!r}")
+            command = [await literal(a) for a in image.entrypoint]
+            args = args if container.get("args") else [await literal(a) for a in image.cmd]
+            if not command and not args:
+                raise Unsupported(f"container {container['name']}: image {container.get('image')!r} has neither ENTRYPOINT nor CMD")
         base = {
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
             "LANG": "C.UTF-8",
@@ -444,6 +500,10 @@ class Kubelet:
         for match in reversed(list(_DNS_URL.finditer(rest))):
             proxy = await self.proxy_for(match["ns"], match["name"])
             rest = f"{rest[: match.start()]}http://127.0.0.1:{proxy.port}{rest[match.end():]}"
+        for match in reversed(list(_SHORT_DNS_URL.finditer(rest))):
+            proxy = self.proxies.get((match["ns"], match["name"]))  # only a Service the stand-in serves (not example.com)
+            if proxy is not None:
+                rest = f"{rest[: match.start()]}http://127.0.0.1:{proxy.port}{rest[match.end():]}"
         return f"{flag}{sep}{rest}"
 
     # -- diagnostics
@@ -456,7 +516,7 @@ class Kubelet:
     def report(self, tail: int = 40) -> str:
         """Every pod's last known status and the tail of every log, for a failing test's message."""
         lines = [f"kubelet stand-in logs: {self.log_dir}"]
-        for runtime in list(self.pods.values()) + (self.knative.runtimes() if self.knative else []):
+        for runtime in self.runtimes():
             containers = ", ".join(
                 f"{s.name} {json.dumps(s.state)} restarts {s.restart_count}" for s in runtime.containers.values()
             )
@@ -715,16 +775,16 @@ class PodRuntime:
         return 128 - code if code < 0 else code
 
 
-# ---- Knative Serving -------------------------------------------------------------------------------
+# ---- serving copies: proxies, Knative Serving, OpenFaaS ---------------------------------------------
 
 
 @dataclass
 class Backend:
-    """One copy of a Knative revision, as the proxy sees it."""
+    """One copy of a served workload (a Knative revision, an OpenFaaS Function), as a proxy sees it."""
 
     runtime: PodRuntime
     port: int
-    capacity: int  # containerConcurrency; 0 = unlimited
+    capacity: int  # requests one copy takes at a time (containerConcurrency, max_inflight); 0 = unlimited
     ready: bool = False
     inflight: int = 0
 
@@ -732,21 +792,30 @@ class Backend:
         return self.ready and not self.runtime.deleting.is_set() and (self.capacity == 0 or self.inflight < self.capacity)
 
 
-class ServiceProxy:
-    """What `NAME.NS.svc.cluster.local` reaches: an activator that forwards each request to a free copy.
+@dataclass
+class Handled:
+    """One request a proxy forwarded: what it asked for, which copy answered, and how."""
 
-    A request waits (as Knative's activator buffers) until a copy is ready and
-    below its containerConcurrency; a copy that answers 429 or refuses the
-    connection is skipped and another tried, until the revision's timeout.
+    target: str
+    method: str
+    path: str  # as forwarded to the copy
+    copy: str | None
+    status: int
+
+
+class Proxy:
+    """A local plain-HTTP front that forwards each request to a free copy, as an activator or gateway does.
+
+    A request waits (as Knative's activator buffers, and the OpenFaaS gateway
+    waits for a replica) until a copy is ready and below its capacity; a copy
+    that answers 429 or refuses the connection is skipped and another tried,
+    until the timeout. Subclasses say which copies serve a request (`_handle`).
     """
 
-    def __init__(self, kubelet: Kubelet, namespace: str, name: str) -> None:
+    def __init__(self, kubelet: Kubelet) -> None:
         self.kubelet = kubelet
-        self.namespace = namespace
-        self.name = name
-        self.backends: list[Backend] = []
-        self.timeout = 300.0
         self.port = 0
+        self.handled: list[Handled] = []
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._requests = itertools.count(1)
@@ -770,39 +839,165 @@ class ServiceProxy:
             await self._runner.cleanup()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raise NotImplementedError
+
+    async def forward(self, request: web.Request, target: str, backends: Callable[[], list[Backend]], path_qs: str, timeout: float) -> web.Response:
+        """Send `request` to `path_qs` on a free copy among `backends()` (looked up anew while waiting)."""
         assert self._session is not None
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k in _FORWARDED_HEADERS}
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
+        deadline = loop.time() + timeout
         number = next(self._requests)
-        start = next(self._next) % max(1, len(self.backends))
+        turn = next(self._next)
         while loop.time() < deadline:
-            candidates = self.backends[start:] + self.backends[:start]
-            backend = next((b for b in candidates if b.free()), None)
+            copies = backends()
+            start = turn % max(1, len(copies))
+            backend = next((b for b in copies[start:] + copies[:start] if b.free()), None)
             if backend is None:
                 await asyncio.sleep(0.05)
                 continue
             backend.inflight += 1
             try:
-                timeout = aiohttp.ClientTimeout(total=max(1.0, deadline - loop.time()))
-                url = f"http://127.0.0.1:{backend.port}{request.path_qs}"
-                async with self._session.request(request.method, url, data=body, headers=headers, timeout=timeout) as resp:
+                left = aiohttp.ClientTimeout(total=max(1.0, deadline - loop.time()))
+                url = f"http://127.0.0.1:{backend.port}{path_qs}"
+                async with self._session.request(request.method, url, data=body, headers=headers, timeout=left) as resp:
                     payload = await resp.read()
             except aiohttp.ClientConnectorError:
                 backend.ready = False  # not listening (any more): never reached it, so another copy may take it
                 continue
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                self.kubelet.event(f"proxy {self.name}.{self.namespace} #{number}: {backend.runtime.name} failed: {exc!r}")
+                self.kubelet.event(f"proxy {target} #{number}: {backend.runtime.name} failed: {exc!r}")
+                self.handled.append(Handled(target, request.method, path_qs, backend.runtime.name, 502))
                 return web.Response(status=502, text=f"{backend.runtime.name}: {exc!r}\n")
             finally:
                 backend.inflight -= 1
             if resp.status == 429:
                 await asyncio.sleep(0.05)  # busy: another copy
                 continue
-            self.kubelet.event(f"proxy {self.name}.{self.namespace} #{number}: {request.method} {request.path} -> {backend.runtime.name}: {resp.status}")
+            self.kubelet.event(f"proxy {target} #{number}: {request.method} {path_qs} -> {backend.runtime.name}: {resp.status}")
+            self.handled.append(Handled(target, request.method, path_qs, backend.runtime.name, resp.status))
             return web.Response(status=resp.status, body=payload, content_type=resp.content_type)
-        return web.Response(status=504, text=f"no copy of {self.name} answered within {self.timeout:g}s\n")
+        self.handled.append(Handled(target, request.method, path_qs, None, 504))
+        return web.Response(status=504, text=f"no copy of {target} answered within {timeout:g}s\n")
+
+
+class ServiceProxy(Proxy):
+    """What `NAME.NS.svc.cluster.local` reaches: the copies `KnativeServing` runs for Service NAME."""
+
+    def __init__(self, kubelet: Kubelet, namespace: str, name: str) -> None:
+        super().__init__(kubelet)
+        self.namespace = namespace
+        self.name = name
+        self.backends: list[Backend] = []
+        self.timeout = 300.0
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        return await self.forward(request, f"{self.name}.{self.namespace}", lambda: self.backends, request.path_qs, self.timeout)
+
+
+_C = TypeVar("_C", bound="_Copies")
+
+
+class _Copies:
+    """The copies of one version of a served workload: each a `PodRuntime` (restartPolicy Always), a `Backend` once up.
+
+    `scale_to` adds or stops copies; `ready_check` is the readiness probe, a
+    TCP connect or an HTTP GET of `probe_path` answering 200.
+    """
+
+    def __init__(self, kubelet: Kubelet, what: str, namespace: str, name: str, capacity: int, sandbox_root: Path,
+                 shared: list[Backend] | None = None, probe_path: str | None = None) -> None:
+        self.kubelet = kubelet
+        self.what = what  # "knative ns/svc", for events
+        self.namespace = namespace
+        self.name = name  # of the version: copy pods are named after it
+        self.capacity = capacity
+        self.sandbox_root = sandbox_root
+        self.backends: list[Backend] = []
+        self.shared = shared  # a proxy's list across versions, kept in step with `backends`
+        self.probe_path = probe_path
+        self._copies = itertools.count()
+        self._probes: set[asyncio.Task[None]] = set()
+
+    def copy_pod(self, index: int) -> Manifest:
+        raise NotImplementedError
+
+    def live(self) -> list[Backend]:
+        return [b for b in self.backends if not b.runtime.deleting.is_set()]
+
+    def scale_to(self, replicas: int) -> None:
+        live = self.live()
+        for backend in live[replicas:]:
+            backend.ready = False
+            backend.runtime.delete()
+        for _ in range(replicas - len(live)):
+            pod = self.copy_pod(next(self._copies))
+            runtime = PodRuntime(
+                self.kubelet, pod, report=False,
+                sandbox_dir=self.sandbox_root / f"{self.namespace}_{pod['metadata']['name']}", on_start=self._probe,
+            )
+            # The port is the sandbox's; known once it is prepared, so the backend learns it on start.
+            backend = Backend(runtime, port=0, capacity=self.capacity)
+            self.backends.append(backend)
+            if self.shared is not None:
+                self.shared.append(backend)
+            self.kubelet.event(f"{self.what}: copy {pod['metadata']['name']} of {self.name}")
+        for backend in [b for b in self.backends if b.runtime.task.done()]:
+            self.backends.remove(backend)
+            if self.shared is not None:
+                self.shared.remove(backend)
+
+    async def _probe(self, runtime: PodRuntime) -> None:
+        """Readiness, from each (re)start of the copy's container until it first passes."""
+        backend = next(b for b in self.backends if b.runtime is runtime)
+        assert runtime.box is not None
+        container_port = int(((runtime.spec.get("containers") or [{}])[0].get("ports") or [{"containerPort": 8080}])[0]["containerPort"])
+        backend.port = runtime.box.ports[container_port]
+        backend.ready = False
+
+        async def probe() -> None:
+            while not runtime.deleting.is_set() and not runtime.task.done():
+                if await self._ready(backend.port):
+                    backend.ready = True
+                    self.kubelet.event(f"{self.what}: {runtime.name} ready on 127.0.0.1:{backend.port}")
+                    return
+                await asyncio.sleep(0.1)
+
+        task = asyncio.create_task(probe())
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+
+    async def _ready(self, port: int) -> bool:
+        if self.probe_path is None:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                return False
+            writer.close()
+            return True
+        try:
+            async with self.kubelet.api.session.get(f"http://127.0.0.1:{port}{self.probe_path}", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+
+
+def _stopping(versions: list[_C]) -> list[_C]:
+    """Replaced versions that still have copies to stop (each pass forgets the copies that have ended)."""
+    for version in versions:
+        version.scale_to(0)
+    return [v for v in versions if v.backends]
+
+
+def _digest(spec: Manifest, drop: Callable[[Manifest], None]) -> str:
+    """What makes a new version: the spec without what `drop` removes from a copy of it (the scale settings)."""
+    spec = json.loads(json.dumps(spec))
+    drop(spec)
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+
+
+# ---- Knative Serving -------------------------------------------------------------------------------
 
 
 class KnativeServing:
@@ -821,9 +1016,10 @@ class KnativeServing:
     def __init__(self, kubelet: Kubelet) -> None:
         self.kubelet = kubelet
         self.services: dict[str, _Revision] = {}  # by the Service's uid
+        self.retired: list[_Revision] = []  # replaced revisions whose copies are still stopping
 
     def runtimes(self) -> list[PodRuntime]:
-        return [b.runtime for rev in self.services.values() for b in rev.backends]
+        return [b.runtime for rev in [*self.services.values(), *self.retired] for b in rev.backends]
 
     async def sync(self) -> None:
         seen = set()
@@ -834,14 +1030,16 @@ class KnativeServing:
             template = (ksvc.get("spec") or {}).get("template") or {}
             annotations = (template.get("metadata") or {}).get("annotations") or {}
             scale = next((int(annotations[k]) for k in self.SCALE_KEYS if k in annotations), 1)
-            digest = _revision_digest(template)
+            digest = _digest(template, _drop_knative_scale)
             rev = self.services.get(uid)
             if meta.get("deletionTimestamp"):
                 scale = 0
             if rev is None or rev.digest != digest:
                 if rev is not None:
                     rev.scale_to(0)
+                    self.retired.append(rev)
                 proxy = await self.kubelet.proxy_for(meta["namespace"], meta["name"])
+                assert isinstance(proxy, ServiceProxy)
                 number = 1 if rev is None else rev.number + 1
                 rev = self.services[uid] = _Revision(self.kubelet, ksvc, template, digest, number, proxy)
             rev.scale_to(scale)
@@ -849,38 +1047,34 @@ class KnativeServing:
         for uid, rev in self.services.items():
             if uid not in seen:
                 rev.scale_to(0)
+        self.retired = _stopping(self.retired)
 
 
-def _revision_digest(template: Manifest) -> str:
-    """What makes a new revision here: the template without the scale annotations."""
-    template = json.loads(json.dumps(template))
+def _drop_knative_scale(template: Manifest) -> None:
     annotations = (template.get("metadata") or {}).get("annotations") or {}
     for key in list(annotations):
         if key.startswith("autoscaling.knative.dev/"):
             del annotations[key]
-    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
 
 
-class _Revision:
+class _Revision(_Copies):
     def __init__(self, kubelet: Kubelet, ksvc: Manifest, template: Manifest, digest: str, number: int, proxy: ServiceProxy) -> None:
-        self.kubelet = kubelet
+        namespace, service = ksvc["metadata"]["namespace"], ksvc["metadata"]["name"]
+        spec = template.get("spec") or {}
+        super().__init__(
+            kubelet, f"knative {namespace}/{service}", namespace, f"{service}-{number:05d}",
+            capacity=int(spec.get("containerConcurrency") or 0), sandbox_root=kubelet.root / "knative", shared=proxy.backends,
+        )
         self.ksvc = ksvc
-        self.namespace = ksvc["metadata"]["namespace"]
-        self.service = ksvc["metadata"]["name"]
+        self.service = service
         self.template = template
         self.digest = digest
         self.number = number
-        self.name = f"{self.service}-{number:05d}"
         self.proxy = proxy
-        spec = template.get("spec") or {}
-        self.capacity = int(spec.get("containerConcurrency") or 0)
         proxy.timeout = float(spec.get("timeoutSeconds") or 300)
-        self.backends: list[Backend] = []
-        self._copies = itertools.count()
         self._published: bool | None = None
-        self._probes: set[asyncio.Task[None]] = set()
 
-    def _copy_pod(self, index: int) -> Manifest:
+    def copy_pod(self, index: int) -> Manifest:
         spec = json.loads(json.dumps(self.template.get("spec") or {}))
         for key in ("containerConcurrency", "timeoutSeconds"):
             spec.pop(key, None)
@@ -898,54 +1092,8 @@ class _Revision:
         name = f"{self.name}-deployment-{index}"
         return {"metadata": {"name": name, "namespace": self.namespace, "uid": str(uuid.uuid4()), "labels": {"serving.knative.dev/revision": self.name}}, "spec": spec}
 
-    def scale_to(self, replicas: int) -> None:
-        live = [b for b in self.backends if not b.runtime.deleting.is_set()]
-        for backend in live[replicas:]:
-            backend.ready = False
-            backend.runtime.delete()
-        for _ in range(replicas - len(live)):
-            index = next(self._copies)
-            pod = self._copy_pod(index)
-            runtime = PodRuntime(
-                self.kubelet, pod, report=False,
-                sandbox_dir=self.kubelet.root / "knative" / f"{self.namespace}_{pod['metadata']['name']}",
-                on_start=self._probe,
-            )
-            # The port is the sandbox's; known once it is prepared, so the backend learns it on start.
-            backend = Backend(runtime, port=0, capacity=self.capacity)
-            self.backends.append(backend)
-            self.proxy.backends.append(backend)
-            self.kubelet.event(f"knative {self.namespace}/{self.service}: copy {pod['metadata']['name']} of revision {self.name}")
-        for backend in [b for b in self.backends if b.runtime.task.done()]:
-            self.backends.remove(backend)
-            self.proxy.backends.remove(backend)
-
-    async def _probe(self, runtime: PodRuntime) -> None:
-        """Readiness: the copy accepts TCP connections on its port (Knative's default probe)."""
-        backend = next(b for b in self.backends if b.runtime is runtime)
-        assert runtime.box is not None
-        container_port = int(((runtime.spec.get("containers") or [{}])[0].get("ports") or [{"containerPort": 8080}])[0]["containerPort"])
-        backend.port = runtime.box.ports[container_port]
-        backend.ready = False
-
-        async def probe() -> None:
-            while not runtime.deleting.is_set() and not runtime.task.done():
-                try:
-                    _, writer = await asyncio.open_connection("127.0.0.1", backend.port)
-                except OSError:
-                    await asyncio.sleep(0.1)
-                    continue
-                writer.close()
-                backend.ready = True
-                self.kubelet.event(f"knative {self.namespace}/{self.service}: {runtime.name} ready on 127.0.0.1:{backend.port}")
-                return
-
-        task = asyncio.create_task(probe())
-        self._probes.add(task)
-        task.add_done_callback(self._probes.discard)
-
     async def publish_status(self) -> None:
-        live = [b for b in self.backends if not b.runtime.deleting.is_set()]
+        live = self.live()
         ready = bool(live) and all(b.ready for b in live)
         if ready == self._published:
             return
@@ -963,3 +1111,179 @@ class _Revision:
         with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
             if await self.kubelet.api.patch_status(_object_path(KNATIVE_SERVICES, self.namespace, self.service), status):
                 self._published = ready
+
+
+# ---- OpenFaaS --------------------------------------------------------------------------------------
+
+#: Where faas-netes mounts a Function's secrets, one file per key.
+OPENFAAS_SECRETS_DIR = "/var/openfaas/secrets"
+OPENFAAS_PORT = 8080
+_SCALE_MIN = "com.openfaas.scale.min"
+_DURATION = re.compile(r"(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?")
+
+
+def go_duration(text: str | None, default: float) -> float:
+    """Seconds of an OpenFaaS timeout ("300s", "1m30s", or a bare number of seconds)."""
+    if not text:
+        return default
+    text = str(text).strip()
+    if text.replace(".", "", 1).isdigit():
+        return float(text)
+    match = _DURATION.fullmatch(text)
+    if match is None or not any(match.groupdict().values()):
+        return default
+    return sum(float(match[u] or 0) * f for u, f in (("h", 3600), ("m", 60), ("s", 1)))
+
+
+class OpenFaaS:
+    """`openfaas.com/v1` Functions and the OpenFaaS gateway, played: what faas-netes and the gateway do.
+
+    Each Function runs as `com.openfaas.scale.min` copies (1 if unset) of the
+    pod faas-netes would make: one container named after the function, with
+    no command, so the image's default command runs (the Kubelet's `images`
+    must know it); its `environment` as env vars; its `secrets` projected as
+    files, one per key, under /var/openfaas/secrets; an emptyDir on /tmp when
+    `readOnlyRootFilesystem`; port 8080, ready once GET /_/health answers 200.
+    A change of the scale labels adds or stops copies; any other change of the
+    spec redeploys (new copies replace the old). A Function has no status.
+
+    The gateway (`OpenFaaSGateway`) answers at `gateway_url`'s host, which pods
+    reach under that name (`gateway.openfaas`, also with `.svc[.cluster.local]`).
+    """
+
+    def __init__(self, kubelet: Kubelet, gateway_url: str = "http://gateway.openfaas:8080", functions_namespace: str = "openfaas-fn") -> None:
+        host = urlparse(gateway_url).hostname or ""
+        name, _, namespace = host.partition(".")
+        if not name or not namespace or "." in namespace:
+            raise ValueError(f"gateway URL {gateway_url!r}: the host must be SERVICE.NAMESPACE")
+        self.kubelet = kubelet
+        self.gateway = OpenFaaSGateway(kubelet, self, functions_namespace)
+        self.gateway_service = (namespace, name)
+        self.functions: dict[str, _FunctionDeployment] = {}  # by the Function's uid
+        self.retired: list[_FunctionDeployment] = []  # replaced deployments whose copies are still stopping
+
+    def runtimes(self) -> list[PodRuntime]:
+        return [b.runtime for dep in [*self.functions.values(), *self.retired] for b in dep.backends]
+
+    async def start(self) -> None:
+        await self.gateway.start()
+        self.kubelet.proxies[self.gateway_service] = self.gateway
+        namespace, name = self.gateway_service
+        self.kubelet.event(f"openfaas: gateway {name}.{namespace} -> 127.0.0.1:{self.gateway.port}")
+
+    def deployment(self, namespace: str, name: str) -> _FunctionDeployment | None:
+        """The current deployment of function `name` (spec.name) in `namespace`."""
+        return next((d for d in self.functions.values() if d.namespace == namespace and d.function == name and not d.gone), None)
+
+    async def sync(self) -> None:
+        seen = set()
+        for fn in await self.kubelet.api.list(OPENFAAS_FUNCTIONS):
+            meta = fn["metadata"]
+            uid = meta.get("uid") or f"{meta['namespace']}/{meta['name']}"
+            seen.add(uid)
+            spec = fn.get("spec") or {}
+            scale = int((spec.get("labels") or {}).get(_SCALE_MIN, 1))
+            digest = _digest(spec, _drop_openfaas_scale)
+            dep = self.functions.get(uid)
+            if meta.get("deletionTimestamp"):
+                scale = 0
+            if dep is None or dep.digest != digest:
+                if dep is not None:
+                    dep.retire()
+                    self.retired.append(dep)
+                number = 1 if dep is None else dep.number + 1
+                dep = self.functions[uid] = _FunctionDeployment(self.kubelet, fn, digest, number)
+            dep.scale_to(scale)
+        for uid, dep in self.functions.items():
+            if uid not in seen:
+                dep.retire()
+        self.retired = _stopping(self.retired)
+
+
+def _drop_openfaas_scale(spec: Manifest) -> None:
+    labels = spec.get("labels") or {}
+    for key in list(labels):
+        if key.startswith("com.openfaas.scale."):
+            del labels[key]
+
+
+class _FunctionDeployment(_Copies):
+    def __init__(self, kubelet: Kubelet, fn: Manifest, digest: str, number: int) -> None:
+        meta, spec = fn["metadata"], fn.get("spec") or {}
+        function = spec.get("name") or meta["name"]
+        environment = {str(k): str(v) for k, v in (spec.get("environment") or {}).items()}
+        super().__init__(
+            kubelet, f"openfaas {meta['namespace']}/{function}", meta["namespace"], f"{function}-{digest[:5]}",
+            capacity=int(environment.get("max_inflight") or 0), sandbox_root=kubelet.root / "openfaas", probe_path="/_/health",
+        )
+        self.function = function
+        self.spec = spec
+        self.environment = environment
+        self.digest = digest
+        self.number = number
+        self.gone = False
+        self.timeout = go_duration(environment.get("exec_timeout") or environment.get("write_timeout"), 300.0)
+
+    def retire(self) -> None:
+        self.gone = True
+        self.scale_to(0)
+
+    def copy_pod(self, index: int) -> Manifest:
+        container: Manifest = {
+            "name": self.function,
+            "image": self.spec.get("image", ""),
+            "env": [{"name": k, "value": v} for k, v in self.environment.items()],
+            "ports": [{"containerPort": OPENFAAS_PORT, "protocol": "TCP"}],
+            "volumeMounts": [],
+        }
+        volumes: list[Manifest] = []
+        if self.spec.get("secrets"):
+            volume = f"{self.function}-projected-secrets"
+            volumes.append({"name": volume, "projected": {"sources": [{"secret": {"name": s}} for s in self.spec["secrets"]]}})
+            container["volumeMounts"].append({"name": volume, "mountPath": OPENFAAS_SECRETS_DIR, "readOnly": True})
+        if self.spec.get("readOnlyRootFilesystem"):
+            volumes.append({"name": "temp", "emptyDir": {}})
+            container["volumeMounts"].append({"name": "temp", "mountPath": "/tmp"})
+        labels = {"faas_function": self.function, **{str(k): str(v) for k, v in (self.spec.get("labels") or {}).items()}}
+        return {
+            "metadata": {"name": f"{self.name}-{index}", "namespace": self.namespace, "uid": str(uuid.uuid4()), "labels": labels},
+            "spec": {
+                "restartPolicy": "Always",
+                "terminationGracePeriodSeconds": int(self.timeout) + 2,
+                "containers": [container],
+                "volumes": volumes,
+            },
+        }
+
+
+class OpenFaaSGateway(Proxy):
+    """The gateway: /function/NAME[.NS][/PATH] goes to PATH (default /) on an idle copy of function NAME.
+
+    NS defaults to the functions namespace. An idle copy has fewer requests
+    in flight than its Function's `max_inflight` (any ready copy without
+    one); the gateway waits for one up to the Function's exec_timeout. An
+    unknown function answers 404.
+    """
+
+    def __init__(self, kubelet: Kubelet, openfaas: OpenFaaS, functions_namespace: str) -> None:
+        super().__init__(kubelet)
+        self.openfaas = openfaas
+        self.functions_namespace = functions_namespace
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        match = re.fullmatch(r"/function/(?P<fn>[^/?#]+)(?P<rest>/[^?#]*)?", request.path)
+        if match is None:
+            return web.Response(status=404, text=f"no route for {request.path}: the gateway serves /function/NAME[.NAMESPACE]\n")
+        name, _, namespace = match["fn"].partition(".")
+        namespace = namespace or self.functions_namespace
+        path_qs = (match["rest"] or "/") + (f"?{request.query_string}" if request.query_string else "")
+        deployment = self.openfaas.deployment(namespace, name)
+        if deployment is None:
+            self.handled.append(Handled(f"{name}.{namespace}", request.method, path_qs, None, 404))
+            return web.Response(status=404, text=f"error finding function {name}.{namespace}: not found\n")
+
+        def backends() -> list[Backend]:
+            current = self.openfaas.deployment(namespace, name)
+            return current.backends if current is not None else []
+
+        return await self.forward(request, f"{name}.{namespace}", backends, path_qs, deployment.timeout)

@@ -22,11 +22,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import aiohttp
 import pytest
 
 from mlless.cli import build_parser
 
-from kubelet import Kubelet, expand
+from kubelet import Image, Kubelet, expand
 from test_operator_kmock import NS, PODS, Cluster, cluster_factory, operator_env, running_operator  # noqa: F401  (fixtures)
 
 
@@ -104,7 +105,7 @@ async def until(check: Any, what: str, kubelet: Kubelet) -> Any:
         if value:
             return value
         assert not kubelet.errors, kubelet.errors[0]
-        for runtime in list(kubelet.pods.values()) + (kubelet.knative.runtimes() if kubelet.knative else []):
+        for runtime in kubelet.runtimes():
             assert runtime.failure is None, f"{runtime.name} cannot run: {runtime.failure}"
             looping = [s.name for s in runtime.containers.values() if s.restart_count >= 3]
             assert not looping, f"{runtime.name}: container {looping} restarted {runtime.containers[looping[0]].restart_count} times"
@@ -114,9 +115,9 @@ async def until(check: Any, what: str, kubelet: Kubelet) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def running(c: Cluster, tmp_path: Path, knative: bool = False) -> Any:
-    """The operator and the kubelet stand-in (stopped in reverse: the kubelet first)."""
-    async with running_operator(), Kubelet(c.url, tmp_path / "kubelet", knative=knative) as kubelet:
+async def running(c: Cluster, tmp_path: Path, **options: Any) -> Any:
+    """The operator and the kubelet stand-in (stopped in reverse: the kubelet first); `options` go to `Kubelet`."""
+    async with running_operator(), Kubelet(c.url, tmp_path / "kubelet", **options) as kubelet:
         yield kubelet
         assert not kubelet.errors, kubelet.errors
 
@@ -303,3 +304,88 @@ async def test_stand_in_resolves_env_volumes_restarts_and_stops_pods(cluster_fac
                 assert runtime.containers["main"].state["terminated"]["exitCode"] == code, name
             assert (kubelet.pod(NS, "polite").box.volumes["out"] / "sigterm").exists()
             assert not kubelet.errors, kubelet.errors
+
+
+#: A function image's default command: answers every request with what it sees (a POST first sleeps its body's seconds).
+ECHO = """
+import http.server, json, os, pathlib, sys, time
+class Echo(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.answer()
+    def do_POST(self):
+        time.sleep(float(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or 0))
+        self.answer()
+    def answer(self):
+        secrets = {p.name: p.read_text() for p in pathlib.Path(os.environ["SECRETS_DIR"]).iterdir()}
+        body = json.dumps({"path": self.path, "copy": os.environ["HOSTNAME"], "greeting": os.environ.get("GREETING"),
+                           "secrets": secrets, "tmp": os.environ.get("TMPDIR")}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Echo).serve_forever()
+"""
+#: A pod that records its environment.
+ENV_RECORDER = "import json, os, pathlib; pathlib.Path(os.environ['OUT'], 'env').write_text(json.dumps(dict(os.environ)))"
+
+
+@pytest.mark.asyncio
+async def test_stand_in_plays_openfaas_functions_behind_the_gateway(cluster_factory, tmp_path):
+    images = {"echo:1": Image(entrypoint=("python", "-c", ECHO), cmd=("8080",))}
+    async with cluster_factory(openfaas=True) as c, Kubelet(c.url, tmp_path / "kubelet", openfaas=True, images=images) as kubelet:
+        with explained(kubelet):
+            fn_ns = "openfaas-fn"
+            status, _ = await c.call("POST", f"/api/v1/namespaces/{fn_ns}/secrets",
+                                     {"metadata": {"name": "creds", "namespace": fn_ns}, "data": {"token": base64.b64encode(b"s3cret").decode()}})
+            assert status == 201
+            function = {
+                "apiVersion": "openfaas.com/v1", "kind": "Function", "metadata": {"name": "echo", "namespace": fn_ns},
+                "spec": {
+                    "name": "echo", "image": "echo:1", "labels": {"com.openfaas.scale.min": "2", "com.openfaas.scale.max": "2"},
+                    "environment": {"GREETING": "hi", "SECRETS_DIR": "/var/openfaas/secrets", "max_inflight": "1"},
+                    "secrets": ["creds"], "readOnlyRootFilesystem": True,
+                },
+            }
+            status, _ = await c.call("POST", f"/apis/openfaas.com/v1/namespaces/{fn_ns}/functions", function)
+            assert status == 201
+            copies = lambda: [b for dep in kubelet.openfaas.functions.values() for b in dep.live()]  # noqa: E731
+            await until(lambda: len(copies()) == 2 and all(b.ready for b in copies()), "two ready copies", kubelet)
+
+            # A pod reaches the gateway under its short cluster name; other two-label hosts are left alone.
+            await c.call("POST", f"/api/v1/namespaces/{NS}/configmaps", {"metadata": {"name": "cfg", "namespace": NS}, "data": {}})
+            env = [{"name": "GATEWAY", "value": "http://gateway.openfaas:8080/function/echo"}, {"name": "OTHER", "value": "http://example.com/x"}]
+            await c.call("POST", f"/api/v1/namespaces/{NS}/pods", pod("client", ENV_RECORDER, env=env, restartPolicy="Never"))
+            await until(lambda: pod_phase(c, "client") == "Succeeded", "the client pod", kubelet)
+            seen = json.loads((kubelet.pod(NS, "client").box.volumes["out"] / "env").read_text())
+            gateway = f"http://127.0.0.1:{kubelet.openfaas.gateway.port}"
+            assert seen["GATEWAY"] == f"{gateway}/function/echo" and seen["OTHER"] == "http://example.com/x"
+
+            async with aiohttp.ClientSession() as session:
+                async def call(path: str, body: str = "0") -> tuple[int, Any]:
+                    async with session.post(gateway + path, data=body) as resp:
+                        return resp.status, await resp.json(content_type=None) if resp.status == 200 else await resp.text()
+
+                # The /function/NAME[.NS] prefix is stripped; the copy has the Function's environment and secret files.
+                status, answer = await call("/function/echo.openfaas-fn/hello?x=1")
+                assert status == 200 and answer["path"] == "/hello?x=1", answer
+                assert answer["greeting"] == "hi" and answer["secrets"] == {"token": "s3cret"}
+                copy = next(r for r in kubelet.openfaas.runtimes() if r.name == answer["copy"])
+                assert answer["tmp"] == str(copy.box.volumes["temp"])
+                assert (await call("/function/echo"))[1]["path"] == "/"  # the functions namespace by default
+                assert (await call("/function/missing"))[0] == 404
+                # max_inflight 1: two requests at once go to two idle copies.
+                both = await asyncio.gather(call("/function/echo", "1"), call("/function/echo", "1"))
+                assert {a["copy"] for _, a in both} == {r.name for r in kubelet.openfaas.runtimes()}
+
+            # A scale label changes the copies, anything else redeploys; a deleted Function stops them.
+            await c.call("PATCH", f"/apis/openfaas.com/v1/namespaces/{fn_ns}/functions/echo", {"spec": {"labels": {"com.openfaas.scale.min": "1"}}})
+            await until(lambda: len(copies()) == 1, "one copy", kubelet)
+            first = copies()[0].runtime
+            await c.call("PATCH", f"/apis/openfaas.com/v1/namespaces/{fn_ns}/functions/echo", {"spec": {"environment": {"GREETING": "hello"}}})
+            await until(lambda: len(copies()) == 1 and copies()[0].runtime is not first and copies()[0].ready, "the redeployed copy", kubelet)
+            await until(first.task.done, "the old copy to stop", kubelet)
+            await c.call("DELETE", f"/apis/openfaas.com/v1/namespaces/{fn_ns}/functions/echo")
+            await until(lambda: all(r.task.done() for r in kubelet.openfaas.runtimes()), "every copy to stop", kubelet)
