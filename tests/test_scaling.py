@@ -104,3 +104,16 @@ def test_auto_tuner_removes_workers_after_the_knee_down_to_min_workers(movielens
     assert workers == sorted(workers, reverse=True) and workers[0] == 4 and workers[-1] == 2
     assert_conserved(summary)
     assert summary["validation_loss"] < 0.92
+
+
+def test_when_every_worker_leaves_their_replicas_still_make_the_model(movielens_dir, tmp_path, redis_url, amqp_url):
+    # Every worker pod deleted (or the job's deadline passed): each worker leaves on SIGTERM, none finishes.
+    def stop_every_worker(supervisor, launcher):
+        _when_step(supervisor, 10)
+        for rank in list(supervisor.live):
+            os.kill(launcher.pid(rank), signal.SIGTERM)
+
+    summary = _supervise_with(job_for(movielens_dir, stop={"maxSteps": 100000}), tmp_path, redis_url, amqp_url, stop_every_worker)
+    assert summary["stop_reason"] == "no live workers" and summary["dropped_workers"] == []
+    assert summary["workers_final"] >= 1 and summary["validation_loss"] < 1.1
+    assert_conserved(summary)

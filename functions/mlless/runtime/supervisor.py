@@ -462,6 +462,9 @@ class Supervisor:
         self._gone(worker)
         if msg.has_replica:
             self.pending_merges.append(worker.rank)
+        if self._active() == 0:
+            # Every worker pod was deleted: nobody is left to train, but the leavers' replicas still make the model.
+            self.stop_reason = self.stop_reason or "no live workers"
         self._close_ready_steps()
 
     def _launch_joiner(self) -> None:
@@ -558,12 +561,16 @@ class Supervisor:
         self._await_workers(finishing, "live", FINISH_TIMEOUT, "its process ended before publishing its replica")
         wall = time.monotonic() - self.started
         finals = self._collect_replicas(keys.final_replica, [r for r in finishing if self.workers[r].state == "done"])
+        # Workers that left after the last close (stopped together with the supervisor: a deleted job,
+        # activeDeadlineSeconds) never had their replicas merged into anyone's; they are as final as the rest.
+        left_at_end = sorted(set(self.pending_merges))
+        finals += self._collect_replicas(keys.leaver_replica, left_at_end)
         if self._row is not None:
             self.record.step(self._row)
             self._row = None
         summary = self._summary(wall, [t.arrays["params"] for t in finals])
         if self.x0 is not None:
-            leavers = self._collect_replicas(keys.leaver_replica, [r for r, w in self.workers.items() if w.state == "left"])
+            leavers = self._collect_replicas(keys.leaver_replica, [r for r, w in self.workers.items() if w.state == "left" and r not in left_at_end])
             summary["audit"] = audit_conservation(self.x0, finals, leavers) if not self.dropped else {
                 "checked": False,
                 "reason": "a dropped worker took its unsent updates with it",
