@@ -11,7 +11,8 @@ named as external services, and kubectl against the emulator where it works
   rank, which the supervisor adopts as a joiner;
 - spec.suspend and back: the supervisor checkpoints to Redis and exits, the
   job is Suspended, and a new session resumes from the checkpoint (and a job
-  re-created after deleting a suspended one must not: xfail, a product bug);
+  re-created after deleting a suspended one must not: the delete handler
+  removes its keys from the external Redis);
 - spec.activeDeadlineSeconds: the job fails with DeadlineExceeded, and the
   deleted supervisor ends cleanly on SIGTERM;
 - the OpenFaaS backend: the stand-in plays faas-netes and the gateway, and the
@@ -349,12 +350,6 @@ async def test_suspend_checkpoints_to_redis_and_resume_continues_to_succeeded(cl
             assert not store.exists(checkpoint_key), "the finished job left its suspend checkpoint in Redis"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug: deleting a suspended TrainingJob leaves its suspend checkpoint (mlless:<ns>.<name>:job-checkpoint, "
-    "24 h TTL) in an external Redis, and a new job of the same namespace and name resumes from it: the job id is "
-    "<ns>.<name> with no uid, Supervisor._resume_from_checkpoint takes any checkpoint under it, and the operator's "
-    "delete handler (handlers/delete.py) removes no Redis keys"
-))
 async def test_a_job_recreated_after_deleting_a_suspended_one_starts_afresh(cluster_factory, movielens_dir, redis_url, amqp_url, tmp_path):
     name = unique("again")
     doc = cached(training_job(name, movielens_dir, redis_url, amqp_url, workers=2, function={"backend": "pod"}, stop={"maxSteps": FOREVER}))
