@@ -24,6 +24,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     # A stuck connection must not block the operator forever.
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
+    # Every job has timers, and its finalizer goes only once they have stopped; Kopf re-checks that every
+    # `cancellation_polling` seconds (60 by default), which held every deletion (TTL, kubectl delete) for up to a minute.
+    settings.background.cancellation_polling = 1
     # Kubernetes Events come from kopf.info/warn only, not from every log line. (The level must stay at INFO:
     # it also filters kopf.info, which records every transition.)
     settings.posting.loggers = False
