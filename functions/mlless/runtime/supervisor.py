@@ -110,6 +110,7 @@ class Supervisor:
         self.steps_before = 0  # steps closed before a suspend this run resumed from
         self.started = time.monotonic()
         self.step_opened = self.started
+        self.closed_at = self.started  # when the newest step was closed
         self.below_target = 0
         self.train_loss = math.nan
         self.validation: tuple[int, float] | None = None  # (step, loss) of the newest evaluation
@@ -291,6 +292,7 @@ class Supervisor:
         self.closed = step
         self.cursor += len(reports)
         del self.reports[step]
+        self.closed_at = time.monotonic()
         self._check_stop()
         joined = False
         if self.stop_reason is None:
@@ -318,10 +320,10 @@ class Supervisor:
             for phase in ("wait", "read", "apply"):
                 self._row["phases"][phase] = totals.phases[phase]
             self.record.step(self._row)
-        now = time.monotonic()
+        now = self.closed_at
         elapsed = now - self.started
         validation = self.validation[1] if self.validation else None
-        breakdown = self._cost(elapsed)
+        breakdown = self._cost(now)
         cost = breakdown.total
         self.metrics.step_closed(
             step=step,
@@ -369,7 +371,7 @@ class Supervisor:
 
     def _check_stop(self) -> None:
         stop = self.job.stop
-        elapsed = time.monotonic() - self.started
+        elapsed = self.closed_at - self.started
         if stop.target_loss is not None:
             self.below_target = self.below_target + 1 if self.train_loss <= stop.target_loss else 0
         if self._stop_requested is not None:
@@ -382,7 +384,7 @@ class Supervisor:
             self.stop_reason = "max epochs"
         elif stop.max_seconds is not None and elapsed >= stop.max_seconds:
             self.stop_reason = "max seconds"
-        elif stop.budget_usd is not None and self._cost(elapsed).total >= stop.budget_usd:
+        elif stop.budget_usd is not None and self._cost(self.closed_at).total >= stop.budget_usd:
             self.stop_reason = "budget reached"
 
     # ---- scaling: the auto-tuner, scale requests, evictions and joins ----------------------------
@@ -442,7 +444,7 @@ class Supervisor:
             "step": self.steps_before + self.closed,
             "trainLoss": None if math.isnan(self.train_loss) else self.train_loss,
             "validationLoss": validation,
-            "costUSD": round(self._cost(time.monotonic() - self.started).total, 6),
+            "costUSD": round(self._cost(time.monotonic()).total, 6),
             "workers": len(self.live),
         }
 
@@ -550,9 +552,9 @@ class Supervisor:
         """The pod (or local process) a worker runs in, for the billing metrics' `pod` label."""
         return f"{self.job_id}-worker-{rank}"
 
-    def _cost(self, elapsed: float) -> CostBreakdown:
-        now = time.monotonic()
-        return job_cost(self.job.pricing, [w.invocation_seconds(now) for w in self.workers.values()], elapsed)
+    def _cost(self, now: float) -> CostBreakdown:
+        """The job's cost up to `now` (monotonic): one instant for the stop rule and the row of a step alike."""
+        return job_cost(self.job.pricing, [w.invocation_seconds(now) for w in self.workers.values()], now - self.started)
 
     # ---- end of job ------------------------------------------------------------------------------
 
@@ -629,7 +631,7 @@ class Supervisor:
             validation_loss = self._evaluate(average)
             model_path = self.record.run_dir / "model.npz"
             self.model.save(model_path, {"job": self.job.name, "job_id": self.job_id, "steps": self.closed})
-        cost = self._cost(wall)
+        cost = self._cost(self.started + wall)
         compute = self.totals["compute_seconds"]
         return {
             "job": self.job.name,
