@@ -10,7 +10,6 @@ no StatefulSet is needed). Waits poll with a generous timeout
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import contextlib
@@ -25,7 +24,6 @@ from typing import Any, Iterator, Sequence
 import aiohttp
 import pytest
 
-from mlless.cli import build_parser
 
 from kubelet import Image, Kubelet, expand
 from test_operator_kmock import NS, PODS, Cluster, cluster_factory, operator_env, running_operator  # noqa: F401  (fixtures)
@@ -37,9 +35,19 @@ KUBECTL = shutil.which("kubectl")
 TERMINAL = ("Succeeded", "Failed")
 
 
-def has_worker_server() -> bool:
-    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return "worker-server" in commands.choices
+async def assert_succeeded(c: Any, kubelet: Kubelet, name: str) -> dict[str, Any]:
+    """The job ended on its stop rule with a model, and its status says so with the supervisor's progress; its summary."""
+    runtime = kubelet.pod(NS, f"{name}-supervisor")
+    assert runtime is not None and runtime.box is not None
+    summary = json.loads((runtime.box.volumes["run"] / "run" / "summary.json").read_text())
+    assert summary["stop_reason"] == "max steps" and summary["validation_loss"] is not None
+    status = await job_status(c, name)
+    assert status["phase"] == "Succeeded" and status.get("completionTime")
+    assert next(x for x in status["conditions"] if x["type"] == "Succeeded")["status"] == "True"
+    # The supervisor mirrors its progress into the status (mlless.runtime.kube.KubePlatform).
+    assert status.get("step", 0) > 0, f"status.step is not set: the supervisor did not mirror its progress; status {status}"
+    assert isinstance(status.get("trainLoss"), (int, float)) and math.isfinite(status["trainLoss"]), status
+    return summary
 
 
 def training_job(name: str, dataset: Path, redis_url: str, amqp_url: str, **spec: Any) -> dict[str, Any]:
@@ -150,24 +158,13 @@ async def test_pod_backend_trains_to_succeeded_with_the_final_loss(cluster_facto
             for worker in workers:
                 assert pod_phase(c, worker) == "Succeeded" and exit_code(c.get(PODS, worker)) == 0, worker
 
-            runtime = kubelet.pod(NS, f"{name}-supervisor")
-            assert runtime is not None and runtime.box is not None
-            summary = json.loads((runtime.box.volumes["run"] / "run" / "summary.json").read_text())
-            assert summary["stop_reason"] == "max steps" and summary["steps"] == 30
-            assert summary["workers_final"] == 2 and summary["validation_loss"] is not None
-
-            status = await job_status(c, name)
-            assert status["phase"] == "Succeeded" and status.get("completionTime")
-            assert next(x for x in status["conditions"] if x["type"] == "Succeeded")["status"] == "True"
-            # The supervisor mirrors its progress into the status (mlless.runtime.kube.KubePlatform).
-            assert status.get("step", 0) > 0, f"status.step is not set: the supervisor did not mirror its progress; status {status}"
-            assert isinstance(status.get("trainLoss"), (int, float)) and math.isfinite(status["trainLoss"]), status
+            summary = await assert_succeeded(c, kubelet, name)
+            assert summary["steps"] == 30 and summary["workers_final"] == 2
 
 
 @pytest.mark.asyncio
 @pytest.mark.services
 @pytest.mark.slow
-@pytest.mark.xfail(not has_worker_server(), reason="`mlless worker-server` (the Knative function server) does not exist yet", strict=False)
 async def test_knative_backend_trains_to_succeeded(cluster_factory, movielens_dir, redis_url, amqp_url, tmp_path):
     name = f"e2e-{uuid.uuid4().hex[:6]}"
     doc = training_job(name, movielens_dir, redis_url, amqp_url, function={"backend": "knative", "timeoutSeconds": 120})
@@ -181,14 +178,7 @@ async def test_knative_backend_trains_to_succeeded(cluster_factory, movielens_di
             assert c.names(PODS) == {f"{name}-supervisor"}  # the workers are the Knative Service's copies
             assert len([r for r in kubelet.knative.runtimes() if r.containers["worker"].started]) == 2
 
-            runtime = kubelet.pod(NS, f"{name}-supervisor")
-            summary = json.loads((runtime.box.volumes["run"] / "run" / "summary.json").read_text())
-            assert summary["stop_reason"] == "max steps" and summary["validation_loss"] is not None
-
-            status = await job_status(c, name)
-            assert status["phase"] == "Succeeded"
-            assert status.get("step", 0) > 0, f"status.step is not set: the supervisor did not mirror its progress; status {status}"
-            assert isinstance(status.get("trainLoss"), (int, float)) and math.isfinite(status["trainLoss"]), status
+            await assert_succeeded(c, kubelet, name)
 
 
 # ---- the stand-in itself (no operator): what the end-to-end tests rely on -------------------------
