@@ -33,10 +33,9 @@ TOKEN = "tok-do-not-log-0123456789"  # the kubeconfig's bearer token; must never
 JOB_ENV = {"MLLESS_JOB_NAME": NAME, "MLLESS_JOB_NAMESPACE": NS}
 
 
-class ScaleEmulator(Emulator):
+class RecordingEmulator(Emulator):
     """The shared Emulator plus what these tests need from an apiserver.
 
-    - The scale subresource answers an autoscaling/v1 Scale (kmock 0.8 answers the whole object).
     - Requests to the subresources in `refused` answer 403, as when RBAC denies them.
     - `calls` records (method, subresource, body) of every TrainingJob request, to check their order.
     """
@@ -53,23 +52,6 @@ class ScaleEmulator(Emulator):
                 raise kmock.KubernetesError(status=403, reason="Forbidden", message="refused by the test")
         return await super()._handle(request)
 
-    async def _serve_fetch(self, request: kmock.Request) -> Any:
-        return _as_scale(request, await super()._serve_fetch(request))
-
-    async def _serve_update(self, request: kmock.Request) -> Any:
-        return _as_scale(request, await super()._serve_update(request))
-
-
-def _as_scale(request: kmock.Request, obj: dict[str, Any]) -> dict[str, Any]:
-    if request.subresource != "scale":
-        return obj
-    meta = obj.get("metadata", {})
-    return {
-        "apiVersion": "autoscaling/v1", "kind": "Scale",
-        "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta},
-        "spec": {"replicas": (obj.get("spec") or {}).get("workers")},
-        "status": {"replicas": (obj.get("status") or {}).get("workers", 0), "selector": (obj.get("status") or {}).get("selector", "")},
-    }
 
 
 class Clock:
@@ -86,7 +68,7 @@ class Clock:
 class Cluster:
     """The emulator, a kubeconfig pointing at it, and an unrestricted client playing the job's owner."""
 
-    def __init__(self, emu: ScaleEmulator, url: str, kubeconfig: Path) -> None:
+    def __init__(self, emu: RecordingEmulator, url: str, kubeconfig: Path) -> None:
         self.emu = emu
         self.kubeconfig = kubeconfig
         configuration = client.Configuration()
@@ -134,8 +116,8 @@ def write_kubeconfig(path: Path, url: str) -> Path:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """A ScaleEmulator served on a random port from a thread of its own, with the TrainingJob resource declared."""
-    emu = ScaleEmulator()
+    """A RecordingEmulator served on a random port from a thread of its own, with the TrainingJob resource declared."""
+    emu = RecordingEmulator()
     emu.resources["mlless.io/v1alpha1/trainingjobs"] = kmock.ResourceInfo(
         kind="TrainingJob", singular="trainingjob", namespaced=True, shortnames={"tj"},
         verbs={"get", "list", "watch", "create", "patch", "delete"}, subresources={"status", "scale"},

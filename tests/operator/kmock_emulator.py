@@ -5,7 +5,9 @@
   events, which are all named `kopf-event-…` that way, fail with 409);
 - every update bumps resourceVersion (merge- and JSON-patches alike), and generation when spec changes;
 - a JSON-patch whose `test` op fails answers 422, as the apiserver does (Kopf then waits for the next event);
-- a patch of the `scale` subresource sets the TrainingJob's spec.workers (specReplicasPath);
+- a patch of the `scale` subresource sets the TrainingJob's spec.workers (specReplicasPath), and the
+  subresource answers an autoscaling/v1 Scale (kmock 0.8 answers the whole object, on which
+  `kubectl scale` fails: 'no kind "TrainingJob" is registered ... in scheme "k8s.io/client-go/scale/util.go"');
 - list responses carry kind and apiVersion;
 - lists report the newest resourceVersion, and a watch from that version sends only the objects
   changed since (kmock 0.8 replays every object as ADDED, so Kopf handles a stale copy after its own
@@ -25,6 +27,7 @@ from typing import Any
 
 import jsonpatch
 import kmock
+from aiohttp import web
 from kmock._internal import dicts
 
 _versions = itertools.count(1)
@@ -43,7 +46,23 @@ class Emulator(kmock.KubernetesEmulator):
         response = await super()._handle(request)
         if request.action == kmock.action.CREATE and response.status == 200:
             response.set_status(201)
+        if request.subresource == "scale" and response.status == 200:
+            return self._scale_of(request) or response
         return response
+
+    def _scale_of(self, request: kmock.Request) -> web.Response | None:
+        """The TrainingJob's Scale, by the CRD's paths (spec.workers, status.workers, status.selector)."""
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        job = self.objects[key].raw
+        meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
+        return web.json_response({
+            "kind": "Scale", "apiVersion": "autoscaling/v1",
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta},
+            "spec": {"replicas": spec.get("workers", 0)},
+            "status": {"replicas": status.get("workers", 0), "selector": status.get("selector", "")},
+        })
 
     def _prepare(self, request: kmock.Request) -> None:
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):

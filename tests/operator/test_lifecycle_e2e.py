@@ -3,8 +3,7 @@
 As in test_kubelet_e2e.py: the real operator in-loop against the kmock
 emulator, the real `mlless supervisor` and workers as local processes (the
 stand-in, `kubelet.py`), the real Redis and RabbitMQ of `tests/conftest.py`
-named as external services, and kubectl against the emulator where it works
-(`kubectl scale` needs the scale subresource to answer a Scale: `ScaleEmulator`).
+named as external services, and kubectl against the emulator.
 
 - kubectl scale of a running pod-backend job, in and back out: the operator
   deletes the highest rank, whose worker leaves on SIGTERM, then creates a new
@@ -26,7 +25,6 @@ the job cannot end before the event, and gets its stop rule afterwards.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import math
 import os
@@ -37,16 +35,12 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any, Callable
 
-import kmock
 import pytest
-import pytest_asyncio
 import redis
-from aiohttp import web
 
-from kmock_emulator import Emulator
 from kubelet import Image, Kubelet, PodRuntime
 from test_kubelet_e2e import KUBECTL, TERMINAL, apply, exit_code, explained, job_status, kubectl, pod_phase, running, training_job, until
-from test_operator_kmock import FN_NS, FUNCTIONS, NS, PODS, SECRETS, TJ, Cluster, declare, operator_env  # noqa: F401  (fixture)
+from test_operator_kmock import FN_NS, FUNCTIONS, NS, PODS, SECRETS, TJ, Cluster, cluster_factory, operator_env  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.services, pytest.mark.slow]
 
@@ -62,51 +56,6 @@ DEADLINE_SECONDS = int(os.environ.get("MLLESS_E2E_DEADLINE_SECONDS", "8"))
 REPO = Path(__file__).resolve().parents[2]
 #: The image operator_env gives the operator (MLLESS_OPERATOR_IMAGE).
 IMAGE = "registry.example/mlless:test"
-
-
-# ---- the API server ------------------------------------------------------------------------------
-
-
-class ScaleEmulator(Emulator):
-    """The emulator, answering the `scale` subresource with an autoscaling/v1 Scale, as the apiserver does.
-
-    kmock answers a GET or PATCH of `.../trainingjobs/NAME/scale` with the
-    TrainingJob itself, and `kubectl scale` then fails: 'no kind "TrainingJob"
-    is registered for version "mlless.io/v1alpha1" in scheme
-    "k8s.io/client-go/scale/util.go"'. The paths are the CRD's
-    (crds/trainingjob.yaml: spec.workers, status.workers, status.selector).
-    """
-
-    async def _handle(self, request: kmock.Request) -> Any:
-        response = await super()._handle(request)
-        if request.resource is None or request.subresource != "scale" or request.name is None or response.status != 200:
-            return response
-        key = (request.resource, request.namespace, request.name)
-        if key not in self.objects or self.objects[key].deleted:
-            return response
-        job = self.objects[key].raw
-        meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
-        return web.json_response({
-            "kind": "Scale", "apiVersion": "autoscaling/v1",
-            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta},
-            "spec": {"replicas": spec.get("workers", 0)},
-            "status": {"replicas": status.get("workers", 0), "selector": status.get("selector", "")},
-        })
-
-
-@pytest_asyncio.fixture
-async def cluster_factory(operator_env: Callable[[str], None]) -> Any:
-    """test_operator_kmock's factory of emulated clusters, on a `ScaleEmulator`."""
-
-    @contextlib.asynccontextmanager
-    async def make(knative: bool = False, openfaas: bool = False) -> Any:
-        emu = ScaleEmulator()
-        declare(emu, knative=knative, openfaas=openfaas)
-        async with emu, kmock.Server(emu) as server:
-            operator_env(str(server.url))
-            yield Cluster(emu, str(server.url))
-
-    yield make
 
 
 # ---- helpers -------------------------------------------------------------------------------------
