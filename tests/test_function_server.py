@@ -25,11 +25,13 @@ from mlless.runtime.local import new_job_id
 from mlless.runtime.record import Progress
 from mlless.runtime.supervisor import Supervisor
 from mlless.transport import TransportError, connect
-from mlless.transport.env import service_urls
+from mlless.transport.env import invoke_token, service_urls
 
 from test_training import job_for
 
 pytestmark = pytest.mark.slow
+
+TOKEN = "per-job-invocation-token"
 
 
 def free_port() -> int:
@@ -43,7 +45,7 @@ def function_server(redis_url, amqp_url, tmp_path):
     """A worker server with room for three invocations, on a free port; yields (url, job_id, process)."""
     port = free_port()
     job_id = new_job_id("fn")
-    env = {**os.environ, "REDIS_URL": redis_url, "AMQP_URL": amqp_url, "MLLESS_JOB_ID": job_id, "MLLESS_AUDIT": "1"}
+    env = {**os.environ, "REDIS_URL": redis_url, "AMQP_URL": amqp_url, "MLLESS_JOB_ID": job_id, "MLLESS_AUDIT": "1", "MLLESS_INVOKE_TOKEN": TOKEN}
     log = (tmp_path / "server.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlless", "worker-server", "--port", str(port), "--concurrency", "3"],
@@ -64,8 +66,9 @@ def function_server(redis_url, amqp_url, tmp_path):
     log.close()
 
 
-def post(url: str, doc: object) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=json.dumps(doc).encode(), headers={"Content-Type": "application/json"}, method="POST")
+def post(url: str, doc: object, token: str | None = None) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token or TOKEN}"}
+    request = urllib.request.Request(url, data=json.dumps(doc).encode(), headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.loads(response.read())
@@ -79,7 +82,7 @@ def test_invocations_checkpoint_at_their_deadline_and_resume_exactly(function_se
     monkeypatch.setenv("MLLESS_AUDIT", "1")
     job = job_for(movielens_dir, sync={"protocol": protocol}, stop={"maxEpochs": 1000})
     # A 10 s function timeout leaves each invocation a 5 s deadline: every rank is invoked again and again.
-    launcher = HttpLauncher(url, job, job_id, timeout_seconds=10)
+    launcher = HttpLauncher(url, job, job_id, timeout_seconds=10, token=TOKEN)
     transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
     supervisor = Supervisor(job, job_id, transport, launcher, tmp_path, Progress(enabled=False))
 
@@ -118,10 +121,22 @@ def test_malformed_invocations_get_an_error_naming_the_field(function_server, mo
     for doc, field in cases:
         status, reply = post(url, doc)
         assert status == 400 and field in reply["error"], (doc, reply)
-    request = urllib.request.Request(url, data=b"\x80not json", method="POST")
+    request = urllib.request.Request(url, data=b"\x80not json", headers={"Authorization": f"Bearer {TOKEN}"}, method="POST")
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(request, timeout=10)
     assert exc.value.code == 400
+
+
+def test_an_invocation_without_the_jobs_token_is_refused(function_server, movielens_dir):
+    url, job_id, _ = function_server
+    doc = {"rank": 0, "jobId": job_id, "job": json.loads(job_for(movielens_dir).to_json())}
+    for token in ("wrong", ""):
+        status, reply = post(url, doc, token=token or " ")
+        assert status == 401 and "invocation token" in reply["error"]
+    request = urllib.request.Request(url, data=json.dumps(doc).encode(), method="POST")  # no Authorization at all
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(request, timeout=10)
+    assert exc.value.code == 401
 
 
 def test_a_busy_function_answers_429_and_a_worker_without_supervisor_fails(function_server, movielens_dir):
@@ -156,6 +171,11 @@ def test_service_urls_come_from_env_or_the_openfaas_secret_files(tmp_path):
     with pytest.raises(TransportError, match="amqp-url"):
         service_urls({"MLLESS_SECRETS_DIR": str(tmp_path)})
     assert service_urls({}) == {}
+    # The invocation token: from the environment, else OpenFaaS's file, else none (a Secret made before tokens).
+    assert invoke_token({"MLLESS_SECRETS_DIR": str(tmp_path)}) is None
+    (tmp_path / "invoke-token").write_text("from-file\n")
+    assert invoke_token({"MLLESS_SECRETS_DIR": str(tmp_path)}) == "from-file"
+    assert invoke_token({"MLLESS_SECRETS_DIR": str(tmp_path), "MLLESS_INVOKE_TOKEN": "from-env"}) == "from-env"
 
 
 def test_an_external_services_password_is_percent_encoded_into_its_url():

@@ -20,7 +20,7 @@ from mlless.runtime.record import Progress
 from mlless.runtime.supervisor import JobFailed
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
-from mlless.transport.env import service_urls
+from mlless.transport.env import invoke_token, service_urls
 
 log = logging.getLogger("mlless")
 
@@ -167,7 +167,7 @@ def _worker_launcher(job: TrainingJob, job_id: str) -> Launcher:
     if backend not in ("knative", "openfaas") or not url:
         raise UsageError(f"MLLESS_WORKER_BACKEND={backend!r} needs to be pod, or knative/openfaas with MLLESS_WORKER_URL")
     timeout = float(os.environ.get("MLLESS_FUNCTION_TIMEOUT_SECONDS", "300"))
-    return HttpLauncher(url, job, job_id, timeout)
+    return HttpLauncher(url, job, job_id, timeout, token=invoke_token(os.environ))
 
 
 def cmd_supervisor(args: argparse.Namespace) -> int:

@@ -70,7 +70,8 @@ RABBITMQ_USER_KEY = "rabbitmq-username"
 RABBITMQ_PASSWORD_KEY = "rabbitmq-password"
 AMQP_URL_KEY = "amqp-url"
 #: What the OpenFaaS copy holds: the URLs only, never the bare passwords.
-OPENFAAS_SECRET_KEYS = (REDIS_URL_KEY, AMQP_URL_KEY)
+INVOKE_TOKEN_KEY = "invoke-token"
+OPENFAAS_SECRET_KEYS = (REDIS_URL_KEY, AMQP_URL_KEY, INVOKE_TOKEN_KEY)
 
 
 @dataclass(frozen=True)
@@ -246,8 +247,9 @@ def _b64(text: str) -> str:
 
 
 def generate_credentials(job: JobRef) -> dict[str, str]:
-    """Fresh passwords (URL-safe, so they can sit in a URL unescaped) for the managed services only."""
-    creds: dict[str, str] = {}
+    """Fresh passwords (URL-safe, so they can sit in a URL unescaped) for the managed services, and the token
+    the supervisor invokes worker functions with (a Knative or OpenFaaS URL is reachable from the whole cluster)."""
+    creds: dict[str, str] = {INVOKE_TOKEN_KEY: secrets.token_urlsafe(32)}
     if job.external("redis") is None:
         pw = secrets.token_urlsafe(24)
         creds[REDIS_PASSWORD_KEY] = pw
@@ -276,7 +278,8 @@ def build_openfaas_secret(job: JobRef, urls: Mapping[str, str]) -> Manifest:
     """The job's service URLs in the OpenFaaS namespace, where the Function mounts them.
 
     `urls` maps `redis-url` and `amqp-url` to the full URLs, passwords included
-    (OpenFaaS has no secretKeyRef, so nothing can be assembled at start). The
+    (OpenFaaS has no secretKeyRef, so nothing can be assembled at start), and
+    `invoke-token` to the job's invocation token. The
     Function sees each key as a file of that name under OPENFAAS_SECRETS_DIR.
     No owner reference can cross namespaces: the delete handler removes it.
     """
@@ -502,6 +505,14 @@ def _common_env(job: JobRef) -> list[Manifest]:
     ]
 
 
+def _invoke_token_env(job: JobRef) -> Manifest:
+    """MLLESS_INVOKE_TOKEN from the job Secret (optional: a Secret made by an operator before tokens has none)."""
+    return {
+        "name": "MLLESS_INVOKE_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": secret_name(job), "key": INVOKE_TOKEN_KEY, "optional": True}},
+    }
+
+
 def build_supervisor_pod(job: JobRef) -> Manifest:
     name = supervisor_name(job)
     env = [
@@ -514,6 +525,7 @@ def build_supervisor_pod(job: JobRef) -> Manifest:
         {"name": "MLLESS_WORKER_URL", "value": worker_endpoint(job)},
         {"name": "MLLESS_FUNCTION_TIMEOUT_SECONDS", "value": str(job.timeout_seconds)},
         {"name": "MPLCONFIGDIR", "value": "/tmp"},
+        _invoke_token_env(job),
         *service_env(job),
         *_user_env(job),  # object-store credentials: the supervisor reads the dataset too, and writes output.uri
     ]
@@ -617,6 +629,7 @@ def build_knative_service(job: JobRef) -> Manifest:
     env = [
         *_common_env(job),
         {"name": "MLLESS_FUNCTION_TIMEOUT_SECONDS", "value": str(job.timeout_seconds)},
+        _invoke_token_env(job),
         *service_env(job),
         *_user_env(job),
     ]

@@ -1,4 +1,5 @@
-"""Service URLs with their passwords, read from Secrets: for the OpenFaaS copy, and to clean up an external Redis."""
+"""Service URLs with their passwords, and the invocation token, read from Secrets: for the OpenFaaS copy, and to clean
+up an external Redis."""
 from __future__ import annotations
 
 import base64
@@ -40,19 +41,21 @@ async def external_url(api: KubeAPI, job: b.JobRef, service: str) -> str:
     return with_password(ext["url"], password)
 
 
-async def openfaas_urls(api: KubeAPI, job: b.JobRef) -> dict[str, str]:
-    """The full Redis and AMQP URLs for the OpenFaaS copy: managed ones from the job Secret, external ones with the
-    password from their passwordSecretRef (OpenFaaS can only mount whole values, it cannot assemble a URL)."""
-    urls: dict[str, str] = {}
-    job_secret: Mapping[str, Any] | None = None
+async def openfaas_secrets(api: KubeAPI, job: b.JobRef) -> dict[str, str]:
+    """What the OpenFaaS copy holds: the full Redis and AMQP URLs (managed ones from the job Secret, external ones
+    with the password from their passwordSecretRef; OpenFaaS can only mount whole values, it cannot assemble a URL),
+    and the invocation token."""
+    values: dict[str, str] = {}
+    job_secret = await api.get("v1", "Secret", job.namespace, b.secret_name(job)) or {}
     for service, key in (("redis", b.REDIS_URL_KEY), ("rabbitmq", b.AMQP_URL_KEY)):
         if job.external(service) is not None:
-            urls[key] = await external_url(api, job, service)
+            values[key] = await external_url(api, job, service)
             continue
-        if job_secret is None:
-            job_secret = await api.get("v1", "Secret", job.namespace, b.secret_name(job)) or {}
         value = secret_value(job_secret, key)
         if value is None:
             raise kopf.TemporaryError(f"Secret {b.secret_name(job)} has no {key} yet", delay=5)
-        urls[key] = value
-    return urls
+        values[key] = value
+    token = secret_value(job_secret, b.INVOKE_TOKEN_KEY)
+    if token is not None:  # a Secret made before tokens has none; its functions then accept any caller
+        values[b.INVOKE_TOKEN_KEY] = token
+    return values

@@ -82,7 +82,7 @@ def test_external_services_and_persistent_storage_are_valid():
     # The URL as given; the runtime percent-encodes the password into it (`$(VAR)` would paste it raw).
     assert env["REDIS_URL"]["value"] == "redis://cache.example:6380/2"
     assert env["AMQP_URL"]["value"] == "amqp://ml@mq.example:5672/%2F"
-    assert set(b.generate_credentials(j)) == set()
+    assert set(b.generate_credentials(j)) == {"invoke-token"}  # no service passwords to generate
     stored = {**SPEC, "redis": {"storage": "5Gi"}}
     sts = b.build_redis_statefulset(job(spec=stored))
     validate(sts)
@@ -109,6 +109,7 @@ def test_no_password_appears_literally_in_any_pod_spec():
             continue
         text = repr(obj)
         assert creds["redis-password"] not in text and creds["rabbitmq-password"] not in text
+        assert creds["invoke-token"] not in text
 
 
 def test_redis_and_rabbitmq_read_passwords_from_the_secret():
@@ -420,10 +421,10 @@ def test_metrics_count_jobs_by_phase_including_suspended():
     assert metrics.JOBS.labels("Suspended")._value.get() == before
 
 
-def test_openfaas_copy_holds_full_urls_for_managed_and_external_services():
+def test_openfaas_copy_holds_full_urls_and_the_invocation_token():
     import asyncio
 
-    from mlless_operator.credentials import openfaas_urls
+    from mlless_operator.credentials import openfaas_secrets
 
     class FakeAPI:
         def __init__(self, secrets: dict[str, dict]):
@@ -433,14 +434,15 @@ def test_openfaas_copy_holds_full_urls_for_managed_and_external_services():
             assert (api_version, kind, namespace) == ("v1", "Secret", "team")
             return self.secrets.get(name)
 
-    managed = b.build_secret(job(), {"redis-url": "redis://:a@ml-redis.team.svc:6379/0", "amqp-url": "amqp://mlless:b@ml-rabbitmq.team.svc:5672/%2F"})
-    assert asyncio.run(openfaas_urls(FakeAPI({"ml-credentials": managed}), job("openfaas"))) == {
-        "redis-url": "redis://:a@ml-redis.team.svc:6379/0", "amqp-url": "amqp://mlless:b@ml-rabbitmq.team.svc:5672/%2F"}
+    managed = b.build_secret(job(), {"redis-url": "redis://:a@ml-redis.team.svc:6379/0", "amqp-url": "amqp://mlless:b@ml-rabbitmq.team.svc:5672/%2F",
+                                     "invoke-token": "t0k"})
+    assert asyncio.run(openfaas_secrets(FakeAPI({"ml-credentials": managed}), job("openfaas"))) == {
+        "redis-url": "redis://:a@ml-redis.team.svc:6379/0", "amqp-url": "amqp://mlless:b@ml-rabbitmq.team.svc:5672/%2F", "invoke-token": "t0k"}
     # External services have no URL in the job Secret: their URL, with the password from passwordSecretRef.
     spec = {**SPEC, "redis": {"url": "redis://cache.example:6380/2", "passwordSecretRef": {"name": "cache", "key": "pw"}},
             "rabbitmq": {"url": "amqp://ml:open@mq.example:5672/%2F"}}
     cache = {"data": {"pw": base64.b64encode(b"s3cr/t").decode()}}
-    urls = asyncio.run(openfaas_urls(FakeAPI({"ml-credentials": {"data": {}}, "cache": cache}), job("openfaas", spec)))
+    urls = asyncio.run(openfaas_secrets(FakeAPI({"ml-credentials": {"data": {}}, "cache": cache}), job("openfaas", spec)))
     assert urls == {"redis-url": "redis://:s3cr%2Ft@cache.example:6380/2", "amqp-url": "amqp://ml:open@mq.example:5672/%2F"}
 
 
@@ -472,3 +474,15 @@ def test_function_env_reaches_the_workers_and_the_supervisor():
     j = job(spec={**SPEC, "function": {"env": user_env}})
     for pod in (b.build_supervisor_pod(j), b.build_worker_pod(j, 0)):
         assert env_of(containers(pod)[0])["AWS_ACCESS_KEY_ID"] == user_env[0]
+
+
+def test_every_job_gets_an_invocation_token_that_reaches_the_supervisor_and_the_functions():
+    j = job("knative")
+    creds, other = b.generate_credentials(j), b.generate_credentials(j)
+    assert len(creds["invoke-token"]) >= 40 and creds["invoke-token"] != other["invoke-token"]  # per job, random
+    token_ref = {"secretKeyRef": {"name": "ml-credentials", "key": "invoke-token", "optional": True}}
+    assert env_of(containers(b.build_supervisor_pod(j))[0])["MLLESS_INVOKE_TOKEN"]["valueFrom"] == token_ref
+    knative = b.build_knative_service(j)["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(knative)["MLLESS_INVOKE_TOKEN"]["valueFrom"] == token_ref
+    copy_ = b.build_openfaas_secret(job("openfaas"), {**creds, "redis-password": "never copied"})
+    assert set(copy_["data"]) == {"redis-url", "amqp-url", "invoke-token"}

@@ -398,10 +398,13 @@ async def test_openfaas_backend_trains_to_succeeded_through_the_gateway(cluster_
             assert summary["stop_reason"] == "max steps" and summary["validation_loss"] is not None
             assert summary["dropped_workers"] == []
 
-            # The copy of the credentials carries full URLs, the external ones as given; the copies read them as files.
+            # The copy of the credentials carries full URLs, the external ones as given, and the job's invocation
+            # token; the copies read them as files, and the gateway's calls carried the token (else: 401).
             secret = c.get(SECRETS, f"{function}-credentials", FN_NS)
-            urls = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
-            assert urls == {"redis-url": redis_url, "amqp-url": amqp_url}
+            copied = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+            job_secret = c.get(SECRETS, f"{name}-credentials")
+            token = base64.b64decode(job_secret["data"]["invoke-token"]).decode()
+            assert copied == {"redis-url": redis_url, "amqp-url": amqp_url, "invoke-token": token}
             fn = c.get(FUNCTIONS, function, FN_NS)
             assert fn["spec"]["labels"]["com.openfaas.scale.min"] == "2"
             copies = kubelet.openfaas.runtimes()

@@ -11,12 +11,16 @@ Request (JSON): {"rank": int, "jobId": str, "job": {resolved job}, "resume": boo
 Response (JSON): {"rank": int, "status": "finished" | "checkpointed" | "failed", "exitCode": int, "seconds": number}
 "finished" means the job ended for this rank (it finished or left). A
 server already running `concurrency` invocations answers 429, so the caller
-retries elsewhere. The request carries no secret: Redis and RabbitMQ URLs
-come from the container's environment, or from the files OpenFaaS mounts
-under MLLESS_SECRETS_DIR.
+retries elsewhere. A function URL is reachable from the whole cluster, so
+when the job has an invocation token (MLLESS_INVOKE_TOKEN, or the file
+`invoke-token` OpenFaaS mounts) a request without `Authorization: Bearer
+<token>` gets 401. The request carries no other secret: Redis and RabbitMQ
+URLs come from the container's environment, or from the files OpenFaaS
+mounts under MLLESS_SECRETS_DIR.
 """
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -35,7 +39,7 @@ from typing import Any, Mapping
 from mlless.runtime.worker import EXIT_CHECKPOINTED
 from mlless.spec import SpecError, TrainingJob
 from mlless.transport.base import TransportError, check_job_id
-from mlless.transport.env import service_urls
+from mlless.transport.env import invoke_token, service_urls
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +96,14 @@ class FunctionServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, port: int, services: Mapping[str, str], job_id: str | None = None, concurrency: int = 1, host: str = "") -> None:
+    def __init__(
+        self, port: int, services: Mapping[str, str], job_id: str | None = None, concurrency: int = 1,
+        token: str | None = None, host: str = "",
+    ) -> None:
         super().__init__((host, port), _Handler)
         self.services = dict(services)
         self.job_id = job_id
+        self.token = token
         self.concurrency = concurrency
         self.slots = threading.BoundedSemaphore(concurrency)
         self.children: dict[int, subprocess.Popen[bytes]] = {}
@@ -173,6 +181,11 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path not in ("/", "/invoke"):
             self._reply(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}; POST / to invoke"})
             return
+        if self.server.token is not None:
+            given = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+            if not hmac.compare_digest(given.encode(), self.server.token.encode()):
+                self._reply(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong invocation token (Authorization: Bearer ...)"})
+                return
         length = int(self.headers.get("Content-Length") or 0)
         if length <= 0 or length > MAX_BODY:
             self._reply(HTTPStatus.BAD_REQUEST, {"error": f"body must be 1 to {MAX_BODY} bytes of JSON"})
@@ -196,7 +209,7 @@ def serve_functions(port: int, concurrency: int = 1, grace: float = 50.0) -> int
     services = service_urls(os.environ)
     if len(services) < 2:
         raise TransportError("the worker server needs REDIS_URL and AMQP_URL (environment, or files in MLLESS_SECRETS_DIR)")
-    server = FunctionServer(port, services, os.environ.get("MLLESS_JOB_ID") or None, concurrency)
+    server = FunctionServer(port, services, os.environ.get("MLLESS_JOB_ID") or None, concurrency, invoke_token(os.environ))
 
     def stop(signum: int, frame: object) -> None:
         # shutdown() waits for serve_forever, so it must run off the signal handler's thread.

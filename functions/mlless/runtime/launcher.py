@@ -122,8 +122,11 @@ class HttpLauncher(Launcher):
 
     platform_scales_in = True
 
-    def __init__(self, url: str, job: TrainingJob, job_id: str, timeout_seconds: float, connect_timeout: float = 120.0) -> None:
+    def __init__(
+        self, url: str, job: TrainingJob, job_id: str, timeout_seconds: float, connect_timeout: float = 120.0, token: str | None = None
+    ) -> None:
         self.url = url
+        self.headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {})
         self.job = json.loads(job.to_json())
         self.job_id = job_id
         self.timeout_seconds = timeout_seconds
@@ -159,7 +162,7 @@ class HttpLauncher(Launcher):
         give_up = time.monotonic() + self.connect_timeout
         delay = 0.1
         while True:
-            request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+            request = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout_seconds + 30) as response:
                     return json.loads(response.read())

@@ -1,4 +1,4 @@
-"""Redis and RabbitMQ URLs from a process's environment, the way the operator hands them over.
+"""Redis and RabbitMQ URLs, and the worker invocation token, from a process's environment, as the operator hands them over.
 
 - `REDIS_URL` / `AMQP_URL`, complete (the job's generated Secret holds whole URLs);
 - or, for an external service, the URL without its password plus `REDIS_PASSWORD` /
@@ -7,6 +7,10 @@
   break the URL;
 - or, on OpenFaaS (which has no secretKeyRef), files `redis-url` / `amqp-url` under
   `MLLESS_SECRETS_DIR`.
+
+The invocation token (`MLLESS_INVOKE_TOKEN`, or the file `invoke-token`) is the
+job's shared secret between the supervisor and its worker functions, whose URL
+any pod in the cluster can reach.
 """
 from __future__ import annotations
 
@@ -46,3 +50,14 @@ def service_urls(environ: Mapping[str, str]) -> dict[str, str]:
         if name in urls and environ.get(password_var) is not None:
             urls[name] = with_password(urls[name], environ[password_var])
     return urls
+
+
+def invoke_token(environ: Mapping[str, str]) -> str | None:
+    """The job's invocation token, or None when the operator gave none."""
+    if environ.get("MLLESS_INVOKE_TOKEN"):
+        return environ["MLLESS_INVOKE_TOKEN"]
+    secrets_dir = environ.get("MLLESS_SECRETS_DIR")
+    path = Path(secrets_dir) / "invoke-token" if secrets_dir else None
+    if path is not None and path.exists():
+        return path.read_text().strip() or None
+    return None

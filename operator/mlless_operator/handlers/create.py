@@ -25,7 +25,7 @@ from mlless_operator import builders as b
 from mlless_operator import metrics
 from mlless_operator.backends import choose_backend, served_backends
 from mlless_operator.config import Config
-from mlless_operator.credentials import openfaas_urls
+from mlless_operator.credentials import openfaas_secrets
 from mlless_operator.handlers.scale import highest_rank, removed_ranks, scale_pods
 from mlless_operator.kubeapi import KubeAPI
 from mlless_operator.status import TERMINAL_PHASES, is_invalid, is_true, now, set_condition
@@ -104,7 +104,7 @@ async def ensure_children(api: KubeAPI, job: b.JobRef, runtime: Runtime = "start
     elif job.backend == "knative":
         await ensure(b.build_knative_service(job))
     elif job.backend == "openfaas":
-        await ensure(b.build_openfaas_secret(job, await openfaas_urls(api, job)))
+        await ensure(b.build_openfaas_secret(job, await openfaas_secrets(api, job)))
         await ensure(b.build_openfaas_function(job))
     else:  # pragma: no cover - choose_backend only returns the three
         raise kopf.PermanentError(f"unknown backend {job.backend}")
