@@ -270,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="An HTTP function: each POST / runs one worker rank until the job ends for it or until the "
         "invocation's deadline, when the worker checkpoints to Redis and the supervisor invokes it again. "
         "Redis and RabbitMQ come from REDIS_URL and AMQP_URL, or from the files redis-url and amqp-url in "
-        "$MLLESS_SECRETS_DIR; MLLESS_JOB_ID, if set, is the only job it accepts.",
+        "$MLLESS_SECRETS_DIR; MLLESS_JOB_ID, if set, is the only job it accepts; with MLLESS_INVOKE_TOKEN (or the file "
+        "invoke-token there) a request must carry Authorization: Bearer <token>.",
     )
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.add_argument("--concurrency", type=int, default=1, metavar="N", help="invocations at a time; more get 429 (default 1)")
