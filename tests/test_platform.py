@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 import pytest
+import redis
 
 from mlless.runtime import keys
 from mlless.runtime.launcher import LocalLauncher
@@ -140,8 +141,9 @@ def test_suspend_checkpoints_the_model_and_a_new_supervisor_resumes_from_it(movi
     assert suspended["stop_reason"] == "suspended"
     final, is_final = first.published[-1]
     assert is_final and final["checkpointStep"] == suspended["steps"]
-    # Every key of the job is gone except the checkpoint the resumed job starts from.
+    # Every key of the job is gone except the checkpoint the resumed job starts from, kept for 30 days, not one.
     assert [k.decode().rsplit(":", 1)[-1] for k in job_keys(redis_url, job_id)] == [keys.job_checkpoint()]
+    assert redis.Redis.from_url(redis_url).ttl(f"mlless:{job_id}:{keys.job_checkpoint()}") > 29 * 24 * 3600
 
     second = RecordingPlatform()
     resumed = run(job, job_id, tmp_path / "second", redis_url, amqp_url, second)

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 #: How long workers may take to connect, and to publish their final replicas.
 STARTUP_TIMEOUT = 120.0
 FINISH_TIMEOUT = 30.0
+#: How long a suspended job's checkpoint outlives its other keys (which have the transport's TTL, a day).
+SUSPEND_CHECKPOINT_TTL = 30 * 24 * 3600
 
 
 class JobFailed(RuntimeError):
@@ -168,8 +170,9 @@ class Supervisor:
             deleted = self.transport.delete_job()
             log.info("job %s: deleted %d keys", self.job_id, deleted)
             if self.suspend_checkpoint is not None:
-                # Everything else of the job is gone; the model it resumes from stays.
-                self.transport.put(keys.job_checkpoint(), self.suspend_checkpoint)
+                # Everything else of the job is gone; the model it resumes from stays, for as long as a job
+                # may reasonably stay suspended (deleting the job deletes it, on a managed or external Redis).
+                self.transport.put(keys.job_checkpoint(), self.suspend_checkpoint, ttl=SUSPEND_CHECKPOINT_TTL)
             self.record.close()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)

@@ -111,8 +111,8 @@ class Transport(ABC):
 
     # ---------------------------------------------------------------- key-value
     @abstractmethod
-    def put(self, key: str, value: bytes) -> None:
-        """Store ``value`` under the job-namespaced ``key`` with the transport's TTL."""
+    def put(self, key: str, value: bytes, ttl: int | None = None) -> None:
+        """Store ``value`` under the job-namespaced ``key`` for ``ttl`` seconds (default: the transport's TTL)."""
 
     @abstractmethod
     def put_many(self, items: Mapping[str, bytes]) -> None:

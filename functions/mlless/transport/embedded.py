@@ -553,13 +553,16 @@ class EmbeddedTransport(Transport):
         raise TransportError(f"embedded broker: {text}")
 
     # ------------------------------------------------------------------ key-value
-    def put(self, key: str, value: bytes) -> None:
-        self.put_many({key: value})
+    def put(self, key: str, value: bytes, ttl: int | None = None) -> None:
+        self._put({key: value}, int(ttl or self.ttl))
 
     def put_many(self, items: Mapping[str, bytes]) -> None:
+        self._put(items, self.ttl)
+
+    def _put(self, items: Mapping[str, bytes], ttl: int) -> None:
         if not items:
             return
-        parts = [_U64.pack(self.ttl * 1000), _U32.pack(len(items))]
+        parts = [_U64.pack(ttl * 1000), _U32.pack(len(items))]
         for k, v in items.items():
             parts.append(_s(check_key(k)))
             parts.append(_blob(check_body(v)))

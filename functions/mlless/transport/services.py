@@ -198,9 +198,9 @@ class ServicesTransport(Transport):
             p.execute()
 
     # ------------------------------------------------------------------ key-value
-    def put(self, key: str, value: bytes) -> None:
+    def put(self, key: str, value: bytes, ttl: int | None = None) -> None:
         k, v = self._key(key), check_body(value)
-        self._redis_call(lambda: self.redis.set(k, v, ex=self.ttl))
+        self._redis_call(lambda: self.redis.set(k, v, ex=int(ttl or self.ttl)))
 
     def put_many(self, items: Mapping[str, bytes]) -> None:
         pairs = [(self._key(k), check_body(v)) for k, v in items.items()]
