@@ -141,11 +141,15 @@ def test_killed_worker_is_dropped_and_job_completes(movielens_dir, tmp_path, red
     job = job_for(movielens_dir, stop={"maxSteps": 80})
     summary = _supervise_with(job, tmp_path, redis_url, amqp_url, kill_worker_1)
     assert summary["steps"] == 80
-    assert summary["workers_final"] == 2
     assert [d["rank"] for d in summary["dropped_workers"]] == [1]
+    # The job still wants 3 workers, so the supervisor starts a replacement; whether its process is up in time to
+    # join before step 80 depends on the machine, so count the joins rather than assume them.
+    assert [e["event"] for e in summary["scaling_events"]][:1] == ["launch"]
+    joins = sum(e["event"] == "join" for e in summary["scaling_events"])
+    assert summary["workers_final"] == 2 + joins
     assert summary["validation_loss"] < 1.1
     assert job_keys(redis_url, summary["job_id"]) == []
-    assert read_metrics(tmp_path)[-1]["workers"] == 2
+    assert read_metrics(tmp_path)[-1]["workers"] == 2 + joins
 
 
 def test_stalled_worker_is_dropped_after_timeout(movielens_dir, tmp_path, redis_url, amqp_url):
@@ -158,7 +162,8 @@ def test_stalled_worker_is_dropped_after_timeout(movielens_dir, tmp_path, redis_
     assert summary["steps"] == 30
     assert [d["rank"] for d in summary["dropped_workers"]] == [0]
     assert "no report" in summary["dropped_workers"][0]["reason"]
-    assert summary["workers_final"] == 2
+    # As above: a replacement is started, and joins if its process is up before the end.
+    assert summary["workers_final"] == 2 + sum(e["event"] == "join" for e in summary["scaling_events"])
 
 
 def test_logistic_regression_learns(synthetic_lr_dir, tmp_path):
