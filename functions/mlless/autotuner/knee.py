@@ -26,8 +26,9 @@ little; it is accepted once it stays within a small tolerance for ``stable_check
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -73,61 +74,71 @@ class KneeConfig:
             raise ValueError(f"knee stable_checks must be >= 1, got {self.stable_checks}")
 
 
-class KneeDetector(Protocol):
-    """Fed one (step, finite loss) per closed step; returns the accepted knee step once, then keeps it."""
+class KneeDetector(ABC):
+    """Fed one (step, finite loss) per closed step; returns the accepted knee step once, then keeps it.
 
-    @property
-    def knee_step(self) -> int | None: ...
-
-    def update(self, step: int, loss: float) -> int | None: ...
-
-    def state(self) -> dict[str, object]: ...
-
-
-class SlopeKneeDetector:
-    """The papers' first-derivative threshold, relative to the loss scale, causal and O(1) per step."""
+    A subclass's `_observe` maintains a candidate step and how many checks in a
+    row have confirmed it; the candidate becomes the knee after
+    `stable_checks` of them, and from then on the curve is no longer read.
+    """
 
     def __init__(self, config: KneeConfig) -> None:
         self._cfg = config
-        self._loss = OnlineEwma(config.span)
-        self._slope = OnlineEwma(config.span)
-        self._prev: tuple[int, float] | None = None
-        self._scale: float | None = None
-        self._n = 0
-        self._armed = False
         self._candidate: int | None = None
         self._streak = 0
         self._knee: int | None = None
-        self.rel_slope: float | None = None
 
     @property
     def knee_step(self) -> int | None:
         return self._knee
 
     def update(self, step: int, loss: float) -> int | None:
-        if self._knee is not None:
-            return self._knee
+        if self._knee is None:
+            self._observe(step, loss)
+            if self._candidate is not None and self._streak >= self._cfg.stable_checks:
+                self._knee = self._candidate
+        return self._knee
+
+    @abstractmethod
+    def _observe(self, step: int, loss: float) -> None:
+        """Take in one point of the curve, updating the candidate and its streak."""
+
+    @abstractmethod
+    def state(self) -> dict[str, object]: ...
+
+
+class SlopeKneeDetector(KneeDetector):
+    """The papers' first-derivative threshold, relative to the loss scale, causal and O(1) per step."""
+
+    def __init__(self, config: KneeConfig) -> None:
+        super().__init__(config)
+        self._loss = OnlineEwma(config.span)
+        self._slope = OnlineEwma(config.span)
+        self._prev: tuple[int, float] | None = None
+        self._scale: float | None = None
+        self._n = 0
+        self._armed = False
+        self.rel_slope: float | None = None
+
+    def _observe(self, step: int, loss: float) -> None:
         smoothed = self._loss.update(loss)
         self._n += 1
         if self._scale is None:
             self._scale = abs(smoothed) if abs(smoothed) > 1e-12 else 1.0
         prev, self._prev = self._prev, (step, smoothed)
         if prev is None:
-            return None
+            return
         g = self._slope.update((smoothed - prev[1]) / max(step - prev[0], 1)) / self._scale
         self.rel_slope = g
         if g <= -self._cfg.slope:
             self._armed = True  # still descending fast: any earlier candidate was noise
             self._candidate, self._streak = None, 0
-            return None
+            return
         if not self._armed or self._n <= self._cfg.span:
-            return None
+            return
         if self._candidate is None:
             self._candidate, self._streak = step, 0
         self._streak += 1
-        if self._streak >= self._cfg.stable_checks:
-            self._knee = self._candidate
-        return self._knee
 
     def state(self) -> dict[str, object]:
         return {"method": "slope", "knee_step": self._knee, "candidate": self._candidate,
@@ -160,45 +171,33 @@ def kneedle(x: ArrayLike, y: ArrayLike, *, min_prominence: float = 0.1) -> int |
     return i
 
 
-class KneedleKneeDetector:
+class KneedleKneeDetector(KneeDetector):
     """Kneedle on the causally-smoothed loss over the growing window, accepted once stable."""
 
     def __init__(self, config: KneeConfig, *, tolerance: float = 0.02, min_prominence: float = 0.1) -> None:
-        self._cfg = config
+        super().__init__(config)
         self._ewma = OnlineEwma(config.span)
         self._steps: list[int] = []
         self._smoothed: list[float] = []
         self._tol = tolerance
         self._prominence = min_prominence
         self._anchor: int | None = None
-        self._candidate: int | None = None
-        self._streak = 0
-        self._knee: int | None = None
 
-    @property
-    def knee_step(self) -> int | None:
-        return self._knee
-
-    def update(self, step: int, loss: float) -> int | None:
-        if self._knee is not None:
-            return self._knee
+    def _observe(self, step: int, loss: float) -> None:
         self._steps.append(step)
         self._smoothed.append(self._ewma.update(loss))
         if len(self._steps) <= 2 * self._cfg.span:
-            return None
+            return
         i = kneedle(self._steps, self._smoothed, min_prominence=self._prominence)
         if i is None:
             self._anchor, self._candidate, self._streak = None, None, 0
-            return None
+            return
         cand = self._steps[i]
         if self._anchor is not None and abs(cand - self._anchor) <= max(1.0, self._tol * self._anchor):
             self._streak += 1
         else:
             self._anchor, self._streak = cand, 1
         self._candidate = cand
-        if self._streak >= self._cfg.stable_checks:
-            self._knee = cand
-        return self._knee
 
     def state(self) -> dict[str, object]:
         return {"method": "kneedle", "knee_step": self._knee, "candidate": self._candidate,
