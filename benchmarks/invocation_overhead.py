@@ -92,14 +92,15 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--timeouts", type=float, nargs="+", default=[30.0, 15.0], help="short function timeouts (s)")
-    ap.add_argument("--data", type=Path, default=_common.DEFAULT_DATA_DIR)
-    ap.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
+    ap.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR,
+                    help="where the prepared dataset and the runs go (default %(default)s)")
+    ap.add_argument("--write-results", action="store_true", help="refresh this script's section of RESULTS.md")
     args = ap.parse_args(argv)
 
     info = _common.machine_info()
     print(_common.machine_line(info))
-    data = _common.prepare(args.data / "movielens", "--sample", "movielens-small")
-    base = args.data / "invocation"
+    data = _common.prepare(args.data_dir / "movielens", "--sample", "movielens-small")
+    base = args.data_dir / "invocation"
     base.mkdir(parents=True, exist_ok=True)
     job = _common.write_pmf_job(base / "job.yaml", name="bench-invoke", workers=args.workers, data=data,
                                 protocol="isp", stop={"maxSteps": args.steps})
@@ -123,7 +124,7 @@ def main(argv=None) -> int:
         "",
         _common.table(header, rows),
     ]
-    if not args.no_write:
+    if args.write_results:
         _common.update_results("invocation_overhead", "\n".join(body))
     return 0
 
