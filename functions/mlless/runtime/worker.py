@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlless import wire
+from mlless.autotuner.smoothing import OnlineEwma
 from mlless.data.dataset import Dataset
 from mlless.models import Model, build_model
 from mlless.optim import make_optimizer
@@ -100,7 +101,9 @@ class Worker:
         self.leave_requested = False
         # A function invocation must return before the platform kills it (monotonic time; None = no limit).
         self.deadline = deadline
-        self.step_seconds = 0.0  # EWMA of a step's wall time, barrier included
+        # A step's typical wall time, barrier included: an average, not the maximum, because the first step after
+        # a re-invocation waits for peers that are restarting too, and must not make every later invocation end at once.
+        self.step_seconds = OnlineEwma(span=9)
         # wait/read/apply happen after a step is reported, so they travel with the next report.
         self._barrier = dict.fromkeys(("wait", "read", "apply"), 0.0)
 
@@ -120,10 +123,7 @@ class Worker:
                     self._checkpoint()
                 self.step += 1
                 self._train_step()
-                # An average, not the maximum: the first step after a re-invocation waits for peers that are
-                # restarting too, and one such step must not make every later invocation end at once.
-                elapsed = time.monotonic() - started
-                self.step_seconds = elapsed if self.step_seconds == 0.0 else 0.8 * self.step_seconds + 0.2 * elapsed
+                self.step_seconds.update(time.monotonic() - started)
         except WorkerExit:
             pass
         finally:
@@ -133,7 +133,7 @@ class Worker:
 
     def _deadline_near(self) -> bool:
         # Room for two typical steps and a second: the caller's margin before the platform's timeout absorbs outliers.
-        return self.deadline is not None and time.monotonic() + 2 * self.step_seconds + 1.0 >= self.deadline
+        return self.deadline is not None and time.monotonic() + 2 * (self.step_seconds.value or 0.0) + 1.0 >= self.deadline
 
     def _checkpoint(self) -> None:
         """Between steps, everything this worker knows goes to Redis; queued control messages wait in its queue."""
