@@ -88,6 +88,7 @@ def test_progress_is_published_every_step_and_finally_with_the_model(movielens_d
     assert (exported / "model.npz").read_bytes() == Path(summary["model_path"]).read_bytes()
     assert len((exported / "metrics.jsonl").read_text().splitlines()) == 20
     assert math.isfinite(last["trainLoss"]) and last["costUSD"] > 0
+    assert last["costUSD"] == pytest.approx(summary["cost_usd"], abs=1e-6)
     # Like a Job's `active`, the count is of workers still running: 2 while training, none once the job is over.
     assert {status["workers"] for status, final in platform.published if not final} == {2} and last["workers"] == 0
     assert last["trainLoss"] == pytest.approx(summary["train_loss"])

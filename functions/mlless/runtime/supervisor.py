@@ -314,10 +314,10 @@ class Supervisor:
         self.transport.broadcast(wire.encode(close))
         self.step_opened = time.monotonic()
         self._evaluate_snapshot()
-        self._record_step(step, totals)
-        self._sync_platform()
+        self._sync_platform(self._record_step(step, totals))
 
-    def _record_step(self, step: int, totals: _StepTotals) -> None:
+    def _record_step(self, step: int, totals: _StepTotals) -> float:
+        """Metrics, the step's row and the progress line; returns the job's cost so far."""
         # A report carries the barrier timings (wait/read/apply) of the step before it.
         if self._row is not None:
             for phase in ("wait", "read", "apply"):
@@ -365,6 +365,7 @@ class Supervisor:
             elapsed=elapsed,
             cost=cost,
         )
+        return cost
 
     # ---- stop rules, liveness, evaluation ------------------------------------------------------
 
@@ -429,9 +430,9 @@ class Supervisor:
             self.removing.discard(worker.rank)
             self.platform.set_workers(self.desired, removed=worker.rank)
 
-    def _sync_platform(self) -> None:
+    def _sync_platform(self, cost_usd: float) -> None:
         """Mirror progress to the platform and take in what its users asked for (kubectl scale, suspend)."""
-        self.platform.publish(self._status_fields())
+        self.platform.publish(self._status_fields(cost_usd))
         request = self.platform.poll()
         if request is None:
             return
@@ -441,13 +442,14 @@ class Supervisor:
             self.progress.message(f"step {self.closed}: {request.workers} workers requested")
             self.request_workers(request.workers)
 
-    def _status_fields(self) -> dict[str, Any]:
+    def _status_fields(self, cost_usd: float) -> dict[str, Any]:
+        """What the platform shows of the job; `cost_usd` as the step's row or the summary has it."""
         validation = self.validation[1] if self.validation else None
         return {
             "step": self.steps_before + self.closed,
             "trainLoss": None if math.isnan(self.train_loss) else self.train_loss,
             "validationLoss": validation,
-            "costUSD": round(self._cost(time.monotonic()).total, 6),
+            "costUSD": round(cost_usd, 6),
             "workers": len(self.live),
         }
 
@@ -581,7 +583,7 @@ class Supervisor:
                 "reason": "a dropped worker took its unsent updates with it",
             }
         self.record.summary(summary)
-        final = self._status_fields() | {"modelURI": self._export(summary["model_path"])}
+        final = self._status_fields(summary["cost_usd"]) | {"modelURI": self._export(summary["model_path"])}
         if self.stop_reason == "suspended" and summary["model_path"]:
             self.suspend_checkpoint = self._checkpoint_frame()
             final["checkpointStep"] = self.steps_before + self.closed
