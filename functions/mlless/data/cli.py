@@ -20,7 +20,7 @@ from mlless.data.prepare import (
     synthetic_pmf_source,
 )
 from mlless.data.sample import SampleUnavailable
-from mlless.data.synthetic import LrParams, PmfParams
+from mlless.data.synthetic import DEFAULT_SKEW, LrParams, PmfParams
 from mlless.data.text import MalformedInputError
 
 DESCRIPTION = """\
@@ -95,6 +95,8 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--rank", type=int, default=PmfParams.rank, help=f"pmf planted rank (default {PmfParams.rank})")
     s.add_argument("--noise", type=float, default=PmfParams.noise, help=f"pmf noise std (default {PmfParams.noise})")
     s.add_argument("--vocabulary", type=int, default=LrParams.vocabulary, help=f"lr: distinct values per categorical column (default {LrParams.vocabulary})")
+    s.add_argument("--skew", type=float, default=DEFAULT_SKEW,
+                   help=f"Zipf exponent of user/item (pmf) and categorical-value (lr) popularity; 0 = uniform (default {DEFAULT_SKEW})")
     s.add_argument("--raw", action="store_true", help="pmf: do not clip ratings to [1, 5]")
     p.set_defaults(func=run_prepare)
 
@@ -130,11 +132,13 @@ def run_prepare(args: argparse.Namespace) -> int:
             prepare(sample_source(args.sample), args.out, options)
         elif args.synthetic == "pmf":
             params = PmfParams(
-                rows=args.rows or PmfParams.rows, users=args.users, items=args.items, rank=args.rank, noise=args.noise, clip=not args.raw
+                rows=args.rows or PmfParams.rows, users=args.users, items=args.items, rank=args.rank, noise=args.noise, clip=not args.raw,
+                skew=args.skew,
             )
             prepare(synthetic_pmf_source(params, args.seed), args.out, options)
         else:
-            params_lr = LrParams(rows=args.rows or LrParams.rows, hash_bits=args.hash_bits, vocabulary=args.vocabulary)
+            params_lr = LrParams(rows=args.rows or LrParams.rows, hash_bits=args.hash_bits, vocabulary=args.vocabulary,
+                                 skew=args.skew)
             prepare(synthetic_lr_source(params_lr, args.seed), args.out, options)
     except (PrepareError, MalformedInputError, DatasetError, SampleUnavailable, FileNotFoundError) as exc:
         print(f"mlless prepare: error: {exc}", file=sys.stderr)

@@ -2,12 +2,16 @@
 
 * PMF: ratings = mu + U_u . V_i + noise, with U, V ~ N(0, rank**-0.5) so the
   low-rank part has unit variance; clipped to [1, 5] unless `clip=False`.
-  Users and items are drawn uniformly.  Rows are independent, so a 10M-rating
+  Users and items are Zipf-distributed with exponent `skew` (0 = uniform):
+  real ratings are skewed that way, and uniform ids would hide the cache and
+  load-balance effects of popular rows.  The default 0.8 gives the top 1 % of
+  items about 30 % of the ratings.  Rows are independent, so a 10M-rating
   ML-10M-sized set (70k x 10k) takes a few seconds to generate.
 * LR: Criteo-shaped sparse rows, 13 "integer" columns (each present with
   p=0.8, geometric-ish counts) and 26 categoricals (present with p=0.9, a
   skewed per-column vocabulary) hashed exactly like Criteo, so ~37 nnz per
-  row.  Labels are Bernoulli(sigmoid(w.x + b)) for a planted weight vector w
+  row; the values of each column are Zipf-distributed with exponent `skew`,
+  as in real click logs.  Labels are Bernoulli(sigmoid(w.x + b)) for a planted weight vector w
   over the hashed space (integers enter as log1p, as the default transform
   writes them), so a model can actually learn something.
 """
@@ -23,6 +27,8 @@ from mlless.data.formats import CRITEO_CAT_COLUMNS, CRITEO_INT_COLUMNS, criteo_f
 from mlless.data.hashing import hash_ints
 
 CHUNK_ROWS = 1 << 20
+#: Zipf exponent of user, item and categorical-value popularity (0: uniform).
+DEFAULT_SKEW = 0.8
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,7 @@ class PmfParams:
     mean: float = 3.5
     bias: float = 0.4  # std of the user and item biases, as real ratings have them
     clip: bool = True
+    skew: float = DEFAULT_SKEW
 
     def describe(self) -> dict:
         return {"synthetic": "pmf", **asdict(self)}
@@ -46,9 +53,25 @@ class LrParams:
     hash_bits: int = 18
     vocabulary: int = 10_000
     bias: float = -1.0
+    skew: float = DEFAULT_SKEW
 
     def describe(self) -> dict:
         return {"synthetic": "lr", **asdict(self)}
+
+
+class Zipf:
+    """Ids 0..n-1 with P(id of popularity rank k) ∝ k^-skew; the popular ids are scattered, not 0, 1, 2, ..."""
+
+    def __init__(self, n: int, skew: float, rng: np.random.Generator) -> None:
+        if skew < 0:
+            raise ValueError(f"skew must be >= 0, got {skew}")
+        weights = np.arange(1, n + 1, dtype=np.float64) ** -skew
+        self.cdf = np.cumsum(weights / weights.sum())
+        self.ids = rng.permutation(n)
+
+    def sample(self, rng: np.random.Generator, size: int | tuple[int, ...]) -> np.ndarray:
+        ranks = np.searchsorted(self.cdf, rng.random(size) * self.cdf[-1], side="right")
+        return self.ids[np.minimum(ranks, len(self.ids) - 1)]
 
 
 def generate_pmf(p: PmfParams, seed: int) -> Iterator[RatingsChunk]:
@@ -58,11 +81,12 @@ def generate_pmf(p: PmfParams, seed: int) -> Iterator[RatingsChunk]:
     V = rng.normal(0.0, scale, size=(p.items, p.rank)).astype(np.float32)
     user_bias = rng.normal(0.0, p.bias, size=p.users).astype(np.float32)
     item_bias = rng.normal(0.0, p.bias, size=p.items).astype(np.float32)
+    user_ids, item_ids = Zipf(p.users, p.skew, rng), Zipf(p.items, p.skew, rng)
     for start in range(0, p.rows, CHUNK_ROWS):
         n = min(CHUNK_ROWS, p.rows - start)
         crng = np.random.default_rng([seed, 0x504D46, start])
-        users = crng.integers(0, p.users, size=n)
-        items = crng.integers(0, p.items, size=n)
+        users = user_ids.sample(crng, n)
+        items = item_ids.sample(crng, n)
         r = np.einsum("ij,ij->i", U[users], V[items]) + user_bias[users] + item_bias[items] + p.mean
         r += crng.normal(0.0, p.noise, size=n).astype(np.float32)
         if p.clip:
@@ -78,12 +102,13 @@ def generate_lr(p: LrParams, seed: int) -> Iterator[SparseChunk]:
     w = rng.normal(0.0, 2.0, size=n_features).astype(np.float32)
     w[:CRITEO_INT_COLUMNS] = rng.normal(0.0, 0.3, size=CRITEO_INT_COLUMNS)
     width = CRITEO_INT_COLUMNS + CRITEO_CAT_COLUMNS
+    values = Zipf(p.vocabulary, p.skew, rng)
     step = CHUNK_ROWS // 4
     for start in range(0, p.rows, step):
         n = min(step, p.rows - start)
         crng = np.random.default_rng([seed, 0x4C52, start])
         ints = np.floor(crng.exponential(5.0, size=(n, CRITEO_INT_COLUMNS))).astype(np.float32)
-        vocab = np.floor(p.vocabulary * crng.random((n, CRITEO_CAT_COLUMNS)) ** 3).astype(np.int64)
+        vocab = values.sample(crng, (n, CRITEO_CAT_COLUMNS)).astype(np.int64)
         cols = np.broadcast_to(np.arange(CRITEO_CAT_COLUMNS, dtype=np.int64), vocab.shape)
         cat = criteo_feature_indices(hash_ints(vocab * CRITEO_CAT_COLUMNS + cols, 0x43415453), p.hash_bits)
         index = np.empty((n, width), dtype=np.int32)
