@@ -8,8 +8,8 @@ clipped to the dataset's rating range for every system).
 
 mlless rows:
   * "mlless (gradient+optimizer)": what a worker's `_train_step` computes, i.e.
-    `model.gradient(batch)` + `optimizer.step(...)` (default optimizer: Nesterov
-    mu 0.8, lr 4.0), over the prepared batches;
+    `optimizer.update(model, batch, lr)` with the default optimizer (per-sample
+    AdaGrad, lr 0.1), over the prepared batches;
   * "mlless (+ ISP filter)": the same plus `SignificanceFilter.accumulate` and `.select` with
     v_t = 0.7/sqrt(t), i.e. the whole local computation of a worker step.
   Batches are loaded into memory before timing (a worker prefetches them in a
@@ -18,7 +18,7 @@ mlless rows:
 Baselines:
   * surprise `SVD(n_factors=20, n_epochs=E)` (per-rating SGD, its own lr/reg defaults);
   * PyTorch CPU, `torch.set_num_threads(1)`, dense `nn.Embedding` factors + biases,
-    MSE loss, `SGD(lr=4.0, momentum=0.8, nesterov=True)` (mlless' defaults), the same
+    MSE loss, `SGD(lr=4.0, momentum=0.8, nesterov=True)` (the papers' PMF optimizer), the same
     batches in the same order.
 
 Throughput = training ratings processed / seconds (wall and process CPU time).
@@ -68,7 +68,7 @@ def run_mlless(ds, batches, val, epochs, seed, with_filter: bool, v: float = 0.7
     dims = {**ds.dims(), "rating_min": ds.manifest.rating_min, "rating_max": ds.manifest.rating_max}
     model = build_model("pmf", dims, ModelConfig("pmf", rank=RANK), seed)
     cfg = default_optimizer("pmf")
-    opt = make_optimizer(model.size, cfg.replace(weight_decay=model.weight_decay))
+    opt = make_optimizer(model.size, cfg.replace(weight_decay=model.weight_decay), model.accumulator_size)
     filt = SignificanceFilter(model.size)
     plan = orders(len(batches), epochs, seed)
     n = 0
@@ -79,8 +79,7 @@ def run_mlless(ds, batches, val, epochs, seed, with_filter: bool, v: float = 0.7
             lr = cfg.lr_at(e + 1)
             for b in order:
                 batch = batches[b]
-                idx, grad, loss_sum, k = model.gradient(batch)
-                delta = opt.step(model.params, idx, grad, lr)
+                idx, delta, loss_sum, k = opt.update(model, batch, lr)
                 step += 1
                 if with_filter:
                     filt.accumulate(idx, delta)
@@ -151,8 +150,7 @@ def run_torch(ds, batches, val, epochs, seed, l2: float = 0.0):
             return (pu * qi).sum(1) + bu + bi + mean, (pu, qi, bu, bi)
 
     model = MF()
-    cfg = default_optimizer("pmf")
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum, nesterov=True)
+    opt = torch.optim.SGD(model.parameters(), lr=4.0, momentum=0.8, nesterov=True)
     tb = [(torch.from_numpy(b.users.astype(np.int64)), torch.from_numpy(b.items.astype(np.int64)),
            torch.from_numpy(b.ratings)) for b in batches]
     plan = orders(len(batches), epochs, seed)

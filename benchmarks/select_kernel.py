@@ -39,7 +39,7 @@ batches = [ds.batch(i) for i in range(ds.n_batches)]
 dims = {**ds.dims(), "rating_min": ds.manifest.rating_min, "rating_max": ds.manifest.rating_max}
 model = build_model("pmf", dims, ModelConfig("pmf", rank=20), 0)
 cfg = default_optimizer("pmf")
-opt = make_optimizer(model.size, cfg.replace(weight_decay=model.weight_decay))
+opt = make_optimizer(model.size, cfg.replace(weight_decay=model.weight_decay), model.accumulator_size)
 f = SignificanceFilter(model.size)
 rng = np.random.default_rng(0)
 t_acc = t_new = t_old = t_grad = 0.0
@@ -48,8 +48,7 @@ for e in range(epochs):
     lr = cfg.lr_at(e + 1)
     for b in rng.permutation(len(batches)):
         t0 = time.perf_counter()
-        idx, grad, _, _ = model.gradient(batches[b])
-        delta = opt.step(model.params, idx, grad, lr)
+        idx, delta, _, _ = opt.update(model, batches[b], lr)
         t1 = time.perf_counter()
         f.accumulate(idx, delta)
         t2 = time.perf_counter()

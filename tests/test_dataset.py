@@ -48,7 +48,7 @@ def test_open_and_read(ratings_dir: Path, sparse_dir: Path) -> None:
     b = ds.batch(0)
     assert isinstance(b, RatingsBatch) and len(b) == 100
     assert len(ds.batch(ds.n_batches - 1)) == ds.manifest.n_train - 100 * (ds.n_batches - 1)
-    assert set(ds.dims()) == {"n_users", "n_items", "mean_rating", "rating_min", "rating_max"}
+    assert set(ds.dims()) == {"n_users", "n_items", "mean_rating", "rating_min", "rating_max", "n_ratings"}
     assert sum(len(x) for x in ds) == ds.manifest.n_train
     sp = Dataset.open(str(sparse_dir))
     assert isinstance(sp.batch(0), SparseBatch) and sp.dims() == {"n_features": 1024}

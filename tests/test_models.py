@@ -14,14 +14,13 @@ PMF_DIMS = {"n_users": 30, "n_items": 20, "mean_rating": 3.0, "rating_min": 1.0,
 
 
 def train(model, batches, epochs, opt_cfg=None, val=None):
-    """Plain single-process mini-batch loop, as a worker runs it without peers."""
-    cfg = opt_cfg or default_optimizer(model.kind)
-    opt = make_optimizer(model.size, cfg)
+    """Plain single-process loop over mini-batches, as a worker runs it without peers."""
+    cfg = (opt_cfg or default_optimizer(model.kind)).replace(weight_decay=model.weight_decay)
+    opt = make_optimizer(model.size, cfg, model.accumulator_size)
     curve = []
     for epoch in range(1, epochs + 1):
         for b in batches(epoch):
-            idx, grad, _, _ = model.gradient(b)
-            opt.step(model.params, idx, grad, cfg.lr_at(epoch))
+            opt.update(model, b, cfg.lr_at(epoch))
         if val is not None:
             curve.append(model.loss(*model.evaluate(val)))
     return curve
@@ -185,14 +184,125 @@ def _movielens():
 
 
 def test_pmf_defaults_reach_target_rmse_on_movielens():
-    """The default config (rank 20, l2 0.1, Nesterov μ=0.8 lr=4) must reach RMSE ≤ 0.90."""
+    """The defaults (rank 20, per-sample AdaGrad lr 0.1, L2 from the density) beat Surprise's SVD (0.88) in 5 epochs."""
     (tu, ti, tr), (vu, vi, vr), nu, ni = _movielens()
-    dims = {"n_users": nu, "n_items": ni, "mean_rating": float(tr.mean()), "rating_min": 0.5, "rating_max": 5.0}
+    dims = {"n_users": nu, "n_items": ni, "mean_rating": float(tr.mean()), "rating_min": 0.5, "rating_max": 5.0,
+            "n_ratings": len(tr)}
     model = build_model("pmf", dims, None, seed=0)
     val = RatingsBatch(vu, vi, vr)
     baseline = float(np.sqrt(np.mean((vr - tr.mean()) ** 2)))
-    curve = train(model, ratings_batches(tu, ti, tr, 2000, 0), 15, val=val)
-    print(f"MovieLens PMF (defaults, batch 2000): baseline {baseline:.4f}, "
+    curve = train(model, ratings_batches(tu, ti, tr, 1000, 0), 5, val=val)
+    print(f"MovieLens PMF (defaults, batch 1000): baseline {baseline:.4f}, "
           f"val RMSE by epoch {np.round(curve, 4).tolist()}")
-    assert curve[-1] <= 0.90 and min(curve) <= 0.89
+    assert min(curve) <= 0.88 and curve[-1] <= 0.89
     assert baseline > 1.0
+
+
+def bias_only_rmse(users, items, ratings, val, sweeps=20):
+    """The bias plateau: the best μ + b_u + b_i fit (alternating least squares), scored on `val`."""
+    mu = ratings.mean()
+    bu, bi = np.zeros(users.max() + 1), np.zeros(items.max() + 1)
+    for _ in range(sweeps):
+        bu = np.bincount(users, ratings - mu - bi[items], len(bu)) / np.maximum(np.bincount(users, minlength=len(bu)), 1)
+        bi = np.bincount(items, ratings - mu - bu[users], len(bi)) / np.maximum(np.bincount(items, minlength=len(bi)), 1)
+    return float(np.sqrt(np.mean((mu + bu[val.users] + bi[val.items] - val.ratings) ** 2)))
+
+
+def synthetic(kind, tmp_path, **params):
+    """A small prepared synthetic dataset, the skewed kind `mlless prepare --synthetic` writes."""
+    from mlless.data.dataset import Dataset
+    from mlless.data.prepare import PrepareOptions, prepare, synthetic_lr_source, synthetic_pmf_source
+    from mlless.data.synthetic import LrParams, PmfParams
+    source = synthetic_pmf_source(PmfParams(**params), 0) if kind == "pmf" else synthetic_lr_source(LrParams(**params), 0)
+    prepare(source, str(tmp_path / kind), PrepareOptions(batch_size=1000, progress=False))
+    return Dataset.open(str(tmp_path / kind))
+
+
+@pytest.mark.parametrize("skew", [0.0, 0.8])
+def test_pmf_defaults_leave_the_bias_plateau(tmp_path, skew):
+    """Regression guard: the papers' Nesterov (lr 4) sat on the bias-only plateau for epochs at this scale.
+
+    In 5 epochs the defaults must close most of the gap between that plateau and the noise floor (0.5).
+    """
+    ds = synthetic("pmf", tmp_path, rows=400_000, users=4000, items=1500, skew=skew)
+    batches = [ds.batch(i) for i in range(ds.n_batches)]
+    val = ds.validation()
+    everything = RatingsBatch(*(np.concatenate([getattr(b, f) for b in batches]) for f in ("users", "items", "ratings")))
+    plateau = bias_only_rmse(everything.users, everything.items, everything.ratings, val)
+    model = build_model("pmf", ds.dims(), None, seed=0)
+    curve = train(model, lambda e: iter(batches), 5, val=val)
+    print(f"synthetic PMF skew {skew}: bias-only {plateau:.4f}, defaults by epoch {np.round(curve, 4).tolist()}")
+    assert plateau > 0.85
+    assert curve[-1] < 0.5 + 0.3 * (plateau - 0.5)
+
+
+def test_logreg_defaults_leave_the_base_rate_within_two_epochs(tmp_path):
+    """Regression guard: within two epochs the defaults are well below the constant predictor's BCE."""
+    ds = synthetic("lr", tmp_path, rows=60_000, hash_bits=14, vocabulary=2000)
+    batches = [ds.batch(i) for i in range(ds.n_batches)]
+    val = ds.validation()
+    p = float(np.concatenate([b.labels for b in batches]).mean())
+    base_rate = -(p * np.log(p) + (1 - p) * np.log(1 - p))
+    model = build_model("logistic-regression", ds.dims())
+    curve = train(model, lambda e: iter(batches), 2, val=val)
+    print(f"synthetic LR: base rate {base_rate:.4f}, defaults by epoch {np.round(curve, 4).tolist()}")
+    assert curve[-1] < 0.9 * base_rate
+
+
+@pytest.mark.parametrize("kind", ["pmf", "logistic-regression"])
+def test_adagrad_kernels_match_a_float64_reference(kind):
+    """The per-sample AdaGrad kernels against a plain numpy loop; the reported delta is the change made."""
+    rng = np.random.default_rng(3)
+    if kind == "pmf":
+        model = build_model("pmf", {"n_users": 7, "n_items": 5, "mean_rating": 3.0}, ModelConfig("pmf", rank=3, l2=0.05))
+        n = 40
+        batch = RatingsBatch(rng.integers(0, 7, n).astype(np.int32), rng.integers(0, 5, n).astype(np.int32),
+                             rng.uniform(1, 5, n).astype(np.float32))
+    else:
+        model = build_model("logistic-regression", {"n_features": 9})
+        model.params[:] = rng.normal(0, 0.3, model.size)
+        indptr = np.array([0, 3, 5, 9, 10], np.int64)
+        batch = SparseBatch(indptr, rng.integers(0, 9, 10).astype(np.int32), rng.uniform(0, 2, 10).astype(np.float32),
+                            np.array([1, 0, 1, 1], np.float32))
+    x = model.params.astype(np.float64).copy()
+    g2 = np.full(model.accumulator_size, 1.0)
+    lr, wd = 0.1, 0.01
+    loss = 0.0
+    if kind == "pmf":
+        w = 4
+        for u, i, r in zip(batch.users, batch.items, batch.ratings):
+            pu, pi = slice(u * w, u * w + 3), slice((7 + i) * w, (7 + i) * w + 3)
+            e = x[pu] @ x[pi] + x[u * w + 3] + x[(7 + i) * w + 3] + 3.0 - r
+            loss += e * e
+            gu, gi = e * x[pi] + 0.05 * x[pu], e * x[pu] + 0.05 * x[pi]
+            g2[2 * u] += np.mean(gu ** 2)
+            g2[2 * (7 + i)] += np.mean(gi ** 2)
+            x[pu] -= lr * gu / np.sqrt(g2[2 * u])
+            x[pi] -= lr * gi / np.sqrt(g2[2 * (7 + i)])
+            for row in (u, 7 + i):
+                gb = e + 0.05 * x[row * w + 3]
+                g2[2 * row + 1] += gb * gb
+                x[row * w + 3] -= lr * gb / np.sqrt(g2[2 * row + 1])
+        wd = 0.0
+    else:
+        for row in range(4):
+            cols, vals = batch.indices[indptr[row]:indptr[row + 1]], batch.values[indptr[row]:indptr[row + 1]]
+            z = x[9] + sum(x[c] * v for c, v in zip(cols, vals))
+            y = batch.labels[row]
+            loss += max(z, 0) - z * y + np.log1p(np.exp(-abs(z)))
+            resid = 1 / (1 + np.exp(-z)) - y
+            for c, v in zip(cols, vals):
+                g2[c] += (resid * v) ** 2
+                x[c] -= lr * resid * v / np.sqrt(g2[c]) + lr * wd * x[c]
+            g2[9] += resid * resid
+            x[9] -= lr * resid / np.sqrt(g2[9])
+    before = model.params.copy()
+    acc = np.full(model.accumulator_size, 1.0, np.float32)
+    idx, delta, loss_sum, count = model.adagrad_step(batch, acc, lr, wd)
+    assert count == len(batch) and loss_sum == pytest.approx(loss, rel=1e-4)
+    np.testing.assert_allclose(model.params, x, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(acc, g2, rtol=1e-4)
+    assert len(np.unique(idx)) == len(idx)
+    np.testing.assert_allclose(model.params[idx] - before[idx], delta, atol=1e-6)
+    untouched = np.setdiff1d(np.arange(model.size), idx)
+    np.testing.assert_array_equal(model.params[untouched], before[untouched])

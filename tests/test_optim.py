@@ -130,7 +130,25 @@ def test_lr_schedule_and_defaults():
     c = OptimizerConfig(type="adam", learning_rate=0.04, lr_decay="sqrt-epoch")
     assert c.lr_at(1) == pytest.approx(0.04) and c.lr_at(4) == pytest.approx(0.02)
     assert OptimizerConfig(learning_rate=0.3).lr_at(9) == 0.3
-    pmf = default_optimizer("pmf")
-    assert pmf.type == "nesterov" and pmf.momentum == 0.8
+    assert default_optimizer("pmf").type == "adagrad" and default_optimizer("pmf").lr_decay == "none"
     lr = default_optimizer("logistic-regression")
     assert lr.type == "adam" and lr.lr_decay == "sqrt-epoch"
+
+
+def test_adagrad_runs_the_models_per_sample_kernel_and_checkpoints_its_accumulator():
+    from mlless.data.batches import RatingsBatch
+    from mlless.models import build_model
+
+    model = build_model("pmf", {"n_users": 6, "n_items": 4, "mean_rating": 3.0})
+    opt = make_optimizer(model.size, default_optimizer("pmf"), model.accumulator_size)
+    assert opt.state()["g2"].shape == (2 * (6 + 4),) and np.all(opt.state()["g2"] == 1.0)
+    batch = RatingsBatch(np.array([0, 1, 0], np.int32), np.array([2, 3, 2], np.int32), np.array([5, 1, 4], np.float32))
+    idx, delta, loss_sum, n = opt.update(model, batch, 0.1)
+    assert n == 3 and loss_sum > 0 and opt.t == 1
+    state = opt.state()
+    assert state["g2"][0] > 1.0 and state["g2"][2 * 2] == 1.0  # user 0 was touched, user 2 was not
+    restored = make_optimizer(model.size, default_optimizer("pmf"), model.accumulator_size)
+    restored.load_state(state)
+    np.testing.assert_array_equal(restored.state()["g2"], state["g2"])
+    with pytest.raises(ValueError, match="per sample"):
+        opt.step(model.params, idx, delta)

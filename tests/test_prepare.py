@@ -98,6 +98,7 @@ def test_movielens_csv_round_trip(tmp_path: Path) -> None:
         "mean_rating": m.mean_rating,
         "rating_min": m.rating_min,
         "rating_max": m.rating_max,
+        "n_ratings": len(train_ratings),
     }
 
 

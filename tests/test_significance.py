@@ -113,17 +113,16 @@ def test_bsp_replicas_stay_identical_with_pmf_workers():
     workers = []
     for _ in range(3):
         m = build_model("pmf", dims, seed=5)
-        # lr 4 (the default) is tuned for batches of ~1000+; these batches have 50 ratings
-        cfg = default_optimizer("pmf").replace(learning_rate=0.2)
-        workers.append((m, make_optimizer(m.size, cfg), SignificanceFilter(m.size)))
+        cfg = default_optimizer("pmf")
+        workers.append((m, make_optimizer(m.size, cfg, m.accumulator_size), SignificanceFilter(m.size)))
     for t in range(1, 15):
         sent = []
         for m, opt, flt in workers:
             n = 50
             b = RatingsBatch(rng.integers(0, 40, n).astype(np.int32), rng.integers(0, 30, n).astype(np.int32),
                              rng.uniform(1, 5, n).astype(np.float32))
-            idx, grad, _, _ = m.gradient(b)
-            flt.accumulate(idx, opt.step(m.params, idx, grad))
+            idx, delta, _, _ = opt.update(m, b, cfg.learning_rate)
+            flt.accumulate(idx, delta)
             sent.append(flt.select(m.params, isp_threshold(0.0, t)))
             assert flt.pending_count() == 0
         for w, (m, _, _) in enumerate(workers):

@@ -75,7 +75,8 @@ class Dataset:
         m = self.manifest
         if m.kind == "ratings":
             assert m.n_users is not None and m.n_items is not None and m.mean_rating is not None
-            dims: dict[str, int | float] = {"n_users": m.n_users, "n_items": m.n_items, "mean_rating": m.mean_rating}
+            dims: dict[str, int | float] = {"n_users": m.n_users, "n_items": m.n_items, "mean_rating": m.mean_rating,
+                                            "n_ratings": m.n_train}
             if m.rating_min is not None and m.rating_max is not None:
                 # Predictions are clipped to the range the data can hold.
                 dims |= {"rating_min": m.rating_min, "rating_max": m.rating_max}

@@ -11,7 +11,7 @@ large |z| neither overflows nor returns log(0).
 """
 import numpy as np
 cimport numpy as cnp
-from libc.math cimport exp, log1p, fabs
+from libc.math cimport exp, log1p, fabs, sqrtf
 
 cnp.import_array()
 
@@ -103,6 +103,83 @@ def logreg_gradient(const float[::1] params not None, const cnp.int64_t[::1] ind
                 grad[slot_of[j]] += fr * values[j]
         grad[n_slots] = <float>gb
     return idx_arr, grad_arr, loss
+
+
+def logreg_adagrad_step(float[::1] params not None, float[::1] g2 not None,
+                        const cnp.int64_t[::1] indptr not None, const int[::1] indices not None,
+                        const float[::1] values not None, const float[::1] labels not None,
+                        int n_features, float lr, float wd, int[::1] slot_map not None):
+    """One mini-batch of per-example SGD with per-coordinate AdaGrad, applied in place.
+
+    Each row updates the weights of its features at once, as Vowpal Wabbit's
+    adaptive updates do, instead of one averaged step per batch.  Per row, with
+    z = w·x + b and r = sigmoid(z) − y: for each feature j, g = r·x_j,
+    G_j += g², w_j −= lr·g/√G_j + lr·wd·w_j (decoupled decay); the bias
+    likewise with g = r.  ``g2`` (the accumulators, one per parameter) starts
+    at 1 (`mlless.optim`), which bounds the first steps by ``lr``.
+
+    Returns ``(idx int32, delta float32, loss_sum float)``: every touched
+    feature once (in order of first appearance) then the bias, the change the
+    batch made to each, and the progressive Σ bce (each row's loss just before
+    its own update).  Duplicate features within a row are updated once per
+    occurrence.
+    """
+    cdef Py_ssize_t n = labels.shape[0], nnz = indices.shape[0]
+    _check_csr(indptr, indices, n)
+    if values.shape[0] != nnz:
+        raise ValueError("indices and values differ in length")
+    if params.shape[0] != <Py_ssize_t>n_features + 1:
+        raise ValueError("params length must be n_features + 1")
+    if g2.shape[0] != params.shape[0]:
+        raise ValueError("the accumulator must match params")
+    if slot_map.shape[0] < n_features:
+        raise ValueError("slot_map is smaller than n_features")
+    idx_arr = np.empty(nnz + 1, dtype=np.int32)
+    cdef int[::1] feats = idx_arr
+    cdef Py_ssize_t j, n_slots = 0, bad = -1, r, k
+    cdef int f
+    with nogil:
+        for j in range(nnz):
+            f = indices[j]
+            if f < 0 or f >= n_features:
+                bad = j
+                break
+            if slot_map[f] < 0:
+                slot_map[f] = <int>n_slots
+                feats[n_slots] = f
+                n_slots += 1
+        for k in range(n_slots):
+            slot_map[feats[k]] = -1
+    if bad >= 0:
+        raise IndexError(f"feature index {indices[bad]} outside [0, {n_features})")
+    feats[n_slots] = n_features
+    idx_arr = idx_arr[:n_slots + 1]
+    feats = idx_arr
+    delta_arr = np.empty(n_slots + 1, dtype=np.float32)
+    cdef float[::1] delta = delta_arr
+    cdef float *W = &params[0]
+    cdef float *G = &g2[0]
+    cdef double z, loss = 0.0
+    cdef float resid, g, x, lr_wd = lr * wd
+    with nogil:
+        for k in range(n_slots + 1):
+            delta[k] = W[feats[k]]
+        for r in range(n):
+            z = W[n_features]
+            for j in range(indptr[r], indptr[r + 1]):
+                z += W[indices[j]] * values[j]
+            loss += _bce(z, labels[r])
+            resid = <float>(_sigmoid(z) - labels[r])
+            for j in range(indptr[r], indptr[r + 1]):
+                f = indices[j]
+                g = resid * values[j]
+                G[f] += g * g
+                W[f] -= lr * g / sqrtf(G[f]) + lr_wd * W[f]
+            G[n_features] += resid * resid
+            W[n_features] -= lr * resid / sqrtf(G[n_features])
+        for k in range(n_slots + 1):
+            delta[k] = W[feats[k]] - delta[k]
+    return idx_arr, delta_arr, loss
 
 
 def logreg_logits(const float[::1] params not None, const cnp.int64_t[::1] indptr not None,

@@ -16,8 +16,16 @@ returning, so the cost stays O(batch), never O(model).
 """
 import numpy as np
 cimport numpy as cnp
+from libc.math cimport sqrtf as sqrt
 
 cnp.import_array()
+
+cdef extern from *:
+    # GCC/Clang builtin: start loading a cache line that a later iteration will need
+    void __builtin_prefetch(const void *addr) nogil
+
+#: How many ratings ahead the per-rating loop prefetches its rows: enough to hide a cache miss.
+DEF PREFETCH_AHEAD = 8
 
 
 cdef Py_ssize_t _assign_slots(const int[::1] users, const int[::1] items, int n_users, int n_items,
@@ -145,6 +153,135 @@ def pmf_gradient(const float[::1] params not None, const int[::1] users not None
                     gu[k] += reg * pu[k]
         _reset_slots(slot_map, rows, n_slots)
     return idx_arr, grad_arr, sse
+
+
+def pmf_adagrad_step(float[::1] params not None, float[::1] g2 not None, const int[::1] users not None,
+                     const int[::1] items not None, const float[::1] ratings not None,
+                     int n_users, int n_items, int rank, double mean, double l2, float lr,
+                     int[::1] slot_map not None):
+    """One mini-batch of per-rating SGD with LIBMF's row-wise AdaGrad, applied in place.
+
+    The ratings are visited in order and each one updates its user and item
+    rows at once, as LIBMF does, instead of one averaged step per batch: a
+    batch of B ratings is B updates, which is why a handful of epochs reach
+    what mini-batch gradients need dozens for.  Per rating, with
+    e = U_u·M_i + b_u + b_i + mean − r::
+
+        g_U = e·M_i + l2·U_u          G_u += mean_k(g_U[k]²)   U_u −= lr·g_U / √G_u
+        g_b = e + l2·b_u              H_u += g_b²              b_u −= lr·g_b / √H_u
+
+    (the item row likewise, with the user row's values from before this
+    rating).  ``g2`` holds two accumulators per row, G then H (2·(n_users +
+    n_items) floats: small enough to stay in cache, unlike one per
+    parameter).  They start at 1 (`mlless.optim`), LIBMF's choice, which
+    bounds the first steps by ``lr``.
+
+    Returns ``(idx int32, delta float32, sse float)``: every parameter of the
+    touched rows once (grouped by row in order of first appearance), the
+    change the batch made to it, and the progressive Σ e² (each rating's
+    error just before its own update).
+    """
+    cdef Py_ssize_t n = ratings.shape[0], width = rank + 1
+    if users.shape[0] != n or items.shape[0] != n:
+        raise ValueError("users, items and ratings differ in length")
+    if params.shape[0] != (<Py_ssize_t>n_users + n_items) * width:
+        raise ValueError("params length does not match n_users, n_items and rank")
+    if g2.shape[0] != 2 * (<Py_ssize_t>n_users + n_items):
+        raise ValueError("the accumulator must hold two values per row")
+    if slot_map.shape[0] < n_users + n_items:
+        raise ValueError("slot_map is smaller than n_users + n_items")
+    cdef int[::1] rows = np.empty(2 * n, dtype=np.int32)
+    cdef int[::1] su = np.empty(n, dtype=np.int32)
+    cdef int[::1] si = np.empty(n, dtype=np.int32)
+    cdef Py_ssize_t bad = -1, n_slots
+    with nogil:
+        n_slots = _assign_slots(users, items, n_users, n_items, slot_map, rows, su, si, &bad)
+        _reset_slots(slot_map, rows, n_slots)
+    if bad >= 0:
+        raise IndexError(f"sample {bad}: user {users[bad]} or item {items[bad]} outside "
+                         f"{n_users} users x {n_items} items")
+    idx_arr = np.empty(n_slots * width, dtype=np.int32)
+    delta_arr = np.zeros(n_slots * width, dtype=np.float32)
+    cdef int[::1] idx = idx_arr
+    cdef float[::1] delta = delta_arr
+    cdef Py_ssize_t s, k, slot, j
+    cdef float e, e0, e1, e2, e3, gu, gi, su2, si2, ru, ri, bu_g, bi_g, step
+    cdef float fl2 = <float>l2, fmean = <float>mean, inv_rank = 1.0 / rank
+    cdef double sse = 0.0
+    cdef float *P = &params[0]
+    cdef float *G = &g2[0]
+    cdef float *D = &delta[0] if delta.shape[0] > 0 else NULL
+    cdef float *pu
+    cdef float *pi
+    cdef float *du
+    cdef float *di
+    cdef float *Gu
+    cdef float *Gi
+    with nogil:
+        for slot in range(n_slots):
+            for k in range(width):
+                idx[slot * width + k] = <int>(rows[slot] * width + k)
+        for s in range(n):
+            if s + PREFETCH_AHEAD < n:
+                # the rows are random across the whole table: start loading them a few ratings early
+                j = s + PREFETCH_AHEAD
+                pu = P + <Py_ssize_t>users[j] * width
+                pi = P + (<Py_ssize_t>n_users + items[j]) * width
+                __builtin_prefetch(pu)
+                __builtin_prefetch(pu + width - 1)
+                __builtin_prefetch(pi)
+                __builtin_prefetch(pi + width - 1)
+                __builtin_prefetch(G + <Py_ssize_t>users[j] * 2)
+                __builtin_prefetch(G + (<Py_ssize_t>n_users + items[j]) * 2)
+            pu = P + <Py_ssize_t>users[s] * width
+            pi = P + (<Py_ssize_t>n_users + items[s]) * width
+            # the change is summed per row as it is made: re-reading the rows afterwards would cost more than the updates
+            du = D + <Py_ssize_t>su[s] * width
+            di = D + <Py_ssize_t>si[s] * width
+            Gu = G + <Py_ssize_t>users[s] * 2
+            Gi = G + (<Py_ssize_t>n_users + items[s]) * 2
+            e0 = 0.0; e1 = 0.0; e2 = 0.0; e3 = 0.0
+            k = 0
+            while k + 4 <= rank:
+                e0 = e0 + pu[k] * pi[k]
+                e1 = e1 + pu[k + 1] * pi[k + 1]
+                e2 = e2 + pu[k + 2] * pi[k + 2]
+                e3 = e3 + pu[k + 3] * pi[k + 3]
+                k = k + 4
+            while k < rank:
+                e0 = e0 + pu[k] * pi[k]
+                k = k + 1
+            e = (e0 + e1) + (e2 + e3) + pu[rank] + pi[rank] + fmean - ratings[s]
+            sse += <double>e * e
+            su2 = 0.0
+            si2 = 0.0
+            for k in range(rank):
+                gu = e * pi[k] + fl2 * pu[k]
+                gi = e * pu[k] + fl2 * pi[k]
+                su2 = su2 + gu * gu
+                si2 = si2 + gi * gi
+            Gu[0] += su2 * inv_rank
+            Gi[0] += si2 * inv_rank
+            ru = lr / sqrt(Gu[0])
+            ri = lr / sqrt(Gi[0])
+            for k in range(rank):
+                gu = -ru * (e * pi[k] + fl2 * pu[k])
+                gi = -ri * (e * pu[k] + fl2 * pi[k])
+                pu[k] += gu
+                pi[k] += gi
+                du[k] += gu
+                di[k] += gi
+            bu_g = e + fl2 * pu[rank]
+            bi_g = e + fl2 * pi[rank]
+            Gu[1] += bu_g * bu_g
+            Gi[1] += bi_g * bi_g
+            step = -lr / sqrt(Gu[1]) * bu_g
+            pu[rank] += step
+            du[rank] += step
+            step = -lr / sqrt(Gi[1]) * bi_g
+            pi[rank] += step
+            di[rank] += step
+    return idx_arr, delta_arr, sse
 
 
 def pmf_predict(const float[::1] params not None, const int[::1] users not None,

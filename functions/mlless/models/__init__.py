@@ -26,14 +26,15 @@ def build_model(kind: str, dims: Mapping[str, Any], config: ModelConfig | None =
     """Create a model of ``kind`` ("pmf" | "logistic-regression").
 
     dims: PMF needs ``n_users``, ``n_items``, ``mean_rating`` (optional
-    ``rating_min``/``rating_max`` for clipping predictions); LR needs ``n_features``.
+    ``rating_min``/``rating_max`` for clipping predictions, ``n_ratings`` for
+    the default L2); LR needs ``n_features``.
     """
     if config is not None and config.type != kind:
         raise ValueError(f"config is for {config.type!r}, model kind is {kind!r}")
     if kind == "pmf":
         return PMF(int(_dim(dims, "n_users", kind)), int(_dim(dims, "n_items", kind)),
                    float(_dim(dims, "mean_rating", kind)), config, seed,
-                   rating_min=dims.get("rating_min"), rating_max=dims.get("rating_max"))
+                   rating_min=dims.get("rating_min"), rating_max=dims.get("rating_max"), n_ratings=dims.get("n_ratings"))
     if kind == "logistic-regression":
         return LogisticRegression(int(_dim(dims, "n_features", kind)), config, seed)
     raise ValueError(f"unknown model kind {kind!r}; expected one of {MODEL_KINDS}")

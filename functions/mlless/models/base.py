@@ -85,6 +85,18 @@ class Model(ABC):
         per-sample losses (squared error / BCE) at the parameters before any update.
         """
 
+    @property
+    def accumulator_size(self) -> int:
+        """Length of the AdaGrad accumulator `adagrad_step` takes: one per parameter unless the model says less."""
+        return self.size
+
+    @abstractmethod
+    def adagrad_step(self, batch: Batch, g2: np.ndarray, lr: float, weight_decay: float) -> tuple[np.ndarray, np.ndarray, float, int]:
+        """Per-sample AdaGrad over ``batch``, in place: (idx int32 unique, applied delta float32, loss_sum, n).
+
+        ``loss_sum`` is progressive: each sample's loss just before its own update.
+        """
+
     @abstractmethod
     def evaluate(self, batch: Batch) -> tuple[float, int]:
         """(loss_sum, n) on held-out data, without updating anything."""

@@ -57,6 +57,13 @@ class LogisticRegression(Model):
                                              self.n_features, self._slots)
         return idx, grad, float(loss), len(b)
 
+    def adagrad_step(self, batch: Batch, g2: np.ndarray, lr: float, weight_decay: float) -> tuple[np.ndarray, np.ndarray, float, int]:
+        b = self._check(batch)
+        idx, delta, loss = _k.logreg_adagrad_step(self.params, g2, _as(b.indptr, np.int64), _as(b.indices, np.int32),
+                                                  _as(b.values, np.float32), _as(b.labels, np.float32),
+                                                  self.n_features, lr, weight_decay, self._slots)
+        return idx, delta, float(loss), len(b)
+
     def _logits(self, b: SparseBatch) -> np.ndarray:
         return _k.logreg_logits(self.params, _as(b.indptr, np.int64), _as(b.indices, np.int32),
                                 _as(b.values, np.float32), self.n_features)

@@ -18,10 +18,26 @@ from mlless.data.batches import Batch, RatingsBatch
 from mlless.kernels import pmf as _k
 from mlless.models.base import Model, ModelConfig
 
-#: Per-rating L2 penalty on factors and biases (chosen on MovieLens, see tests/test_models.py).
-DEFAULT_L2 = 0.1
+#: Bounds of the default per-rating L2 penalty on factors and biases (see `default_l2`).
+MIN_L2, MAX_L2 = 0.002, 0.1
 #: Standard deviation of the initial factors.  MLLess used 0.1.
 INIT_STD = 0.1
+
+
+def default_l2(n_users: int, n_items: int, n_ratings: int | None) -> float:
+    """The per-rating L2 penalty when the job sets none: 1 / (ratings per row), within [MIN_L2, MAX_L2].
+
+    The penalty is applied once per rating, so a row with n ratings is pulled
+    n times per epoch: λ = 1/n̄ makes that about one unit-variance prior per
+    row, whatever the density.  A single constant cannot serve both ends: 0.1
+    (LIBMF's CLI default) stops the MovieLens sample (8 ratings per row) from
+    overfitting but costs 0.03 RMSE on 10M synthetic ratings (112 per row),
+    where 0.01 is best (benchmarks/RESULTS.md, "Choosing the defaults").
+    Without a rating count (an old model file) it is MAX_L2.
+    """
+    if not n_ratings:
+        return MAX_L2
+    return float(min(MAX_L2, max(MIN_L2, (n_users + n_items) / n_ratings)))
 
 
 def _as(arr: np.ndarray, dtype: type) -> np.ndarray:
@@ -35,7 +51,8 @@ class PMF(Model):
     loss_metric = "rmse"
 
     def __init__(self, n_users: int, n_items: int, mean_rating: float, config: ModelConfig | None = None,
-                 seed: int = 0, rating_min: float | None = None, rating_max: float | None = None) -> None:
+                 seed: int = 0, rating_min: float | None = None, rating_max: float | None = None,
+                 n_ratings: int | None = None) -> None:
         config = config or ModelConfig("pmf")
         if n_users < 1 or n_items < 1:
             raise ValueError(f"PMF needs at least one user and one item, got {n_users} x {n_items}")
@@ -43,7 +60,7 @@ class PMF(Model):
             raise ValueError("mean_rating must be finite")
         self.n_users, self.n_items = int(n_users), int(n_items)
         self.rank = int(config.rank)
-        self.l2 = DEFAULT_L2 if config.l2 is None else float(config.l2)
+        self.l2 = default_l2(n_users, n_items, n_ratings) if config.l2 is None else float(config.l2)
         self.mean = float(mean_rating)
         self.rating_min = None if rating_min is None else float(rating_min)
         self.rating_max = None if rating_max is None else float(rating_max)
@@ -71,6 +88,18 @@ class PMF(Model):
                                          _as(b.ratings, np.float32), self.n_users, self.n_items, self.rank,
                                          self.mean, self.l2, self._slots)
         return idx, grad, float(sse), len(b)
+
+    @property
+    def accumulator_size(self) -> int:
+        """LIBMF's row-wise AdaGrad: one accumulator for a row's factors and one for its bias."""
+        return 2 * (self.n_users + self.n_items)
+
+    def adagrad_step(self, batch: Batch, g2: np.ndarray, lr: float, weight_decay: float) -> tuple[np.ndarray, np.ndarray, float, int]:
+        b = self._check(batch)
+        idx, delta, sse = _k.pmf_adagrad_step(self.params, g2, _as(b.users, np.int32), _as(b.items, np.int32),
+                                              _as(b.ratings, np.float32), self.n_users, self.n_items, self.rank,
+                                              self.mean, self.l2, lr, self._slots)
+        return idx, delta, float(sse), len(b)
 
     def predict(self, batch: Batch) -> np.ndarray:
         """Ratings, clipped to [rating_min, rating_max] when the range is known."""

@@ -88,7 +88,8 @@ class Worker:
         self.transport = transport
         self.dataset = dataset
         self.model: Model = build_model(job.model.type, dataset.dims(), job.model, job.seed)
-        self.optimizer = make_optimizer(self.model.size, job.optimizer.replace(weight_decay=self.model.weight_decay))
+        self.optimizer = make_optimizer(self.model.size, job.optimizer.replace(weight_decay=self.model.weight_decay),
+                                        self.model.accumulator_size)
         self.filter = SignificanceFilter(self.model.size)
         self.schedule = Schedule(dataset.n_batches, job.seed)
         self.prefetcher = Prefetcher(dataset)
@@ -197,11 +198,10 @@ class Worker:
         self.prefetcher.hint(self.schedule.batch_index(position + len(self.view.live)))
         timer.lap("fetch")
 
-        idx, grad, loss_sum, samples = self.model.gradient(batch)
+        lr = self.job.optimizer.lr_at(self.schedule.epoch(position) + 1)
+        idx, delta, loss_sum, samples = self.optimizer.update(self.model, batch, lr)
         if not math.isfinite(loss_sum):
             raise TrainingDiverged(f"loss is {loss_sum} at step {self.step}; lower spec.optimizer.learningRate")
-        lr = self.job.optimizer.lr_at(self.schedule.epoch(position) + 1)
-        delta = self.optimizer.step(self.model.params, idx, grad, lr)
         self.filter.accumulate(idx, delta)
         if self.contribution is not None:
             self.contribution[idx] += delta
