@@ -23,14 +23,29 @@ def with_spec(**changes) -> dict:
     return doc
 
 
-def test_minimal_manifest_gets_paper_defaults():
+def test_minimal_manifest_gets_the_defaults():
     job = from_manifest(MINIMAL)
     assert job.workers == 3
     assert job.model.type == "pmf" and job.model.rank == 20
-    assert job.optimizer.type == "nesterov" and job.optimizer.momentum == pytest.approx(0.8)
+    assert job.optimizer.type == "adagrad" and job.optimizer.learning_rate == pytest.approx(0.1)
     assert job.sync.protocol == "isp" and job.sync.threshold == pytest.approx(0.7)
-    assert job.stop.max_epochs is not None  # a job with no limit still ends
+    # a job with no limit stops when validation stops improving, and ends even if it never does
+    assert job.stop.patience == 5 and job.stop.max_epochs == 50
     assert job.pricing.price_per_gb_second == pytest.approx(1.7e-5)
+
+
+@pytest.mark.parametrize("stop", [{"maxSteps": 10}, {"maxEpochs": 2}, {"maxSeconds": 30}])
+def test_a_length_limit_turns_the_default_patience_off(stop):
+    job = from_manifest(with_spec(stop=stop))
+    assert job.stop.patience is None
+    assert from_manifest(with_spec(stop={**stop, "patience": 2})).stop.patience == 2
+    # a target or a budget does not say how long to train: patience stays on with them
+    assert from_manifest(with_spec(stop={"targetLoss": 0.9})).stop.patience == 5
+
+
+def test_papers_optimizers_stay_selectable():
+    job = from_manifest(with_spec(optimizer={"type": "nesterov", "learningRate": 4.0, "momentum": 0.8}))
+    assert job.optimizer.type == "nesterov" and job.optimizer.learning_rate == 4.0
 
 
 def test_logistic_regression_defaults_to_adam_with_sqrt_decay():

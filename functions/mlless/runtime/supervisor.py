@@ -35,6 +35,7 @@ from mlless.runtime.launcher import Launcher
 from mlless.runtime.record import Progress, RunRecord
 from mlless.runtime.platform import Platform
 from mlless.runtime.scaling import ReplicaQuality
+from mlless.runtime.stopping import ValidationWatch
 from mlless.runtime.worker import PHASES
 from mlless.spec import TrainingJob
 from mlless.transport import Transport
@@ -112,8 +113,13 @@ class Supervisor:
         self.steps_before = 0  # steps closed before a suspend this run resumed from
         self.started = time.monotonic()
         self.step_opened = self.started
+        self.training_started = self.started  # when step 0 was closed: the workers had started and connected
         self.closed_at = self.started  # when the newest step was closed
-        self.below_target = 0
+        self.below_target = 0  # steps the training loss has stayed at or below the target (evaluation off)
+        # With evaluation on, the target and patience read the smoothed validation loss, and the best snapshot is kept.
+        self.watch = ValidationWatch(job.stop.patience if job.evaluate_every else None,
+                                     job.stop.target_loss if job.evaluate_every else None, job.stop.target_steps)
+        self.final_average: np.ndarray | None = None  # the average of the final replicas, which a suspended job resumes from
         self.train_loss = math.nan
         self.validation: tuple[int, float] | None = None  # (step, loss) of the newest evaluation
         self.pending_snapshot: int | None = None
@@ -218,7 +224,7 @@ class Supervisor:
         if not self.live:
             raise JobFailed("no worker started; see the worker logs")
         self.progress.message(f"job {self.job_id}: {len(self.live)} workers, {self.job.sync.protocol.upper()}")
-        self.step_opened = time.monotonic()
+        self.step_opened = self.training_started = time.monotonic()
         self.transport.broadcast(wire.encode(wire.Close(sender=-1, step=0, cursor=0, flags=0, live=self.live, updates=())))
 
     def _await_workers(self, ranks: set[int], state: str, timeout: float, exit_reason: str) -> None:
@@ -376,12 +382,15 @@ class Supervisor:
     def _check_stop(self) -> None:
         stop = self.job.stop
         elapsed = self.closed_at - self.started
-        if stop.target_loss is not None:
+        if stop.target_loss is not None and not self.job.evaluate_every:
             self.below_target = self.below_target + 1 if self.train_loss <= stop.target_loss else 0
         if self._stop_requested is not None:
             self.stop_reason = self._stop_requested
-        elif stop.target_loss is not None and self.below_target >= stop.target_steps:
+        elif self.watch.target_held(self.steps_before + self.closed) or (
+                stop.target_loss is not None and self.below_target >= stop.target_steps):
             self.stop_reason = "target loss reached"
+        elif self.watch.patience_exhausted():
+            self.stop_reason = "validation loss stopped improving"
         elif stop.max_steps is not None and self.steps_before + self.closed >= stop.max_steps:
             self.stop_reason = "max steps"
         elif stop.max_epochs is not None and self.cursor >= stop.max_epochs * self.dataset.n_batches:
@@ -526,6 +535,7 @@ class Supervisor:
         if tensors is None or tensors.step != self.pending_snapshot:
             return
         self.validation = (tensors.step, self._evaluate(tensors.arrays["params"]))
+        self.watch.observe(self.steps_before + tensors.step, self.validation[1], tensors.arrays["params"])
         self.metrics.validation(self.validation[1])
         self.pending_snapshot = None
 
@@ -604,10 +614,11 @@ class Supervisor:
         return uri
 
     def _checkpoint_frame(self) -> bytes:
-        """The averaged model (left in self.model by the final evaluation) and where the job stands."""
+        """The averaged final replicas and where the job stands."""
+        assert self.final_average is not None
         position = np.array([self.steps_before + self.closed, self.cursor], np.int64)
         return wire.encode(wire.Tensors(sender=0, step=self.closed, arrays={
-            "params": self.model.params.copy(),
+            "params": self.final_average,
             # Empty, so a worker reads it like any replica: the averaged model has no unsent updates.
             "pending_indices": np.zeros(0, np.int32),
             "pending_values": np.zeros(0, np.float32),
@@ -626,16 +637,23 @@ class Supervisor:
         return replicas
 
     def _summary(self, wall: float, replicas: list[np.ndarray]) -> dict[str, Any]:
-        validation_loss = None
+        validation_loss = final_loss = None
         spread = None
         model_path = None
+        model_step = None
         if replicas:
             stacked = np.stack(replicas)
-            average = stacked.mean(axis=0, dtype=np.float64).astype(np.float32)
-            spread = float(np.max(np.abs(stacked - average))) if len(replicas) > 1 else 0.0
-            validation_loss = self._evaluate(average)
+            self.final_average = stacked.mean(axis=0, dtype=np.float64).astype(np.float32)
+            spread = float(np.max(np.abs(stacked - self.final_average))) if len(replicas) > 1 else 0.0
+            validation_loss = final_loss = self._evaluate(self.final_average)
+            model_step = self.steps_before + self.closed
+            best = self.watch.best
+            if best is not None and best.loss < final_loss:
+                # The model trained past its best (overfitting, or a noisy end): hand back the best snapshot evaluated.
+                self.model.params[:] = best.params
+                validation_loss, model_step = best.loss, best.step
             model_path = self.record.run_dir / "model.npz"
-            self.model.save(model_path, {"job": self.job.name, "job_id": self.job_id, "steps": self.closed})
+            self.model.save(model_path, {"job": self.job.name, "job_id": self.job_id, "steps": model_step})
         cost = self._cost(self.started + wall)
         compute = self.totals["compute_seconds"]
         return {
@@ -647,9 +665,13 @@ class Supervisor:
             "loss_metric": self.model.loss_metric,
             "train_loss": None if math.isnan(self.train_loss) else self.train_loss,
             "validation_loss": validation_loss,
+            "model_step": model_step,
+            "final_validation_loss": final_loss,
+            "best_validation": None if self.watch.best is None else {"step": self.watch.best.step, "loss": self.watch.best.loss},
             "steps": self.closed,
             "epochs": self.cursor / self.dataset.n_batches,
             "wall_seconds": wall,
+            "startup_seconds": self.training_started - self.started,
             "samples": self.totals["samples"],
             "samples_per_second": self.totals["samples"] / compute if compute > 0 else None,
             "bytes_sent": self.totals["bytes_sent"],

@@ -52,9 +52,11 @@ class StopConfig:
     max_epochs: float | None = None
     max_seconds: float | None = None
     budget_usd: float | None = None
+    patience: int | None = None
 
-    def has_limit(self) -> bool:
-        return any(v is not None for v in (self.target_loss, self.max_steps, self.max_epochs, self.max_seconds, self.budget_usd))
+    def has_length_limit(self) -> bool:
+        """A step, epoch or seconds limit: the user said how long to train."""
+        return any(v is not None for v in (self.max_steps, self.max_epochs, self.max_seconds))
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,10 @@ class TrainingJob:
         )
 
 
-DEFAULT_MAX_EPOCHS = 10.0
+#: Without a step, epoch or seconds limit, stop after this many evaluations without improvement...
+DEFAULT_PATIENCE = 5
+#: ...or, should the validation loss keep creeping down (or evaluation be off), after this many epochs.
+DEFAULT_MAX_EPOCHS = 50.0
 
 _STOP_FIELDS = {
     "targetLoss": "target_loss",
@@ -115,6 +120,7 @@ _STOP_FIELDS = {
     "maxEpochs": "max_epochs",
     "maxSeconds": "max_seconds",
     "budgetUSD": "budget_usd",
+    "patience": "patience",
 }
 _OPTIMIZER_FIELDS = {
     "type": "type",
@@ -169,8 +175,9 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
     sync = spec.get("sync", {})
     autoscaler = spec.get("autoscaler", {})
     stop = StopConfig(**_renamed(spec.get("stop", {}), _STOP_FIELDS))
-    if not stop.has_limit():
-        stop = dataclasses.replace(stop, max_epochs=DEFAULT_MAX_EPOCHS)
+    if not stop.has_length_limit():
+        stop = dataclasses.replace(stop, max_epochs=DEFAULT_MAX_EPOCHS,
+                                   patience=DEFAULT_PATIENCE if stop.patience is None else stop.patience)
     uri = _resolve(spec["dataset"]["uri"], base_dir)
     output_uri = spec.get("output", {}).get("uri")
     return TrainingJob(

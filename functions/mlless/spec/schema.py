@@ -87,7 +87,7 @@ SPEC_SCHEMA: Schema = _obj(
         "optimizer": _obj(
             "Optimizer applied by each worker to its local replica. Defaults depend on the model.",
             {
-                "type": {"type": "string", "enum": ["sgd", "momentum", "nesterov", "adam"], "description": "Update rule."},
+                "type": {"type": "string", "enum": ["adagrad", "sgd", "momentum", "nesterov", "adam"], "description": "Update rule. adagrad updates per sample inside the mini-batch (LIBMF, Vowpal Wabbit); the others take one step per mini-batch."},
                 "learningRate": _num("Step size.", 0, exclusive=True),
                 "momentum": _num("Momentum coefficient (momentum, nesterov).", 0, below=1),
                 "beta1": _num("Adam first-moment decay.", 0, below=1),
@@ -123,10 +123,14 @@ SPEC_SCHEMA: Schema = _obj(
             },
         ),
         "stop": _obj(
-            "When the job ends; the first condition reached wins. With none given, training stops after 10 epochs.",
+            "When the job ends; the first condition reached wins. Without maxSteps, maxEpochs or maxSeconds, "
+            "training stops once the validation loss stops improving (patience 5), or after 50 epochs.",
             {
-                "targetLoss": _num("Stop once the training loss stays at or below this for `targetSteps` consecutive steps.", 0),
-                "targetSteps": _int("Consecutive steps at or below targetLoss. Default 10.", 1),
+                "targetLoss": _num("Stop once the smoothed validation loss stays at or below this for `targetSteps` "
+                                   "steps (the training loss when evaluation.everySteps is 0).", 0),
+                "targetSteps": _int("Steps the loss must stay at or below targetLoss. Default 10.", 1),
+                "patience": _int("Stop after this many evaluations without improvement of the smoothed validation "
+                                 "loss. Default 5 when no step, epoch or seconds limit is set, otherwise off.", 1),
                 "maxSteps": _int("Stop after this many steps.", 1),
                 "maxEpochs": _num("Stop after this many passes over the training batches.", 0, exclusive=True),
                 "maxSeconds": _num("Stop after this much wall-clock time.", 0, exclusive=True),

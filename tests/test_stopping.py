@@ -1,0 +1,122 @@
+"""Early stopping on the validation loss and the best model: `ValidationWatch`, then whole jobs."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlless.autotuner.smoothing import ewma
+from mlless.models import load_model
+from mlless.runtime.local import Services, train_local
+from mlless.runtime.record import Progress
+from mlless.runtime.stopping import SMOOTHING_SPAN, ValidationWatch
+from mlless.data.dataset import Dataset
+from mlless.spec import from_manifest
+
+
+def feed(watch: ValidationWatch, losses: list[float], every: int = 10) -> None:
+    for k, loss in enumerate(losses, start=1):
+        watch.observe(k * every, loss, np.full(3, float(k), np.float32))
+
+
+def test_best_snapshot_is_kept_and_copied():
+    watch = ValidationWatch(patience=None, target_loss=None, target_steps=10)
+    params = np.zeros(3, np.float32)
+    watch.observe(10, 0.9, params)
+    params[:] = 7  # the caller reuses its buffer: the kept best must not change with it
+    watch.observe(20, 0.95, params)
+    assert watch.best is not None and watch.best.step == 10 and watch.best.loss == 0.9
+    np.testing.assert_array_equal(watch.best.params, 0)
+    feed(watch, [0.8, 0.7, 0.75, 0.72])
+    assert watch.best.step == 20 and watch.best.loss == 0.7
+    np.testing.assert_array_equal(watch.best.params, 2)
+
+
+@pytest.mark.parametrize("patience", [1, 3])
+def test_patience_counts_evaluations_without_smoothed_improvement(patience):
+    losses = [1.0, 0.9, 0.8, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0]
+    smoothed = ewma(losses, SMOOTHING_SPAN)
+    # reference: evaluations since the running minimum of the smoothed curve last fell
+    stale = [i - max(j for j in range(i + 1) if smoothed[j] == smoothed[: i + 1].min()) for i in range(len(losses))]
+    expected = [s >= patience for s in stale]
+    watch = ValidationWatch(patience=patience, target_loss=None, target_steps=10)
+    seen = []
+    for k, loss in enumerate(losses):
+        watch.observe(10 * k, loss, np.zeros(1, np.float32))
+        seen.append(watch.patience_exhausted())
+    assert seen == expected
+    assert not any(seen[:5]) and seen[-1]
+
+
+def test_one_noisy_evaluation_does_not_stop_a_job_that_improves():
+    watch = ValidationWatch(patience=2, target_loss=None, target_steps=10)
+    feed(watch, [1.0, 0.8, 0.95, 0.7, 0.6, 0.55])
+    assert not watch.patience_exhausted()
+
+
+def test_target_must_hold_for_target_steps_on_the_smoothed_loss():
+    watch = ValidationWatch(patience=None, target_loss=0.5, target_steps=15)
+    feed(watch, [0.9, 0.45])  # smoothed (0.9, 0.45) -> 0.6: a single good snapshot is not enough
+    assert not watch.target_held(100)
+    feed(watch, [0.4, 0.4, 0.4])  # smoothed: 0.50 at step 10 (the first at or below), then lower
+    assert ewma([0.9, 0.45, 0.4], SMOOTHING_SPAN)[-1] <= 0.5 < ewma([0.9, 0.45], SMOOTHING_SPAN)[-1]
+    assert not watch.target_held(10 + 14)
+    assert watch.target_held(10 + 15)
+    watch.observe(110, 2.0, np.zeros(1, np.float32))  # back above: the streak starts again
+    assert not watch.target_held(200)
+
+
+def test_non_finite_evaluation_counts_against_patience_and_is_never_best():
+    watch = ValidationWatch(patience=2, target_loss=1.0, target_steps=1)
+    feed(watch, [0.5])
+    watch.observe(20, math.nan, np.zeros(3, np.float32))
+    watch.observe(30, math.inf, np.zeros(3, np.float32))
+    assert watch.best is not None and watch.best.loss == 0.5
+    assert watch.patience_exhausted()
+    assert not watch.target_held(100)
+
+
+# ---- whole jobs ---------------------------------------------------------------------------------------------
+
+QUIET = Progress(enabled=False)
+
+
+def lr_job(dataset: Path, **spec):
+    return from_manifest({
+        "apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "stop"},
+        "spec": {"workers": 2, "model": {"type": "logistic-regression"},
+                 "dataset": {"uri": str(dataset), "cacheBatches": True}, "evaluation": {"everySteps": 5}, **spec},
+    })
+
+
+@pytest.mark.slow
+def test_a_job_without_limits_stops_when_validation_stops_improving_and_keeps_the_best(synthetic_lr_dir, tmp_path):
+    """The small LR set overfits within a few epochs: patience stops it, and model.npz is the best snapshot."""
+    job = lr_job(synthetic_lr_dir)
+    assert job.stop.patience == 5 and job.stop.max_epochs == 50
+    summary = train_local(job, tmp_path, Services(), QUIET)
+    assert summary["stop_reason"] == "validation loss stopped improving"
+    assert summary["epochs"] < 50
+    best = summary["best_validation"]
+    assert summary["validation_loss"] == pytest.approx(min(best["loss"], summary["final_validation_loss"]))
+    assert summary["validation_loss"] <= summary["final_validation_loss"]
+    # What was saved is what was reported: re-evaluate model.npz on the validation split.
+    model = load_model(tmp_path / "model.npz")
+    val = Dataset.open(str(synthetic_lr_dir)).validation()
+    assert model.loss(*model.evaluate(val)) == pytest.approx(summary["validation_loss"], rel=1e-5)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [r["validation_loss"] for r in rows if r["validation_loss"] is not None]
+    assert min(evaluated) == pytest.approx(best["loss"])
+    assert summary["model_step"] in (best["step"], summary["steps"])
+
+
+@pytest.mark.slow
+def test_an_explicit_length_limit_turns_patience_off_unless_asked(synthetic_lr_dir, tmp_path):
+    assert lr_job(synthetic_lr_dir, stop={"maxEpochs": 3}).stop.patience is None
+    job = lr_job(synthetic_lr_dir, stop={"maxEpochs": 30, "patience": 1})
+    summary = train_local(job, tmp_path, Services(), QUIET)
+    assert summary["stop_reason"] == "validation loss stopped improving"
+    assert summary["epochs"] < 30
