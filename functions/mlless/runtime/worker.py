@@ -58,6 +58,9 @@ class Checkpointed(Exception):
 #: `mlless worker` exits with this code after a checkpoint (EX_TEMPFAIL: "invoke me again").
 EXIT_CHECKPOINTED = 75
 
+#: A selection of no entries: what a worker alone in its job publishes.
+_NOTHING = (np.zeros(0, np.int32), np.zeros(0, np.float32))
+
 
 @dataclass
 class _View:
@@ -202,13 +205,17 @@ class Worker:
         idx, delta, loss_sum, samples = self.optimizer.update(self.model, batch, lr)
         if not math.isfinite(loss_sum):
             raise TrainingDiverged(f"loss is {loss_sum} at step {self.step}; lower spec.optimizer.learningRate")
-        self.filter.accumulate(idx, delta)
+        # Alone in the job, nobody needs this update: it stays in the replica and out of the accumulator, so a
+        # worker that joins later starts from replica − accumulator with it included.
+        solo = self.view.live == (self.rank,)
+        if not solo:
+            self.filter.accumulate(idx, delta)
         if self.contribution is not None:
             self.contribution[idx] += delta
         timer.lap("compute")
 
-        threshold = isp_threshold(self.job.sync.threshold, self.step)
-        sent_idx, sent_val = self.filter.select(self.model.params, threshold)
+        sent_idx, sent_val = _NOTHING if solo else self.filter.select(
+            self.model.params, isp_threshold(self.job.sync.threshold, self.step))
         timer.lap("filter")
 
         bytes_sent = 0
