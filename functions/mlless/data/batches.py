@@ -44,6 +44,10 @@ class RatingsBatch:
     def arrays(self) -> dict[str, np.ndarray]:
         return {"users": self.users, "items": self.items, "ratings": self.ratings}
 
+    def head(self, n: int) -> RatingsBatch:
+        """The first `n` rows (views, no copy)."""
+        return RatingsBatch(self.users[:n], self.items[:n], self.ratings[:n])
+
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray], source: str = "batch") -> RatingsBatch:
         users = _array(arrays, "users", np.int32, source)
@@ -74,6 +78,12 @@ class SparseBatch:
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"indptr": self.indptr, "indices": self.indices, "values": self.values, "labels": self.labels}
+
+    def head(self, n: int) -> SparseBatch:
+        """The first `n` rows (views, no copy)."""
+        n = min(n, len(self))
+        end = int(self.indptr[n])
+        return SparseBatch(self.indptr[: n + 1], self.indices[:end], self.values[:end], self.labels[:n])
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray], source: str = "batch") -> SparseBatch:

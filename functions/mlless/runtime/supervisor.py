@@ -11,6 +11,7 @@ the validation split and saved.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -25,7 +26,9 @@ import numpy as np
 
 from mlless import wire
 from mlless.autotuner import AutoTuner
+from mlless.autotuner.smoothing import OnlineEwma
 from mlless.cost import CostBreakdown, job_cost
+from mlless.data.batches import Batch
 from mlless.data.dataset import Dataset
 from mlless.metrics import SupervisorMetrics
 from mlless.models import build_model
@@ -47,6 +50,12 @@ STARTUP_TIMEOUT = 120.0
 FINISH_TIMEOUT = 30.0
 #: How long a suspended job's checkpoint outlives its other keys (which have the transport's TTL, a day).
 SUSPEND_CHECKPOINT_TTL = 30 * 24 * 3600
+#: Evaluations during training read at most this many validation rows (the final ones read them all): on 10M
+#: ratings the whole split is 1M rows, and evaluating it every few steps cost more than training.
+EVALUATION_ROWS = 100_000
+#: Evaluations may take at most this share of the job's time: evaluation.everySteps is stretched when a
+#: snapshot and its evaluation take longer than that (a large model with fast steps).
+EVALUATION_SHARE = 0.1
 
 
 class JobFailed(RuntimeError):
@@ -102,6 +111,7 @@ class Supervisor:
         # One model instance for the supervisor's evaluations; replicas are copied into it.
         self.model = build_model(job.model.type, self.dataset.dims(), job.model, job.seed)
         self.validation_batch = self.dataset.validation()
+        self.evaluation_batch = self.validation_batch.head(EVALUATION_ROWS)
         # With MLLESS_AUDIT set, workers track their contribution and the end of the job checks conservation.
         self.x0 = self.model.params.copy() if os.environ.get("MLLESS_AUDIT") else None
         self.record = RunRecord(run_dir)
@@ -123,6 +133,10 @@ class Supervisor:
         self.train_loss = math.nan
         self.validation: tuple[int, float] | None = None  # (step, loss) of the newest evaluation
         self.pending_snapshot: int | None = None
+        self.snapshot_requested = 0.0  # when the pending snapshot was asked for (monotonic)
+        self.last_evaluated = 0  # step of the newest snapshot asked for
+        self.evaluation_seconds = OnlineEwma(span=5)  # snapshot asked for -> evaluated
+        self.step_seconds = OnlineEwma(span=20)  # between step closes
         self.stop_reason: str | None = None
         self.totals = {"bytes_sent": 0, "samples": 0, "compute_seconds": 0.0}
         self.rejected_frames = 0
@@ -301,6 +315,7 @@ class Supervisor:
         self.closed = step
         self.cursor += len(reports)
         del self.reports[step]
+        self.step_seconds.update(time.monotonic() - self.closed_at)
         self.closed_at = time.monotonic()
         self._check_stop()
         joined = False
@@ -310,10 +325,11 @@ class Supervisor:
         flags = 0
         if self.stop_reason is not None:
             flags |= wire.CLOSE_FINAL
-        elif joined or (self.job.evaluate_every and step % self.job.evaluate_every == 0):
+        elif joined or self._evaluation_due(step):
             # A joiner starts from this snapshot; the supervisor evaluates it too.
             flags |= wire.CLOSE_SNAPSHOT
-            self.pending_snapshot = step
+            self.pending_snapshot = self.last_evaluated = step
+            self.snapshot_requested = time.monotonic()
         updates = tuple(r.sender for r in reports if r.has_update)
         merges, self.pending_merges = tuple(self.pending_merges), []
         close = wire.Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=updates, merges=merges)
@@ -525,6 +541,15 @@ class Supervisor:
         if not self.live and all(w.state != "starting" for w in self.workers.values()):
             self.stop_reason = self.stop_reason or "no live workers"
 
+    def _evaluation_due(self, step: int) -> bool:
+        """Every evaluation.everySteps steps, or less often if evaluating would take over EVALUATION_SHARE of the time."""
+        if not self.job.evaluate_every or self.pending_snapshot is not None:
+            return False
+        interval = self.job.evaluate_every
+        if self.evaluation_seconds.value and self.step_seconds.value:
+            interval = max(interval, math.ceil(self.evaluation_seconds.value / EVALUATION_SHARE / self.step_seconds.value))
+        return step - self.last_evaluated >= interval
+
     def _evaluate_snapshot(self) -> None:
         if self.pending_snapshot is None:
             return
@@ -534,8 +559,9 @@ class Supervisor:
         tensors = self._decode_replica(frame)
         if tensors is None or tensors.step != self.pending_snapshot:
             return
-        self.validation = (tensors.step, self._evaluate(tensors.arrays["params"]))
+        self.validation = (tensors.step, self._evaluate(tensors.arrays["params"], self.evaluation_batch))
         self.watch.observe(self.steps_before + tensors.step, self.validation[1], tensors.arrays["params"])
+        self.evaluation_seconds.update(time.monotonic() - self.snapshot_requested)
         self.metrics.validation(self.validation[1])
         self.pending_snapshot = None
 
@@ -553,10 +579,10 @@ class Supervisor:
             return None
         return msg
 
-    def _evaluate(self, params: np.ndarray) -> float:
-        """Validation loss of a replica (its shape was checked when it was decoded)."""
+    def _evaluate(self, params: np.ndarray, batch: Batch) -> float:
+        """Loss of a replica (its shape was checked when it was decoded) on `batch`."""
         self.model.params[:] = params
-        loss_sum, n = self.model.evaluate(self.validation_batch)
+        loss_sum, n = self.model.evaluate(batch)
         return self.model.loss(loss_sum, n)
 
     def _count_rejected(self, n: int) -> None:
@@ -641,17 +667,22 @@ class Supervisor:
         spread = None
         model_path = None
         model_step = None
+        best = None  # the best snapshot, its loss re-read on the whole validation split
         if replicas:
             stacked = np.stack(replicas)
             self.final_average = stacked.mean(axis=0, dtype=np.float64).astype(np.float32)
             spread = float(np.max(np.abs(stacked - self.final_average))) if len(replicas) > 1 else 0.0
-            validation_loss = final_loss = self._evaluate(self.final_average)
+            validation_loss = final_loss = self._evaluate(self.final_average, self.validation_batch)
             model_step = self.steps_before + self.closed
             best = self.watch.best
+            if best is not None and len(self.evaluation_batch) < len(self.validation_batch):
+                best = dataclasses.replace(best, loss=self._evaluate(best.params, self.validation_batch))
             if best is not None and best.loss < final_loss:
                 # The model trained past its best (overfitting, or a noisy end): hand back the best snapshot evaluated.
                 self.model.params[:] = best.params
                 validation_loss, model_step = best.loss, best.step
+            else:
+                self.model.params[:] = self.final_average
             model_path = self.record.run_dir / "model.npz"
             self.model.save(model_path, {"job": self.job.name, "job_id": self.job_id, "steps": model_step})
         cost = self._cost(self.started + wall)
@@ -667,7 +698,7 @@ class Supervisor:
             "validation_loss": validation_loss,
             "model_step": model_step,
             "final_validation_loss": final_loss,
-            "best_validation": None if self.watch.best is None else {"step": self.watch.best.step, "loss": self.watch.best.loss},
+            "best_validation": None if best is None else {"step": best.step, "loss": best.loss},
             "steps": self.closed,
             "epochs": self.cursor / self.dataset.n_batches,
             "wall_seconds": wall,
