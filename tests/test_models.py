@@ -306,3 +306,16 @@ def test_adagrad_kernels_match_a_float64_reference(kind):
     np.testing.assert_allclose(model.params[idx] - before[idx], delta, atol=1e-6)
     untouched = np.setdiff1d(np.arange(model.size), idx)
     np.testing.assert_array_equal(model.params[untouched], before[untouched])
+
+
+def test_apply_update_is_all_or_nothing_and_names_the_bad_index():
+    model = build_model("logistic-regression", {"n_features": 9})
+    model.apply_update(np.array([0, 4, 9], np.int32), np.array([1.0, 2.0, 3.0], np.float32))
+    np.testing.assert_array_equal(model.params, [1, 0, 0, 0, 2, 0, 0, 0, 0, 3])
+    before = model.params.copy()
+    for idx in ([1, 2, 10], [1, 5, 1], [3, -1]):
+        with pytest.raises(ValueError, match=f"index {idx[-1]}"):
+            model.apply_update(np.array(idx, np.int32), np.ones(len(idx), np.float32))
+        np.testing.assert_array_equal(model.params, before)  # nothing of a bad update is applied
+    model.apply_update(np.array([1, 5], np.int32), np.ones(2, np.float32))  # the workspace was left clean
+    assert model.params[1] == 1 and model.params[5] == 1

@@ -162,11 +162,12 @@ class _Reader:
 
     __slots__ = ("buf", "pos")
 
-    def __init__(self, buf: bytes) -> None:
-        self.buf = buf
+    def __init__(self, buf: bytes | memoryview) -> None:
+        self.buf = memoryview(buf)
         self.pos = 0
 
-    def take(self, n: int) -> bytes:
+    def take(self, n: int) -> memoryview:
+        """The next `n` bytes, as a view: a frame's payload is copied once, by `array`, and nowhere else."""
         if n < 0 or self.pos + n > len(self.buf):
             raise FrameError(f"payload truncated: need {n} bytes at offset {self.pos}, have {len(self.buf) - self.pos}")
         out = self.buf[self.pos : self.pos + n]
@@ -223,8 +224,13 @@ class Message:
         _set(self, "sender", sender)
         _set(self, "step", _check_int("step", self.step, 0, _I64_MAX))
 
-    def _payload(self) -> bytes:  # pragma: no cover - abstract
-        raise NotImplementedError
+    # A message defines one of `_payload` (small ones) or `_parts` (bulk ones: their arrays' buffers, which
+    # `encode` copies once, into the frame).
+    def _payload(self) -> bytes:
+        return b"".join(self._parts())
+
+    def _parts(self) -> list[bytes | memoryview]:
+        return [self._payload()]
 
     @classmethod
     def _parse(cls, sender: int, step: int, r: _Reader, size: int | None) -> "Message":  # pragma: no cover
@@ -297,8 +303,8 @@ class Update(Message):
         if dup:
             raise FrameError("duplicate indices in update")
 
-    def _payload(self) -> bytes:
-        return b"".join((_U32.pack(self.indices.size), self.indices.tobytes(), self.values.tobytes()))
+    def _parts(self) -> list[bytes | memoryview]:
+        return [_U32.pack(self.indices.size), self.indices.data, self.values.data]
 
     @classmethod
     def _parse(cls, sender: int, step: int, r: _Reader, size: int | None) -> "Update":
@@ -377,13 +383,13 @@ class Tensors(Message):
             out[name] = a
         _set(self, "arrays", out)
 
-    def _payload(self) -> bytes:
-        parts = [_U32.pack(len(self.arrays))]
+    def _parts(self) -> list[bytes | memoryview]:
+        parts: list[bytes | memoryview] = [_U32.pack(len(self.arrays))]
         for name, a in self.arrays.items():
             nb = name.encode("utf-8")
             parts.append(struct.pack(f"<B{len(nb)}sBB{a.ndim}Q", len(nb), nb, _CODE_OF[a.dtype.str], a.ndim, *a.shape))
-            parts.append(a.tobytes())
-        return b"".join(parts)
+            parts.append(np.ascontiguousarray(a).data)
+        return parts
 
     @classmethod
     def _parse(cls, sender: int, step: int, r: _Reader, size: int | None) -> "Tensors":
@@ -394,7 +400,7 @@ class Tensors(Message):
         for _ in range(count):
             (nlen,) = r.unpack(_U8)
             try:
-                name = r.take(nlen).decode("utf-8")
+                name = r.take(nlen).tobytes().decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise FrameError(f"array name is not utf-8: {exc}") from None
             if not name:
@@ -739,7 +745,7 @@ class Failed(Message):
         if n > MAX_REASON_BYTES:
             raise FrameError(f"reason of {n} bytes exceeds {MAX_REASON_BYTES}")
         try:
-            reason = r.take(n).decode("utf-8")
+            reason = r.take(n).tobytes().decode("utf-8")
         except UnicodeDecodeError as exc:
             raise FrameError(f"reason is not utf-8: {exc}") from None
         r.end()
@@ -764,16 +770,20 @@ def encode(msg: Message, *, compress: bool = False) -> bytes:
     cls = type(msg)
     if _TYPES.get(getattr(cls, "TYPE", -1)) is not cls:
         raise FrameError(f"not a wire message: {cls.__name__}")
-    payload = msg._payload()
-    if len(payload) > MAX_PAYLOAD:
-        raise FrameError(f"payload of {len(payload)} bytes exceeds MAX_PAYLOAD")
+    parts = msg._parts()
+    length = sum(memoryview(p).nbytes for p in parts)
+    if length > MAX_PAYLOAD:
+        raise FrameError(f"payload of {length} bytes exceeds MAX_PAYLOAD")
     flags = 0
     if cls.COMPRESSIBLE and compress:
-        packed = zlib.compress(payload, 1)
-        if len(packed) < len(payload):
-            payload, flags = packed, FLAG_COMPRESSED
-    header = HEADER.pack(MAGIC, VERSION, cls.TYPE, flags, msg.sender, msg.step, len(payload), zlib.crc32(payload))
-    return header + payload
+        packed = zlib.compress(b"".join(parts), 1)
+        if len(packed) < length:
+            parts, length, flags = [packed], len(packed), FLAG_COMPRESSED
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    header = HEADER.pack(MAGIC, VERSION, cls.TYPE, flags, msg.sender, msg.step, length, crc)
+    return b"".join([header, *parts])  # the one copy of the arrays' bytes
 
 
 def peek_header(data: bytes) -> Header:
@@ -818,7 +828,7 @@ def decode(data: bytes, *, size: int | None = None) -> Message:
     ``[0, size)`` and unique.  Raises ``FrameError`` for anything malformed.
     """
     h = peek_header(data)
-    payload = bytes(memoryview(data)[HEADER.size :])
+    payload = memoryview(data)[HEADER.size :]  # no copy: the arrays are copied out of it once
     if zlib.crc32(payload) != h.crc:
         raise FrameError("payload crc32 mismatch")
     if h.flags & FLAG_COMPRESSED:

@@ -115,3 +115,33 @@ def adam_step(float[::1] x not None, const int[::1] idx not None, const float[::
             delta[j] = d
     if bad >= 0:
         raise IndexError(f"index {idx[bad]} outside [0, {size}); entries before it were updated")
+
+
+def scatter_add(float[::1] x not None, const int[::1] idx not None, const float[::1] values not None,
+                unsigned char[::1] marks not None):
+    """x[idx] += values for a peer's update, after checking every index once: in range and not repeated.
+
+    ``marks`` (one byte per parameter, all 0 between calls) finds a repeat in
+    O(len(idx)), where sorting or counting would cost O(n log n) or O(len(x)).
+    Nothing is added unless the whole update is valid.  Returns -1 when it was
+    applied, or the position of the first bad index (the caller names it).
+    """
+    cdef Py_ssize_t j, n = idx.shape[0], size = x.shape[0], bad = -1
+    cdef int i
+    if values.shape[0] != n:
+        raise ValueError("idx and values differ in length")
+    if marks.shape[0] != size:
+        raise ValueError("marks must have one entry per parameter")
+    with nogil:
+        for j in range(n):
+            i = idx[j]
+            if i < 0 or i >= size or marks[i]:
+                bad = j
+                break
+            marks[i] = 1
+        for j in range(bad if bad >= 0 else n):
+            marks[idx[j]] = 0
+        if bad < 0:
+            for j in range(n):
+                x[idx[j]] += values[j]
+    return bad

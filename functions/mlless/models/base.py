@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mlless.data.batches import Batch
+from mlless.kernels import optim as _optim
 
 FORMAT_VERSION = 1
 MODEL_KINDS = ("pmf", "logistic-regression")
@@ -60,6 +61,7 @@ class Model(ABC):
 
     def __init__(self, size: int) -> None:
         self.params = np.zeros(int(size), dtype=np.float32)
+        self._marks: np.ndarray | None = None  # `apply_update`'s workspace, allocated on first use
 
     @property
     def size(self) -> int:
@@ -69,6 +71,18 @@ class Model(ABC):
     def weight_decay(self) -> float:
         """Decoupled weight decay the optimizer should apply (0 when L2 lives in the loss)."""
         return 0.0
+
+    def apply_update(self, indices: np.ndarray, values: np.ndarray) -> None:
+        """Add a peer's update (int32 indices, float32 values) to the replica, all or nothing.
+
+        Raises ValueError naming the first index that is out of range or repeated.
+        """
+        if self._marks is None:
+            self._marks = np.zeros(self.size, dtype=np.uint8)
+        bad = _optim.scatter_add(self.params, indices, values, self._marks)
+        if bad >= 0:
+            raise ValueError(f"update index {int(indices[bad])} at position {bad} is out of range for "
+                             f"{self.size} parameters or repeated")
 
     def set_params(self, values: np.ndarray) -> None:
         """Copy ``values`` into the replica (keeps the named views valid)."""

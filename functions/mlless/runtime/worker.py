@@ -311,14 +311,14 @@ class Worker:
             log.error("worker %d: update of worker %d for step %d is missing", self.rank, rank, step)
             return
         try:
-            update = wire.decode(frame, size=self.model.size)
+            # The index range and uniqueness are checked by apply_update, in one pass, before anything is added.
+            update = wire.decode(frame)
             if not isinstance(update, wire.Update) or update.sender != rank or update.step != step:
                 raise wire.FrameError(f"expected the update of worker {rank} for step {step}")
-        except wire.FrameError as exc:
+            self.model.apply_update(update.indices, update.values)
+        except (wire.FrameError, ValueError) as exc:
             self.rejected_frames += 1
-            log.error("worker %d: rejected update frame: %s", self.rank, exc)
-            return
-        self.model.params[update.indices] += update.values
+            log.error("worker %d: rejected update frame of worker %d for step %d: %s", self.rank, rank, step, exc)
 
     def _is_donor(self, close: wire.Close) -> bool:
         """The first worker of the step that was just closed provides snapshots."""
