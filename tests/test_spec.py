@@ -27,7 +27,7 @@ def test_minimal_manifest_gets_the_defaults():
     job = from_manifest(MINIMAL)
     assert job.workers == 3
     assert job.model.type == "pmf" and job.model.rank == 20
-    assert job.optimizer.type == "adagrad" and job.optimizer.learning_rate == pytest.approx(0.1)
+    assert job.optimizer.type == "adagrad" and job.optimizer.learning_rate == pytest.approx(0.4 / 3)  # P = 3
     assert job.sync.protocol == "isp" and job.sync.threshold == pytest.approx(0.7)
     # a job with no limit stops when validation stops improving, and ends even if it never does
     assert job.stop.patience == 5 and job.stop.max_epochs == 50
@@ -41,6 +41,12 @@ def test_a_length_limit_turns_the_default_patience_off(stop):
     assert from_manifest(with_spec(stop={**stop, "patience": 2})).stop.patience == 2
     # a target or a budget does not say how long to train: patience stays on with them
     assert from_manifest(with_spec(stop={"targetLoss": 0.9})).stop.patience == 5
+
+
+@pytest.mark.parametrize(("workers", "lr"), [(1, 0.2), (2, 0.2), (4, 0.1), (8, 0.05)])
+def test_pmf_default_learning_rate_follows_the_workers(workers, lr):
+    assert from_manifest(with_spec(workers=workers)).optimizer.learning_rate == pytest.approx(lr)
+    assert from_manifest(with_spec(workers=workers, optimizer={"learningRate": 0.3})).optimizer.learning_rate == 0.3
 
 
 def test_papers_optimizers_stay_selectable():

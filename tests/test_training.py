@@ -195,6 +195,17 @@ def test_cli_train_then_evaluate(movielens_dir, tmp_path):
     assert json.loads(out)["validation"] == pytest.approx(summary["validation_loss"], rel=1e-5)
 
 
+@pytest.mark.parametrize("workers", ["0", "-1", "100000"])
+def test_cli_workers_override_passes_the_schema(movielens_dir, tmp_path, workers):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(manifest(movielens_dir)))
+    proc = _cli("train", str(job_file), "--workers", workers, "--out", str(tmp_path / "run"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert b"spec.workers:" in err and b"Traceback" not in err
+    assert not (tmp_path / "run" / "logs").exists()  # nothing was started
+
+
 def test_cli_rejects_invalid_manifest_naming_the_field(movielens_dir, tmp_path):
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(manifest(movielens_dir, sync={"protocol": "gossip"})))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -33,15 +32,16 @@ class UsageError(Exception):
     """Bad command-line input; printed without a traceback."""
 
 
-def _load_job(path: str | Path) -> TrainingJob:
-    """A TrainingJob from a manifest (YAML) or from the resolved JSON a launcher wrote."""
+def _load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainingJob:
+    """A TrainingJob from a manifest (YAML; `overrides` replace spec fields before validation) or from the
+    resolved JSON a launcher wrote."""
     path = Path(path)
     if path.suffix == ".json":
         try:
             return TrainingJob.from_json(path.read_text())
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise SpecError(f"{path}: not a resolved job file: {exc}") from None
-    return load_manifest(path)
+    return load_manifest(path, overrides)
 
 
 def _services(args: argparse.Namespace) -> tuple[str | None, str | None]:
@@ -64,9 +64,8 @@ def _add_service_args(p: argparse.ArgumentParser) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from mlless.runtime.local import Services, train_local
 
-    job = _load_job(args.job)
-    if args.workers is not None:
-        job = dataclasses.replace(job, workers=args.workers)
+    # --workers goes through the schema like the manifest's own field, and the defaults that depend on P follow it.
+    job = _load_job(args.job, {"workers": args.workers} if args.workers is not None else None)
     redis_url, amqp_url = _services(args)
     run_dir = Path(args.out or f"runs/{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     progress = Progress(enabled=not args.quiet)

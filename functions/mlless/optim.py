@@ -79,16 +79,19 @@ class OptimizerConfig:
         return self.learning_rate
 
 
-def default_optimizer(model_kind: str) -> OptimizerConfig:
-    """The defaults, chosen by seconds to a target validation loss (benchmarks/RESULTS.md, "Choosing the defaults").
+def default_optimizer(model_kind: str, workers: int = 1) -> OptimizerConfig:
+    """The defaults for a job of `workers` workers, chosen by seconds to a target validation loss
+    (benchmarks/RESULTS.md, "Choosing the defaults").
 
-    PMF: per-sample AdaGrad at lr 0.1 (LIBMF's rule).  Measured against LIBMF on
-    the MovieLens sample and on 10M synthetic ratings (uniform and skewed), it
-    reaches LIBMF's quality in 2-3 epochs at P = 1, 2 and 4 with the same lr:
-    each worker's accumulators see only its own gradients, and the rows two
-    workers touch in one step are mostly different, so summing their updates
-    needs no 1/P.  The papers' Nesterov (μ = 0.8) stays selectable; it sat on
-    the bias-only plateau for epochs.
+    PMF: per-sample AdaGrad (LIBMF's rule) at lr 0.2 for up to 2 workers and
+    0.4/P beyond.  Measured against LIBMF on the MovieLens sample and on 10M
+    synthetic ratings (uniform and skewed): 0.2 reached the target in the
+    fewest epochs at P = 1 and 2, but at P = 4 0.1 was as fast or faster and
+    ended lower.  Rows touched by one worker only need no scaling (each
+    worker's accumulators see only its own gradients); the popular rows that
+    every worker touches in the same step move P-fold, hence 1/P once P > 2.
+    The papers' Nesterov (μ = 0.8) stays selectable; it sat on the bias-only
+    plateau for epochs.
 
     LR: the papers' Adam with lr/√epoch; 0.01 reaches Vowpal Wabbit's one-pass
     BCE in 1-1.25 epochs at P = 1-4.  Per-sample AdaGrad is faster at P = 1
@@ -97,13 +100,13 @@ def default_optimizer(model_kind: str) -> OptimizerConfig:
     moves overshoots P-fold, whatever the learning rate.
     """
     if model_kind == "pmf":
-        return OptimizerConfig(type="adagrad", learning_rate=PMF_LR)
+        return OptimizerConfig(type="adagrad", learning_rate=PMF_LR * min(1.0, 2.0 / max(1, workers)))
     if model_kind == "logistic-regression":
         return OptimizerConfig(type="adam", learning_rate=LR_LR, lr_decay="sqrt-epoch")
     raise ValueError(f"unknown model kind {model_kind!r}")
 
 
-PMF_LR = 0.1
+PMF_LR = 0.2
 # Every worker's Adam step is applied to every replica, so P workers move the shared model
 # about P times as far per step; 0.01 generalises at P = 1-8 where 0.03 already overfits at P = 1.
 LR_LR = 0.01

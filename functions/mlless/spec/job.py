@@ -108,6 +108,7 @@ class TrainingJob:
         )
 
 
+DEFAULT_WORKERS = 3
 #: Without a step, epoch or seconds limit, stop after this many evaluations without improvement...
 DEFAULT_PATIENCE = 5
 #: ...or, should the validation loss keep creeping down (or evaluation be off), after this many epochs.
@@ -171,7 +172,8 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
     validate_manifest(doc, source)
     spec = doc["spec"]
     model = ModelConfig(type=spec["model"]["type"], rank=spec["model"].get("rank", 20), l2=spec["model"].get("l2"))
-    optimizer = dataclasses.replace(default_optimizer(model.type), **_renamed(spec.get("optimizer", {}), _OPTIMIZER_FIELDS))
+    workers = spec.get("workers", DEFAULT_WORKERS)
+    optimizer = dataclasses.replace(default_optimizer(model.type, workers), **_renamed(spec.get("optimizer", {}), _OPTIMIZER_FIELDS))
     sync = spec.get("sync", {})
     autoscaler = spec.get("autoscaler", {})
     stop = StopConfig(**_renamed(spec.get("stop", {}), _STOP_FIELDS))
@@ -182,7 +184,7 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
     output_uri = spec.get("output", {}).get("uri")
     return TrainingJob(
         name=doc.get("metadata", {}).get("name", "trainingjob"),
-        workers=spec.get("workers", 3),
+        workers=workers,
         model=model,
         dataset_uri=uri,
         optimizer=optimizer,
@@ -211,8 +213,9 @@ def _resolve(uri: str, base_dir: Path | None) -> str:
     return uri
 
 
-def load_manifest(path: str | Path) -> TrainingJob:
-    """Read a TrainingJob YAML file (the same file `kubectl apply` takes)."""
+def load_manifest(path: str | Path, overrides: Mapping[str, Any] | None = None) -> TrainingJob:
+    """Read a TrainingJob YAML file (the same file `kubectl apply` takes); `overrides` replace top-level spec
+    fields (the CLI's --workers) before validation, so they pass the same checks."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -222,4 +225,6 @@ def load_manifest(path: str | Path) -> TrainingJob:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    if overrides and isinstance(doc, dict) and isinstance(doc.get("spec"), dict):
+        doc["spec"] = {**doc["spec"], **overrides}
     return from_manifest(doc, base_dir=path.parent, source=str(path))
