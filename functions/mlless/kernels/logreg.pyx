@@ -46,6 +46,33 @@ cdef int _check_csr(const cnp.int64_t[::1] indptr, const int[::1] indices, Py_ss
     return 0
 
 
+cdef Py_ssize_t _feature_slots(const int[::1] indices, int n_features, int[::1] slot_map, int[::1] feats,
+                               int *slot_of) except -1:
+    """List each distinct feature of a batch once in ``feats`` (order of first appearance), then the bias
+    index ``n_features``; return how many features.  With ``slot_of``, also store each entry's position in
+    ``feats``.  ``slot_map`` is all -1 again on return; a feature outside the model is an IndexError."""
+    cdef Py_ssize_t j, k, n_slots = 0, bad = -1
+    cdef int f
+    with nogil:
+        for j in range(indices.shape[0]):
+            f = indices[j]
+            if f < 0 or f >= n_features:
+                bad = j
+                break
+            if slot_map[f] < 0:
+                slot_map[f] = <int>n_slots
+                feats[n_slots] = f
+                n_slots += 1
+            if slot_of != NULL:
+                slot_of[j] = slot_map[f]
+        for k in range(n_slots):
+            slot_map[feats[k]] = -1
+    if bad >= 0:
+        raise IndexError(f"feature index {indices[bad]} outside [0, {n_features})")
+    feats[n_slots] = n_features
+    return n_slots
+
+
 def logreg_gradient(const float[::1] params not None, const cnp.int64_t[::1] indptr not None,
                     const int[::1] indices not None, const float[::1] values not None,
                     const float[::1] labels not None, int n_features, int[::1] slot_map not None):
@@ -66,24 +93,7 @@ def logreg_gradient(const float[::1] params not None, const cnp.int64_t[::1] ind
         raise ValueError("slot_map is smaller than n_features")
     cdef int[::1] feats = np.empty(nnz + 1, dtype=np.int32)
     cdef int[::1] slot_of = np.empty(nnz, dtype=np.int32)
-    cdef Py_ssize_t j, n_slots = 0, bad = -1, r, k
-    cdef int f
-    with nogil:
-        for j in range(nnz):
-            f = indices[j]
-            if f < 0 or f >= n_features:
-                bad = j
-                break
-            if slot_map[f] < 0:
-                slot_map[f] = <int>n_slots
-                feats[n_slots] = f
-                n_slots += 1
-            slot_of[j] = slot_map[f]
-        for k in range(n_slots):
-            slot_map[feats[k]] = -1
-    if bad >= 0:
-        raise IndexError(f"feature index {indices[bad]} outside [0, {n_features})")
-    feats[n_slots] = n_features
+    cdef Py_ssize_t j, r, n_slots = _feature_slots(indices, n_features, slot_map, feats, &slot_of[0] if nnz else NULL)
     idx_arr = np.asarray(feats[:n_slots + 1]).copy()
     grad_arr = np.zeros(n_slots + 1, dtype=np.float32)
     cdef float[::1] grad = grad_arr
@@ -136,23 +146,8 @@ def logreg_adagrad_step(float[::1] params not None, float[::1] g2 not None,
         raise ValueError("slot_map is smaller than n_features")
     idx_arr = np.empty(nnz + 1, dtype=np.int32)
     cdef int[::1] feats = idx_arr
-    cdef Py_ssize_t j, n_slots = 0, bad = -1, r, k
+    cdef Py_ssize_t j, r, k, n_slots = _feature_slots(indices, n_features, slot_map, feats, NULL)
     cdef int f
-    with nogil:
-        for j in range(nnz):
-            f = indices[j]
-            if f < 0 or f >= n_features:
-                bad = j
-                break
-            if slot_map[f] < 0:
-                slot_map[f] = <int>n_slots
-                feats[n_slots] = f
-                n_slots += 1
-        for k in range(n_slots):
-            slot_map[feats[k]] = -1
-    if bad >= 0:
-        raise IndexError(f"feature index {indices[bad]} outside [0, {n_features})")
-    feats[n_slots] = n_features
     idx_arr = idx_arr[:n_slots + 1]
     feats = idx_arr
     delta_arr = np.empty(n_slots + 1, dtype=np.float32)

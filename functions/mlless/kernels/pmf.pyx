@@ -62,6 +62,47 @@ cdef inline void _reset_slots(int[::1] slot_map, const int[::1] rows, Py_ssize_t
         slot_map[rows[k]] = -1
 
 
+cdef int _check_batch(const float[::1] params, const int[::1] users, const int[::1] items, const float[::1] ratings,
+                      int n_users, int n_items, int rank, int[::1] slot_map) except -1:
+    if users.shape[0] != ratings.shape[0] or items.shape[0] != ratings.shape[0]:
+        raise ValueError("users, items and ratings differ in length")
+    if params.shape[0] != (<Py_ssize_t>n_users + n_items) * (rank + 1):
+        raise ValueError("params length does not match n_users, n_items and rank")
+    if slot_map.shape[0] < n_users + n_items:
+        raise ValueError("slot_map is smaller than n_users + n_items")
+    return 0
+
+
+cdef Py_ssize_t _slots(const int[::1] users, const int[::1] items, int n_users, int n_items, int[::1] slot_map,
+                       int[::1] rows, int[::1] su, int[::1] si) except -1:
+    """`_assign_slots`, leaving ``slot_map`` all -1 again; an id outside the table is an IndexError naming it."""
+    cdef Py_ssize_t bad = -1, n_slots
+    with nogil:
+        n_slots = _assign_slots(users, items, n_users, n_items, slot_map, rows, su, si, &bad)
+        _reset_slots(slot_map, rows, n_slots)
+    if bad >= 0:
+        raise IndexError(f"sample {bad}: user {users[bad]} or item {items[bad]} outside "
+                         f"{n_users} users x {n_items} items")
+    return n_slots
+
+
+cdef inline float _error(const float *pu, const float *pi, int rank, float mean, float rating) noexcept nogil:
+    """U_u·M_i + b_u + b_i + mean − r for the rows at ``pu`` and ``pi`` (factors, then the bias at ``rank``)."""
+    # four partial sums so the compiler can keep several FMAs in flight
+    cdef float e0 = 0.0, e1 = 0.0, e2 = 0.0, e3 = 0.0
+    cdef int k = 0
+    while k + 4 <= rank:
+        e0 = e0 + pu[k] * pi[k]
+        e1 = e1 + pu[k + 1] * pi[k + 1]
+        e2 = e2 + pu[k + 2] * pi[k + 2]
+        e3 = e3 + pu[k + 3] * pi[k + 3]
+        k = k + 4
+    while k < rank:
+        e0 = e0 + pu[k] * pi[k]
+        k = k + 1
+    return (e0 + e1) + (e2 + e3) + pu[rank] + pi[rank] + mean - rating
+
+
 def pmf_gradient(const float[::1] params not None, const int[::1] users not None,
                  const int[::1] items not None, const float[::1] ratings not None,
                  int n_users, int n_items, int rank, double mean, double l2,
@@ -81,29 +122,18 @@ def pmf_gradient(const float[::1] params not None, const int[::1] users not None
     appearance), the gradient there, and Σ e_s² at the incoming parameters.
     """
     cdef Py_ssize_t n = ratings.shape[0], width = rank + 1
-    if users.shape[0] != n or items.shape[0] != n:
-        raise ValueError("users, items and ratings differ in length")
-    if params.shape[0] != (<Py_ssize_t>n_users + n_items) * width:
-        raise ValueError("params length does not match n_users, n_items and rank")
-    if slot_map.shape[0] < n_users + n_items:
-        raise ValueError("slot_map is smaller than n_users + n_items")
+    _check_batch(params, users, items, ratings, n_users, n_items, rank, slot_map)
     cdef int[::1] rows = np.empty(2 * n, dtype=np.int32)
     cdef int[::1] su = np.empty(n, dtype=np.int32)
     cdef int[::1] si = np.empty(n, dtype=np.int32)
-    cdef Py_ssize_t bad = -1, n_slots
-    with nogil:
-        n_slots = _assign_slots(users, items, n_users, n_items, slot_map, rows, su, si, &bad)
-    if bad >= 0:
-        _reset_slots(slot_map, rows, n_slots)
-        raise IndexError(f"sample {bad}: user {users[bad]} or item {items[bad]} outside "
-                         f"{n_users} users x {n_items} items")
+    cdef Py_ssize_t n_slots = _slots(users, items, n_users, n_items, slot_map, rows, su, si)
     idx_arr = np.empty(n_slots * width, dtype=np.int32)
     grad_arr = np.zeros(n_slots * width, dtype=np.float32)
     cdef int[::1] idx = idx_arr
     cdef float[::1] grad = grad_arr
     cdef float[::1] counts = np.zeros(n_slots, dtype=np.float32)
     cdef Py_ssize_t s, k, slot, row
-    cdef float e, c = (2.0 / n) if n > 0 else 0.0, ce, reg, e0, e1, e2, e3
+    cdef float e, c = (2.0 / n) if n > 0 else 0.0, ce, reg
     cdef double sse = 0.0
     cdef float fmean = <float>mean
     cdef const float *P = &params[0] if params.shape[0] > 0 else NULL
@@ -120,19 +150,7 @@ def pmf_gradient(const float[::1] params not None, const int[::1] users not None
         for s in range(n):
             pu = P + <Py_ssize_t>users[s] * width
             pi = P + (<Py_ssize_t>n_users + items[s]) * width
-            # four partial sums so the compiler can keep several FMAs in flight
-            e0 = 0.0; e1 = 0.0; e2 = 0.0; e3 = 0.0
-            k = 0
-            while k + 4 <= rank:
-                e0 = e0 + pu[k] * pi[k]
-                e1 = e1 + pu[k + 1] * pi[k + 1]
-                e2 = e2 + pu[k + 2] * pi[k + 2]
-                e3 = e3 + pu[k + 3] * pi[k + 3]
-                k = k + 4
-            while k < rank:
-                e0 = e0 + pu[k] * pi[k]
-                k = k + 1
-            e = (e0 + e1) + (e2 + e3) + pu[rank] + pi[rank] + fmean - ratings[s]
+            e = _error(pu, pi, rank, fmean, ratings[s])
             sse += <double>e * e
             ce = c * e
             gu = G + su[s] * width
@@ -151,7 +169,6 @@ def pmf_gradient(const float[::1] params not None, const int[::1] users not None
                 gu = G + slot * width
                 for k in range(width):
                     gu[k] += reg * pu[k]
-        _reset_slots(slot_map, rows, n_slots)
     return idx_arr, grad_arr, sse
 
 
@@ -182,30 +199,19 @@ def pmf_adagrad_step(float[::1] params not None, float[::1] g2 not None, const i
     error just before its own update).
     """
     cdef Py_ssize_t n = ratings.shape[0], width = rank + 1
-    if users.shape[0] != n or items.shape[0] != n:
-        raise ValueError("users, items and ratings differ in length")
-    if params.shape[0] != (<Py_ssize_t>n_users + n_items) * width:
-        raise ValueError("params length does not match n_users, n_items and rank")
+    _check_batch(params, users, items, ratings, n_users, n_items, rank, slot_map)
     if g2.shape[0] != 2 * (<Py_ssize_t>n_users + n_items):
         raise ValueError("the accumulator must hold two values per row")
-    if slot_map.shape[0] < n_users + n_items:
-        raise ValueError("slot_map is smaller than n_users + n_items")
     cdef int[::1] rows = np.empty(2 * n, dtype=np.int32)
     cdef int[::1] su = np.empty(n, dtype=np.int32)
     cdef int[::1] si = np.empty(n, dtype=np.int32)
-    cdef Py_ssize_t bad = -1, n_slots
-    with nogil:
-        n_slots = _assign_slots(users, items, n_users, n_items, slot_map, rows, su, si, &bad)
-        _reset_slots(slot_map, rows, n_slots)
-    if bad >= 0:
-        raise IndexError(f"sample {bad}: user {users[bad]} or item {items[bad]} outside "
-                         f"{n_users} users x {n_items} items")
+    cdef Py_ssize_t n_slots = _slots(users, items, n_users, n_items, slot_map, rows, su, si)
     idx_arr = np.empty(n_slots * width, dtype=np.int32)
     delta_arr = np.zeros(n_slots * width, dtype=np.float32)
     cdef int[::1] idx = idx_arr
     cdef float[::1] delta = delta_arr
     cdef Py_ssize_t s, k, slot, j
-    cdef float e, e0, e1, e2, e3, gu, gi, su2, si2, ru, ri, bu_g, bi_g, step
+    cdef float e, gu, gi, su2, si2, ru, ri, bu_g, bi_g, step
     cdef float fl2 = <float>l2, fmean = <float>mean, inv_rank = 1.0 / rank
     cdef double sse = 0.0
     cdef float *P = &params[0]
@@ -240,18 +246,7 @@ def pmf_adagrad_step(float[::1] params not None, float[::1] g2 not None, const i
             di = D + <Py_ssize_t>si[s] * width
             Gu = G + <Py_ssize_t>users[s] * 2
             Gi = G + (<Py_ssize_t>n_users + items[s]) * 2
-            e0 = 0.0; e1 = 0.0; e2 = 0.0; e3 = 0.0
-            k = 0
-            while k + 4 <= rank:
-                e0 = e0 + pu[k] * pi[k]
-                e1 = e1 + pu[k + 1] * pi[k + 1]
-                e2 = e2 + pu[k + 2] * pi[k + 2]
-                e3 = e3 + pu[k + 3] * pi[k + 3]
-                k = k + 4
-            while k < rank:
-                e0 = e0 + pu[k] * pi[k]
-                k = k + 1
-            e = (e0 + e1) + (e2 + e3) + pu[rank] + pi[rank] + fmean - ratings[s]
+            e = _error(pu, pi, rank, fmean, ratings[s])
             sse += <double>e * e
             su2 = 0.0
             si2 = 0.0
