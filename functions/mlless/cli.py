@@ -92,10 +92,18 @@ def _print_summary(summary: dict[str, Any], progress: Progress) -> None:
         f"  train {metric} {fmt(summary['train_loss'])}, validation {metric} {fmt(summary['validation_loss'])}\n"
         f"  workers {summary['workers_initial']} -> {summary['workers_final']}, "
         f"{summary['bytes_sent'] / 1e6:.1f} MB of updates, cost ${summary['cost_usd']:.5f}\n"
-        f"  model: {summary['model_path']}"
+        f"  model: {summary['model_path']}{_model_origin(summary)}"
     )
     for drop in summary["dropped_workers"]:
         progress.message(f"  worker {drop['rank']} was dropped at step {drop['step']}: {drop['reason']}")
+
+
+def _model_origin(summary: dict[str, Any]) -> str:
+    """Say so when the saved model is an earlier snapshot rather than the final replicas."""
+    if summary.get("final_validation_loss") is None or summary["validation_loss"] == summary["final_validation_loss"]:
+        return ""
+    return (f" (the best snapshot, step {summary['model_step']}; the final replicas scored "
+            f"{summary['final_validation_loss']:.4f})")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

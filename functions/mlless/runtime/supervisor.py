@@ -542,8 +542,11 @@ class Supervisor:
             self.stop_reason = self.stop_reason or "no live workers"
 
     def _evaluation_due(self, step: int) -> bool:
-        """Every evaluation.everySteps steps, or less often if evaluating would take over EVALUATION_SHARE of the time."""
-        if not self.job.evaluate_every or self.pending_snapshot is not None:
+        """Every evaluation.everySteps steps, or less often if evaluating would take over EVALUATION_SHARE of the time.
+
+        A snapshot that never arrived (its donor left) is simply replaced by the next one.
+        """
+        if not self.job.evaluate_every:
             return False
         interval = self.job.evaluate_every
         if self.evaluation_seconds.value and self.step_seconds.value:
