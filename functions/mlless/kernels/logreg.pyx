@@ -46,6 +46,16 @@ cdef int _check_csr(const cnp.int64_t[::1] indptr, const int[::1] indices, Py_ss
     return 0
 
 
+cdef int _check_batch(const float[::1] params, const cnp.int64_t[::1] indptr, const int[::1] indices,
+                      const float[::1] values, Py_ssize_t n_rows, int n_features) except -1:
+    _check_csr(indptr, indices, n_rows)
+    if values.shape[0] != indices.shape[0]:
+        raise ValueError("indices and values differ in length")
+    if params.shape[0] != <Py_ssize_t>n_features + 1:
+        raise ValueError("params length must be n_features + 1")
+    return 0
+
+
 cdef Py_ssize_t _feature_slots(const int[::1] indices, int n_features, int[::1] slot_map, int[::1] feats,
                                int *slot_of) except -1:
     """List each distinct feature of a batch once in ``feats`` (order of first appearance), then the bias
@@ -84,11 +94,7 @@ def logreg_gradient(const float[::1] params not None, const cnp.int64_t[::1] ind
     scipy's CSR semantics.
     """
     cdef Py_ssize_t n = labels.shape[0], nnz = indices.shape[0]
-    _check_csr(indptr, indices, n)
-    if values.shape[0] != nnz:
-        raise ValueError("indices and values differ in length")
-    if params.shape[0] != <Py_ssize_t>n_features + 1:
-        raise ValueError("params length must be n_features + 1")
+    _check_batch(params, indptr, indices, values, n, n_features)
     if slot_map.shape[0] < n_features:
         raise ValueError("slot_map is smaller than n_features")
     cdef int[::1] feats = np.empty(nnz + 1, dtype=np.int32)
@@ -135,11 +141,7 @@ def logreg_adagrad_step(float[::1] params not None, float[::1] g2 not None,
     occurrence.
     """
     cdef Py_ssize_t n = labels.shape[0], nnz = indices.shape[0]
-    _check_csr(indptr, indices, n)
-    if values.shape[0] != nnz:
-        raise ValueError("indices and values differ in length")
-    if params.shape[0] != <Py_ssize_t>n_features + 1:
-        raise ValueError("params length must be n_features + 1")
+    _check_batch(params, indptr, indices, values, n, n_features)
     if g2.shape[0] != params.shape[0]:
         raise ValueError("the accumulator must match params")
     if slot_map.shape[0] < n_features:
