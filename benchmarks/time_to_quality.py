@@ -35,7 +35,6 @@ import io
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -258,7 +257,7 @@ def run_sgd_classifier(ds: Dataset, epochs: int) -> Curve:
     from sklearn.linear_model import SGDClassifier
 
     batches = all_batches(ds)
-    n = ds.manifest.n_features + 0
+    n = ds.manifest.n_features
     X = csr(batches, n)
     val = ds.validation()
     Xv = csr([val], n)[0]

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from mlless.autotuner.smoothing import ewma
+from mlless.data.dataset import Dataset
 from mlless.models import load_model
 from mlless.runtime.local import Services, train_local
 from mlless.runtime.record import Progress
 from mlless.runtime.stopping import SMOOTHING_SPAN, ValidationWatch
-from mlless.data.dataset import Dataset
 from mlless.spec import from_manifest
 
 
