@@ -368,7 +368,7 @@ class Worker:
         for rank, frame in zip(ranks, frames):
             replica = self._decode_replica(frame, rank, "leaver replica")
             if replica is not None:
-                self.model.params[replica.arrays["pending_indices"]] += replica.arrays["pending_values"]
+                self.model.apply_update(replica.arrays["pending_indices"], replica.arrays["pending_values"])
 
     def _join(self, close: wire.Close) -> None:
         """Start from the donor's snapshot of step `close.step`, minus the donor's own unsent updates."""
@@ -378,7 +378,7 @@ class Worker:
             replica = self._decode_replica(frame, None, "snapshot") if frame is not None else None
             if replica is not None and replica.step == close.step:
                 self.model.params[:] = replica.arrays["params"]
-                self.model.params[replica.arrays["pending_indices"]] -= replica.arrays["pending_values"]
+                self.model.apply_update(replica.arrays["pending_indices"], -replica.arrays["pending_values"])
                 self.view = _View(closed=close.step, cursor=close.cursor, live=close.live)
                 self.step = close.step
                 return
