@@ -204,3 +204,18 @@ class Stopwatch:
     def __exit__(self, *exc: object) -> None:
         self.seconds = time.perf_counter() - self.start
         self.cpu_seconds = time.process_time() - self.cpu_start
+
+
+def vw_file(batches: list, path: Path) -> Path:
+    """The dataset in Vowpal Wabbit's text format (written once; VW's documented input)."""
+    if path.exists():
+        return path
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as fh:
+        for b in batches:
+            for row in range(len(b.labels)):
+                lo, hi = b.indptr[row], b.indptr[row + 1]
+                feats = " ".join(f"{j}:{v:.6g}" for j, v in zip(b.indices[lo:hi].tolist(), b.values[lo:hi].tolist()))
+                fh.write(f"{1 if b.labels[row] > 0.5 else -1} | {feats}\n")
+    tmp.rename(path)
+    return path

@@ -1,21 +1,25 @@
 #!/usr/bin/env python
-"""PMF training throughput on one core: mlless vs scikit-surprise SVD vs PyTorch (dense embeddings).
+"""PMF training throughput on one core: mlless vs LIBMF vs scikit-surprise SVD vs PyTorch (dense embeddings).
 
 For each dataset (the MovieLens sample and synthetic ML-10M-sized ratings), every
 system trains rank-20 biased MF for the same number of epochs over the same
 training split, and is evaluated on the same validation split (predictions
 clipped to the dataset's rating range for every system).
 
-mlless rows:
-  * "mlless (gradient+optimizer)": what a worker's `_train_step` computes, i.e.
-    `optimizer.update(model, batch, lr)` with the default optimizer (per-sample
-    AdaGrad, lr 0.1), over the prepared batches;
-  * "mlless (+ ISP filter)": the same plus `SignificanceFilter.accumulate` and `.select` with
-    v_t = 0.7/sqrt(t), i.e. the whole local computation of a worker step.
+mlless rows call `Replica.step`, the step a worker runs, with the default
+optimizer (per-sample AdaGrad, lr 0.2 at P = 2):
+  * "mlless (gradient+optimizer)": `share=False`, as a worker alone in its job;
+  * "mlless (+ ISP filter)": the accumulate and the timing-wheel selection too, with
+    v_t = 0.7/sqrt(t), i.e. the whole local computation of a worker among peers.
+    Its "filter / compute" column is the median per-step ratio of the two phases
+    (`StepResult.filter_seconds / compute_seconds`).
   Batches are loaded into memory before timing (a worker prefetches them in a
   background thread), so neither row includes I/O.
 
 Baselines:
+  * LIBMF (PyPI `libmf`), 1 thread, rank 20, L2 0.05 on P and Q and no L1 (the
+    binding's default L1 zeroes most factors), on the same training ratings
+    minus their mean; it shuffles and blocks them itself;
   * surprise `SVD(n_factors=20, n_epochs=E)` (per-rating SGD, its own lr/reg defaults);
   * PyTorch CPU, `torch.set_num_threads(1)`, dense `nn.Embedding` factors + biases,
     MSE loss, `SGD(lr=4.0, momentum=0.8, nesterov=True)` (the papers' PMF optimizer), the same
@@ -26,6 +30,8 @@ Throughput = training ratings processed / seconds (wall and process CPU time).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import math
 import os
 import statistics
@@ -41,8 +47,8 @@ import numpy as np  # noqa: E402
 
 from mlless.data.dataset import Dataset  # noqa: E402
 from mlless.models import ModelConfig, build_model  # noqa: E402
-from mlless.optim import default_optimizer, make_optimizer  # noqa: E402
-from mlless.significance import SignificanceFilter, isp_threshold  # noqa: E402
+from mlless.optim import default_optimizer  # noqa: E402
+from mlless.training.replica import Replica  # noqa: E402
 
 RANK = 20
 
@@ -67,29 +73,46 @@ def rmse(pred: np.ndarray, truth: np.ndarray, lo: float, hi: float) -> float:
 def run_mlless(ds, batches, val, epochs, seed, with_filter: bool, v: float = 0.7):
     dims = {**ds.dims(), "rating_min": ds.manifest.rating_min, "rating_max": ds.manifest.rating_max}
     model = build_model("pmf", dims, ModelConfig("pmf", rank=RANK), seed)
-    cfg = default_optimizer("pmf")
-    opt = make_optimizer(model.size, cfg.replace(weight_decay=model.weight_decay), model.accumulator_size)
-    filt = SignificanceFilter(model.size)
+    replica = Replica(model, default_optimizer("pmf", workers=2), v)
     plan = orders(len(batches), epochs, seed)
-    n = 0
-    step = 0
-    sent = 0
+    n = step = sent = 0
+    ratios = []
     with _common.Stopwatch() as sw:
         for e, order in enumerate(plan):
-            lr = cfg.lr_at(e + 1)
             for b in order:
-                batch = batches[b]
-                idx, delta, loss_sum, k = opt.update(model, batch, lr)
                 step += 1
-                if with_filter:
-                    filt.accumulate(idx, delta)
-                    sidx, _ = filt.select(model.params, isp_threshold(v, step))
-                    sent += len(sidx)
-                n += k
+                result = replica.step(batches[b], e + 1, step, share=with_filter)
+                sent += len(result.indices)
+                n += result.samples
+                ratios.append(result.filter_seconds / result.compute_seconds)
     pred = model.predict(val)
     return {"seconds": sw.seconds, "cpu": sw.cpu_seconds, "ratings": n,
             "rmse": rmse(pred, val.ratings, ds.manifest.rating_min, ds.manifest.rating_max),
-            "sent_per_step": sent / step if with_filter else None}
+            "sent_per_step": sent / step if with_filter else None,
+            "filter_share": statistics.median(ratios) if with_filter else None}
+
+
+# ------------------------------------------------------------------------------------ LIBMF
+
+def run_libmf(ds, batches, val, epochs, seed):
+    with contextlib.redirect_stdout(io.StringIO()):  # the binding prints where it found its .so
+        from libmf import mf
+    u = np.concatenate([b.users for b in batches])
+    i = np.concatenate([b.items for b in batches])
+    r = np.concatenate([b.ratings for b in batches])
+    mean = float(r.mean())
+    X = np.ascontiguousarray(np.stack([u, i, r - mean], 1).astype(np.float32))
+    model = mf.MF(k=RANK, nr_threads=1, nr_iters=epochs, lambda_p1=0.0, lambda_q1=0.0, lambda_p2=0.05,
+                  lambda_q2=0.05, quiet=True)
+    with _common.Stopwatch() as sw:
+        model.fit(X)
+    # The binding's predict returns garbage (benchmarks/time_to_quality.py), so predictions come from P and Q.
+    P, Q = model.p_factors(), model.q_factors()
+    known = (val.users < len(P)) & (val.items < len(Q))
+    pred = np.full(len(val), mean, np.float32)
+    pred[known] += np.einsum("ij,ij->i", P[val.users[known]], Q[val.items[known]])
+    return {"seconds": sw.seconds, "cpu": sw.cpu_seconds, "ratings": len(r) * epochs,
+            "rmse": rmse(pred, val.ratings, ds.manifest.rating_min, ds.manifest.rating_max)}
 
 
 # ------------------------------------------------------------------------------------ surprise
@@ -194,12 +217,15 @@ def bench(name, path, epochs, seed, repeat, systems, torch_l2):
         if len(runs) > 1:
             res["wall_rps_median"] = statistics.median(r["ratings"] / r["seconds"] for r in runs)
         results.append(res)
+        share = f"  filter/compute {res['filter_share']:.0%}" if res.get("filter_share") is not None else ""
         print(f"  {label:34s} {res['wall_rps']:>14,.0f} ratings/s (wall)  {res['cpu_rps']:>14,.0f} (cpu)  "
-              f"{res['seconds']:7.2f}s  val RMSE {res['rmse']:.4f}  load {res['load']}", flush=True)
+              f"{res['seconds']:7.2f}s  val RMSE {res['rmse']:.4f}  load {res['load']}{share}", flush=True)
 
     if "mlless" in systems:
         record("mlless (gradient+optimizer)", [run_mlless(ds, batches, val, epochs, seed, False) for _ in range(repeat)])
         record("mlless (+ ISP filter, v=0.7)", [run_mlless(ds, batches, val, epochs, seed, True) for _ in range(repeat)])
+    if "libmf" in systems:
+        record("LIBMF, 1 thread", [run_libmf(ds, batches, val, epochs, seed) for _ in range(repeat)])
     if "surprise" in systems:
         record("surprise SVD", [run_surprise(ds, batches, val, epochs, seed)])
     if "torch" in systems:
@@ -214,7 +240,7 @@ def speedups(block):
     by = {r["system"]: r for r in block["results"]}
     out = []
     for ml in ("mlless (gradient+optimizer)", "mlless (+ ISP filter, v=0.7)"):
-        for base, target in (("surprise SVD", 3.0), ("PyTorch dense (MSE)", 5.0)):
+        for base, target in (("LIBMF, 1 thread", 1.0), ("surprise SVD", 3.0), ("PyTorch dense (MSE)", 5.0)):
             if ml in by and base in by:
                 w = by[ml]["wall_rps"] / by[base]["wall_rps"]
                 c = by[ml]["cpu_rps"] / by[base]["cpu_rps"]
@@ -233,7 +259,7 @@ def main(argv=None) -> int:
     p.add_argument("--epochs-large", type=int, default=5, help="epochs on the ML-10M-sized data (default 5)")
     p.add_argument("--rows", type=int, default=10_000_000, help="rows of the synthetic large dataset (default 10M)")
     p.add_argument("--repeat", type=int, default=3, help="runs of each mlless row on the sample (1 on the large data); lowest CPU time kept (default 3)")
-    p.add_argument("--systems", default="mlless,surprise,torch", help="comma list (default all)")
+    p.add_argument("--systems", default="mlless,libmf,surprise,torch", help="comma list (default all)")
     p.add_argument("--torch-l2", type=float, default=0.1,
                    help="on the sample, also run PyTorch with mlless' per-rating L2 term (default 0.1 = mlless' "
                         "default l2; 0 = skip)")
@@ -265,15 +291,16 @@ def main(argv=None) -> int:
     rows = []
     for blk in blocks:
         for r in blk["results"]:
+            share = f"{r['filter_share']:.0%}" if r.get("filter_share") is not None else "–"
             rows.append((blk["name"], f"{blk['batch']:,}", blk["epochs"], r["system"], r["wall_rps"], r["cpu_rps"],
-                         r["seconds"], r["rmse"], r["load"]))
+                         r["seconds"], r["rmse"], share, r["load"]))
     t1 = _common.table(["data", "batch", "epochs", "system", "ratings/s (wall)", "ratings/s (CPU)", "train s",
-                        "val RMSE", "load avg after"], rows)
+                        "val RMSE", "filter / compute (median step)", "load avg after"], rows)
     t2 = _common.table(["data", "mlless path", "vs", "speed-up (wall)", "speed-up (CPU)", "target",
                         "Δ RMSE (mlless − baseline)", "target met?"], [s for b in blocks for s in speedups(b)])
     print("\n" + t1 + "\n\n" + t2)
     if args.write_results:
-        body = [f"## 1. PMF throughput (`benchmarks/pmf_throughput.py`)", "",
+        body = ["## 1. PMF throughput (`benchmarks/pmf_throughput.py`)", "",
                 f"Run: {_common.machine_line(info)}.", "",
                 "```", _common.command_line(), "mlless prepare --sample movielens-small   # batch 1000 (the sample's default)"]
         if large_cmd:

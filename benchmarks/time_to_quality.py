@@ -211,28 +211,13 @@ def run_torch(ds: Dataset, epochs: int, max_seconds: float) -> Curve:
 
 # ---- LR peers --------------------------------------------------------------------------------------------------
 
-def vw_file(ds: Dataset, batches: list[SparseBatch], path: Path) -> Path:
-    """The dataset in Vowpal Wabbit's text format (written once; VW's documented input)."""
-    if path.exists():
-        return path
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as fh:
-        for b in batches:
-            for row in range(len(b.labels)):
-                lo, hi = b.indptr[row], b.indptr[row + 1]
-                feats = " ".join(f"{j}:{v:.6g}" for j, v in zip(b.indices[lo:hi].tolist(), b.values[lo:hi].tolist()))
-                fh.write(f"{1 if b.labels[row] > 0.5 else -1} | {feats}\n")
-    tmp.rename(path)
-    return path
-
-
 def run_vw(ds: Dataset, data_dir: Path) -> Curve:
     from vowpalwabbit import pyvw
 
     batches = all_batches(ds)
-    train = vw_file(ds, batches, data_dir / "train.vw")
+    train = _common.vw_file(batches, data_dir / "train.vw")
     val = ds.validation()
-    valid = vw_file(ds, [val], data_dir / "validation.vw")
+    valid = _common.vw_file([val], data_dir / "validation.vw")
     model = data_dir / "vw.model"
     started = time.perf_counter()
     vw = pyvw.Workspace(f"--data {train} --loss_function logistic --link logistic -b 18 --quiet -f {model}")

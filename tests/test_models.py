@@ -8,19 +8,20 @@ import pytest
 
 from mlless.data.batches import RatingsBatch, SparseBatch
 from mlless.models import ModelConfig, ModelFileError, build_model, load_model
-from mlless.optim import default_optimizer, make_optimizer
+from mlless.optim import default_optimizer
+from mlless.training.replica import Replica
 
 PMF_DIMS = {"n_users": 30, "n_items": 20, "mean_rating": 3.0, "rating_min": 1.0, "rating_max": 5.0}
 
 
 def train(model, batches, epochs, opt_cfg=None, val=None):
     """Plain single-process loop over mini-batches, as a worker runs it without peers."""
-    cfg = (opt_cfg or default_optimizer(model.kind)).replace(weight_decay=model.weight_decay)
-    opt = make_optimizer(model.size, cfg, model.accumulator_size)
-    curve = []
+    replica = Replica(model, opt_cfg or default_optimizer(model.kind), v=0.0)
+    curve, t = [], 0
     for epoch in range(1, epochs + 1):
         for b in batches(epoch):
-            opt.update(model, b, cfg.lr_at(epoch))
+            t += 1
+            replica.step(b, epoch, t, share=False)
         if val is not None:
             curve.append(model.loss(*model.evaluate(val)))
     return curve

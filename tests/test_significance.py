@@ -1,4 +1,4 @@
-"""ISP significance filter: exact sent values, thresholds, the x = 0 guard, drain."""
+"""ISP significance filter: exact sent values, thresholds, the x = 0 guard, and equivalence with a full walk."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,128 +7,163 @@ import pytest
 from mlless.significance import SignificanceFilter, isp_threshold
 
 
+def _sorted(selection):
+    idx, val = selection
+    order = np.argsort(idx)
+    return idx[order], val[order]
+
+
 def test_threshold_zero_sends_every_nonzero_entry_bsp():
-    f = SignificanceFilter(10)
+    x = np.full(10, 100.0, np.float32)
+    f = SignificanceFilter(x, 0.0)
     f.accumulate(np.array([1, 4, 4, 7], np.int32), np.array([0.5, 1e-9, 2e-9, -3.0], np.float32))
     f.accumulate(np.array([2], np.int32), np.array([0.0], np.float32))  # a zero update is never sent
-    x = np.full(10, 100.0, np.float32)
-    idx, val = f.select(x, 0.0)
-    order = np.argsort(idx)
-    np.testing.assert_array_equal(idx[order], [1, 4, 7])
-    np.testing.assert_array_equal(val[order], np.array([0.5, np.float32(1e-9) + np.float32(2e-9), -3.0], np.float32))
+    idx, val = _sorted(f.select(1))
+    np.testing.assert_array_equal(idx, [1, 4, 7])
+    np.testing.assert_array_equal(val, np.array([0.5, np.float32(1e-9) + np.float32(2e-9), -3.0], np.float32))
     assert f.pending_count() == 0 and not f.accumulator.any()
 
 
 def test_positive_threshold_sends_only_significant_entries():
-    f = SignificanceFilter(4)
     x = np.array([1.0, 1.0, 10.0, -2.0], np.float32)
-    f.accumulate(np.arange(4, dtype=np.int32), np.array([0.5, 0.05, 0.5, -1.5], np.float32))
-    idx, val = f.select(x, 0.1)  # ratios 0.5, 0.05, 0.05, 0.75
-    assert sorted(idx.tolist()) == [0, 3]
+    f = SignificanceFilter(x, 0.1)
+    f.accumulate(np.arange(4, dtype=np.int32), np.array([0.5, 0.04, 0.4, -1.5], np.float32))
+    idx, val = f.select(1)  # ratios 0.5, 0.04, 0.04, 0.75 against v_1 = 0.1
     assert dict(zip(idx.tolist(), val.tolist())) == {0: 0.5, 3: -1.5}
-    np.testing.assert_array_equal(f.accumulator, np.array([0, 0.05, 0.5, 0], np.float32))
+    np.testing.assert_array_equal(f.accumulator, np.array([0, 0.04, 0.4, 0], np.float32))
     assert f.pending_count() == 2
+    # v_t = 0.1/√t falls below 0.04 after t = 6.25: the two waiting entries go at step 7, untouched since.
+    for t in range(2, 7):
+        assert f.select(t)[0].size == 0
+    assert sorted(f.select(7)[0].tolist()) == [1, 2]
 
 
-def test_sent_value_is_sum_since_last_sent():
-    rng = np.random.default_rng(0)
-    n = 50
-    f = SignificanceFilter(n)
-    x = rng.normal(size=n).astype(np.float32)
-    pending = np.zeros(n, np.float32)  # float32 sums in the same order as the filter
-    total_sent = np.zeros(n, np.float64)
-    total_acc = np.zeros(n, np.float64)
-    for t in range(1, 40):
-        idx = np.unique(rng.integers(0, n, 12)).astype(np.int32)
-        d = (rng.normal(size=len(idx)) * 0.05).astype(np.float32)
-        x[idx] += d
-        f.accumulate(idx, d)
-        pending[idx] += d
-        total_acc[idx] += d
-        s_idx, s_val = f.select(x, isp_threshold(0.7, t))
-        np.testing.assert_array_equal(s_val, pending[s_idx])  # bit-exact
-        assert np.all(np.abs(s_val / x[s_idx]) > isp_threshold(0.7, t))
-        total_sent[s_idx] += s_val
-        pending[s_idx] = 0
-        np.testing.assert_array_equal(f.accumulator, pending)
-    d_idx, d_val = f.drain()
-    total_sent[d_idx] += d_val
-    np.testing.assert_allclose(total_sent, total_acc, atol=1e-5)  # nothing lost, nothing duplicated
-    assert f.pending_count() == 0
-
-
-def test_v_positive_sends_fewer_than_bsp():
-    rng = np.random.default_rng(1)
-    n = 1000
-    x = rng.normal(size=n).astype(np.float32)
-    idx = np.arange(n, dtype=np.int32)
-    d = (rng.normal(size=n) * 0.01).astype(np.float32)
-    bsp, isp = SignificanceFilter(n), SignificanceFilter(n)
-    bsp.accumulate(idx, d)
-    isp.accumulate(idx, d)
-    assert len(bsp.select(x, 0.0)[0]) == n
-    sent = len(isp.select(x, 0.05)[0])
-    assert 0 < sent < n // 2
+def test_a_peer_update_to_x_changes_when_an_entry_is_due():
+    x = np.array([1.0], np.float32)
+    f = SignificanceFilter(x, 0.5)
+    f.accumulate(np.array([0], np.int32), np.array([0.1], np.float32))  # due after t = 25
+    assert f.select(1)[0].size == 0
+    x[0] = 0.25  # a peer moved x; the filter hears of it
+    f.touched(np.array([0], np.int32))
+    assert f.select(2)[0].tolist() == [0]  # 0.1 > 0.5/√2 · 0.25
 
 
 def test_fresh_weight_guard():
-    f = SignificanceFilter(3)
+    x = np.array([0.0, 1.0, 0.0], np.float32)
+    f = SignificanceFilter(x, 1e6)
     f.accumulate(np.array([0, 1], np.int32), np.array([1e-12, 1e-12], np.float32))
-    idx, val = f.select(np.array([0.0, 1.0, 0.0], np.float32), 1e6)  # x_0 = 0 is always significant
+    idx, val = f.select(1)  # x_0 = 0 is always significant
     assert idx.tolist() == [0] and val.tolist() == [np.float32(1e-12)]
 
 
-def test_drain_and_state_roundtrip():
-    f = SignificanceFilter(6)
+def test_pending_and_restore_roundtrip():
+    x = np.ones(6, np.float32)
+    f = SignificanceFilter(x, 10.0)
     f.accumulate(np.array([5, 2, 2], np.int32), np.array([1.0, 2.0, 3.0], np.float32))
-    g = SignificanceFilter(6)
-    g.load_state(f.state())
+    g = SignificanceFilter(x, 10.0)
+    g.restore(*f.pending())
     for flt in (f, g):
-        idx, val = flt.drain()
-        assert dict(zip(idx.tolist(), val.tolist())) == {5: 1.0, 2: 5.0}
-        assert flt.pending_count() == 0 and flt.drain()[0].size == 0
+        idx, val = flt.pending()
+        assert dict(zip(idx.tolist(), val.tolist())) == {2: 5.0, 5: 1.0} and flt.pending_count() == 2
+        assert flt.select(50)[0].tolist() == [2]  # 5 > 10/√50 · 1, and 1 is not
+        assert flt.pending_count() == 1
 
 
 def test_bad_inputs():
-    f = SignificanceFilter(3)
+    x = np.zeros(3, np.float32)
+    f = SignificanceFilter(x, 0.7)
     with pytest.raises(IndexError):
         f.accumulate(np.array([3], np.int32), np.array([1.0], np.float32))
+    assert not f.accumulator.any()  # all or nothing
+    with pytest.raises(IndexError):
+        f.touched(np.array([-1], np.int32))
     with pytest.raises(ValueError):
-        f.select(np.zeros(4, np.float32), 0.1)
+        f.select(0)
     with pytest.raises(ValueError):
-        f.select(np.zeros(3, np.float32), -1.0)
+        SignificanceFilter(x, -1.0)
+    with pytest.raises(ValueError):
+        SignificanceFilter(np.zeros(3), 0.7)
     with pytest.raises(ValueError):
         isp_threshold(0.7, 0)
     assert isp_threshold(0.7, 4) == pytest.approx(0.35)
 
 
-def test_bsp_replicas_stay_identical_with_pmf_workers():
-    """v = 0: after every exchange, all replicas agree (up to float summation order)."""
-    from mlless.data.batches import RatingsBatch
-    from mlless.models import build_model
-    from mlless.optim import default_optimizer, make_optimizer
+class WalkingFilter:
+    """The reference: every pending entry checked at every step (the filter before the timing wheel)."""
 
-    rng = np.random.default_rng(0)
-    dims = {"n_users": 40, "n_items": 30, "mean_rating": 3.0}
-    workers = []
-    for _ in range(3):
-        m = build_model("pmf", dims, seed=5)
-        cfg = default_optimizer("pmf")
-        workers.append((m, make_optimizer(m.size, cfg, m.accumulator_size), SignificanceFilter(m.size)))
-    for t in range(1, 15):
-        sent = []
-        for m, opt, flt in workers:
-            n = 50
-            b = RatingsBatch(rng.integers(0, 40, n).astype(np.int32), rng.integers(0, 30, n).astype(np.int32),
-                             rng.uniform(1, 5, n).astype(np.float32))
-            idx, delta, _, _ = opt.update(m, b, cfg.learning_rate)
-            flt.accumulate(idx, delta)
-            sent.append(flt.select(m.params, isp_threshold(0.0, t)))
-            assert flt.pending_count() == 0
-        for w, (m, _, _) in enumerate(workers):
-            for src, (idx, val) in enumerate(sent):
-                if src != w:
-                    m.params[idx] += val
-        assert np.all(np.isfinite(workers[0][0].params))
-        for m, _, _ in workers[1:]:
-            np.testing.assert_allclose(m.params, workers[0][0].params, rtol=1e-5, atol=1e-6)
+    def __init__(self, size: int, v: float) -> None:
+        self.acc = np.zeros(size, np.float32)
+        self.v = v
+
+    def accumulate(self, idx, delta):
+        np.add.at(self.acc, idx, delta)  # float32, in order: the same sums as the kernel's
+
+    def select(self, x, t):
+        threshold = isp_threshold(self.v, t)
+        pending = np.flatnonzero(self.acc)
+        d, xi = self.acc[pending], x[pending]
+        significant = (threshold == 0) | (xi == 0) | (np.abs(d.astype(np.float64)) > threshold * np.abs(xi.astype(np.float64)))
+        idx = pending[significant].astype(np.int32)
+        values = self.acc[idx].copy()
+        self.acc[idx] = 0
+        return idx, values
+
+
+@pytest.mark.parametrize("seed, v, ring_steps", [(0, 0.7, 4096), (1, 0.7, 16), (2, 3.0, 64), (3, 0.0, 16),
+                                                  (4, 0.05, 2), (5, 0.7, 256)])
+def test_the_timing_wheel_selects_exactly_what_a_full_walk_selects(seed, v, ring_steps):
+    """Long random sequences of own updates, peers' updates, cancellations, zeros, gaps and restores.
+
+    Small rings make most entries pass through the overflow list and the ring
+    wrap hundreds of times; every selection and the accumulator are compared
+    bit for bit after every step.
+    """
+    rng = np.random.default_rng(seed)
+    size = 1500
+    # Magnitudes spread over decades put due steps from "now" to far past the run.
+    x = (rng.lognormal(0, 1.5, size) * rng.choice([-1, 1], size)).astype(np.float32)
+    x[rng.choice(size, 20, replace=False)] = 0
+    wheel, walk = SignificanceFilter(x, v, ring_steps), WalkingFilter(size, v)
+    hot = rng.zipf(1.3, 200_000) % size  # skewed ids, as in real data
+    t = 0
+    for step in range(6000):
+        t += 1
+        own = hot[rng.integers(0, len(hot), rng.integers(0, 40))].astype(np.int32)  # repeats allowed
+        delta = (rng.normal(0, 1, len(own)) * 10.0 ** rng.uniform(-5, -1, len(own))).astype(np.float32)
+        if step % 97 == 0 and len(own):
+            own, delta = np.concatenate([own, own[:1]]), np.concatenate([delta, -delta[:1]])  # δ back to exactly 0
+        np.add.at(x, own, delta)
+        wheel.accumulate(own, delta)
+        walk.accumulate(own, delta)
+        if step % 5 == 0:  # a peer's update: x moves, δ does not
+            peer = np.unique(hot[rng.integers(0, len(hot), 30)]).astype(np.int32)
+            x[peer] += (rng.normal(0, 1, len(peer)) * 10.0 ** rng.uniform(-4, 0, len(peer))).astype(np.float32)
+            if step % 50 == 0:
+                x[peer[:2]] = 0
+            wheel.touched(peer)
+        if step % 1500 == 1499:
+            t += 7  # steps without a selection (a worker that was alone for a while)
+        if step % 2000 == 1999:
+            restored = SignificanceFilter(x, v, ring_steps)
+            restored.restore(*wheel.pending())
+            wheel = restored
+        got, want = _sorted(wheel.select(t)), walk.select(x, t)
+        np.testing.assert_array_equal(got[0], want[0], err_msg=f"indices at step {t}")
+        np.testing.assert_array_equal(got[1], want[1], err_msg=f"values at step {t}")
+        np.testing.assert_array_equal(wheel.accumulator, walk.acc)
+        assert wheel.pending_count() == np.count_nonzero(walk.acc)
+
+
+def test_entries_exactly_at_the_threshold_are_sent_at_the_first_step_the_exact_test_passes():
+    """|δ| = |x|/k with v = 1 puts the real crossing exactly at t = k²; rounding decides either side of it."""
+    k = np.arange(2, 61)
+    d = np.float32(0.125)
+    x = (k * d).astype(np.float32)
+    wheel, walk = SignificanceFilter(x, 1.0), WalkingFilter(len(k), 1.0)
+    idx = np.arange(len(k), dtype=np.int32)
+    wheel.accumulate(idx, np.full(len(k), d, np.float32))
+    walk.accumulate(idx, np.full(len(k), d, np.float32))
+    for t in range(1, 61 * 61):
+        got, want = _sorted(wheel.select(t)), walk.select(x, t)
+        np.testing.assert_array_equal(got[0], want[0], err_msg=f"step {t}")
+    assert wheel.pending_count() == 0

@@ -508,7 +508,8 @@ async def test_active_deadline_fails_the_job_then_ttl_deletes_it(cluster_factory
 async def test_a_job_created_suspended_gets_its_state_but_no_runtime_until_resumed(cluster_factory):
     async with cluster_factory() as c, running_operator():
         await c.apply(manifest(workers=2, suspend=True))
-        await c.until(lambda: c.phase() == "Suspended", "phase Suspended")
+        # The phase and the Created condition come from two handlers, in either order.
+        await c.until(lambda: c.phase() == "Suspended" and c.condition("Created"), "phase Suspended and Created")
         assert c.condition("Created")["status"] == "True" and c.condition("Suspended")["status"] == "True"
         assert c.names(PODS) == set() and c.get(SECRETS, "ml-credentials") and c.get(kmock.resource("apps/v1/statefulsets"), "ml-redis")
         await c.patch_job("ml", {"spec": {"suspend": None}})  # unset, as `kubectl patch --type=json -p '[{"op":"remove",…}]'`

@@ -11,7 +11,6 @@ round trip. Under SSP the wait only blocks once the worker is more than
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import time
@@ -22,21 +21,16 @@ import numpy as np
 from mlless import wire
 from mlless.autotuner.smoothing import OnlineEwma
 from mlless.data.dataset import Dataset
-from mlless.models import Model, build_model
-from mlless.optim import make_optimizer
+from mlless.models import build_model
 from mlless.runtime import keys
 from mlless.runtime.striding import Prefetcher, Schedule
-from mlless.significance import SignificanceFilter, isp_threshold
 from mlless.spec import TrainingJob
+from mlless.training.replica import PARAMS, PENDING_INDICES, PENDING_VALUES, Replica
 from mlless.transport import Transport, UnroutableError
 
 log = logging.getLogger(__name__)
 
 PHASES = ("fetch", "compute", "filter", "write", "wait", "read", "apply")
-
-
-class TrainingDiverged(ArithmeticError):
-    """The replica's loss stopped being finite; continuing would only publish garbage."""
 
 
 class SupervisorLost(RuntimeError):
@@ -58,10 +52,6 @@ class Checkpointed(Exception):
 #: `mlless worker` exits with this code after a checkpoint (EX_TEMPFAIL: "invoke me again").
 EXIT_CHECKPOINTED = 75
 
-#: A selection of no entries: what a worker alone in its job publishes.
-_NOTHING = (np.zeros(0, np.int32), np.zeros(0, np.float32))
-
-
 @dataclass
 class _View:
     """What the worker knows of the job from the last step-close it applied."""
@@ -81,6 +71,12 @@ class _Timer:
         self.seconds[phase] += now - self._mark
         self._mark = now
 
+    def record(self, **phases: float) -> None:
+        """Phases timed by the callee; the time since the last mark is theirs."""
+        for phase, seconds in phases.items():
+            self.seconds[phase] += seconds
+        self._mark = time.perf_counter()
+
 
 class Worker:
     def __init__(
@@ -90,18 +86,15 @@ class Worker:
         self.rank = rank
         self.transport = transport
         self.dataset = dataset
-        self.model: Model = build_model(job.model.type, dataset.dims(), job.model, job.seed)
-        self.optimizer = make_optimizer(self.model.size, job.optimizer.replace(weight_decay=self.model.weight_decay),
-                                        self.model.accumulator_size)
-        self.filter = SignificanceFilter(self.model.size)
+        # MLLESS_AUDIT: the replica sums every update it computed, for the supervisor's conservation check.
+        self.replica = Replica(build_model(job.model.type, dataset.dims(), job.model, job.seed), job.optimizer,
+                               job.sync.threshold, audit=bool(os.environ.get("MLLESS_AUDIT")))
         self.schedule = Schedule(dataset.n_batches, job.seed)
         self.prefetcher = Prefetcher(dataset)
         self.view = _View()
         self.step = 0
         self.started = time.monotonic()
         self.rejected_frames = 0
-        # MLLESS_AUDIT: the sum of every update this worker computed, for the supervisor's conservation check.
-        self.contribution = np.zeros(self.model.size, np.float64) if os.environ.get("MLLESS_AUDIT") else None
         self.leave_requested = False
         # A function invocation must return before the platform kills it (monotonic time; None = no limit).
         self.deadline = deadline
@@ -141,8 +134,7 @@ class Worker:
 
     def _checkpoint(self) -> None:
         """Between steps, everything this worker knows goes to Redis; queued control messages wait in its queue."""
-        arrays = self._replica_arrays()
-        arrays |= {f"optimizer.{name}": value for name, value in self.optimizer.state().items()}
+        arrays = self.replica.snapshot(optimizer=True)
         arrays["position"] = np.array([self.step, self.view.closed, self.view.cursor, self.rejected_frames], np.int64)
         arrays["live"] = np.array(self.view.live, np.int64)
         frame = wire.encode(wire.Tensors(sender=self.rank, step=self.step, arrays=arrays))
@@ -158,7 +150,7 @@ class Worker:
         checkpoint = self._decode_replica(frame, None, "job checkpoint")
         if checkpoint is None:
             raise RuntimeError("the job's suspend checkpoint is not a valid model")
-        self.model.params[:] = checkpoint.arrays["params"]
+        self.replica.restore({PARAMS: checkpoint.arrays[PARAMS]})
 
     def resume(self) -> None:
         """Continue from the checkpoint the previous invocation of this rank wrote."""
@@ -170,11 +162,7 @@ class Worker:
         position, live = arrays.get("position"), arrays.get("live")
         if position is None or position.shape != (4,) or live is None or live.ndim != 1:
             raise RuntimeError(f"checkpoint of worker {self.rank} lacks its position in the job")
-        self.model.params[:] = arrays["params"]
-        self.filter.accumulate(arrays["pending_indices"], arrays["pending_values"])
-        self.optimizer.load_state({k.removeprefix("optimizer."): v for k, v in arrays.items() if k.startswith("optimizer.")})
-        if self.contribution is not None and "contribution" in arrays:
-            self.contribution[:] = arrays["contribution"]
+        self.replica.restore(arrays)
         self.step, closed, cursor, self.rejected_frames = (int(v) for v in position)
         self.view = _View(closed=closed, cursor=cursor, live=tuple(int(r) for r in live))
 
@@ -201,22 +189,11 @@ class Worker:
         self.prefetcher.hint(self.schedule.batch_index(position + len(self.view.live)))
         timer.lap("fetch")
 
-        lr = self.job.optimizer.lr_at(self.schedule.epoch(position) + 1)
-        idx, delta, loss_sum, samples = self.optimizer.update(self.model, batch, lr)
-        if not math.isfinite(loss_sum):
-            raise TrainingDiverged(f"loss is {loss_sum} at step {self.step}; lower spec.optimizer.learningRate")
-        # Alone in the job, nobody needs this update: it stays in the replica and out of the accumulator, so a
-        # worker that joins later starts from replica − accumulator with it included.
-        solo = self.view.live == (self.rank,)
-        if not solo:
-            self.filter.accumulate(idx, delta)
-        if self.contribution is not None:
-            self.contribution[idx] += delta
-        timer.lap("compute")
-
-        sent_idx, sent_val = _NOTHING if solo else self.filter.select(
-            self.model.params, isp_threshold(self.job.sync.threshold, self.step))
-        timer.lap("filter")
+        # Alone in the job, nobody needs this update, so it is not shared.
+        result = self.replica.step(batch, self.schedule.epoch(position) + 1, self.step,
+                                   share=self.view.live != (self.rank,))
+        timer.record(compute=result.compute_seconds, filter=result.filter_seconds)
+        sent_idx, sent_val = result.indices, result.values
 
         bytes_sent = 0
         if len(sent_idx):
@@ -229,12 +206,12 @@ class Worker:
         report = wire.Report(
             sender=self.rank,
             step=self.step,
-            loss_sum=float(loss_sum),
-            samples=int(samples),
+            loss_sum=result.loss_sum,
+            samples=result.samples,
             has_update=bytes_sent > 0,
             bytes_sent=bytes_sent,
             entries_sent=len(sent_idx),
-            entries_pending=self.filter.pending_count(),
+            entries_pending=self.replica.pending_count(),
             timings=timings,
         )
         self.transport.send_to_supervisor(wire.encode(report))
@@ -315,7 +292,7 @@ class Worker:
             update = wire.decode(frame)
             if not isinstance(update, wire.Update) or update.sender != rank or update.step != step:
                 raise wire.FrameError(f"expected the update of worker {rank} for step {step}")
-            self.model.apply_update(update.indices, update.values)
+            self.replica.apply(update.indices, update.values)
         except (wire.FrameError, ValueError) as exc:
             self.rejected_frames += 1
             log.error("worker %d: rejected update frame of worker %d for step %d: %s", self.rank, rank, step, exc)
@@ -325,16 +302,8 @@ class Worker:
         senders = [r for r in close.live if r in self.view.live] or list(close.live)
         return senders[0] == self.rank
 
-    def _replica_arrays(self) -> dict[str, np.ndarray]:
-        """The replica plus the unsent accumulator: replica − pending is the state every peer shares."""
-        idx, val = self.filter.pending()
-        arrays = {"params": self.model.params, "pending_indices": idx, "pending_values": val}
-        if self.contribution is not None:
-            arrays["contribution"] = self.contribution
-        return arrays
-
     def _replica_frame(self) -> bytes:
-        return wire.encode(wire.Tensors(sender=self.rank, step=self.view.closed, arrays=self._replica_arrays()))
+        return wire.encode(wire.Tensors(sender=self.rank, step=self.view.closed, arrays=self.replica.snapshot()))
 
     def _decode_replica(self, frame: bytes | None, rank: int | None, what: str) -> wire.Tensors | None:
         try:
@@ -344,10 +313,11 @@ class Worker:
             if not isinstance(msg, wire.Tensors) or rank not in (None, msg.sender):
                 raise wire.FrameError(f"expected a replica of worker {rank}")
             rank = msg.sender
-            params, idx, val = (msg.arrays.get(k) for k in ("params", "pending_indices", "pending_values"))
-            if params is None or params.shape != self.model.params.shape or params.dtype != self.model.params.dtype:
+            params, idx, val = (msg.arrays.get(k) for k in (PARAMS, PENDING_INDICES, PENDING_VALUES))
+            mine = self.replica.params
+            if params is None or params.shape != mine.shape or params.dtype != mine.dtype:
                 raise wire.FrameError("replica does not match the model")
-            wire.Update(sender=rank, step=msg.step, indices=idx, values=val).check_size(self.model.size)
+            wire.Update(sender=rank, step=msg.step, indices=idx, values=val).check_size(mine.shape[0])
         except (wire.FrameError, TypeError, ValueError) as exc:
             self.rejected_frames += 1
             log.error("worker %d: rejected %s of worker %d: %s", self.rank, what, rank, exc)
@@ -368,7 +338,7 @@ class Worker:
         for rank, frame in zip(ranks, frames):
             replica = self._decode_replica(frame, rank, "leaver replica")
             if replica is not None:
-                self.model.apply_update(replica.arrays["pending_indices"], replica.arrays["pending_values"])
+                self.replica.apply(replica.arrays[PENDING_INDICES], replica.arrays[PENDING_VALUES])
 
     def _join(self, close: wire.Close) -> None:
         """Start from the donor's snapshot of step `close.step`, minus the donor's own unsent updates."""
@@ -377,8 +347,7 @@ class Worker:
             frame = self.transport.get_many([keys.snapshot()])[0]
             replica = self._decode_replica(frame, None, "snapshot") if frame is not None else None
             if replica is not None and replica.step == close.step:
-                self.model.params[:] = replica.arrays["params"]
-                self.model.apply_update(replica.arrays["pending_indices"], -replica.arrays["pending_values"])
+                self.replica.adopt_shared(replica.arrays)
                 self.view = _View(closed=close.step, cursor=close.cursor, live=close.live)
                 self.step = close.step
                 return

@@ -21,7 +21,7 @@ from mlless_operator import metrics
 from mlless_operator.handlers.deadline import enforce_deadline
 from mlless_operator.handlers.suspend import reconcile_suspension
 from mlless_operator.kubeapi import KubeAPI
-from mlless_operator.status import TERMINAL_PHASES, is_invalid, is_true, now, set_condition
+from mlless_operator.status import TERMINAL_PHASES, get_condition, is_invalid, is_true, now, set_condition
 
 
 def _termination(pod: dict[str, Any]) -> str:
@@ -38,6 +38,10 @@ async def follow_supervisor(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
     phase = status.get("phase")
     backend = (meta.get("annotations") or {}).get(b.ANNOTATION_BACKEND)
     if phase in TERMINAL_PHASES or is_invalid(status) or backend not in b.BACKENDS:
+        return
+    if get_condition(status, "Created") is None:
+        # The create handler's metadata patch (the backend) has landed but its status patch, a separate
+        # request to the status subresource, has not: writing conditions now would drop Created.
         return
     if await reconcile_suspension(body, patch, memo, logger):
         return

@@ -1,0 +1,1 @@
+"""Training without I/O: the replica a worker trains step by step."""

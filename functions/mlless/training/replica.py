@@ -1,0 +1,122 @@
+"""A replica: one worker's copy of the model and everything that trains it, without I/O.
+
+It owns the parameters, the optimizer's state and the significance filter's
+accumulator, and keeps them consistent: every change to the parameters goes
+through a method here, so the filter always knows the replica it judges
+significance against.  The worker only moves frames around it; the tests
+and the throughput benchmarks call the same methods, so they measure the
+step the worker runs.
+
+Replicas of one job differ only by their unsent accumulators: replica −
+pending is the state every peer shares.  That is why snapshots carry the
+pending entries beside the parameters.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from mlless.data.batches import Batch
+from mlless.models import Model
+from mlless.optim import OptimizerConfig, make_optimizer
+from mlless.significance import SignificanceFilter
+
+
+class TrainingDiverged(ArithmeticError):
+    """The replica's loss stopped being finite; continuing would only publish garbage."""
+
+
+#: Names of the arrays in a snapshot (`Replica.snapshot`); optimizer state adds ``optimizer.<name>``.
+PARAMS, PENDING_INDICES, PENDING_VALUES, CONTRIBUTION = "params", "pending_indices", "pending_values", "contribution"
+OPTIMIZER_PREFIX = "optimizer."
+
+_NOTHING = (np.zeros(0, np.int32), np.zeros(0, np.float32))
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One local step: the entries to publish, the batch's loss, and where the time went."""
+
+    indices: np.ndarray
+    values: np.ndarray
+    loss_sum: float
+    samples: int
+    compute_seconds: float
+    filter_seconds: float
+
+
+class Replica:
+    """``model`` trained by the optimizer ``optimizer`` describes, with an ISP filter at threshold ``v``.
+
+    With ``audit`` set, the replica also sums every update it computed (the
+    supervisor's conservation check, MLLESS_AUDIT).
+    """
+
+    def __init__(self, model: Model, optimizer: OptimizerConfig, v: float, audit: bool = False) -> None:
+        self.model = model
+        self.config = optimizer.replace(weight_decay=model.weight_decay)
+        self.optimizer = make_optimizer(model.size, self.config, model.accumulator_size)
+        self.filter = SignificanceFilter(model.params, v)
+        self.contribution = np.zeros(model.size, np.float64) if audit else None
+
+    @property
+    def params(self) -> np.ndarray:
+        return self.model.params
+
+    def step(self, batch: Batch, epoch: int, t: int, share: bool = True) -> StepResult:
+        """Train on ``batch`` (``epoch`` counts from 1 and sets the learning rate) and select what to send at step ``t``.
+
+        Without ``share`` (a worker alone in its job) the update stays in the
+        replica and out of the accumulator, and nothing is selected: a worker
+        that joins later starts from replica − pending with it included.
+        """
+        started = time.perf_counter()
+        idx, delta, loss_sum, samples = self.optimizer.update(self.model, batch, self.config.lr_at(epoch))
+        if not math.isfinite(loss_sum):
+            raise TrainingDiverged(f"loss is {loss_sum} at step {t}; lower spec.optimizer.learningRate")
+        if self.contribution is not None:
+            self.contribution[idx] += delta  # the optimizers' idx never repeats
+        computed = time.perf_counter()
+        selected = _NOTHING
+        if share:
+            self.filter.accumulate(idx, delta)
+            selected = self.filter.select(t)
+        return StepResult(*selected, float(loss_sum), int(samples), computed - started, time.perf_counter() - computed)
+
+    def apply(self, indices: np.ndarray, values: np.ndarray) -> None:
+        """Add a peer's update (or a leaver's unsent accumulator), all or nothing; ValueError names a bad index."""
+        self.model.apply_update(indices, values)
+        self.filter.touched(indices)
+
+    def pending_count(self) -> int:
+        return self.filter.pending_count()
+
+    def snapshot(self, optimizer: bool = False) -> dict[str, np.ndarray]:
+        """The arrays that describe this replica; with ``optimizer``, enough to resume training exactly."""
+        idx, values = self.filter.pending()
+        arrays = {PARAMS: self.model.params, PENDING_INDICES: idx, PENDING_VALUES: values}
+        if self.contribution is not None:
+            arrays[CONTRIBUTION] = self.contribution
+        if optimizer:
+            arrays |= {OPTIMIZER_PREFIX + name: value for name, value in self.optimizer.state().items()}
+        return arrays
+
+    def restore(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Continue from a `snapshot` of this job's replica; absent pending entries or optimizer state start empty."""
+        self.model.set_params(arrays[PARAMS])
+        self.filter.restore(arrays.get(PENDING_INDICES, _NOTHING[0]), arrays.get(PENDING_VALUES, _NOTHING[1]))
+        state = {k.removeprefix(OPTIMIZER_PREFIX): v for k, v in arrays.items() if k.startswith(OPTIMIZER_PREFIX)}
+        if state:
+            self.optimizer.load_state(state)
+        if self.contribution is not None and CONTRIBUTION in arrays:
+            self.contribution[:] = arrays[CONTRIBUTION]
+
+    def adopt_shared(self, donor: Mapping[str, np.ndarray]) -> None:
+        """Start from the state a donor's snapshot shares with its peers: its replica minus its pending entries."""
+        self.model.set_params(donor[PARAMS])
+        self.filter.restore(*_NOTHING)
+        self.apply(donor[PENDING_INDICES], -donor[PENDING_VALUES])

@@ -1,0 +1,112 @@
+"""Replica: the training step the worker runs, exchanged between replicas as workers exchange it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlless.data.batches import RatingsBatch
+from mlless.models import build_model
+from mlless.optim import default_optimizer
+from mlless.training.replica import PARAMS, Replica, TrainingDiverged
+
+DIMS = {"n_users": 40, "n_items": 30, "mean_rating": 3.0}
+
+
+def replicas(n, v, optimizer=None):
+    return [Replica(build_model("pmf", DIMS, seed=5), optimizer or default_optimizer("pmf"), v) for _ in range(n)]
+
+
+def batch(rng, n=50):
+    return RatingsBatch(rng.integers(0, 40, n).astype(np.int32), rng.integers(0, 30, n).astype(np.int32),
+                        rng.uniform(1, 5, n).astype(np.float32))
+
+
+def exchange(group, rng, t):
+    """One step of every replica, then each applies the others' selections (a BSP/ISP step without the wire)."""
+    results = [r.step(batch(rng), 1, t) for r in group]
+    for w, replica in enumerate(group):
+        for src, result in enumerate(results):
+            if src != w:
+                replica.apply(result.indices, result.values)
+    return results
+
+
+def test_bsp_replicas_stay_identical():
+    rng = np.random.default_rng(0)
+    group = replicas(3, v=0.0)
+    for t in range(1, 30):
+        exchange(group, rng, t)
+        assert all(r.pending_count() == 0 for r in group)
+        for r in group[1:]:
+            np.testing.assert_allclose(r.params, group[0].params, rtol=1e-5, atol=1e-6)
+    assert np.all(np.isfinite(group[0].params))
+
+
+def test_isp_replicas_differ_only_by_their_own_pending_updates():
+    """Conservation: replica − pending is the same shared state on every worker, whatever was held back."""
+    rng = np.random.default_rng(1)
+    group = replicas(3, v=0.7)
+    held_back = 0
+    for t in range(1, 60):
+        results = exchange(group, rng, t)
+        held_back += sum(r.pending_count() for r in group)
+        shared = []
+        for r in group:
+            idx, val = r.filter.pending()
+            s = r.params.astype(np.float64)
+            s[idx] -= val
+            shared.append(s)
+        for s in shared[1:]:
+            np.testing.assert_allclose(s, shared[0], rtol=1e-4, atol=1e-5)
+        assert all(len(res.indices) == len(np.unique(res.indices)) for res in results)
+    assert held_back > 0  # the filter did hold updates back, so the check above is not BSP's in disguise
+
+
+def test_a_restored_replica_continues_exactly_like_the_original():
+    rng = np.random.default_rng(2)
+    original = replicas(1, v=0.7)[0]
+    for t in range(1, 20):
+        original.step(batch(rng), 1, t)
+    copy = replicas(1, v=0.7)[0]
+    copy.restore({k: v.copy() for k, v in original.snapshot(optimizer=True).items()})
+    b = batch(rng)
+    a, c = original.step(b, 1, 20), copy.step(b, 1, 20)
+    np.testing.assert_array_equal(copy.params, original.params)
+    np.testing.assert_array_equal(np.sort(a.indices), np.sort(c.indices))
+    assert a.loss_sum == c.loss_sum
+
+
+def test_a_joiner_adopts_the_shared_state():
+    rng = np.random.default_rng(3)
+    donor = replicas(1, v=0.7)[0]
+    for t in range(1, 10):
+        donor.step(batch(rng), 1, t)
+    joiner = replicas(1, v=0.7)[0]
+    snapshot = donor.snapshot()
+    joiner.adopt_shared(snapshot)
+    expected = snapshot[PARAMS].copy()
+    np.subtract.at(expected, *donor.filter.pending())
+    np.testing.assert_array_equal(joiner.params, expected)
+    assert joiner.pending_count() == 0
+
+
+def test_alone_a_replica_shares_nothing_and_keeps_no_accumulator():
+    rng = np.random.default_rng(4)
+    replica = replicas(1, v=0.7)[0]
+    result = replica.step(batch(rng), 1, 1, share=False)
+    assert len(result.indices) == 0 and replica.pending_count() == 0 and result.samples == 50
+
+
+def test_a_diverging_step_is_reported_not_published():
+    replica = replicas(1, 0.7, default_optimizer("pmf").replace(type="sgd", learning_rate=1e30))[0]
+    with pytest.raises(TrainingDiverged, match="learningRate"):
+        for t in range(1, 5):
+            replica.step(batch(np.random.default_rng(t)), 1, t)
+
+
+def test_a_bad_peer_update_changes_nothing():
+    replica = replicas(1, v=0.7)[0]
+    before = replica.params.copy()
+    with pytest.raises(ValueError, match="out of range"):
+        replica.apply(np.array([0, replica.params.size], np.int32), np.ones(2, np.float32))
+    np.testing.assert_array_equal(replica.params, before)
