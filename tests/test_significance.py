@@ -109,21 +109,21 @@ class WalkingFilter:
         return idx, values
 
 
-@pytest.mark.parametrize("seed, v, ring_steps", [(0, 0.7, 4096), (1, 0.7, 16), (2, 3.0, 64), (3, 0.0, 16),
-                                                  (4, 0.05, 2), (5, 0.7, 256)])
-def test_the_timing_wheel_selects_exactly_what_a_full_walk_selects(seed, v, ring_steps):
+@pytest.mark.parametrize("seed, v, bits", [(0, 0.7, 6), (1, 0.7, 1), (2, 3.0, 2), (3, 0.0, 3), (4, 0.05, 2),
+                                           (5, 0.7, 4), (6, 3.0, 1)])
+def test_the_timing_wheel_selects_exactly_what_a_full_walk_selects(seed, v, bits):
     """Long random sequences of own updates, peers' updates, cancellations, zeros, gaps and restores.
 
-    Small rings make most entries pass through the overflow list and the ring
-    wrap hundreds of times; every selection and the accumulator are compared
-    bit for bit after every step.
+    Narrow wheels (1-3 bits per level) make entries fall through many levels
+    and blocks turn over every few steps; every selection and the accumulator
+    are compared bit for bit after every step.
     """
     rng = np.random.default_rng(seed)
     size = 1500
     # Magnitudes spread over decades put due steps from "now" to far past the run.
     x = (rng.lognormal(0, 1.5, size) * rng.choice([-1, 1], size)).astype(np.float32)
     x[rng.choice(size, 20, replace=False)] = 0
-    wheel, walk = SignificanceFilter(x, v, ring_steps), WalkingFilter(size, v)
+    wheel, walk = SignificanceFilter(x, v, bits), WalkingFilter(size, v)
     hot = rng.zipf(1.3, 200_000) % size  # skewed ids, as in real data
     t = 0
     for step in range(6000):
@@ -144,7 +144,7 @@ def test_the_timing_wheel_selects_exactly_what_a_full_walk_selects(seed, v, ring
         if step % 1500 == 1499:
             t += 7  # steps without a selection (a worker that was alone for a while)
         if step % 2000 == 1999:
-            restored = SignificanceFilter(x, v, ring_steps)
+            restored = SignificanceFilter(x, v, bits)
             restored.restore(*wheel.pending())
             wheel = restored
         got, want = _sorted(wheel.select(t)), walk.select(x, t)
@@ -167,3 +167,23 @@ def test_entries_exactly_at_the_threshold_are_sent_at_the_first_step_the_exact_t
         got, want = _sorted(wheel.select(t)), walk.select(x, t)
         np.testing.assert_array_equal(got[0], want[0], err_msg=f"step {t}")
     assert wheel.pending_count() == 0
+
+
+@pytest.mark.parametrize("v", [0.0, 0.7])
+def test_step_is_accumulate_then_select(v):
+    """`step` (with BSP's shortcut at v = 0) selects what accumulate + select would, zero updates left out."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=300).astype(np.float32)
+    y = x.copy()
+    fast, slow = SignificanceFilter(x, v), SignificanceFilter(y, v)
+    for t in range(1, 200):
+        idx = rng.choice(300, 40, replace=False).astype(np.int32)
+        delta = (rng.normal(size=40) * 0.01).astype(np.float32)
+        delta[:3] = 0
+        x[idx] += delta
+        y[idx] += delta
+        slow.accumulate(idx, delta)
+        got, want = _sorted(fast.step(idx, delta, t)), _sorted(slow.select(t))
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        assert 0 not in got[1]

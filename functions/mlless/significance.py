@@ -31,20 +31,20 @@ def isp_threshold(v: float, t: int) -> float:
 class SignificanceFilter:
     """Per-parameter accumulator δ over the replica ``x``, with significance-based selection at threshold ``v``."""
 
-    def __init__(self, x: np.ndarray, v: float, ring_steps: int = 4096) -> None:
+    def __init__(self, x: np.ndarray, v: float, wheel_bits: int = 6) -> None:
         if x.dtype != np.float32 or x.ndim != 1 or not x.flags.c_contiguous:
             raise ValueError("the replica must be a contiguous 1-D float32 array")
         if v < 0 or not math.isfinite(v):
             raise ValueError(f"the ISP threshold v must be a finite value >= 0, got {v}")
         self.size = x.shape[0]
         self.v = float(v)
-        self._acc = np.zeros(self.size, dtype=np.float32)
-        # ring_steps trades memory (one bucket per step) against how often far-off entries are swept.
-        self._wheel = TimingWheel(self._acc, x, self.v, ring_steps)
+        # wheel_bits shapes the wheel (2^bits buckets per level); the tests vary it, the selections never change.
+        self._wheel = TimingWheel(x, self.v, wheel_bits)
+        self._acc = self._wheel.slots["acc"]
 
     @property
     def accumulator(self) -> np.ndarray:
-        """Read-only view of δ (for tests and metrics)."""
+        """Read-only view of δ (for tests)."""
         view = self._acc.view()
         view.flags.writeable = False
         return view
@@ -52,6 +52,15 @@ class SignificanceFilter:
     def accumulate(self, idx: np.ndarray, delta: np.ndarray) -> None:
         """δ[idx] += delta (idx may repeat; each occurrence is added), after the replica moved by ``delta``."""
         self._wheel.add(_indices(idx), np.ascontiguousarray(delta, dtype=np.float32))
+
+    def step(self, idx: np.ndarray, delta: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """`accumulate` a step's update (``idx`` without repeats, as optimizers return it), then `select` at step ``t``."""
+        if self.v == 0.0 and self._wheel.pending == 0:
+            # BSP holds nothing back, so the update itself is the selection: no pass over it is needed.
+            sent = delta != 0
+            return (idx, delta) if sent.all() else (idx[sent], delta[sent])
+        self.accumulate(idx, delta)
+        return self.select(t)
 
     def touched(self, idx: np.ndarray) -> None:
         """The replica moved at ``idx`` by someone else's update: the entries' due steps change with x."""
@@ -76,9 +85,7 @@ class SignificanceFilter:
 
     def restore(self, idx: np.ndarray, values: np.ndarray) -> None:
         """Replace the accumulator with ``pending()``'s arrays, after the replica itself was restored."""
-        self._acc[:] = 0
-        self._acc[_indices(idx)] = values
-        self._wheel.rebuild(self._wheel.next_step)
+        self._wheel.restore(_indices(idx), np.ascontiguousarray(values, dtype=np.float32))
 
 
 def _indices(idx: np.ndarray) -> np.ndarray:

@@ -1,38 +1,59 @@
 # cython: language_level=3
 # distutils: language = c++
-"""ISP significance filter as a timing wheel: the work per step follows what changed.
+"""ISP significance filter as a hierarchical timing wheel: the work per step follows what changed.
 
 An entry i with accumulated update δ_i ≠ 0 and replica value x_i is sent at
 step t iff |δ_i| > (v/√t)·|x_i| (or x_i = 0, or v = 0).  While δ_i and x_i
 stay put, the threshold only falls, so the entry becomes significant at a
 step it knows in advance: the first t > (v·|x_i|/|δ_i|)².  Each pending entry
-therefore waits in the bucket of that step ("due").  Touching an entry (its
+therefore waits in a bucket for that step ("due").  Touching an entry (its
 own update changes δ_i and x_i, a peer's changes x_i) recomputes its due step
-and moves it; `select(t)` pops the bucket of step t and checks each entry
-with the exact predicate, so the selection is the same as walking every
-pending entry, at the cost of the entries touched plus those due.
+and moves it if it left its bucket; `select(t)` pops the bucket of step t and
+checks each entry with the exact predicate, so the selection is the same as
+walking every pending entry, at the cost of the entries touched plus those due.
 
-Buckets for the next ``ring_steps`` steps form a ring; entries due later sit
-in one overflow list that is swept a slice per step, each entry at least
-once every ``ring_steps`` steps, and enter the ring before they are due.  Buckets
-forget nothing eagerly: an entry moved to another bucket leaves a stale copy,
-recognised by ``due[i]`` no longer naming that bucket's step.
+The buckets form a hierarchical timing wheel (Varghese & Lauck): level L has
+2^bits buckets, each covering 2^(bits·L) steps of the aligned block that the
+current step is in, so every due step up to 2^31 has a bucket and only
+(31/bits)·2^bits of them exist, few enough that the ends being appended to
+stay in cache.  When the current step enters a new block of a level, that
+block's bucket is emptied into the finer levels.  Buckets forget nothing
+eagerly: an entry that moved leaves a stale copy, recognised by its due step
+no longer falling in that bucket's block.
+
+The work is memory-bound (a step touches rows scattered over the model), so
+δ_i and its due step share one 8-byte slot and the loops prefetch slots a
+few rows ahead.
 """
 import numpy as np
 cimport numpy as cnp
 from libc.math cimport fabs, sqrt
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint32_t
 from libcpp.vector cimport vector
 
 cnp.import_array()
 
+cdef extern from *:
+    # GCC/Clang builtins: start loading a cache line a later iteration needs; count leading zero bits
+    void __builtin_prefetch(const void *addr) nogil
+    int __builtin_clz(unsigned int x) nogil
+
+cdef packed struct Slot:
+    float acc     # δ_i
+    int32_t due   # the step entry i waits for, NOT_PENDING when δ_i = 0
+
+#: The numpy twin of `Slot`.
+SLOT = np.dtype([("acc", np.float32), ("due", np.int32)])
+
 #: δ_i = 0: the entry is not pending.
 DEF NOT_PENDING = -1
 #: Due later than any job runs (also where NaNs go: they are never significant unless v = 0, as before).
-DEF FAR = 4611686018427387904  # 2**62
+DEF FAR = 2147483647
+#: Entries ahead that the loops prefetch: about two model rows of a rank-20 factorisation.
+DEF PREFETCH_AHEAD = 48
 
 
-cdef inline int64_t _due(float d, float xi, double v, int64_t now) noexcept nogil:
+cdef inline int32_t _due(float d, float xi, double v, int32_t now) noexcept nogil:
     """The first step ≥ now at which |d| > (v/√t)·|xi| could hold, never later than the exact one.
 
     The real solution is the first t > t0 = (v·|xi|/|d|)²; shrinking t0 by 1e-9
@@ -43,40 +64,42 @@ cdef inline int64_t _due(float d, float xi, double v, int64_t now) noexcept nogi
         return now
     cdef double r = v * fabs(<double>xi) / fabs(<double>d)
     cdef double t0 = r * r * (1.0 - 1e-9)
-    if not (t0 < <double>FAR):
+    if not (t0 < <double>(FAR - 1)):
         return FAR
-    cdef int64_t t = <int64_t>t0 + 1
+    cdef int32_t t = <int32_t>t0 + 1
     return t if t > now else now
 
 
 cdef class TimingWheel:
-    """The pending entries of one replica's ISP accumulator, bucketed by the step they become significant.
+    """The ISP accumulator of one replica ``x``, its pending entries bucketed by the step they become significant.
 
-    ``acc`` (δ) is owned by the wheel; ``x`` is the replica, read when an
-    entry is touched or popped, never written.
+    ``x`` is read when an entry is touched or popped, never written.  ``bits``
+    sets the wheel's shape (2^bits buckets per level); any value gives the
+    same selections.
     """
-    cdef float[::1] acc
+    cdef readonly object slots  # SLOT array: the accumulator and the due steps
+    cdef Slot[::1] s
     cdef const float[::1] x
-    cdef int64_t[::1] due
-    cdef uint8_t[::1] overflowed
-    cdef vector[vector[int32_t]] ring
-    cdef vector[int32_t] overflow
-    cdef Py_ssize_t sweep_read, sweep_write, n_pending
-    cdef int64_t t_next, lap_end, ring_steps
+    cdef vector[vector[int32_t]] buckets
+    cdef Py_ssize_t n_pending
+    cdef int32_t now, bits, levels
+    cdef int32_t level_of[32]  # the level of a due step whose highest bit differing from now's is b
+    cdef uint32_t mask
     cdef double v
 
-    def __init__(self, float[::1] acc not None, const float[::1] x not None, double v, int64_t ring_steps=4096):
-        if x.shape[0] != acc.shape[0]:
-            raise ValueError("x must match the accumulator")
-        if ring_steps < 2 or ring_steps & (ring_steps - 1):
-            raise ValueError(f"ring_steps must be a power of two >= 2, got {ring_steps}")
-        self.ring_steps = ring_steps
-        self.acc = acc
+    def __init__(self, const float[::1] x not None, double v, int bits=6):
+        if not 1 <= bits <= 8:
+            raise ValueError(f"bits must be in [1, 8], got {bits}")
+        self.bits = bits
+        self.mask = (1u << bits) - 1
+        self.levels = (31 + bits - 1) // bits
+        for b in range(32):
+            self.level_of[b] = b // bits  # a table: a division per touch was a tenth of the filter's time
         self.x = x
         self.v = v
-        self.due = np.full(acc.shape[0], NOT_PENDING, dtype=np.int64)
-        self.overflowed = np.zeros(acc.shape[0], dtype=np.uint8)
-        self.ring.resize(ring_steps)
+        self.slots = np.zeros(x.shape[0], dtype=SLOT)
+        self.s = self.slots
+        self.buckets.resize(self.levels << bits)
         self.rebuild(1)
 
     @property
@@ -87,98 +110,114 @@ cdef class TimingWheel:
     @property
     def next_step(self) -> int:
         """The step the next `select` is expected for."""
-        return self.t_next
+        return self.now
+
+    cdef inline Py_ssize_t _bucket(self, int32_t due) noexcept nogil:
+        """The bucket of a due step ≥ now: the level of the highest bit where it differs from now, then its digit there."""
+        cdef uint32_t diff = <uint32_t>due ^ <uint32_t>self.now
+        cdef int32_t level = 0 if diff == 0 else self.level_of[31 - __builtin_clz(diff)]
+        return (level << self.bits) + ((<uint32_t>due >> (level * self.bits)) & self.mask)
 
     def rebuild(self, int64_t t):
         """Re-bucket every entry from scratch for a select at step ``t`` (after a gap in the steps, or a restore)."""
+        if t < 1 or t >= FAR:
+            raise ValueError(f"ISP step t must be in [1, 2^31 - 1), got {t}")
         cdef Py_ssize_t i, k
         with nogil:
-            for k in range(self.ring_steps):
-                self.ring[k].clear()
-            self.overflow.clear()
-            self.sweep_read = self.sweep_write = 0
-            self.t_next = t
-            self.lap_end = t + self.ring_steps // 2
+            for k in range(<Py_ssize_t>self.buckets.size()):
+                self.buckets[k].clear()
+            self.now = <int32_t>t
             self.n_pending = 0
-            for i in range(self.acc.shape[0]):
-                self.due[i] = NOT_PENDING
-                self.overflowed[i] = 0
-                if self.acc[i] != 0.0:
+            for i in range(self.s.shape[0]):
+                self.s[i].due = NOT_PENDING
+                if self.s[i].acc != 0.0:
                     self._touch(<int32_t>i)
 
     cdef inline void _touch(self, int32_t i) noexcept nogil:
         """Re-bucket entry i after δ_i or x_i changed."""
-        cdef float d = self.acc[i]
-        cdef int64_t old = self.due[i], t
-        if d == 0.0:
+        cdef Slot *slot = &self.s[i]
+        cdef int32_t old = slot.due, t
+        cdef Py_ssize_t bucket
+        if slot.acc == 0.0:
             if old != NOT_PENDING:
-                self.due[i] = NOT_PENDING
+                slot.due = NOT_PENDING
                 self.n_pending -= 1
             return
+        t = _due(slot.acc, self.x[i], self.v, self.now)
+        slot.due = t
         if old == NOT_PENDING:
             self.n_pending += 1
-        t = _due(d, self.x[i], self.v, self.t_next)
-        if t == old:
-            return  # already in that bucket
-        self.due[i] = t
-        if t < self.t_next + self.ring_steps:
-            self.ring[t & (self.ring_steps - 1)].push_back(i)
-        elif not self.overflowed[i]:
-            self.overflowed[i] = 1
-            self.overflow.push_back(i)
+        bucket = self._bucket(t)
+        # Bucket blocks nest, so if the old due is in the same bucket now, the copy made for it is in this
+        # bucket or in a coarser one whose block contains it, which is emptied into the finer levels in time.
+        if old == NOT_PENDING or bucket != self._bucket(old):
+            self.buckets[bucket].push_back(i)
 
-    def add(self, const int[::1] idx not None, const float[::1] delta not None):
-        """δ[idx] += delta (idx may repeat) after the replica moved by the same delta."""
-        cdef Py_ssize_t j, n = idx.shape[0], size = self.acc.shape[0]
-        if delta.shape[0] != n:
-            raise ValueError("idx and delta differ in length")
-        for j in range(n):  # checked first: nothing is added from a batch with a bad index
+    cdef int _check(self, const int[::1] idx) except -1:
+        cdef Py_ssize_t j, size = self.s.shape[0]
+        for j in range(idx.shape[0]):
             if idx[j] < 0 or idx[j] >= size:
                 raise IndexError(f"index {idx[j]} outside [0, {size})")
+        return 0
+
+    def add(self, const int[::1] idx not None, const float[::1] delta not None):
+        """δ[idx] += delta (idx may repeat) after the replica moved by the same delta; all or nothing."""
+        cdef Py_ssize_t j, n = idx.shape[0]
+        if delta.shape[0] != n:
+            raise ValueError("idx and delta differ in length")
+        self._check(idx)
         with nogil:
             for j in range(n):
-                self.acc[idx[j]] += delta[j]
+                if j + PREFETCH_AHEAD < n:
+                    __builtin_prefetch(&self.s[idx[j + PREFETCH_AHEAD]])
+                    __builtin_prefetch(&self.x[idx[j + PREFETCH_AHEAD]])
+                self.s[idx[j]].acc += delta[j]
                 self._touch(idx[j])
 
     def touch(self, const int[::1] idx not None):
         """x moved at ``idx`` (a peer's update): re-bucket those of them that are pending."""
-        cdef Py_ssize_t j, n = idx.shape[0], size = self.acc.shape[0]
-        for j in range(n):
-            if idx[j] < 0 or idx[j] >= size:
-                raise IndexError(f"index {idx[j]} outside [0, {size})")
+        cdef Py_ssize_t j, n = idx.shape[0]
+        self._check(idx)
         with nogil:
             for j in range(n):
-                if self.due[idx[j]] != NOT_PENDING:
+                if j + PREFETCH_AHEAD < n:
+                    __builtin_prefetch(&self.s[idx[j + PREFETCH_AHEAD]])
+                if self.s[idx[j]].due != NOT_PENDING:
                     self._touch(idx[j])
 
-    cdef void _sweep(self) noexcept nogil:
-        """Move the overflow entries that came within the ring's reach into it, a slice of the list per step.
+    def restore(self, const int[::1] idx not None, const float[::1] values not None):
+        """Replace the accumulator: δ = 0 except δ[idx] = values."""
+        if values.shape[0] != idx.shape[0]:
+            raise ValueError("idx and values differ in length")
+        self._check(idx)
+        cdef Py_ssize_t j
+        self.slots["acc"] = 0
+        for j in range(idx.shape[0]):
+            self.s[idx[j]].acc = values[j]
+        self.rebuild(self.now)
 
-        A lap of the list takes at most ring_steps/2 steps, so an entry is seen
-        at least every ring_steps steps, and one that is not yet within reach at a
-        visit cannot fall due before the next.
+    cdef void _advance(self) noexcept nogil:
+        """Step ``now`` on by one; a level whose block just began empties that block's bucket into finer levels.
+
+        Coarse before fine: an entry may fall from level L straight into the
+        level L − 1 bucket that is emptied next in the same step.
         """
-        cdef Py_ssize_t remaining = <Py_ssize_t>self.overflow.size() - self.sweep_read
-        cdef int64_t steps_left = self.lap_end - self.t_next
-        cdef Py_ssize_t quota = remaining if steps_left <= 1 else (remaining + steps_left - 1) // steps_left
-        cdef int32_t i
-        cdef int64_t t
-        while quota > 0:
-            i = self.overflow[self.sweep_read]
-            self.sweep_read += 1
-            quota -= 1
-            t = self.due[i]
-            if t == NOT_PENDING or t < self.t_next + self.ring_steps:
-                self.overflowed[i] = 0
-                if t != NOT_PENDING:
-                    self.ring[t & (self.ring_steps - 1)].push_back(i)
-            else:
-                self.overflow[self.sweep_write] = i
-                self.sweep_write += 1
-        if self.sweep_read == <Py_ssize_t>self.overflow.size():
-            self.overflow.resize(self.sweep_write)
-            self.sweep_read = self.sweep_write = 0
-            self.lap_end = self.t_next + self.ring_steps // 2
+        cdef int32_t level, i
+        cdef Py_ssize_t k, bucket, start
+        cdef vector[int32_t] moving
+        self.now += 1
+        for level in range(self.levels - 1, 0, -1):
+            if (<uint32_t>self.now & ((1u << (level * self.bits)) - 1)) != 0:
+                continue
+            bucket = (level << self.bits) + ((<uint32_t>self.now >> (level * self.bits)) & self.mask)
+            moving.swap(self.buckets[bucket])
+            start = (<Py_ssize_t>(<uint32_t>self.now >> (level * self.bits))) << (level * self.bits)
+            for k in range(<Py_ssize_t>moving.size()):
+                i = moving[k]
+                # Only copies whose entry is still due inside this block move; the rest are stale.
+                if self.s[i].due != NOT_PENDING and self.s[i].due >> (level * self.bits) == self.now >> (level * self.bits):
+                    self.buckets[self._bucket(self.s[i].due)].push_back(i)
+            moving.clear()
 
     def select(self, int64_t t):
         """Pop the entries significant at step ``t``: ``(idx int32, δ float32)``, their δ reset to 0.
@@ -187,41 +226,43 @@ cdef class TimingWheel:
         select after a restore, or after steps without selection) re-buckets
         everything first.
         """
-        if t < 1:
-            raise ValueError(f"ISP step t starts at 1, got {t}")
-        if t != self.t_next:
+        if t != self.now:
             self.rebuild(t)
-        cdef vector[int32_t] *bucket = &self.ring[t & (self.ring_steps - 1)]
+        cdef vector[int32_t] *bucket = &self.buckets[self._bucket(<int32_t>t)]
         cdef vector[int32_t] later
         out_idx_arr = np.empty(bucket.size(), dtype=np.int32)
         out_val_arr = np.empty(bucket.size(), dtype=np.float32)
         cdef int[::1] out_idx = out_idx_arr
         cdef float[::1] out_val = out_val_arr
         cdef double threshold = self.v / sqrt(<double>t)
-        cdef Py_ssize_t j, sent = 0
+        cdef Py_ssize_t j, n, sent = 0
         cdef int32_t i
-        cdef float d, xi
+        cdef Slot *slot
+        cdef float xi
         with nogil:
-            self._sweep()
-            for j in range(<Py_ssize_t>bucket.size()):
+            n = bucket.size()
+            for j in range(n):
+                if j + PREFETCH_AHEAD < n:
+                    __builtin_prefetch(&self.s[bucket[0][j + PREFETCH_AHEAD]])
+                    __builtin_prefetch(&self.x[bucket[0][j + PREFETCH_AHEAD]])
                 i = bucket[0][j]
-                if self.due[i] != t:
+                slot = &self.s[i]
+                if slot.due != t:
                     continue  # a stale copy: the entry moved, or was already handled from this bucket
-                d = self.acc[i]
                 xi = self.x[i]
-                if self.v == 0.0 or xi == 0.0 or fabs(<double>d) > threshold * fabs(<double>xi):
+                if self.v == 0.0 or xi == 0.0 or fabs(<double>slot.acc) > threshold * fabs(<double>xi):
                     out_idx[sent] = i
-                    out_val[sent] = d
+                    out_val[sent] = slot.acc
                     sent += 1
-                    self.acc[i] = 0.0
-                    self.due[i] = NOT_PENDING
+                    slot.acc = 0.0
+                    slot.due = NOT_PENDING
                     self.n_pending -= 1
                 else:
                     later.push_back(i)  # the estimate was one step early
             bucket.clear()
-            self.t_next = t + 1
+            self._advance()
             for i in later:
-                self.due[i] = NOT_PENDING
+                self.s[i].due = NOT_PENDING
                 self.n_pending -= 1
                 self._touch(i)
         return out_idx_arr[:sent], out_val_arr[:sent]

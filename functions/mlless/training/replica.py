@@ -83,8 +83,7 @@ class Replica:
         computed = time.perf_counter()
         selected = _NOTHING
         if share:
-            self.filter.accumulate(idx, delta)
-            selected = self.filter.select(t)
+            selected = self.filter.step(idx, delta, t)
         return StepResult(*selected, float(loss_sum), int(samples), computed - started, time.perf_counter() - computed)
 
     def apply(self, indices: np.ndarray, values: np.ndarray) -> None:
