@@ -75,6 +75,7 @@ def test_bad_inputs():
     with pytest.raises(IndexError):
         f.accumulate(np.array([3], np.int32), np.array([1.0], np.float32))
     assert not f.accumulator.any()  # all or nothing
+    f.accumulate(np.array([1], np.int32), np.array([1.0], np.float32))
     with pytest.raises(IndexError):
         f.touched(np.array([-1], np.int32))
     with pytest.raises(ValueError):

@@ -64,7 +64,8 @@ class SignificanceFilter:
 
     def touched(self, idx: np.ndarray) -> None:
         """The replica moved at ``idx`` by someone else's update: the entries' due steps change with x."""
-        self._wheel.touch(_indices(idx))
+        if self._wheel.pending:  # (BSP never has any)
+            self._wheel.touch(_indices(idx))
 
     def select(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         """Pop the entries significant at step ``t`` against the current replica: (idx int32, δ float32).
