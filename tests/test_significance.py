@@ -153,6 +153,7 @@ def test_the_timing_wheel_selects_exactly_what_a_full_walk_selects(seed, v, bits
         np.testing.assert_array_equal(got[1], want[1], err_msg=f"values at step {t}")
         np.testing.assert_array_equal(wheel.accumulator, walk.acc)
         assert wheel.pending_count() == np.count_nonzero(walk.acc)
+        assert wheel._wheel.queued <= max(4 * wheel.pending_count(), 1 << 16) + 2000  # stale copies are bounded
 
 
 def test_entries_exactly_at_the_threshold_are_sent_at_the_first_step_the_exact_test_passes():

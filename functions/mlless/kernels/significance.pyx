@@ -19,7 +19,10 @@ current step is in, so every due step up to 2^31 has a bucket and only
 stay in cache.  When the current step enters a new block of a level, that
 block's bucket is emptied into the finer levels.  Buckets forget nothing
 eagerly: an entry that moved leaves a stale copy, recognised by its due step
-no longer falling in that bucket's block.
+no longer falling in that bucket's block.  Coarse buckets are emptied rarely
+(the top ones never, in a real job), so once the copies outnumber the pending
+entries several times over, the wheel is rebuilt from the slots: memory stays
+O(model) and the rebuild's cost is shared by the touches that made the copies.
 
 The work is memory-bound (a step touches rows scattered over the model), so
 δ_i and its due step share one 8-byte slot and the loops prefetch slots a
@@ -51,6 +54,9 @@ DEF NOT_PENDING = -1
 DEF FAR = 2147483647
 #: Entries ahead that the loops prefetch: about two model rows of a rank-20 factorisation.
 DEF PREFETCH_AHEAD = 48
+#: Rebuild once the buckets hold this many copies per pending entry (and at least MIN_COPIES)...
+DEF COPIES_PER_PENDING = 4
+DEF MIN_COPIES = 1 << 16
 
 
 cdef inline int32_t _due(float d, float xi, double v, int32_t now) noexcept nogil:
@@ -81,7 +87,7 @@ cdef class TimingWheel:
     cdef Slot[::1] s
     cdef const float[::1] x
     cdef vector[vector[int32_t]] buckets
-    cdef Py_ssize_t n_pending
+    cdef Py_ssize_t n_pending, n_copies
     cdef int32_t now, bits, levels
     cdef int32_t level_of[32]  # the level of a due step whose highest bit differing from now's is b
     cdef uint32_t mask
@@ -108,6 +114,11 @@ cdef class TimingWheel:
         return self.n_pending
 
     @property
+    def queued(self) -> int:
+        """Copies in the buckets, stale ones included (bounded: see the module's docstring)."""
+        return self.n_copies
+
+    @property
     def next_step(self) -> int:
         """The step the next `select` is expected for."""
         return self.now
@@ -127,7 +138,7 @@ cdef class TimingWheel:
             for k in range(<Py_ssize_t>self.buckets.size()):
                 self.buckets[k].clear()
             self.now = <int32_t>t
-            self.n_pending = 0
+            self.n_pending = self.n_copies = 0
             for i in range(self.s.shape[0]):
                 self.s[i].due = NOT_PENDING
                 if self.s[i].acc != 0.0:
@@ -152,6 +163,7 @@ cdef class TimingWheel:
         # bucket or in a coarser one whose block contains it, which is emptied into the finer levels in time.
         if old == NOT_PENDING or bucket != self._bucket(old):
             self.buckets[bucket].push_back(i)
+            self.n_copies += 1
 
     cdef int _check(self, const int[::1] idx) except -1:
         cdef Py_ssize_t j, size = self.s.shape[0]
@@ -203,7 +215,7 @@ cdef class TimingWheel:
         level L − 1 bucket that is emptied next in the same step.
         """
         cdef int32_t level, i
-        cdef Py_ssize_t k, bucket, start
+        cdef Py_ssize_t k, bucket
         cdef vector[int32_t] moving
         self.now += 1
         for level in range(self.levels - 1, 0, -1):
@@ -211,12 +223,13 @@ cdef class TimingWheel:
                 continue
             bucket = (level << self.bits) + ((<uint32_t>self.now >> (level * self.bits)) & self.mask)
             moving.swap(self.buckets[bucket])
-            start = (<Py_ssize_t>(<uint32_t>self.now >> (level * self.bits))) << (level * self.bits)
+            self.n_copies -= moving.size()
             for k in range(<Py_ssize_t>moving.size()):
                 i = moving[k]
                 # Only copies whose entry is still due inside this block move; the rest are stale.
                 if self.s[i].due != NOT_PENDING and self.s[i].due >> (level * self.bits) == self.now >> (level * self.bits):
                     self.buckets[self._bucket(self.s[i].due)].push_back(i)
+                    self.n_copies += 1
             moving.clear()
 
     def select(self, int64_t t):
@@ -226,7 +239,7 @@ cdef class TimingWheel:
         select after a restore, or after steps without selection) re-buckets
         everything first.
         """
-        if t != self.now:
+        if t != self.now or self.n_copies > max(COPIES_PER_PENDING * self.n_pending, MIN_COPIES):
             self.rebuild(t)
         cdef vector[int32_t] *bucket = &self.buckets[self._bucket(<int32_t>t)]
         cdef vector[int32_t] later
@@ -259,6 +272,7 @@ cdef class TimingWheel:
                     self.n_pending -= 1
                 else:
                     later.push_back(i)  # the estimate was one step early
+            self.n_copies -= n
             bucket.clear()
             self._advance()
             for i in later:
