@@ -21,7 +21,6 @@ from mlless.data.prepare import (
     PrepareOptions,
     prepare,
     prepare_file,
-    sample_source,
     synthetic_lr_source,
     synthetic_pmf_source,
 )

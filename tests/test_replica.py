@@ -62,12 +62,17 @@ def test_isp_replicas_differ_only_by_their_own_pending_updates():
     assert held_back > 0  # the filter did hold updates back, so the check above is not BSP's in disguise
 
 
+def trained(rng, steps):
+    """A replica after ``steps`` ISP steps, and a fresh one of the same job."""
+    replica, fresh = replicas(2, v=0.7)
+    for t in range(1, steps + 1):
+        replica.step(batch(rng), 1, t)
+    return replica, fresh
+
+
 def test_a_restored_replica_continues_exactly_like_the_original():
     rng = np.random.default_rng(2)
-    original = replicas(1, v=0.7)[0]
-    for t in range(1, 20):
-        original.step(batch(rng), 1, t)
-    copy = replicas(1, v=0.7)[0]
+    original, copy = trained(rng, 19)
     copy.restore({k: v.copy() for k, v in original.snapshot(optimizer=True).items()})
     b = batch(rng)
     a, c = original.step(b, 1, 20), copy.step(b, 1, 20)
@@ -77,11 +82,7 @@ def test_a_restored_replica_continues_exactly_like_the_original():
 
 
 def test_a_joiner_adopts_the_shared_state():
-    rng = np.random.default_rng(3)
-    donor = replicas(1, v=0.7)[0]
-    for t in range(1, 10):
-        donor.step(batch(rng), 1, t)
-    joiner = replicas(1, v=0.7)[0]
+    donor, joiner = trained(np.random.default_rng(3), 9)
     snapshot = donor.snapshot()
     joiner.adopt_shared(snapshot)
     expected = snapshot[PARAMS].copy()
