@@ -133,10 +133,20 @@ def test_an_invocation_without_the_jobs_token_is_refused(function_server, moviel
     for token in ("wrong", ""):
         status, reply = post(url, doc, token=token or " ")
         assert status == 401 and "invocation token" in reply["error"]
-    request = urllib.request.Request(url, data=json.dumps(doc).encode(), method="POST")  # no Authorization at all
-    with pytest.raises(urllib.error.HTTPError) as exc:
-        urllib.request.urlopen(request, timeout=10)
-    assert exc.value.code == 401
+    for authorization in (None, TOKEN, f"Basic {TOKEN}"):  # none at all; the token without its scheme; another scheme
+        headers = {} if authorization is None else {"Authorization": authorization}
+        request = urllib.request.Request(url, data=json.dumps(doc).encode(), headers=headers, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(request, timeout=10)
+        assert exc.value.code == 401, authorization
+
+
+def test_a_content_length_that_is_not_a_number_gets_400(function_server):
+    url, _, _ = function_server
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: abc\r\n\r\n".encode())
+        assert sock.recv(4096).startswith(b"HTTP/1.1 400")
 
 
 def test_a_busy_function_answers_429_and_a_worker_without_supervisor_fails(function_server, movielens_dir):

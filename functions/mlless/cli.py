@@ -12,7 +12,8 @@ from typing import Any, Sequence
 
 from mlless import __version__
 from mlless.data.cli import add_prepare_parser
-from mlless.data.dataset import DatasetError
+from mlless.data.dataset import Dataset, DatasetError
+from mlless.models.base import DATASET_KIND, SHAPE_DIMS, ModelFileError
 from mlless.report.cli import add_report_parser
 from mlless.runtime.launcher import Launcher
 from mlless.runtime.record import Progress
@@ -66,6 +67,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     # --workers goes through the schema like the manifest's own field, and the defaults that depend on P follow it.
     job = _load_job(args.job, {"workers": args.workers} if args.workers is not None else None)
+    kind = Dataset.open(job.dataset_uri).kind
+    if kind != DATASET_KIND[job.model.type]:
+        raise UsageError(f"{args.job}: spec.model.type {job.model.type} trains on a {DATASET_KIND[job.model.type]} "
+                         f"dataset, and {job.dataset_uri} holds {kind} (see `mlless prepare --help`)")
     redis_url, amqp_url = _services(args)
     run_dir = Path(args.out or f"runs/{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     progress = Progress(enabled=not args.quiet)
@@ -107,13 +112,16 @@ def _model_origin(summary: dict[str, Any]) -> str:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from mlless.data.dataset import Dataset
     from mlless.models import load_model
 
     model = load_model(args.model)
     dataset = Dataset.open(args.dataset)
-    if dataset.kind != ("ratings" if model.kind == "pmf" else "sparse"):
+    if dataset.kind != DATASET_KIND[model.kind]:
         raise UsageError(f"{args.dataset}: a {dataset.kind} dataset cannot evaluate a {model.kind} model")
+    shape = {k: v for k, v in model.dims().items() if k in SHAPE_DIMS}
+    theirs = {k: dataset.dims().get(k) for k in shape}
+    if shape != theirs:
+        raise UsageError(f"{args.dataset}: the dataset has {theirs}, the model {args.model} was trained on {shape}")
     splits = {"validation": dataset.validation()}
     if args.train:
         splits["train"] = [dataset.batch(i) for i in range(dataset.n_batches)]
@@ -160,7 +168,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_worker_server(args: argparse.Namespace) -> int:
     from mlless.runtime.function_server import serve_functions
 
-    return serve_functions(args.port, args.concurrency)
+    return serve_functions(args.port, args.concurrency, host=args.host)
 
 
 def _worker_launcher(job: TrainingJob, job_id: str) -> Launcher:
@@ -281,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
         "invoke-token there) a request must carry Authorization: Bearer <token>.",
     )
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    p.add_argument("--host", default="", help="address to listen on (default: every interface, as a container's "
+                   "port must be; 127.0.0.1 keeps it on this machine)")
     p.add_argument("--concurrency", type=int, default=1, metavar="N", help="invocations at a time; more get 429 (default 1)")
     p.set_defaults(func=cmd_worker_server)
 
@@ -320,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("pika").setLevel(logging.ERROR)
     try:
         return args.func(args)
-    except (SpecError, DatasetError, UsageError) as exc:
+    except (SpecError, DatasetError, UsageError, ModelFileError) as exc:
         print(f"mlless: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (TransportError, JobFailed) as exc:

@@ -72,7 +72,8 @@ def read_movielens(path: str, errors: ErrorLog) -> Iterator[RatingsChunk]:
         items, ok_i = parse_ints(*fields.chars(1))
         ratings, ok_r = parse_floats(*fields.chars(2))
         ok = ok_u & ok_i & ok_r & (fields.lengths(0) > 0) & (fields.lengths(1) > 0)
-        ok &= (users >= 0) & (items >= 0)
+        # Ratings are stored as float32: one beyond its range would become inf (and the mean rating with it).
+        ok &= (users >= 0) & (items >= 0) & (np.abs(ratings) <= np.finfo(np.float32).max)
         if not ok.all():
             _report(errors, path, lines, ~ok, "bad user id, item id or rating")
         yield RatingsChunk(lines.numbers[ok], users[ok], items[ok], ratings[ok].astype(np.float32))

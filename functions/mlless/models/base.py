@@ -22,6 +22,10 @@ from mlless.kernels import optim as _optim
 
 FORMAT_VERSION = 1
 MODEL_KINDS = ("pmf", "logistic-regression")
+#: The kind of dataset (`mlless prepare`'s manifest "kind") each model trains on.
+DATASET_KIND = {"pmf": "ratings", "logistic-regression": "sparse"}
+#: The dimensions that fix the length of a model's parameter vector.
+SHAPE_DIMS = ("n_users", "n_items", "n_features")
 
 
 class ModelFileError(ValueError):
@@ -165,6 +169,10 @@ def read_model_file(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str,
             raw = npz["metadata"]
     except ModelFileError:
         raise
+    except ValueError as exc:
+        if "pickle" in str(exc):  # numpy's guess for anything that is neither .npy nor .npz
+            raise ModelFileError(f"{name}: not a model file (mlless models are .npz archives)") from None
+        raise ModelFileError(f"{name}: cannot read model file ({exc})") from None
     except Exception as exc:  # noqa: BLE001 - any read failure is a malformed file
         raise ModelFileError(f"{name}: cannot read model file ({type(exc).__name__}: {exc})") from exc
     if params.dtype != np.float32 or params.ndim != 1:

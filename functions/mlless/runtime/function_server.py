@@ -159,6 +159,9 @@ class FunctionServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: FunctionServer
     protocol_version = "HTTP/1.1"
+    # Seconds a socket read or write may stall: a client that opens a connection and sends nothing must not pin a
+    # thread for ever.  (An invocation itself runs much longer; that is processing time, not a stalled socket.)
+    timeout = 30.0
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
@@ -182,11 +185,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}; POST / to invoke"})
             return
         if self.server.token is not None:
-            given = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
-            if not hmac.compare_digest(given.encode(), self.server.token.encode()):
+            scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
+            if scheme != "Bearer" or not hmac.compare_digest(given.encode(), self.server.token.encode()):
                 self._reply(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong invocation token (Authorization: Bearer ...)"})
                 return
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
         if length <= 0 or length > MAX_BODY:
             self._reply(HTTPStatus.BAD_REQUEST, {"error": f"body must be 1 to {MAX_BODY} bytes of JSON"})
             return
@@ -204,12 +210,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.slots.release()
 
 
-def serve_functions(port: int, concurrency: int = 1, grace: float = 50.0) -> int:
+def serve_functions(port: int, concurrency: int = 1, grace: float = 50.0, host: str = "") -> int:
     """Serve until SIGTERM or Ctrl-C; running workers leave gracefully first. The process's exit code."""
     services = service_urls(os.environ)
     if len(services) < 2:
         raise TransportError("the worker server needs REDIS_URL and AMQP_URL (environment, or files in MLLESS_SECRETS_DIR)")
-    server = FunctionServer(port, services, os.environ.get("MLLESS_JOB_ID") or None, concurrency, invoke_token(os.environ))
+    server = FunctionServer(port, services, os.environ.get("MLLESS_JOB_ID") or None, concurrency, invoke_token(os.environ),
+                            host)
 
     def stop(signum: int, frame: object) -> None:
         # shutdown() waits for serve_forever, so it must run off the signal handler's thread.

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import jsonschema
 import yaml
@@ -154,17 +155,27 @@ def _renamed(section: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, 
     return {names[k]: v for k, v in section.items() if k in names}
 
 
+def _non_finite(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], float]]:
+    """YAML's .nan and .inf: JSON (hence Kubernetes) has no such numbers, and NaN passes every schema bound."""
+    if isinstance(node, float) and not math.isfinite(node):
+        yield path, node
+    elif isinstance(node, Mapping):
+        for key, value in node.items():
+            yield from _non_finite(value, (*path, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _non_finite(value, (*path, index))
+
+
 def validate_manifest(doc: Any, source: str = "manifest") -> None:
     """Raise SpecError naming the offending field paths."""
     validator = jsonschema.Draft4Validator(manifest_schema(strict=True))
-    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
-    if not errors:
-        return
-    lines = []
-    for err in errors[:5]:
+    lines = [f"{'.'.join(map(str, path))}: {value} is not a finite number" for path, value in _non_finite(doc)]
+    for err in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
         path = ".".join(str(p) for p in err.absolute_path) or "(document)"
         lines.append(f"{path}: {err.message}")
-    raise SpecError(f"{source}: invalid TrainingJob\n  " + "\n  ".join(lines))
+    if lines:
+        raise SpecError(f"{source}: invalid TrainingJob\n  " + "\n  ".join(lines[:5]))
 
 
 def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: str = "manifest") -> TrainingJob:
@@ -218,9 +229,11 @@ def load_manifest(path: str | Path, overrides: Mapping[str, Any] | None = None) 
     fields (the CLI's --workers) before validation, so they pass the same checks."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"{path}: cannot read manifest: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start}): a manifest is YAML in UTF-8") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -1,0 +1,74 @@
+"""Bad input from a user gets one clear line naming the field or file, and exit code 2: no traceback, no inf."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlless.cli import main
+from mlless.models import ModelConfig, build_model
+
+MANIFEST = """apiVersion: mlless.io/v1alpha1
+kind: TrainingJob
+metadata: {{name: bad}}
+spec:
+  model: {{type: {model}}}
+  dataset: {{uri: {data}}}
+{extra}"""
+
+
+def run(capsys, *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+def manifest(tmp_path: Path, data: Path, model: str = "pmf", extra: str = "") -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(MANIFEST.format(model=model, data=data, extra=extra))
+    return path
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_a_number_yaml_has_and_json_has_not_is_refused_by_name(tmp_path, movielens_dir, capsys, value):
+    job = manifest(tmp_path, movielens_dir, extra=f"  optimizer: {{learningRate: {value}}}\n")
+    code, err = run(capsys, "validate", str(job))
+    assert code == 2 and "spec.optimizer.learningRate" in err and "not a finite number" in err
+
+
+def test_a_manifest_that_is_not_utf8_is_named(tmp_path, movielens_dir, capsys):
+    job = tmp_path / "job.yaml"
+    job.write_bytes(MANIFEST.format(model="pmf", data=movielens_dir, extra="").encode().replace(b"name: bad", b"name: b\xffd"))
+    code, err = run(capsys, "validate", str(job))
+    assert code == 2 and "job.yaml" in err and "UTF-8" in err
+
+
+def test_a_model_on_the_other_kind_of_dataset_is_refused_before_anything_starts(tmp_path, movielens_dir, capsys):
+    job = manifest(tmp_path, movielens_dir, model="logistic-regression")
+    code, err = run(capsys, "train", str(job), "--out", str(tmp_path / "run"), "-q")
+    assert code == 2 and "spec.model.type logistic-regression" in err and "ratings" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_evaluate_refuses_what_is_not_a_model_and_a_model_of_other_dimensions(tmp_path, movielens_dir, capsys):
+    text = tmp_path / "notes.npz"
+    text.write_text("not a model")
+    code, err = run(capsys, "evaluate", str(text), str(movielens_dir))
+    assert code == 2 and "notes.npz: not a model file" in err
+
+    dims = json.loads((movielens_dir / "manifest.json").read_text())
+    other = build_model("pmf", {"n_users": dims["n_users"] + 1, "n_items": dims["n_items"], "mean_rating": 3.0},
+                        ModelConfig("pmf"))
+    other.save(tmp_path / "other.npz", {})
+    code, err = run(capsys, "evaluate", str(tmp_path / "other.npz"), str(movielens_dir))
+    assert code == 2 and "n_users" in err and "other.npz" in err
+
+
+def test_prepare_refuses_a_rating_float32_cannot_hold(tmp_path, capsys):
+    source = tmp_path / "ratings.csv"
+    source.write_text("user,item,rating\n1,2,3\n2,3,1e300\n3,1,4\n")
+    code, err = run(capsys, "prepare", str(source), "--format", "movielens", "--out", str(tmp_path / "out"))
+    assert code != 0 and "ratings.csv:3" in err and "1e300" in err
+    assert not (tmp_path / "out" / "manifest.json").exists()
