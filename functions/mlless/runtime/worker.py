@@ -1,8 +1,8 @@
 """A worker function: one replica, trained step by step in lockstep with its peers.
 
-Each step follows DESIGN §2: take the next mini-batch (prefetched), compute
-the update and apply it locally, add it to the significance accumulator,
-publish the significant entries to Redis, report to the supervisor (the
+Each step follows the MLLess paper's worker loop: take the next mini-batch
+(prefetched), train the replica on it and select the significant part of the
+update (`Replica.step`), publish that to Redis, report to the supervisor (the
 report doubles as the announcement), then wait for the supervisor to close
 the step and apply the peers' updates it names, fetched in one pipelined
 round trip. Under SSP the wait only blocks once the worker is more than
