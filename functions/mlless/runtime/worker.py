@@ -219,10 +219,15 @@ class Worker:
     # ---- control messages ------------------------------------------------------------------
 
     def _await_close(self, step: int) -> None:
-        """Apply every step-close that has arrived; block until `step` is closed."""
+        """Block until `step` is closed, applying the closes on the way; when not blocked, apply what has arrived.
+
+        Once the awaited close is applied the worker goes on: whatever else is queued waits for the next call,
+        one step later, rather than costing one more round trip to the broker now.
+        """
         wait_started = time.perf_counter()
         self._barrier = dict.fromkeys(("wait", "read", "apply"), 0.0)
         blocking = self.view.closed < step
+        awaited = blocking
         silent_since = time.monotonic()
         while True:
             body = self.transport.receive(timeout=0.5 if blocking else 0.0)
@@ -239,6 +244,8 @@ class Worker:
             self._handle(body)
             wait_started = time.perf_counter()
             blocking = self.view.closed < step
+            if awaited and not blocking:
+                break
 
     def _handle(self, body: bytes) -> None:
         try:
