@@ -278,6 +278,20 @@ def test_worker_without_supervisor_is_unroutable(backend: Backend) -> None:
         w.send_to_supervisor(b"x")
 
 
+def test_posted_reports_arrive_in_order_and_a_failure_surfaces_at_the_next_call(backend: Backend) -> None:
+    w = backend.connect("worker", 0)
+    with pytest.raises(UnroutableError):  # no supervisor queue yet: raised now (the default) or at the next call
+        w.post_to_supervisor(b"lost")
+        w.put("k", b"v")
+    w.put("k", b"v2")  # the connection is still in step: answers are not mixed up
+    assert w.get("k") == b"v2"
+    sup = backend.connect("supervisor")
+    for i in range(100):
+        w.post_to_supervisor(struct.pack("<I", i))
+    assert w.get("k") == b"v2"  # a call after posts reads their answers first
+    assert [struct.unpack("<I", sup.receive(2.0) or b"")[0] for _ in range(100)] == list(range(100))
+
+
 def test_close_delete_queue(backend: Backend) -> None:
     sup = backend.connect("supervisor")
     w = backend.connect("worker", 2)

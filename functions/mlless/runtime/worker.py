@@ -214,7 +214,7 @@ class Worker:
             entries_pending=self.replica.pending_count(),
             timings=timings,
         )
-        self.transport.send_to_supervisor(wire.encode(report))
+        self.transport.post_to_supervisor(wire.encode(report))
 
     # ---- control messages ------------------------------------------------------------------
 

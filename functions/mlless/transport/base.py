@@ -138,6 +138,11 @@ class Transport(ABC):
     def send_to_supervisor(self, body: bytes) -> None:
         """Queue ``body`` for the supervisor; ``UnroutableError`` if its queue does not exist."""
 
+    def post_to_supervisor(self, body: bytes) -> None:
+        """`send_to_supervisor` for a message nobody waits on the sending side (a step's report): a transport
+        may return before the broker has answered, and report a failure at the next call instead."""
+        self.send_to_supervisor(body)
+
     @abstractmethod
     def send_to_worker(self, rank: int, body: bytes) -> None:
         """Queue ``body`` for one worker; ``UnroutableError`` if that worker's queue does not exist."""

@@ -521,11 +521,13 @@ class EmbeddedTransport(Transport):
         self._timeout = timeout
         self._job = _s(job_id)
         self._lock = threading.Lock()
+        self._posted = 0  # requests sent whose answers are still unread (post_to_supervisor)
         self._sock: socket.socket | None = _connect_socket(address, timeout)
         self._call(OP_DECLARE, _I32.pack(self.rank))  # synchronous: broadcasts reach us from now on
 
     # ------------------------------------------------------------------ plumbing
-    def _call(self, op: int, fields: bytes, *, with_job: bool = True) -> tuple[int, bytes]:
+    def _call(self, op: int, fields: bytes, *, with_job: bool = True, post: bool = False) -> tuple[int, bytes]:
+        """One request and its answer; with ``post``, the answer is left for the next call to read and check."""
         body = _U8.pack(op) + (self._job if with_job else b"") + fields
         with self._lock:
             s = self._sock
@@ -533,15 +535,31 @@ class EmbeddedTransport(Transport):
                 raise TransportError("transport is closed")
             try:
                 s.sendall(_LEN.pack(len(body)) + body)
-                head = _recv_exact(s, 4)
-                if head is None:
-                    raise ConnectionError("broker closed the connection")
-                (n,) = _LEN.unpack(head)
-                resp = _recv_exact(s, n) if n else b""
+                if post:
+                    self._posted += 1
+                    return ST_OK, b""
+                # Answers come in request order: the posted ones first. All are read before any is judged.
+                posted = [self._read_answer(s) for _ in range(self._posted)]
+                self._posted = 0
+                resp = self._read_answer(s)
             except (OSError, ConnectionError) as exc:
                 self._sock = None
                 s.close()
                 raise TransportError(f"embedded broker {self.address}: {exc}") from None
+        for answer in posted:
+            self._check(answer)
+        return self._check(resp)
+
+    @staticmethod
+    def _read_answer(s: socket.socket) -> bytes:
+        head = _recv_exact(s, 4)
+        if head is None:
+            raise ConnectionError("broker closed the connection")
+        (n,) = _LEN.unpack(head)
+        return (_recv_exact(s, n) if n else b"") or b""
+
+    @staticmethod
+    def _check(resp: bytes) -> tuple[int, bytes]:
         if not resp:
             raise TransportError("empty response from embedded broker")
         status, payload = resp[0], resp[1:]
@@ -599,6 +617,10 @@ class EmbeddedTransport(Transport):
     # ------------------------------------------------------------------ messages
     def send_to_supervisor(self, body: bytes) -> None:
         self._call(OP_SEND, _I32.pack(SUPERVISOR) + _blob(check_body(body)))
+
+    def post_to_supervisor(self, body: bytes) -> None:
+        # The answer is read, and any error raised, by the next call: a report's round trip is off the step.
+        self._call(OP_SEND, _I32.pack(SUPERVISOR) + _blob(check_body(body)), post=True)
 
     def send_to_worker(self, rank: int, body: bytes) -> None:
         self._call(OP_SEND, _I32.pack(self._check_rank(rank)) + _blob(check_body(body)))
