@@ -100,6 +100,23 @@ def test_isp_sends_fewer_bytes_than_bsp_and_replicas_diverge_within_bounds(movie
     assert results["isp"]["validation_loss"] < results["isp"]["train_loss"] + 0.2
 
 
+def test_a_job_whose_workers_all_diverge_hands_back_its_best_snapshot_and_fails(movielens_dir, tmp_path, capsys):
+    from mlless.cli import EXIT_FAILED, main
+
+    # Plain SGD at a step size far too large climbs for a few evaluations, then blows up.
+    job = manifest(movielens_dir, workers=1, optimizer={"type": "sgd", "learningRate": 40},
+                   evaluation={"everySteps": 2})
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert main(["train", str(path), "--out", str(tmp_path / "run")]) == EXIT_FAILED
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stop_reason"] == "no live workers" and "TrainingDiverged" in summary["dropped_workers"][0]["reason"]
+    assert summary["final_validation_loss"] is None  # no replica survived...
+    best = summary["best_validation"]
+    assert summary["validation_loss"] == best["loss"] < 1.1 and summary["model_step"] == best["step"]  # ...the best did
+    assert (tmp_path / "run" / "model.npz").exists() and "the best snapshot" in capsys.readouterr().err
+
+
 def test_ssp_trains(movielens_dir, tmp_path, redis_url, amqp_url):
     job = job_for(movielens_dir, sync={"protocol": "ssp", "slack": 2}, stop={"maxEpochs": 10})
     summary = train_local(job, tmp_path, Services(redis_url, amqp_url), QUIET)

@@ -17,7 +17,7 @@ from mlless.models.base import DATASET_KIND, SHAPE_DIMS, ModelFileError
 from mlless.report.cli import add_report_parser
 from mlless.runtime.launcher import Launcher
 from mlless.runtime.record import Progress
-from mlless.runtime.supervisor import JobFailed
+from mlless.runtime.supervisor import NO_LIVE_WORKERS, JobFailed
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
 from mlless.transport.env import invoke_token, service_urls
@@ -82,7 +82,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     _print_summary(summary, progress)
     if summary["stop_reason"] == "interrupted":
         return EXIT_INTERRUPTED
-    return EXIT_FAILED if summary["validation_loss"] is None else 0
+    return EXIT_FAILED if summary["validation_loss"] is None or summary["stop_reason"] == NO_LIVE_WORKERS else 0
 
 
 def _print_summary(summary: dict[str, Any], progress: Progress) -> None:
@@ -105,7 +105,11 @@ def _print_summary(summary: dict[str, Any], progress: Progress) -> None:
 
 def _model_origin(summary: dict[str, Any]) -> str:
     """Say so when the saved model is an earlier snapshot rather than the final replicas."""
-    if summary.get("final_validation_loss") is None or summary["validation_loss"] == summary["final_validation_loss"]:
+    if summary["validation_loss"] is None:
+        return ""
+    if summary.get("final_validation_loss") is None:
+        return f" (the best snapshot, step {summary['model_step']}: no final replica survived)"
+    if summary["validation_loss"] == summary["final_validation_loss"]:
         return ""
     return (f" (the best snapshot, step {summary['model_step']}; the final replicas scored "
             f"{summary['final_validation_loss']:.4f})")
@@ -209,7 +213,7 @@ def cmd_supervisor(args: argparse.Namespace) -> int:
     progress = Progress(enabled=not args.quiet)
     summary = supervise(job, job_id, transport, launcher, Path(args.out), progress, args.metrics_port, platform)
     _print_summary(summary, progress)
-    return EXIT_FAILED if summary["validation_loss"] is None else 0
+    return EXIT_FAILED if summary["validation_loss"] is None or summary["stop_reason"] == NO_LIVE_WORKERS else 0
 
 
 def cmd_operator(args: argparse.Namespace) -> int:

@@ -58,6 +58,10 @@ EVALUATION_ROWS = 100_000
 EVALUATION_SHARE = 0.1
 
 
+#: The stop reason of a job whose every worker was dropped: it failed, even if a best snapshot was saved.
+NO_LIVE_WORKERS = "no live workers"
+
+
 class JobFailed(RuntimeError):
     """The job cannot continue (no live workers left, or nobody started)."""
 
@@ -496,7 +500,7 @@ class Supervisor:
             self.pending_merges.append(worker.rank)
         if self._active() == 0:
             # Every worker pod was deleted: nobody is left to train, but the leavers' replicas still make the model.
-            self.stop_reason = self.stop_reason or "no live workers"
+            self.stop_reason = self.stop_reason or NO_LIVE_WORKERS
         self._close_ready_steps()
 
     def _launch_joiner(self) -> None:
@@ -539,7 +543,7 @@ class Supervisor:
         log.warning("worker %d dropped at step %d: %s", rank, self.closed, why)
         self.launcher.stop(rank)
         if not self.live and all(w.state != "starting" for w in self.workers.values()):
-            self.stop_reason = self.stop_reason or "no live workers"
+            self.stop_reason = self.stop_reason or NO_LIVE_WORKERS
 
     def _evaluation_due(self, step: int) -> bool:
         """Every evaluation.everySteps steps, or less often if evaluating would take over EVALUATION_SHARE of the time.
@@ -670,22 +674,22 @@ class Supervisor:
         spread = None
         model_path = None
         model_step = None
-        best = None  # the best snapshot, its loss re-read on the whole validation split
+        best = self.watch.best  # the best snapshot, its loss re-read on the whole validation split
+        if best is not None and len(self.evaluation_batch) < len(self.validation_batch):
+            best = dataclasses.replace(best, loss=self._evaluate(best.params, self.validation_batch))
         if replicas:
             stacked = np.stack(replicas)
             self.final_average = stacked.mean(axis=0, dtype=np.float64).astype(np.float32)
             spread = float(np.max(np.abs(stacked - self.final_average))) if len(replicas) > 1 else 0.0
             validation_loss = final_loss = self._evaluate(self.final_average, self.validation_batch)
             model_step = self.steps_before + self.closed
-            best = self.watch.best
-            if best is not None and len(self.evaluation_batch) < len(self.validation_batch):
-                best = dataclasses.replace(best, loss=self._evaluate(best.params, self.validation_batch))
-            if best is not None and best.loss < final_loss:
-                # The model trained past its best (overfitting, or a noisy end): hand back the best snapshot evaluated.
-                self.model.params[:] = best.params
-                validation_loss, model_step = best.loss, best.step
-            else:
-                self.model.params[:] = self.final_average
+            self.model.params[:] = self.final_average
+        # Hand back the best snapshot evaluated when the model trained past it (overfitting, a noisy end), when
+        # the final replicas are not finite, or when none survived (every worker diverged or was lost).
+        if best is not None and not (final_loss is not None and final_loss <= best.loss):
+            self.model.params[:] = best.params
+            validation_loss, model_step = best.loss, best.step
+        if validation_loss is not None:
             model_path = self.record.run_dir / "model.npz"
             self.model.save(model_path, {"job": self.job.name, "job_id": self.job_id, "steps": model_step})
         cost = self._cost(self.started + wall)
