@@ -627,7 +627,8 @@ class Supervisor:
             }
         self.record.summary(summary)
         final = self._status_fields(summary["cost_usd"]) | {"modelURI": self._export(summary["model_path"])}
-        if self.stop_reason == "suspended" and summary["model_path"]:
+        # The suspend checkpoint is the average of the final replicas; a best snapshot alone (no replica survived) is not one.
+        if self.stop_reason == "suspended" and self.final_average is not None:
             self.suspend_checkpoint = self._checkpoint_frame()
             final["checkpointStep"] = self.steps_before + self.closed
         self.platform.publish(final, final=True)
