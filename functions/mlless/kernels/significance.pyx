@@ -118,11 +118,6 @@ cdef class TimingWheel:
         """Copies in the buckets, stale ones included (bounded: see the module's docstring)."""
         return self.n_copies
 
-    @property
-    def next_step(self) -> int:
-        """The step the next `select` is expected for."""
-        return self.now
-
     cdef inline Py_ssize_t _bucket(self, int32_t due) noexcept nogil:
         """The bucket of a due step ≥ now: the level of the highest bit where it differs from now, then its digit there."""
         cdef uint32_t diff = <uint32_t>due ^ <uint32_t>self.now

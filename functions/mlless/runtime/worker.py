@@ -52,6 +52,7 @@ class Checkpointed(Exception):
 #: `mlless worker` exits with this code after a checkpoint (EX_TEMPFAIL: "invoke me again").
 EXIT_CHECKPOINTED = 75
 
+
 @dataclass
 class _View:
     """What the worker knows of the job from the last step-close it applied."""
