@@ -23,9 +23,9 @@ COPY operator ./operator
 # The generated .c sources end up in the wheel as package data; the runtime does not need them.
 RUN printf 'python-dateutil<3\n' > /tmp/constraints.txt \
  && /opt/mlless/bin/pip install --constraint /tmp/constraints.txt ".${EXTRAS:+[$EXTRAS]}" \
- && find /opt/mlless/lib -path '*/mlless/kernels/*.c' -delete \
- && find /opt/mlless/lib -path '*/mlless/kernels/*.so' -exec strip --strip-unneeded {} + \
- && /opt/mlless/bin/python -c "import mlless.kernels.pmf, mlless.kernels.logreg, mlless.kernels.optim, mlless.kernels.significance"
+ && find /opt/mlless/lib -path '*/mlless/training/kernels/*.c' -delete \
+ && find /opt/mlless/lib -path '*/mlless/training/kernels/*.so' -exec strip --strip-unneeded {} + \
+ && /opt/mlless/bin/python -c "import mlless.training.kernels.pmf, mlless.training.kernels.logreg, mlless.training.kernels.optim, mlless.training.kernels.significance"
 
 FROM python:3.11-slim
 LABEL org.opencontainers.image.title="mlless" \

@@ -5,11 +5,11 @@ import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-KERNELS = Path("functions/mlless/kernels")
+KERNELS = Path("functions/mlless/training/kernels")
 
 extensions = [
     Extension(
-        f"mlless.kernels.{pyx.stem}",
+        f"mlless.training.kernels.{pyx.stem}",
         [str(pyx)],
         include_dirs=[np.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

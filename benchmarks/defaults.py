@@ -27,8 +27,8 @@ import _common  # noqa: E402
 import time_to_quality as ttq  # noqa: E402
 
 from mlless.data.dataset import Dataset  # noqa: E402
-from mlless.models import ModelConfig, build_model  # noqa: E402
-from mlless.optim import OptimizerConfig, default_optimizer, make_optimizer  # noqa: E402
+from mlless.training.models import ModelConfig, build_model  # noqa: E402
+from mlless.training.optim import OptimizerConfig, default_optimizer, make_optimizer  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Candidate:
 
 
 # The default for PMF is adagrad at lr 0.2 for P <= 2 and 0.4/P above: the lr 0.2 rows at P = 1, 2 and the lr 0.1
-# rows at P = 4 (`mlless.optim.default_optimizer`).
+# rows at P = 4 (`mlless.training.optim.default_optimizer`).
 PMF = [
     Candidate("adagrad lr 0.2", OptimizerConfig(type="adagrad", learning_rate=0.2)),
     Candidate("adagrad lr 0.1", OptimizerConfig(type="adagrad", learning_rate=0.1)),

@@ -33,8 +33,8 @@ _common.single_thread_env()
 import numpy as np  # noqa: E402
 
 from mlless.data.dataset import Dataset  # noqa: E402
-from mlless.models import ModelConfig, build_model  # noqa: E402
-from mlless.optim import default_optimizer  # noqa: E402
+from mlless.training.models import ModelConfig, build_model  # noqa: E402
+from mlless.training.optim import default_optimizer  # noqa: E402
 from mlless.training.replica import Replica  # noqa: E402
 from time_to_quality import DATASETS  # noqa: E402
 
@@ -52,7 +52,7 @@ setup(ext_modules=cythonize([Extension("walk", ["walk.pyx"], include_dirs=[np.ge
 def build_walk(work: Path):
     """The walk kernel of WALK_COMMIT, compiled into ``work``."""
     root = Path(__file__).resolve().parent.parent
-    source = subprocess.run(["git", "-C", str(root), "show", f"{WALK_COMMIT}:functions/mlless/kernels/significance.pyx"],
+    source = subprocess.run(["git", "-C", str(root), "show", f"{WALK_COMMIT}:functions/mlless/training/kernels/significance.pyx"],
                             check=True, capture_output=True, text=True).stdout
     (work / "walk.pyx").write_text(source)
     (work / "setup.py").write_text(SETUP)

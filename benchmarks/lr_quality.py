@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     summary = json.loads((run / "summary.json").read_text())
 
     from mlless.data.dataset import Dataset
-    from mlless.models import load_model
+    from mlless.training.models import load_model
 
     ds = Dataset.open(str(data))
     val = ds.validation()

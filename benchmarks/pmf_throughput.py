@@ -46,8 +46,8 @@ _common.single_thread_env()
 import numpy as np  # noqa: E402
 
 from mlless.data.dataset import Dataset  # noqa: E402
-from mlless.models import ModelConfig, build_model  # noqa: E402
-from mlless.optim import default_optimizer  # noqa: E402
+from mlless.training.models import ModelConfig, build_model  # noqa: E402
+from mlless.training.optim import default_optimizer  # noqa: E402
 from mlless.training.replica import Replica  # noqa: E402
 
 RANK = 20

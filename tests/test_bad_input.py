@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mlless.cli import main
-from mlless.models import ModelConfig, build_model
+from mlless.training.models import ModelConfig, build_model
 
 MANIFEST = """apiVersion: mlless.io/v1alpha1
 kind: TrainingJob

@@ -40,7 +40,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mlless.metrics import PHASES, TUNER_OUTCOMES, SupervisorMetrics
+from mlless.contract import ENV_OPERATOR_PREFIX, STEP_PHASES as PHASES
+from mlless.telemetry.metrics import TUNER_OUTCOMES, SupervisorMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "mlless"
@@ -853,7 +854,7 @@ class TestOperatorContract:
 
         values = VARIATIONS[variation]
         env = {e["name"]: e["value"] for e in container(render(values))["env"]}
-        fields = {f"{operator_config.PREFIX}{f.name.upper()}" for f in dataclasses.fields(operator_config.Config)}
+        fields = {f"{ENV_OPERATOR_PREFIX}{f.name.upper()}" for f in dataclasses.fields(operator_config.Config)}
         assert set(env) <= fields, f"not read by mlless_operator.config: {set(env) - fields}"
         cfg = operator_config.load(env)
         c = container(render(values))

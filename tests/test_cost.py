@@ -1,7 +1,7 @@
 """Serverless cost arithmetic at the papers' prices."""
 import pytest
 
-from mlless.cost import billed_seconds, job_cost
+from mlless.telemetry.cost import billed_seconds, job_cost
 from mlless.spec import PricingConfig
 
 

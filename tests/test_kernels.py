@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlless.kernels import logreg as klr
-from mlless.kernels import pmf as kpmf
+from mlless.training.kernels import logreg as klr
+from mlless.training.kernels import pmf as kpmf
 
 
 def pmf_reference(params: np.ndarray, users, items, ratings, n_users, n_items, rank, mean, l2):

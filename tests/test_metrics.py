@@ -10,9 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mlless.cost import billed_seconds
-from mlless.metrics import PHASE_BUCKETS, SupervisorMetrics, billed_units, metrics_from_run
-from mlless.runtime.worker import PHASES
+from mlless.telemetry.cost import billed_seconds
+from mlless.telemetry.metrics import PHASE_BUCKETS, SupervisorMetrics, billed_units, metrics_from_run
+from mlless.contract import STEP_PHASES as PHASES
 
 JOB = "demo"
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from mlless.data.batches import RatingsBatch, SparseBatch
-from mlless.models import ModelConfig, ModelFileError, build_model, load_model
-from mlless.optim import default_optimizer
+from mlless.training.models import ModelConfig, ModelFileError, build_model, load_model
+from mlless.training.optim import default_optimizer
 from mlless.training.replica import Replica
 
 PMF_DIMS = {"n_users": 30, "n_items": 20, "mean_rating": 3.0, "rating_min": 1.0, "rating_max": 5.0}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlless.optim import OptimizerConfig, default_optimizer, make_optimizer
+from mlless.training.optim import OptimizerConfig, default_optimizer, make_optimizer
 
 SIZE = 12
 
@@ -137,7 +137,7 @@ def test_lr_schedule_and_defaults():
 
 def test_adagrad_runs_the_models_per_sample_kernel_and_checkpoints_its_accumulator():
     from mlless.data.batches import RatingsBatch
-    from mlless.models import build_model
+    from mlless.training.models import build_model
 
     model = build_model("pmf", {"n_users": 6, "n_items": 4, "mean_rating": 3.0})
     opt = make_optimizer(model.size, default_optimizer("pmf"), model.accumulator_size)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import redis
 
-from mlless.runtime import keys
+from mlless.protocol import keys
 from mlless.runtime.launcher import LocalLauncher
 from mlless.runtime.local import new_job_id
 from mlless.runtime.platform import Platform, PlatformRequest

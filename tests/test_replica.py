@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from mlless.data.batches import RatingsBatch
-from mlless.models import build_model
-from mlless.optim import default_optimizer
+from mlless.training.models import build_model
+from mlless.training.optim import default_optimizer
 from mlless.training.replica import PARAMS, Replica, TrainingDiverged
 
 DIMS = {"n_users": 40, "n_items": 30, "mean_rating": 3.0}

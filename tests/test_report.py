@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from mlless.report import ReportError, load_run, render_report
-from mlless.report.cli import add_report_parser
-from mlless.report.html import perf_per_dollar
-from mlless.report.plots import PLOTS, moving_average, phase_medians
-from mlless.report.runs import PHASES
+from mlless.telemetry.report import ReportError, load_run, render_report
+from mlless.telemetry.report.cli import add_report_parser
+from mlless.telemetry.report.html import perf_per_dollar
+from mlless.telemetry.report.plots import PLOTS, moving_average, phase_medians
+from mlless.contract import STEP_PHASES as PHASES
 from mlless.runtime.local import Services, train_local
-from mlless.runtime.record import Progress
+from mlless.telemetry.record import Progress
 from mlless.spec import from_manifest
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -202,12 +202,6 @@ def test_malformed_input_is_a_clear_error(tmp_path: Path, capsys, metrics, summa
 def test_not_a_directory(tmp_path: Path, capsys):
     assert run_report(str(tmp_path / "nope"), "--out", str(tmp_path / "out")) == 2
     assert "not a directory" in capsys.readouterr().err
-
-
-def test_phase_order_matches_the_runtime():
-    from mlless.runtime.worker import PHASES as RUNTIME_PHASES
-
-    assert PHASES == RUNTIME_PHASES
 
 
 def test_moving_average():

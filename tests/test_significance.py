@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlless.significance import SignificanceFilter, isp_threshold
+from mlless.training.significance import SignificanceFilter, isp_threshold
 
 
 def _sorted(selection):

@@ -10,9 +10,9 @@ import pytest
 
 from mlless.autotuner.smoothing import ewma
 from mlless.data.dataset import Dataset
-from mlless.models import load_model
+from mlless.training.models import load_model
 from mlless.runtime.local import Services, train_local
-from mlless.runtime.record import Progress
+from mlless.telemetry.record import Progress
 from mlless.runtime.stopping import SMOOTHING_SPAN, ValidationWatch
 from mlless.spec import from_manifest
 

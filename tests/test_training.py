@@ -19,10 +19,10 @@ import yaml
 
 from mlless.autotuner.smoothing import ewma
 from mlless.data.dataset import Dataset
-from mlless.runtime import keys
+from mlless.protocol import keys
 from mlless.runtime.launcher import LocalLauncher
 from mlless.runtime.local import Services, new_job_id, train_local
-from mlless.runtime.record import Progress
+from mlless.telemetry.record import Progress
 from mlless.runtime.stopping import SMOOTHING_SPAN
 from mlless.runtime.supervisor import Supervisor
 from mlless.spec import TrainingJob, from_manifest
@@ -347,7 +347,7 @@ def test_prometheus_metrics_of_a_real_run(movielens_dir, tmp_path, redis_url, am
 
 def test_worker_gives_up_when_the_supervisor_is_gone(movielens_dir, tmp_path, redis_url, amqp_url):
     """A function must not bill forever waiting for a supervisor that died."""
-    from mlless import wire
+    from mlless.protocol import wire
 
     job_file = tmp_path / "job.json"
     job_file.write_text(job_for(movielens_dir, liveness={"workerTimeoutSeconds": 0.5}).to_json())

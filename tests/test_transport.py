@@ -16,11 +16,9 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from mlless import wire
+from mlless.protocol import wire
+from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_REDIS_URL
 from mlless.transport import (
-    ENV_AMQP,
-    ENV_EMBEDDED,
-    ENV_REDIS,
     EmbeddedBroker,
     Transport,
     TransportError,
@@ -46,7 +44,7 @@ class Backend:
 
     def connect(self, role: str = "worker", rank: int | None = None, job: str | None = None, **kw: object) -> Transport:
         if self.kind == "embedded":
-            t = connect(job or self.job, embedded_address=self.env[ENV_EMBEDDED], role=role, rank=rank, **kw)  # type: ignore[arg-type]
+            t = connect(job or self.job, embedded_address=self.env[ENV_EMBEDDED_ADDRESS], role=role, rank=rank, **kw)  # type: ignore[arg-type]
         else:
             t = connect(job or self.job, redis_url=REDIS_URL, amqp_url=AMQP_URL, role=role, rank=rank, **kw)  # type: ignore[arg-type]
         self.opened.append(t)
@@ -77,9 +75,9 @@ def broker() -> Iterator[EmbeddedBroker]:
 @pytest.fixture(params=["embedded", pytest.param("services", marks=pytest.mark.services)])
 def backend(request: pytest.FixtureRequest, broker: EmbeddedBroker) -> Iterator[Backend]:
     if request.param == "services":
-        env = {ENV_REDIS: REDIS_URL, ENV_AMQP: AMQP_URL}
+        env = {ENV_REDIS_URL: REDIS_URL, ENV_AMQP_URL: AMQP_URL}
     else:
-        env = {ENV_EMBEDDED: broker.address}
+        env = {ENV_EMBEDDED_ADDRESS: broker.address}
     b = Backend(request.param, env)
     yield b
     b.cleanup()
@@ -316,7 +314,7 @@ def test_reconnecting_worker_keeps_queued_messages(backend: Backend) -> None:
 _WORKER_SCRIPT = textwrap.dedent(
     """
     import os, sys
-    from mlless import wire
+    from mlless.protocol import wire
     from mlless.transport import connect
     job, rank = sys.argv[1], int(sys.argv[2])
     t = connect(job, role="worker", rank=rank)          # address/urls come from the environment
@@ -339,7 +337,7 @@ _WORKER_SCRIPT = textwrap.dedent(
 def test_messages_between_processes(backend: Backend) -> None:
     sup = backend.connect("supervisor")
     env = {**os.environ, **backend.env}
-    env.pop(ENV_EMBEDDED if backend.kind == "services" else ENV_REDIS, None)
+    env.pop(ENV_EMBEDDED_ADDRESS if backend.kind == "services" else ENV_REDIS_URL, None)
     procs = [
         subprocess.Popen([sys.executable, "-c", _WORKER_SCRIPT, backend.job, str(r)], env=env) for r in range(2)
     ]

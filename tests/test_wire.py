@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from mlless import wire
-from mlless.wire import (
+from mlless.protocol import wire
+from mlless.protocol.wire import (
     CLOSE_SNAPSHOT,
     HEADER,
     Close,

@@ -10,13 +10,27 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from mlless.contract import (
+    ENV_AMQP_URL,
+    ENV_DEADLINE_SECONDS,
+    ENV_EMBEDDED_ADDRESS,
+    ENV_FUNCTION_TIMEOUT_SECONDS,
+    ENV_JOB_FILE,
+    ENV_JOB_ID,
+    ENV_METRICS_PORT,
+    ENV_RANK,
+    ENV_REDIS_URL,
+    ENV_RESUME,
+    ENV_WORKER_BACKEND,
+    ENV_WORKER_URL,
+)
 from mlless import __version__
 from mlless.data.cli import add_prepare_parser
 from mlless.data.dataset import Dataset, DatasetError
-from mlless.models.base import DATASET_KIND, SHAPE_DIMS, ModelFileError
-from mlless.report.cli import add_report_parser
+from mlless.training.models.base import DATASET_KIND, SHAPE_DIMS, ModelFileError
+from mlless.telemetry.report.cli import add_report_parser
 from mlless.runtime.launcher import Launcher
-from mlless.runtime.record import Progress
+from mlless.telemetry.record import Progress
 from mlless.runtime.supervisor import NO_LIVE_WORKERS, JobFailed
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
@@ -47,8 +61,8 @@ def _load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> Trai
 
 def _services(args: argparse.Namespace) -> tuple[str | None, str | None]:
     from_env = service_urls(os.environ)
-    redis_url = args.redis_url or from_env.get("REDIS_URL")
-    amqp_url = args.amqp_url or from_env.get("AMQP_URL")
+    redis_url = args.redis_url or from_env.get(ENV_REDIS_URL)
+    amqp_url = args.amqp_url or from_env.get(ENV_AMQP_URL)
     if bool(redis_url) != bool(amqp_url):
         raise UsageError("give both --redis-url and --amqp-url (or REDIS_URL and AMQP_URL), or neither for the embedded transport")
     return redis_url, amqp_url
@@ -116,7 +130,7 @@ def _model_origin(summary: dict[str, Any]) -> str:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from mlless.models import load_model
+    from mlless.training.models import load_model
 
     model = load_model(args.model)
     dataset = Dataset.open(args.dataset)
@@ -152,19 +166,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from mlless.runtime.worker import serve
     from mlless.transport import connect
 
-    job_file = args.job or os.environ.get("MLLESS_JOB_FILE")
-    rank = args.rank if args.rank is not None else os.environ.get("MLLESS_RANK")
-    job_id = args.job_id or os.environ.get("MLLESS_JOB_ID")
+    job_file = args.job or os.environ.get(ENV_JOB_FILE)
+    rank = args.rank if args.rank is not None else os.environ.get(ENV_RANK)
+    job_id = args.job_id or os.environ.get(ENV_JOB_ID)
     if not (job_file and rank is not None and job_id):
         raise UsageError("a worker needs --job/MLLESS_JOB_FILE, --rank/MLLESS_RANK and --job-id/MLLESS_JOB_ID")
     job = _load_job(job_file)
     redis_url, amqp_url = _services(args)
-    embedded = os.environ.get("MLLESS_EMBEDDED_ADDRESS")
+    embedded = os.environ.get(ENV_EMBEDDED_ADDRESS)
     if not redis_url and not embedded:
         raise UsageError("a worker needs --redis-url/--amqp-url or MLLESS_EMBEDDED_ADDRESS")
-    deadline_seconds = args.deadline_seconds if args.deadline_seconds is not None else os.environ.get("MLLESS_DEADLINE_SECONDS")
+    deadline_seconds = args.deadline_seconds if args.deadline_seconds is not None else os.environ.get(ENV_DEADLINE_SECONDS)
     deadline = time.monotonic() + float(deadline_seconds) if deadline_seconds else None
-    resume = args.resume or os.environ.get("MLLESS_RESUME") == "1"
+    resume = args.resume or os.environ.get(ENV_RESUME) == "1"
     transport = connect(job_id, role="worker", rank=int(rank), redis_url=redis_url, amqp_url=amqp_url, embedded_address=embedded)
     return serve(job, int(rank), transport, deadline=deadline, resume=resume)
 
@@ -179,13 +193,13 @@ def _worker_launcher(job: TrainingJob, job_id: str) -> Launcher:
     """How the supervisor reaches its workers, from what the operator put in its environment."""
     from mlless.runtime.launcher import ExternalLauncher, HttpLauncher
 
-    backend = os.environ.get("MLLESS_WORKER_BACKEND", "pod")
+    backend = os.environ.get(ENV_WORKER_BACKEND, "pod")
     if backend == "pod":
         return ExternalLauncher()
-    url = os.environ.get("MLLESS_WORKER_URL")
+    url = os.environ.get(ENV_WORKER_URL)
     if backend not in ("knative", "openfaas") or not url:
         raise UsageError(f"MLLESS_WORKER_BACKEND={backend!r} needs to be pod, or knative/openfaas with MLLESS_WORKER_URL")
-    timeout = float(os.environ.get("MLLESS_FUNCTION_TIMEOUT_SECONDS", "300"))
+    timeout = float(os.environ.get(ENV_FUNCTION_TIMEOUT_SECONDS, "300"))
     return HttpLauncher(url, job, job_id, timeout, token=invoke_token(os.environ))
 
 
@@ -196,8 +210,8 @@ def cmd_supervisor(args: argparse.Namespace) -> int:
     from mlless.runtime.local import supervise
     from mlless.transport import connect
 
-    job_file = args.job or os.environ.get("MLLESS_JOB_FILE")
-    job_id = args.job_id or os.environ.get("MLLESS_JOB_ID")
+    job_file = args.job or os.environ.get(ENV_JOB_FILE)
+    job_id = args.job_id or os.environ.get(ENV_JOB_ID)
     if not (job_file and job_id):
         raise UsageError("the supervisor needs --job/MLLESS_JOB_FILE and --job-id/MLLESS_JOB_ID")
     job = _load_job(job_file)
@@ -308,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics-port",
         type=int,
-        default=int(os.environ.get("MLLESS_METRICS_PORT", "9090")),
+        default=int(os.environ.get(ENV_METRICS_PORT, "9090")),
         metavar="N",
         help="Prometheus metrics port (default $MLLESS_METRICS_PORT or 9090; 0 = any free port)",
     )

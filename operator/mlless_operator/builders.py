@@ -29,22 +29,35 @@ from typing import Any, Mapping
 
 import yaml
 
-from mlless.spec.schema import API_VERSION, KIND
+from mlless.contract import (
+    ANNOTATION_OWNER,
+    ANNOTATION_OWNER_UID,
+    API_VERSION,
+    ENV_AMQP_URL,
+    ENV_FUNCTION_TIMEOUT_SECONDS,
+    ENV_INVOKE_TOKEN,
+    ENV_JOB_FILE,
+    ENV_JOB_ID,
+    ENV_JOB_NAME,
+    ENV_JOB_NAMESPACE,
+    ENV_METRICS_PORT,
+    ENV_RANK,
+    ENV_REDIS_PASSWORD,
+    ENV_REDIS_URL,
+    ENV_SECRETS_DIR,
+    ENV_WORKER_BACKEND,
+    ENV_WORKER_URL,
+    GROUP,
+    KIND,
+    LABEL_JOB,
+    LABEL_RANK,
+    LABEL_ROLE,
+)
 from mlless.transport.env import PASSWORD_VARS
 from mlless_operator.config import Config
 
 Manifest = dict[str, Any]
 
-GROUP = API_VERSION.split("/")[0]
-LABEL_JOB = f"{GROUP}/job"
-LABEL_ROLE = f"{GROUP}/role"
-LABEL_RANK = f"{GROUP}/rank"
-ANNOTATION_BACKEND = f"{GROUP}/backend"
-ANNOTATION_OWNER = f"{GROUP}/owner"
-ANNOTATION_OWNER_UID = f"{GROUP}/owner-uid"
-#: On a TrainingJob (pod backend): the highest worker rank created in the current session, so that no rank is
-#: ever reused even after its pod is gone without a trace in status.removedRanks (a user's scale-in).
-ANNOTATION_HIGHEST_RANK = f"{GROUP}/highest-rank"
 
 BACKENDS = ("knative", "openfaas", "pod")
 DEFAULT_WORKERS = 3
@@ -309,8 +322,8 @@ def service_env(job: JobRef) -> list[Manifest]:
     """REDIS_URL and AMQP_URL for a runtime container: from the job Secret, or the external URL + its password Secret."""
     env: list[Manifest] = []
     for service, url_var, pw_var, url_key in (
-        ("redis", "REDIS_URL", PASSWORD_VARS["REDIS_URL"], REDIS_URL_KEY),
-        ("rabbitmq", "AMQP_URL", PASSWORD_VARS["AMQP_URL"], AMQP_URL_KEY),
+        ("redis", ENV_REDIS_URL, PASSWORD_VARS[ENV_REDIS_URL], REDIS_URL_KEY),
+        ("rabbitmq", ENV_AMQP_URL, PASSWORD_VARS[ENV_AMQP_URL], AMQP_URL_KEY),
     ):
         ext = job.external(service)
         if ext is None:
@@ -413,7 +426,7 @@ def build_redis_statefulset(job: JobRef) -> Manifest:
         "command": ["redis-server"],
         # $(REDIS_PASSWORD) is expanded by the kubelet from the Secret-backed env var: no literal password.
         "args": ["--requirepass", "$(REDIS_PASSWORD)", "--dir", "/data", "--appendonly", "yes" if persistent else "no", "--save", ""],
-        "env": [_secret_env("REDIS_PASSWORD", secret_name(job), REDIS_PASSWORD_KEY)],
+        "env": [_secret_env(ENV_REDIS_PASSWORD, secret_name(job), REDIS_PASSWORD_KEY)],
         "ports": [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 5},
         "livenessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 20, "initialDelaySeconds": 10},
@@ -500,7 +513,7 @@ def _runtime_volumes(job: JobRef, *extra: Manifest) -> list[Manifest]:
 
 def _common_env(job: JobRef) -> list[Manifest]:
     return [
-        {"name": "MLLESS_JOB_ID", "value": job.job_id},
+        {"name": ENV_JOB_ID, "value": job.job_id},
         {"name": "HOME", "value": "/tmp"},
     ]
 
@@ -508,7 +521,7 @@ def _common_env(job: JobRef) -> list[Manifest]:
 def _invoke_token_env(job: JobRef) -> Manifest:
     """MLLESS_INVOKE_TOKEN from the job Secret (optional: a Secret made by an operator before tokens has none)."""
     return {
-        "name": "MLLESS_INVOKE_TOKEN",
+        "name": ENV_INVOKE_TOKEN,
         "valueFrom": {"secretKeyRef": {"name": secret_name(job), "key": INVOKE_TOKEN_KEY, "optional": True}},
     }
 
@@ -516,14 +529,14 @@ def _invoke_token_env(job: JobRef) -> Manifest:
 def build_supervisor_pod(job: JobRef) -> Manifest:
     name = supervisor_name(job)
     env = [
-        {"name": "MLLESS_JOB_FILE", "value": JOB_FILE},
+        {"name": ENV_JOB_FILE, "value": JOB_FILE},
         *_common_env(job),
-        {"name": "MLLESS_JOB_NAME", "value": job.name},
-        {"name": "MLLESS_JOB_NAMESPACE", "value": job.namespace},
-        {"name": "MLLESS_METRICS_PORT", "value": str(METRICS_PORT)},
-        {"name": "MLLESS_WORKER_BACKEND", "value": job.backend},
-        {"name": "MLLESS_WORKER_URL", "value": worker_endpoint(job)},
-        {"name": "MLLESS_FUNCTION_TIMEOUT_SECONDS", "value": str(job.timeout_seconds)},
+        {"name": ENV_JOB_NAME, "value": job.name},
+        {"name": ENV_JOB_NAMESPACE, "value": job.namespace},
+        {"name": ENV_METRICS_PORT, "value": str(METRICS_PORT)},
+        {"name": ENV_WORKER_BACKEND, "value": job.backend},
+        {"name": ENV_WORKER_URL, "value": worker_endpoint(job)},
+        {"name": ENV_FUNCTION_TIMEOUT_SECONDS, "value": str(job.timeout_seconds)},
         {"name": "MPLCONFIGDIR", "value": "/tmp"},
         _invoke_token_env(job),
         *service_env(job),
@@ -580,9 +593,9 @@ def _user_env(job: JobRef) -> list[Manifest]:
 def build_worker_pod(job: JobRef, rank: int) -> Manifest:
     """Worker `rank` as a plain Pod running `mlless worker` (the pod backend)."""
     env = [
-        {"name": "MLLESS_JOB_FILE", "value": JOB_FILE},
+        {"name": ENV_JOB_FILE, "value": JOB_FILE},
         *_common_env(job),
-        {"name": "MLLESS_RANK", "value": str(rank)},
+        {"name": ENV_RANK, "value": str(rank)},
         *service_env(job),
         *_user_env(job),
     ]
@@ -628,7 +641,7 @@ def build_knative_service(job: JobRef) -> Manifest:
     """The workers as one Knative Service: one request (= one rank's invocation) per pod."""
     env = [
         *_common_env(job),
-        {"name": "MLLESS_FUNCTION_TIMEOUT_SECONDS", "value": str(job.timeout_seconds)},
+        {"name": ENV_FUNCTION_TIMEOUT_SECONDS, "value": str(job.timeout_seconds)},
         _invoke_token_env(job),
         *service_env(job),
         *_user_env(job),
@@ -693,10 +706,10 @@ def build_openfaas_function(job: JobRef) -> Manifest:
             "labels": {**openfaas_scale_labels(job.workers), **selector_labels(job, "worker")},
             "annotations": _cross_namespace_owner(job),
             "environment": {
-                "MLLESS_JOB_ID": job.job_id,
-                "MLLESS_FUNCTION_TIMEOUT_SECONDS": str(job.timeout_seconds),
+                ENV_JOB_ID: job.job_id,
+                ENV_FUNCTION_TIMEOUT_SECONDS: str(job.timeout_seconds),
                 # OpenFaaS has no secretKeyRef: the service URLs are files under this directory.
-                "MLLESS_SECRETS_DIR": OPENFAAS_SECRETS_DIR,
+                ENV_SECRETS_DIR: OPENFAAS_SECRETS_DIR,
                 "HOME": "/tmp",
                 "read_timeout": timeout,
                 "write_timeout": timeout,

@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-PREFIX = "MLLESS_OPERATOR_"
+from mlless.contract import ENV_OPERATOR_PREFIX, GROUP
+
 
 
 @dataclass(frozen=True)
@@ -41,13 +42,13 @@ class Config:
     #: Port of the operator's Prometheus /metrics; 0 disables the server (tests).
     metrics_port: int = 9100
     #: Prefix of Kopf's progress and diff-base annotations on TrainingJobs.
-    annotations_prefix: str = "operator.mlless.io"
+    annotations_prefix: str = f"operator.{GROUP}"
     #: Finalizer Kopf puts on TrainingJobs (it blocks deletion until the cleanup handler ran).
-    finalizer: str = "mlless.io/finalizer"
+    finalizer: str = f"{GROUP}/finalizer"
 
     def __post_init__(self) -> None:
         if self.default_backend not in ("auto", "knative", "openfaas", "pod"):
-            raise ValueError(f"{PREFIX}DEFAULT_BACKEND: {self.default_backend!r} is not auto, knative, openfaas or pod")
+            raise ValueError(f"{ENV_OPERATOR_PREFIX}DEFAULT_BACKEND: {self.default_backend!r} is not auto, knative, openfaas or pod")
 
 
 def load(env: Mapping[str, str] | None = None) -> Config:
@@ -55,7 +56,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
     env = os.environ if env is None else env
     values: dict[str, object] = {}
     for f in dataclasses.fields(Config):
-        raw = env.get(PREFIX + f.name.upper())
+        raw = env.get(ENV_OPERATOR_PREFIX + f.name.upper())
         if raw is None:
             continue
         try:
@@ -68,5 +69,5 @@ def load(env: Mapping[str, str] | None = None) -> Config:
             else:
                 values[f.name] = raw
         except ValueError:
-            raise ValueError(f"{PREFIX}{f.name.upper()}: cannot parse {raw!r}") from None
+            raise ValueError(f"{ENV_OPERATOR_PREFIX}{f.name.upper()}: cannot parse {raw!r}") from None
     return Config(**values)  # type: ignore[arg-type]

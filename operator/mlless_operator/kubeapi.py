@@ -18,6 +18,8 @@ import kopf
 import kubernetes.client
 import kubernetes.config
 
+from mlless.contract import API_VERSION, KIND, PLURAL
+
 log = logging.getLogger("mlless_operator")
 
 Manifest = dict[str, Any]
@@ -34,7 +36,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("serving.knative.dev/v1", "Service"): "services",
     ("openfaas.com/v1", "Function"): "functions",
-    ("mlless.io/v1alpha1", "TrainingJob"): "trainingjobs",
+    (API_VERSION, KIND): PLURAL,
 }
 
 _ENSURED = frozenset({"create", "get", "patch"})  # ensure(): get, then create or patch
@@ -56,7 +58,7 @@ VERBS: dict[tuple[str, str], frozenset[str]] = {
     # In the OpenFaaS namespace, out of reach of owner references: deleted by the cleanup handler.
     ("openfaas.com/v1", "Function"): _ENSURED | {"delete"},
     # ttlSecondsAfterFinished; Kopf itself watches and patches TrainingJobs.
-    ("mlless.io/v1alpha1", "TrainingJob"): frozenset({"delete"}),
+    (API_VERSION, KIND): frozenset({"delete"}),
 }
 
 

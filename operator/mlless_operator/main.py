@@ -10,11 +10,11 @@ from typing import Any
 
 import kopf
 
+from mlless.contract import GROUP, PLURAL, VERSION
 from mlless_operator import config as config_module
 from mlless_operator import metrics
 from mlless_operator.handlers import create, delete, lifecycle, scale, status, ttl
 
-GROUP, VERSION, PLURAL = "mlless.io", "v1alpha1", "trainingjobs"
 RESOURCE = (GROUP, VERSION, PLURAL)
 #: Decorator arguments must be known at import; everything else is read in `startup`.
 _CONFIG = config_module.load()

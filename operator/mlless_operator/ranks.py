@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from mlless_operator.builders import LABEL_RANK
+from mlless.contract import LABEL_RANK
 from mlless_operator.status import FINISHED_POD_PHASES
 
 Manifest = Mapping[str, Any]

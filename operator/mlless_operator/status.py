@@ -5,7 +5,8 @@ import copy
 import datetime
 from typing import Any, Mapping
 
-TERMINAL_PHASES = ("Succeeded", "Failed")
+from mlless.contract import TERMINAL_JOB_PHASES
+
 #: Pod phases after which a pod never runs again (the runtime's pods never restart once finished).
 FINISHED_POD_PHASES = ("Succeeded", "Failed")
 
@@ -36,7 +37,7 @@ def seconds_since(text: str | None, at: datetime.datetime | None = None) -> floa
 def finished_at(status: Mapping[str, Any] | None) -> str | None:
     """When a Succeeded or Failed job ended: completionTime, else the transition time of its terminal condition."""
     status = status or {}
-    if status.get("phase") not in TERMINAL_PHASES:
+    if status.get("phase") not in TERMINAL_JOB_PHASES:
         return None
     if status.get("completionTime"):
         return str(status["completionTime"])

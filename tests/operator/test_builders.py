@@ -8,6 +8,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
+from mlless.contract import ANNOTATION_OWNER, LABEL_JOB, LABEL_RANK
 from mlless.transport.env import with_password
 from mlless_operator import builders as b
 from mlless_operator import metrics
@@ -67,7 +68,7 @@ def test_every_built_in_object_is_strictly_valid_and_owned():
         assert meta["ownerReferences"] == [
             {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "name": "ml", "uid": UID, "controller": True, "blockOwnerDeletion": True}
         ]
-        assert meta["labels"][b.LABEL_JOB] == "ml"
+        assert meta["labels"][LABEL_JOB] == "ml"
         assert meta["labels"]["app.kubernetes.io/managed-by"] == "mlless-operator"
 
 
@@ -158,7 +159,7 @@ def test_containers_run_non_root_with_no_capabilities(obj):
 def test_worker_pod_runs_its_rank_with_function_resources():
     j = job()
     pod = b.build_worker_pod(j, 2)
-    assert pod["metadata"]["name"] == "ml-worker-2" and pod["metadata"]["labels"][b.LABEL_RANK] == "2"
+    assert pod["metadata"]["name"] == "ml-worker-2" and pod["metadata"]["labels"][LABEL_RANK] == "2"
     c = containers(pod)[0]
     assert c["command"] == ["mlless", "worker"]
     env = env_of(c)
@@ -262,7 +263,7 @@ def test_openfaas_function_pins_scale_and_lives_in_the_openfaas_namespace():
     assert fn["metadata"]["namespace"] == "fn" and fn["metadata"]["name"] == "mlless-team-ml" == fn["spec"]["name"]
     assert fn["spec"]["labels"]["com.openfaas.scale.min"] == fn["spec"]["labels"]["com.openfaas.scale.max"] == "3"
     assert fn["spec"]["secrets"] == ["mlless-team-ml-credentials"]
-    assert fn["metadata"]["annotations"][b.ANNOTATION_OWNER] == "team/ml"
+    assert fn["metadata"]["annotations"][ANNOTATION_OWNER] == "team/ml"
     environment = fn["spec"]["environment"]
     assert environment["max_inflight"] == "1"  # one invocation (one rank) per replica
     assert environment["MLLESS_SECRETS_DIR"] == "/var/openfaas/secrets" and environment["EXTRA"] == "1"
@@ -343,7 +344,7 @@ def test_supervisor_pod_has_what_the_supervisor_needs(backend, url):
 
 
 def _pod(rank, phase="Running", deleting=False, label=None):
-    meta = {"name": f"ml-worker-{rank}", "labels": {b.LABEL_RANK: str(rank) if label is None else label}}
+    meta = {"name": f"ml-worker-{rank}", "labels": {LABEL_RANK: str(rank) if label is None else label}}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     return {"metadata": meta, "status": {"phase": phase}}

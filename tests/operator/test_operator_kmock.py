@@ -21,6 +21,7 @@ import pytest
 import pytest_asyncio
 
 import mlless_operator.main
+from mlless.contract import ANNOTATION_BACKEND, ANNOTATION_HIGHEST_RANK
 from mlless_operator import metrics
 from mlless_operator import builders as b
 
@@ -235,11 +236,11 @@ async def test_pod_backend_creates_every_child_sets_status_and_scales(cluster_fa
         assert status["phase"] == "Pending" and status["workers"] == 3
         assert status["selector"] == "mlless.io/job=ml,mlless.io/role=worker"
         assert "startTime" not in status  # set when the supervisor runs
-        assert job["metadata"]["annotations"][b.ANNOTATION_HIGHEST_RANK] == "2"
+        assert job["metadata"]["annotations"][ANNOTATION_HIGHEST_RANK] == "2"
         created = c.condition("Created")
         assert created["status"] == "True" and created["reason"] == "ChildrenCreated"
         assert created["lastTransitionTime"] and created["observedGeneration"] == 1
-        assert job["metadata"]["annotations"][b.ANNOTATION_BACKEND] == "pod"
+        assert job["metadata"]["annotations"][ANNOTATION_BACKEND] == "pod"
         assert "mlless.io/finalizer" in job["metadata"]["finalizers"]
         assert any(k.startswith("operator.mlless.io/") for k in job["metadata"]["annotations"])
 
@@ -293,7 +294,7 @@ async def test_requested_backend_that_is_not_served_falls_back_to_pods(cluster_f
         await c.apply(manifest(workers=2, function={"backend": "knative"}))
         await c.until(lambda: c.condition("Created"), "the Created condition")
         assert c.names(PODS) == {"ml-supervisor", "ml-worker-0", "ml-worker-1"}
-        assert c.job()["metadata"]["annotations"][b.ANNOTATION_BACKEND] == "pod"
+        assert c.job()["metadata"]["annotations"][ANNOTATION_BACKEND] == "pod"
 
 
 async def test_openfaas_backend_function_scaled_and_cleaned_up_on_delete(cluster_factory):
@@ -376,7 +377,7 @@ async def test_operator_restart_is_idempotent(cluster_factory):
         c.emu.objects[PODS, NS, "ml-worker-1"].delete()
         async with running_operator():
             await c.until(lambda: c.get(PODS, "ml-worker-3"), "a new rank for the lost worker")
-            await c.until(lambda: c.job()["metadata"]["annotations"][b.ANNOTATION_HIGHEST_RANK] == "3", "the new highest rank recorded")
+            await c.until(lambda: c.job()["metadata"]["annotations"][ANNOTATION_HIGHEST_RANK] == "3", "the new highest rank recorded")
         assert {n for _, _, n in c.children() if "-worker-" in n} == {"ml-worker-0", "ml-worker-2", "ml-worker-3"}
         assert metrics.ERRORS.labels("reconcile")._value.get() == errors
 
@@ -405,7 +406,7 @@ async def test_pod_scaling_is_rank_aware_and_never_reuses_a_rank(cluster_factory
         # Rank 4 left no trace in status.removedRanks; the job's annotation remembers it, so the next rank is 5.
         await c.patch_job("ml", {"spec": {"workers": 3}})
         await c.until(lambda: workers() == {"ml-worker-2", "ml-worker-3", "ml-worker-5"}, "rank 5 created")
-        await c.until(lambda: c.job()["metadata"]["annotations"][b.ANNOTATION_HIGHEST_RANK] == "5", "the highest rank recorded")
+        await c.until(lambda: c.job()["metadata"]["annotations"][ANNOTATION_HIGHEST_RANK] == "5", "the highest rank recorded")
         assert c.job()["status"]["removedRanks"] == [1]  # the supervisor's field, untouched
 
 

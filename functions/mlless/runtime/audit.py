@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mlless import wire
+from mlless.protocol import wire
 
 
 def audit_conservation(x0: np.ndarray, finals: list[wire.Tensors], leavers: list[wire.Tensors]) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Mapping
 
+from mlless.contract import ENV_DEADLINE_SECONDS, ENV_JOB_FILE, ENV_JOB_ID, ENV_RANK, ENV_RESUME
 from mlless.runtime.worker import EXIT_CHECKPOINTED
 from mlless.spec import SpecError, TrainingJob
 from mlless.transport.base import TransportError, check_job_id
@@ -118,14 +119,14 @@ class FunctionServer(ThreadingHTTPServer):
             env = {
                 **os.environ,
                 **self.services,
-                "MLLESS_JOB_FILE": str(job_file),
-                "MLLESS_JOB_ID": inv.job_id,
-                "MLLESS_RANK": str(inv.rank),
-                "MLLESS_RESUME": "1" if inv.resume else "0",
+                ENV_JOB_FILE: str(job_file),
+                ENV_JOB_ID: inv.job_id,
+                ENV_RANK: str(inv.rank),
+                ENV_RESUME: "1" if inv.resume else "0",
             }
-            env.pop("MLLESS_DEADLINE_SECONDS", None)
+            env.pop(ENV_DEADLINE_SECONDS, None)
             if inv.deadline_seconds is not None:
-                env["MLLESS_DEADLINE_SECONDS"] = repr(inv.deadline_seconds)
+                env[ENV_DEADLINE_SECONDS] = repr(inv.deadline_seconds)
             child = subprocess.Popen([sys.executable, "-m", "mlless", "worker"], env=env, stdin=subprocess.DEVNULL)
             with self.lock:
                 self.children[child.pid] = child
@@ -215,7 +216,7 @@ def serve_functions(port: int, concurrency: int = 1, grace: float = 50.0, host: 
     services = service_urls(os.environ)
     if len(services) < 2:
         raise TransportError("the worker server needs REDIS_URL and AMQP_URL (environment, or files in MLLESS_SECRETS_DIR)")
-    server = FunctionServer(port, services, os.environ.get("MLLESS_JOB_ID") or None, concurrency, invoke_token(os.environ),
+    server = FunctionServer(port, services, os.environ.get(ENV_JOB_ID) or None, concurrency, invoke_token(os.environ),
                             host)
 
     def stop(signum: int, frame: object) -> None:

@@ -33,11 +33,11 @@ from typing import Any, Callable, Mapping
 
 import kubernetes
 
+from mlless.contract import ENV_JOB_NAME, ENV_JOB_NAMESPACE, GROUP, PLURAL, VERSION
 from mlless.runtime.platform import Platform, PlatformRequest
 
 log = logging.getLogger(__name__)
 
-GROUP, VERSION, PLURAL = "mlless.io", "v1alpha1", "trainingjobs"
 # Status fields the operator owns; the supervisor never writes them.
 OPERATOR_FIELDS = frozenset({"phase", "conditions", "observedGeneration", "selector"})
 
@@ -89,7 +89,7 @@ class KubePlatform(Platform):
         job whose status silently never moves.
         """
         env = os.environ if env is None else env
-        name, namespace = env.get("MLLESS_JOB_NAME"), env.get("MLLESS_JOB_NAMESPACE")
+        name, namespace = env.get(ENV_JOB_NAME), env.get(ENV_JOB_NAMESPACE)
         if not name or not namespace:
             return None
         configuration = kubernetes.client.Configuration()

@@ -21,6 +21,7 @@ import urllib.request
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from mlless.contract import ENV_JOB_FILE, ENV_RANK
 from mlless.spec import TrainingJob
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class LocalLauncher(Launcher):
 
     def start(self, rank: int) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.env, "MLLESS_RANK": str(rank), "MLLESS_JOB_FILE": str(self.job_file)}
+        env = {**os.environ, **self.env, ENV_RANK: str(rank), ENV_JOB_FILE: str(self.job_file)}
         with (self.log_dir / f"worker-{rank}.log").open("ab") as log:
             self.procs[rank] = subprocess.Popen(
                 [sys.executable, "-m", "mlless", "worker"],

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlless.metrics import SupervisorMetrics
+from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_REDIS_URL
+from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.runtime.launcher import Launcher, LocalLauncher
 from mlless.runtime.platform import Platform
-from mlless.runtime.record import Progress
+from mlless.telemetry.record import Progress
 from mlless.runtime.supervisor import Supervisor
 from mlless.spec import TrainingJob
 from mlless.transport import Transport, connect
@@ -33,7 +34,7 @@ class Services:
 
     def worker_env(self) -> dict[str, str]:
         assert self.redis_url and self.amqp_url
-        return {"REDIS_URL": self.redis_url, "AMQP_URL": self.amqp_url}
+        return {ENV_REDIS_URL: self.redis_url, ENV_AMQP_URL: self.amqp_url}
 
 
 def new_job_id(name: str) -> str:
@@ -49,7 +50,7 @@ def train_local(
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
     job_file.write_text(job.to_json())
-    env = {"MLLESS_JOB_ID": job_id}
+    env = {ENV_JOB_ID: job_id}
     if services.external:
         env |= services.worker_env()
         transport = connect(job_id, role="supervisor", redis_url=services.redis_url, amqp_url=services.amqp_url)
@@ -58,7 +59,7 @@ def train_local(
         broker = EmbeddedBroker(str(Path(tmp) / "broker.sock"))
         broker.start()
         try:
-            env["MLLESS_EMBEDDED_ADDRESS"] = broker.address
+            env[ENV_EMBEDDED_ADDRESS] = broker.address
             transport = connect(job_id, role="supervisor", embedded_address=broker.address)
             launcher = LocalLauncher(job_file, env, run_dir / "logs")
             return supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port)

@@ -24,22 +24,22 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mlless import wire
+from mlless.contract import BARRIER_PHASES, ENV_AUDIT, STEP_PHASES
+from mlless.protocol import wire
 from mlless.autotuner import AutoTuner
 from mlless.autotuner.smoothing import OnlineEwma
-from mlless.cost import CostBreakdown, job_cost
+from mlless.telemetry.cost import CostBreakdown, job_cost
 from mlless.data.batches import Batch
 from mlless.data.dataset import Dataset
-from mlless.metrics import SupervisorMetrics
-from mlless.models import build_model
-from mlless.runtime import keys
+from mlless.telemetry.metrics import SupervisorMetrics
+from mlless.training.models import build_model
+from mlless.protocol import keys
 from mlless.runtime.audit import audit_conservation
 from mlless.runtime.launcher import Launcher
-from mlless.runtime.record import Progress, RunRecord
+from mlless.telemetry.record import Progress, RunRecord
 from mlless.runtime.platform import Platform
 from mlless.runtime.scaling import ReplicaQuality
 from mlless.runtime.stopping import ValidationWatch
-from mlless.runtime.worker import PHASES
 from mlless.spec import TrainingJob
 from mlless.transport import Transport
 
@@ -92,7 +92,7 @@ class _StepTotals:
     bytes_sent: int = 0
     entries_sent: int = 0
     entries_pending: int = 0
-    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PHASES, 0.0))
 
 
 class Supervisor:
@@ -117,7 +117,7 @@ class Supervisor:
         self.validation_batch = self.dataset.validation()
         self.evaluation_batch = self.validation_batch.head(EVALUATION_ROWS)
         # With MLLESS_AUDIT set, workers track their contribution and the end of the job checks conservation.
-        self.x0 = self.model.params.copy() if os.environ.get("MLLESS_AUDIT") else None
+        self.x0 = self.model.params.copy() if os.environ.get(ENV_AUDIT) else None
         self.record = RunRecord(run_dir)
         self.progress = progress or Progress(enabled=False)
         self.workers: dict[int, WorkerRecord] = {}
@@ -309,7 +309,7 @@ class Supervisor:
             totals.bytes_sent += r.bytes_sent
             totals.entries_sent += r.entries_sent
             totals.entries_pending += r.entries_pending
-            for phase, seconds in zip(PHASES, r.timings):
+            for phase, seconds in zip(STEP_PHASES, r.timings):
                 totals.phases[phase] += seconds / len(reports)
         self.totals["bytes_sent"] += totals.bytes_sent
         self.totals["samples"] += totals.samples
@@ -346,7 +346,7 @@ class Supervisor:
         """Metrics, the step's row and the progress line; returns the job's cost so far."""
         # A report carries the barrier timings (wait/read/apply) of the step before it.
         if self._row is not None:
-            for phase in ("wait", "read", "apply"):
+            for phase in BARRIER_PHASES:
                 self._row["phases"][phase] = totals.phases[phase]
             self.record.step(self._row)
         now = self.closed_at
@@ -379,7 +379,7 @@ class Supervisor:
             "entries_sent": totals.entries_sent,
             "entries_pending": totals.entries_pending,
             "cost_usd": cost,
-            "phases": {p: (totals.phases[p] if p not in ("wait", "read", "apply") else None) for p in PHASES},
+            "phases": {p: (totals.phases[p] if p not in BARRIER_PHASES else None) for p in STEP_PHASES},
         }
         self.progress.update(
             step=step,

@@ -18,19 +18,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mlless import wire
+from mlless.contract import BARRIER_PHASES, ENV_AUDIT, STEP_PHASES
+from mlless.protocol import wire
 from mlless.autotuner.smoothing import OnlineEwma
 from mlless.data.dataset import Dataset
-from mlless.models import build_model
-from mlless.runtime import keys
+from mlless.training.models import build_model
+from mlless.protocol import keys
 from mlless.runtime.striding import Prefetcher, Schedule
 from mlless.spec import TrainingJob
 from mlless.training.replica import PARAMS, PENDING_INDICES, PENDING_VALUES, Replica
 from mlless.transport import Transport, UnroutableError
 
 log = logging.getLogger(__name__)
-
-PHASES = ("fetch", "compute", "filter", "write", "wait", "read", "apply")
 
 
 class SupervisorLost(RuntimeError):
@@ -64,7 +63,7 @@ class _View:
 
 @dataclass
 class _Timer:
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PHASES, 0.0))
     _mark: float = field(default_factory=time.perf_counter)
 
     def lap(self, phase: str) -> None:
@@ -89,7 +88,7 @@ class Worker:
         self.dataset = dataset
         # MLLESS_AUDIT: the replica sums every update it computed, for the supervisor's conservation check.
         self.replica = Replica(build_model(job.model.type, dataset.dims(), job.model, job.seed), job.optimizer,
-                               job.sync.threshold, audit=bool(os.environ.get("MLLESS_AUDIT")))
+                               job.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)))
         self.schedule = Schedule(dataset.n_batches, job.seed)
         self.prefetcher = Prefetcher(dataset)
         self.view = _View()
@@ -103,7 +102,7 @@ class Worker:
         # a re-invocation waits for peers that are restarting too, and must not make every later invocation end at once.
         self.step_seconds = OnlineEwma(span=9)
         # wait/read/apply happen after a step is reported, so they travel with the next report.
-        self._barrier = dict.fromkeys(("wait", "read", "apply"), 0.0)
+        self._barrier = dict.fromkeys(BARRIER_PHASES, 0.0)
 
     # ---- main loop -------------------------------------------------------------------------
 
@@ -226,7 +225,7 @@ class Worker:
         one step later, rather than costing one more round trip to the broker now.
         """
         wait_started = time.perf_counter()
-        self._barrier = dict.fromkeys(("wait", "read", "apply"), 0.0)
+        self._barrier = dict.fromkeys(BARRIER_PHASES, 0.0)
         blocking = self.view.closed < step
         awaited = blocking
         silent_since = time.monotonic()

@@ -9,11 +9,9 @@ from mlless.spec.job import (
     load_manifest,
     validate_manifest,
 )
-from mlless.spec.schema import API_VERSION, KIND, SPEC_SCHEMA, manifest_schema
+from mlless.spec.schema import SPEC_SCHEMA, manifest_schema
 
 __all__ = [
-    "API_VERSION",
-    "KIND",
     "SPEC_SCHEMA",
     "PricingConfig",
     "SpecError",

@@ -12,10 +12,8 @@ from typing import Any
 
 import yaml
 
-from mlless.spec.schema import API_VERSION, KIND, SPEC_SCHEMA, STATUS_SCHEMA
-
-GROUP, VERSION = API_VERSION.split("/")
-PLURAL = "trainingjobs"
+from mlless.contract import GROUP, KIND, PLURAL, SHORT_NAME, SINGULAR, VERSION
+from mlless.spec.schema import SPEC_SCHEMA, STATUS_SCHEMA
 
 PRINTER_COLUMNS = [
     {"name": "State", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase"},
@@ -39,8 +37,8 @@ def crd_manifest() -> dict[str, Any]:
                 "kind": KIND,
                 "listKind": f"{KIND}List",
                 "plural": PLURAL,
-                "singular": KIND.lower(),
-                "shortNames": ["tj"],
+                "singular": SINGULAR,
+                "shortNames": [SHORT_NAME],
             },
             "versions": [
                 {

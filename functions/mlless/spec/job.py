@@ -19,8 +19,8 @@ import jsonschema
 import yaml
 
 from mlless.autotuner import KneeConfig, TunerConfig
-from mlless.models.base import ModelConfig
-from mlless.optim import OptimizerConfig, default_optimizer
+from mlless.training.models.base import ModelConfig
+from mlless.training.optim import OptimizerConfig, default_optimizer
 from mlless.spec.schema import manifest_schema
 
 

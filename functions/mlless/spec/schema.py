@@ -15,8 +15,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-API_VERSION = "mlless.io/v1alpha1"
-KIND = "TrainingJob"
+from mlless.contract import API_VERSION, KIND
 
 Schema = dict[str, Any]
 

@@ -21,9 +21,9 @@ from typing import Mapping
 import numpy as np
 
 from mlless.data.batches import Batch
-from mlless.models import Model
-from mlless.optim import OptimizerConfig, make_optimizer
-from mlless.significance import SignificanceFilter
+from mlless.training.models import Model
+from mlless.training.optim import OptimizerConfig, make_optimizer
+from mlless.training.significance import SignificanceFilter
 
 
 class TrainingDiverged(ArithmeticError):

@@ -2,14 +2,16 @@
 
 ``connect()`` picks the backend: the embedded broker when an address is given
 (laptop runs), otherwise Redis + RabbitMQ (cluster runs).  With no argument at
-all it reads ``MLLESS_EMBEDDED_ADDRESS``, ``MLLESS_REDIS_URL`` and
-``MLLESS_AMQP_URL`` from the environment, which is how the operator hands
+all it reads the embedded address, or the Redis and AMQP URLs, from the
+environment (`mlless.contract`'s ENV_* names), which is how the operator hands
 per-job credentials to pods without them ever appearing in a command line.
 """
 from __future__ import annotations
 
 import os
 from typing import Any
+
+from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_REDIS_URL
 
 from .base import (
     DEFAULT_TTL,
@@ -24,9 +26,6 @@ from .base import (
 __all__ = [
     "DEFAULT_TTL",
     "SUPERVISOR",
-    "ENV_EMBEDDED",
-    "ENV_REDIS",
-    "ENV_AMQP",
     "Role",
     "Transport",
     "TransportError",
@@ -37,10 +36,6 @@ __all__ = [
     "connect",
     "redact_url",
 ]
-
-ENV_EMBEDDED = "MLLESS_EMBEDDED_ADDRESS"
-ENV_REDIS = "MLLESS_REDIS_URL"
-ENV_AMQP = "MLLESS_AMQP_URL"
 
 
 def connect(
@@ -60,10 +55,10 @@ def connect(
     ``options`` go to the backend constructor (e.g. ``ttl=`` seconds).
     """
     if embedded_address is None and redis_url is None and amqp_url is None:
-        embedded_address = os.environ.get(ENV_EMBEDDED) or None
+        embedded_address = os.environ.get(ENV_EMBEDDED_ADDRESS) or None
         if embedded_address is None:
-            redis_url = os.environ.get(ENV_REDIS) or None
-            amqp_url = os.environ.get(ENV_AMQP) or None
+            redis_url = os.environ.get(ENV_REDIS_URL) or None
+            amqp_url = os.environ.get(ENV_AMQP_URL) or None
     if embedded_address is not None:
         if redis_url is not None or amqp_url is not None:
             raise ValueError("give either embedded_address or redis_url+amqp_url, not both")
@@ -73,7 +68,7 @@ def connect(
     if redis_url is None or amqp_url is None:
         raise ValueError(
             f"no transport configured: pass embedded_address, or both redis_url and amqp_url "
-            f"(or set {ENV_EMBEDDED}, or {ENV_REDIS} and {ENV_AMQP})"
+            f"(or set {ENV_EMBEDDED_ADDRESS}, or {ENV_REDIS_URL} and {ENV_AMQP_URL})"
         )
     from .services import ServicesTransport
 

@@ -18,10 +18,18 @@ from pathlib import Path
 from typing import Mapping
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from mlless.contract import (
+    ENV_AMQP_URL,
+    ENV_INVOKE_TOKEN,
+    ENV_RABBITMQ_PASSWORD,
+    ENV_REDIS_PASSWORD,
+    ENV_REDIS_URL,
+    ENV_SECRETS_DIR,
+)
 from mlless.transport.base import TransportError
 
-PASSWORD_VARS = {"REDIS_URL": "REDIS_PASSWORD", "AMQP_URL": "RABBITMQ_PASSWORD"}
-SECRET_FILES = {"REDIS_URL": "redis-url", "AMQP_URL": "amqp-url"}
+PASSWORD_VARS = {ENV_REDIS_URL: ENV_REDIS_PASSWORD, ENV_AMQP_URL: ENV_RABBITMQ_PASSWORD}
+SECRET_FILES = {ENV_REDIS_URL: "redis-url", ENV_AMQP_URL: "amqp-url"}
 
 
 def with_password(url: str, password: str | None) -> str:
@@ -38,7 +46,7 @@ def with_password(url: str, password: str | None) -> str:
 def service_urls(environ: Mapping[str, str]) -> dict[str, str]:
     """Whichever of REDIS_URL and AMQP_URL the environment provides (none, one or both)."""
     urls = {name: environ[name] for name in SECRET_FILES if environ.get(name)}
-    secrets_dir = environ.get("MLLESS_SECRETS_DIR")
+    secrets_dir = environ.get(ENV_SECRETS_DIR)
     for name, filename in SECRET_FILES.items():
         if name not in urls and secrets_dir:
             path = Path(secrets_dir) / filename
@@ -54,9 +62,9 @@ def service_urls(environ: Mapping[str, str]) -> dict[str, str]:
 
 def invoke_token(environ: Mapping[str, str]) -> str | None:
     """The job's invocation token, or None when the operator gave none."""
-    if environ.get("MLLESS_INVOKE_TOKEN"):
-        return environ["MLLESS_INVOKE_TOKEN"]
-    secrets_dir = environ.get("MLLESS_SECRETS_DIR")
+    if environ.get(ENV_INVOKE_TOKEN):
+        return environ[ENV_INVOKE_TOKEN]
+    secrets_dir = environ.get(ENV_SECRETS_DIR)
     path = Path(secrets_dir) / "invoke-token" if secrets_dir else None
     if path is not None and path.exists():
         return path.read_text().strip() or None

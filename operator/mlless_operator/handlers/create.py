@@ -20,6 +20,7 @@ from typing import Any, Literal, Mapping
 
 import kopf
 
+from mlless.contract import ANNOTATION_BACKEND, ANNOTATION_HIGHEST_RANK, TERMINAL_JOB_PHASES
 from mlless.spec import SpecError, from_manifest
 from mlless_operator import builders as b
 from mlless_operator import metrics
@@ -28,7 +29,7 @@ from mlless_operator.config import Config
 from mlless_operator.credentials import openfaas_secrets
 from mlless_operator.handlers.scale import highest_rank, removed_ranks, scale_pods
 from mlless_operator.kubeapi import KubeAPI
-from mlless_operator.status import TERMINAL_PHASES, is_invalid, is_true, now, set_condition
+from mlless_operator.status import is_invalid, is_true, now, set_condition
 
 Runtime = Literal["start", "continue", "none"]
 
@@ -135,21 +136,21 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger:
     api: KubeAPI = memo.api
     status = dict(body.get("status") or {})
     meta = body["metadata"]
-    if str(reason) == "resume" and (status.get("phase") in TERMINAL_PHASES or is_invalid(status)):
+    if str(reason) == "resume" and (status.get("phase") in TERMINAL_JOB_PHASES or is_invalid(status)):
         return  # a finished or invalid job has nothing to re-create
     message = spec_error(body)
     if message is not None:
         fail_invalid(body, patch, message)
         return
 
-    backend = (meta.get("annotations") or {}).get(b.ANNOTATION_BACKEND)
+    backend = (meta.get("annotations") or {}).get(ANNOTATION_BACKEND)
     if backend not in b.BACKENDS:
         requested = ((body.get("spec") or {}).get("function") or {}).get("backend")
         backend, fallback = choose_backend(requested, await served_backends(api), config.default_backend)
         if fallback:
             kopf.warn(dict(body), reason="BackendFallback", message=fallback)
         # Remember the choice: scaling and cleanup must act on the backend the workers were created on.
-        patch.setdefault("metadata", {}).setdefault("annotations", {})[b.ANNOTATION_BACKEND] = backend
+        patch.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_BACKEND] = backend
 
     job = b.JobRef.from_body(body, config, backend)
     ensured = await ensure_children(api, job, runtime_for(body, reason), status, highest_rank(body))
@@ -163,7 +164,7 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger:
         f"{len(results)} children on backend {backend}", generation,
     )
     if ensured.highest_rank is not None:
-        patch.setdefault("metadata", {}).setdefault("annotations", {})[b.ANNOTATION_HIGHEST_RANK] = str(ensured.highest_rank)
+        patch.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_HIGHEST_RANK] = str(ensured.highest_rank)
     patch.status["conditions"] = conditions
     patch.status["phase"] = status.get("phase") or "Pending"
     if "workers" not in status:

@@ -16,6 +16,7 @@ from typing import Any
 
 import kopf
 
+from mlless.contract import ANNOTATION_BACKEND
 from mlless.transport import TransportError
 from mlless.transport.services import delete_job_keys
 from mlless_operator import builders as b
@@ -28,7 +29,7 @@ from mlless_operator.kubeapi import KubeAPI
 async def cleanup(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger | logging.LoggerAdapter, **_: Any) -> None:
     config: Config = memo.config
     api: KubeAPI = memo.api
-    backend = (body["metadata"].get("annotations") or {}).get(b.ANNOTATION_BACKEND)
+    backend = (body["metadata"].get("annotations") or {}).get(ANNOTATION_BACKEND)
     job = b.JobRef.from_body(body, config, backend or "pod")
     if backend == "openfaas":
         ns = config.openfaas_namespace

@@ -28,16 +28,17 @@ from typing import Any, Iterable, Mapping
 
 import kopf
 
+from mlless.contract import ANNOTATION_BACKEND, ANNOTATION_HIGHEST_RANK, TERMINAL_JOB_PHASES
 from mlless_operator import builders as b
 from mlless_operator.config import Config
 from mlless_operator.kubeapi import KubeAPI
 from mlless_operator.ranks import plan_pod_scale
-from mlless_operator.status import TERMINAL_PHASES, is_invalid, is_true
+from mlless_operator.status import is_invalid, is_true
 
 
 def highest_rank(body: Mapping[str, Any]) -> int:
     """The highest rank the operator created this session (-1 if none is recorded)."""
-    raw = (body["metadata"].get("annotations") or {}).get(b.ANNOTATION_HIGHEST_RANK)
+    raw = (body["metadata"].get("annotations") or {}).get(ANNOTATION_HIGHEST_RANK)
     try:
         return int(raw)
     except (TypeError, ValueError):
@@ -91,18 +92,18 @@ async def rescale(body: kopf.Body, old: Any, new: Any, patch: kopf.Patch, memo: 
     if old is None or new is None or old == new:
         return  # creation: the create handler makes the workers
     status = body.get("status") or {}
-    if status.get("phase") in TERMINAL_PHASES or is_invalid(status):
+    if status.get("phase") in TERMINAL_JOB_PHASES or is_invalid(status):
         return
     if (body.get("spec") or {}).get("suspend") or status.get("phase") == "Suspended" or is_true(status, "Suspended"):
         return  # no workers while suspended (or suspending); the resume starts spec.workers of them
-    backend = (body["metadata"].get("annotations") or {}).get(b.ANNOTATION_BACKEND)
+    backend = (body["metadata"].get("annotations") or {}).get(ANNOTATION_BACKEND)
     if backend not in b.BACKENDS:
         raise kopf.TemporaryError("the job's children are not created yet", delay=5)
     config: Config = memo.config
     job = b.JobRef.from_body(body, config, backend)
     changes, highest = await scale_workers(memo.api, job, int(new), removed_ranks(status), highest_rank(body))
     if highest is not None:
-        patch.setdefault("metadata", {}).setdefault("annotations", {})[b.ANNOTATION_HIGHEST_RANK] = str(highest)
+        patch.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_HIGHEST_RANK] = str(highest)
     # Provisional: the supervisor (which owns status.workers) mirrors the workers it actually has.
     patch.status["workers"] = int(new)
     logger.info("scaled %s from %s to %s: %s", job.name, old, new, changes)

@@ -16,12 +16,13 @@ from typing import Any
 
 import kopf
 
+from mlless.contract import ANNOTATION_BACKEND, TERMINAL_JOB_PHASES
 from mlless_operator import builders as b
 from mlless_operator import metrics
 from mlless_operator.handlers.deadline import enforce_deadline
 from mlless_operator.handlers.suspend import reconcile_suspension
 from mlless_operator.kubeapi import KubeAPI
-from mlless_operator.status import TERMINAL_PHASES, get_condition, is_invalid, is_true, now, set_condition
+from mlless_operator.status import get_condition, is_invalid, is_true, now, set_condition
 
 
 def _termination(pod: dict[str, Any]) -> str:
@@ -36,8 +37,8 @@ async def follow_supervisor(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
     status = dict(body.get("status") or {})
     meta = body["metadata"]
     phase = status.get("phase")
-    backend = (meta.get("annotations") or {}).get(b.ANNOTATION_BACKEND)
-    if phase in TERMINAL_PHASES or is_invalid(status) or backend not in b.BACKENDS:
+    backend = (meta.get("annotations") or {}).get(ANNOTATION_BACKEND)
+    if phase in TERMINAL_JOB_PHASES or is_invalid(status) or backend not in b.BACKENDS:
         return
     if get_condition(status, "Created") is None:
         # The create handler's metadata patch (the backend) has landed but its status patch, a separate
@@ -70,7 +71,7 @@ async def follow_supervisor(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
         return
     patch.status["phase"] = new_phase
     patch.status["conditions"] = conditions
-    if new_phase in TERMINAL_PHASES:
+    if new_phase in TERMINAL_JOB_PHASES:
         patch.status["completionTime"] = now()
     metrics.observe_phase(job.uid, new_phase)
     if new_phase != phase:

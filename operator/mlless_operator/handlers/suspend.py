@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 import kopf
 
+from mlless.contract import ANNOTATION_BACKEND, ANNOTATION_HIGHEST_RANK
 from mlless_operator import builders as b
 from mlless_operator import metrics
 from mlless_operator.config import Config
@@ -59,7 +60,7 @@ async def reconcile_suspension(body: kopf.Body, patch: kopf.Patch, memo: kopf.Me
 
 
 def _job(body: Mapping[str, Any], config: Config) -> b.JobRef:
-    return b.JobRef.from_body(body, config, body["metadata"]["annotations"][b.ANNOTATION_BACKEND])
+    return b.JobRef.from_body(body, config, body["metadata"]["annotations"][ANNOTATION_BACKEND])
 
 
 async def _suspend(body: kopf.Body, status: dict[str, Any], patch: kopf.Patch, memo: kopf.Memo, logger: logging.Logger | logging.LoggerAdapter) -> None:
@@ -127,7 +128,7 @@ async def _resume(body: kopf.Body, status: dict[str, Any], patch: kopf.Patch, me
     message = f"resuming from the checkpoint of step {step}" if step is not None else "resuming; no checkpoint was recorded"
     conditions = set_condition(status.get("conditions"), "Suspended", "False", "Resumed", message, generation)
     if ensured.highest_rank is not None:
-        patch.setdefault("metadata", {}).setdefault("annotations", {})[b.ANNOTATION_HIGHEST_RANK] = str(ensured.highest_rank)
+        patch.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_HIGHEST_RANK] = str(ensured.highest_rank)
     patch.status["phase"] = "Pending"
     patch.status["conditions"] = conditions
     patch.status["observedGeneration"] = generation

@@ -10,15 +10,15 @@ from typing import Any, Mapping
 
 import kopf
 
+from mlless.contract import API_VERSION, KIND, TERMINAL_JOB_PHASES
 from mlless_operator.kubeapi import KubeAPI
-from mlless_operator.status import TERMINAL_PHASES, finished_at, seconds_since
+from mlless_operator.status import finished_at, seconds_since
 
-API_VERSION, KIND = "mlless.io/v1alpha1", "TrainingJob"
 
 
 def applies(spec: Mapping[str, Any], status: Mapping[str, Any], **_: Any) -> bool:
     """Kopf `when=` filter: only finished jobs with a TTL get the timer."""
-    return spec.get("ttlSecondsAfterFinished") is not None and status.get("phase") in TERMINAL_PHASES
+    return spec.get("ttlSecondsAfterFinished") is not None and status.get("phase") in TERMINAL_JOB_PHASES
 
 
 async def expire(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger | logging.LoggerAdapter, **_: Any) -> None:

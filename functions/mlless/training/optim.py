@@ -2,7 +2,7 @@
 
 `Optimizer.step(x, idx, grad, lr)` updates ``x[idx]`` in place and returns the
 applied change, which the worker adds to its ISP accumulator
-(`mlless.significance`).  All optimizers are *lazy*: their state (velocity,
+(`mlless.training.significance`).  All optimizers are *lazy*: their state (velocity,
 Adam moments) is only read and written at ``idx``; an entry that a batch does
 not touch keeps its weight and its state unchanged (its velocity is not
 decayed), so a step costs O(len(idx)) no matter how large the model is.  Adam
@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from mlless.kernels import optim as _k
+from mlless.training.kernels import optim as _k
 
 if TYPE_CHECKING:  # only for annotations: models do not depend on optimizers, nor these on them at run time
     from mlless.data.batches import Batch
-    from mlless.models.base import Model
+    from mlless.training.models.base import Model
 
 OPTIMIZERS = ("adagrad", "sgd", "momentum", "nesterov", "adam")
 LR_DECAYS = ("none", "sqrt-epoch")

@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mlless.report.runs import ReportError, load_runs
+from mlless.telemetry.report.runs import ReportError, load_runs
 
 EXIT_USAGE = 2
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from mlless.report.html import render_report  # matplotlib loads only when a report is made
+    from mlless.telemetry.report.html import render_report  # matplotlib loads only when a report is made
 
     try:
         runs = load_runs(args.rundirs, args.label)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from mlless.report.runs import ReportError, Run, load_run, load_runs
+from mlless.telemetry.report.runs import ReportError, Run, load_run, load_runs
 
 __all__ = ["ReportError", "Run", "load_run", "load_runs", "render_report"]
 
@@ -23,6 +23,6 @@ def render_report(runs: Sequence[Run], out_dir: str | Path, title: str = "mlless
 
     Imported on call so that loading run directories does not load matplotlib.
     """
-    from mlless.report.html import render_report as render
+    from mlless.telemetry.report.html import render_report as render
 
     return render(runs, out_dir, title)

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """Sparse logistic-regression kernels over CSR mini-batches.
 
-Parameter layout, shared with `mlless.models.logreg`: ``params[:n_features]``
+Parameter layout, shared with `mlless.training.models.logreg`: ``params[:n_features]``
 are the weights and ``params[n_features]`` is the bias.  As in the PMF kernel,
 touched features get local slots through ``slot_map`` (int32, -1 between
 calls, reset before return), so the cost per batch is O(nnz), never
@@ -132,7 +132,7 @@ def logreg_adagrad_step(float[::1] params not None, float[::1] g2 not None,
     z = w·x + b and r = sigmoid(z) − y: for each feature j, g = r·x_j,
     G_j += g², w_j −= lr·g/√G_j + lr·wd·w_j (decoupled decay); the bias
     likewise with g = r.  ``g2`` (the accumulators, one per parameter) starts
-    at 1 (`mlless.optim`), which bounds the first steps by ``lr``.
+    at 1 (`mlless.training.optim`), which bounds the first steps by ``lr``.
 
     Returns ``(idx int32, delta float32, loss_sum float)``: every touched
     feature once (in order of first appearance) then the bias, the change the

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlless.report.plots import Plot, render_all
-from mlless.report.runs import Run
+from mlless.telemetry.report.plots import Plot, render_all
+from mlless.telemetry.report.runs import Run
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }

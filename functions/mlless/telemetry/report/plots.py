@@ -18,14 +18,15 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from mlless.report.runs import PHASES, Run
+from mlless.contract import STEP_PHASES
+from mlless.telemetry.report.runs import Run
 
 #: Bytes per step spanning more than this ratio (max / min) get a log axis.
 LOG_RATIO = 30.0
 _SIZE = (8.0, 4.5)
 _DPI = 110
 _RUN_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray", "tab:olive", "tab:cyan")
-_PHASE_COLOURS = dict(zip(PHASES, ("#8dd3c7", "#e6ab02", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69")))
+_PHASE_COLOURS = dict(zip(STEP_PHASES, ("#8dd3c7", "#e6ab02", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69")))
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ def draw_bytes(fig: Figure, runs: Sequence[Run]) -> None:
 
 def phase_medians(run: Run) -> dict[str, float]:
     """Median seconds per phase over the run's steps (0 for a phase never recorded)."""
-    return {p: (median(s) if (s := run.phase_samples(p)) else 0.0) for p in PHASES}
+    return {p: (median(s) if (s := run.phase_samples(p)) else 0.0) for p in STEP_PHASES}
 
 
 def draw_phases(fig: Figure, runs: Sequence[Run]) -> None:
@@ -178,7 +179,7 @@ def draw_phases(fig: Figure, runs: Sequence[Run]) -> None:
     names = [run.name for run in runs]
     medians = [phase_medians(run) for run in runs]
     bottoms = [0.0] * len(runs)
-    for phase in PHASES:
+    for phase in STEP_PHASES:
         heights = [m[phase] for m in medians]
         ax.bar(names, heights, bottom=bottoms, color=_PHASE_COLOURS[phase], edgecolor="white", width=0.6, label=phase)
         bottoms = [b + h for b, h in zip(bottoms, heights)]

@@ -3,7 +3,7 @@
 Prediction: U_u·M_i + b_u + b_i + μ, where μ is the training set's global mean
 rating (a constant from the dataset manifest, not a parameter).
 
-Layout of the flat replica (see `mlless.kernels.pmf`): ``n_users + n_items``
+Layout of the flat replica (see `mlless.training.kernels.pmf`): ``n_users + n_items``
 rows of width ``rank + 1``; users first, each row = factors then bias.  `U`,
 `M`, `bu`, `bi` are strided views into `params`.
 """
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from mlless.data.batches import Batch, RatingsBatch
-from mlless.kernels import pmf as _k
-from mlless.models.base import Model, ModelConfig
+from mlless.training.kernels import pmf as _k
+from mlless.training.models.base import Model, ModelConfig
 
 #: Bounds of the default per-rating L2 penalty on factors and biases (see `default_l2`).
 MIN_L2, MAX_L2 = 0.002, 0.1

@@ -29,7 +29,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
-from mlless.runtime.worker import PHASES
+from mlless.contract import STEP_PHASES
 from mlless.spec import PricingConfig
 
 #: Step phases last from ~0.1 ms (an in-memory apply) to seconds (a cold fetch from S3),
@@ -49,7 +49,7 @@ COST_COMPONENTS: tuple[str, ...] = ("workers", "supervisor", "redis", "rabbitmq"
 def billed_units(seconds: float, granularity: float) -> int:
     """Whole billing units of an invocation of `seconds` (every started unit is billed).
 
-    The same rounding as `mlless.cost.billed_seconds`, kept in integer units so
+    The same rounding as `mlless.telemetry.cost.billed_seconds`, kept in integer units so
     that repeated increments of a counter never accumulate float error.
     """
     return max(math.ceil(round(seconds / granularity, 9)), 0)
@@ -138,7 +138,7 @@ class SupervisorMetrics:
         # before its first event rather than appearing out of nowhere.
         for metric in (self.steps, self.update_bytes, self.filtered_entries, self.rejected):
             metric.labels(job)
-        for phase in PHASES:
+        for phase in STEP_PHASES:
             self.step_phase.labels(job, phase)
         for outcome in TUNER_OUTCOMES:
             self.tuner_decisions.labels(job, outcome)
@@ -201,8 +201,8 @@ class SupervisorMetrics:
         for phase, seconds in phases.items():
             if seconds is None or math.isnan(seconds):
                 continue
-            if phase not in PHASES:
-                raise ValueError(f"unknown step phase {phase!r}; expected one of {PHASES}")
+            if phase not in STEP_PHASES:
+                raise ValueError(f"unknown step phase {phase!r}; expected one of {STEP_PHASES}")
             self.step_phase.labels(self.job, phase).observe(seconds)
 
     def validation(self, loss: float) -> None:

@@ -13,9 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: Step phases in pipeline order, as in `mlless.runtime.worker.PHASES` (not imported:
-#: that module pulls in the whole training runtime, which a report does not need).
-PHASES: tuple[str, ...] = ("fetch", "compute", "filter", "write", "wait", "read", "apply")
 
 #: Row fields every plot relies on, and whether they may be null.
 _REQUIRED: dict[str, bool] = {"step": False, "time": False, "loss": True, "workers": False, "bytes_sent": False, "cost_usd": False}

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """PMF (biased matrix factorisation) kernels.
 
-Parameter layout, shared with `mlless.models.pmf`: the flat float32 vector is a
+Parameter layout, shared with `mlless.training.models.pmf`: the flat float32 vector is a
 row-major table of ``n_users + n_items`` rows of width ``rank + 1``.  Row ``u``
 (``u < n_users``) holds the user factors followed by the user bias; row
 ``n_users + i`` holds the item factors followed by the item bias.  Keeping a
@@ -190,7 +190,7 @@ def pmf_adagrad_step(float[::1] params not None, float[::1] g2 not None, const i
     (the item row likewise, with the user row's values from before this
     rating).  ``g2`` holds two accumulators per row, G then H (2·(n_users +
     n_items) floats: small enough to stay in cache, unlike one per
-    parameter).  They start at 1 (`mlless.optim`), LIBMF's choice, which
+    parameter).  They start at 1 (`mlless.training.optim`), LIBMF's choice, which
     bounds the first steps by ``lr``.
 
     Returns ``(idx int32, delta float32, sse float)``: every parameter of the

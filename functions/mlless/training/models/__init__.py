@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from mlless.models.base import FORMAT_VERSION, MODEL_KINDS, Model, ModelConfig, ModelFileError, read_model_file
-from mlless.models.logreg import LogisticRegression
-from mlless.models.pmf import PMF
+from mlless.training.models.base import FORMAT_VERSION, MODEL_KINDS, Model, ModelConfig, ModelFileError, read_model_file
+from mlless.training.models.logreg import LogisticRegression
+from mlless.training.models.pmf import PMF
 
 __all__ = ["Model", "ModelConfig", "ModelFileError", "PMF", "LogisticRegression", "build_model", "load_model",
            "MODEL_KINDS", "FORMAT_VERSION"]

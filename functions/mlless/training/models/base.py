@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mlless.data.batches import Batch
-from mlless.kernels import optim as _optim
+from mlless.training.kernels import optim as _optim
 
 FORMAT_VERSION = 1
 MODEL_KINDS = ("pmf", "logistic-regression")
@@ -37,7 +37,7 @@ class ModelConfig:
     """Model hyper-parameters; ``l2=None`` picks the model's default.
 
     ``rank`` only matters for PMF.  For PMF ``l2`` is a per-rating L2 penalty
-    inside the loss (see `mlless.kernels.pmf`); for logistic regression it is
+    inside the loss (see `mlless.training.kernels.pmf`); for logistic regression it is
     decoupled weight decay handed to the optimizer (`Model.weight_decay`).
     """
 

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from mlless.data.batches import Batch, SparseBatch
-from mlless.kernels import logreg as _k
-from mlless.models.base import Model, ModelConfig
+from mlless.training.kernels import logreg as _k
+from mlless.training.models.base import Model, ModelConfig
 
 #: Decoupled weight decay; hashed Criteo has plenty of data per bucket, so barely any is needed.
 DEFAULT_L2 = 1e-6

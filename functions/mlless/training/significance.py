@@ -6,7 +6,7 @@ with |δ_i| > (v/√t)·|x_i| and zeroes them; the rest keep accumulating.  A
 fresh weight (x_i == 0) with δ_i ≠ 0 is always significant, and v = 0 sends
 every non-zero δ_i, which is BSP.
 
-The pending entries wait in a timing wheel (`mlless.kernels.significance`)
+The pending entries wait in a timing wheel (`mlless.training.kernels.significance`)
 by the step they will become significant, so a step costs the entries whose
 δ or x changed plus those that fall due, not a pass over everything pending.
 That is why the filter must hear of every change to the replica: `accumulate`
@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from mlless.kernels.significance import TimingWheel
+from mlless.training.kernels.significance import TimingWheel
 
 
 def isp_threshold(v: float, t: int) -> float:

@@ -35,6 +35,8 @@ from typing import ClassVar, Mapping
 
 import numpy as np
 
+from mlless.contract import STEP_PHASES
+
 __all__ = [
     "MAGIC",
     "VERSION",
@@ -58,7 +60,6 @@ __all__ = [
     "Finish",
     "Done",
     "Failed",
-    "TIMING_FIELDS",
     "encode",
     "decode",
     "peek_header",
@@ -85,7 +86,6 @@ _KNOWN_CLOSE_FLAGS = CLOSE_SNAPSHOT | CLOSE_FINAL
 _MAX_TENSORS = 65535
 _MAX_NDIM = 32
 
-TIMING_FIELDS = ("fetch", "compute", "filter", "write", "wait", "read", "apply")
 
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
@@ -471,7 +471,7 @@ class Report(Message):
     """Worker → supervisor once per step; doubles as the "announce" (``has_update``).
 
     ``timings`` are seconds spent in (fetch, compute, filter, write, wait, read,
-    apply), see ``TIMING_FIELDS``.
+    apply), see ``STEP_PHASES``.
     """
 
     TYPE: ClassVar[FrameType] = FrameType.REPORT
@@ -494,9 +494,9 @@ class Report(Message):
             _set(self, name, _check_int(name, getattr(self, name), 0, _I64_MAX))
         _set(self, "has_update", _check_bool("has_update", self.has_update))
         t = tuple(self.timings)
-        if len(t) != len(TIMING_FIELDS):
-            raise FrameError(f"timings must have {len(TIMING_FIELDS)} entries {TIMING_FIELDS}, got {len(t)}")
-        _set(self, "timings", tuple(_check_float(f"timings.{n}", v, nonneg=True) for n, v in zip(TIMING_FIELDS, t)))
+        if len(t) != len(STEP_PHASES):
+            raise FrameError(f"timings must have {len(STEP_PHASES)} entries {STEP_PHASES}, got {len(t)}")
+        _set(self, "timings", tuple(_check_float(f"timings.{n}", v, nonneg=True) for n, v in zip(STEP_PHASES, t)))
 
     def _payload(self) -> bytes:
         return self._ST.pack(

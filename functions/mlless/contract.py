@@ -1,0 +1,67 @@
+"""Names shared across process and package boundaries, each written once.
+
+The CLI, the worker and supervisor processes, the function server and the
+operator agree on these names without importing one another: the CRD's
+identity, the environment variables that configure a process, the labels on
+the job's children, and the phase names of a step and of a job. This module
+imports nothing, so anything may import it.
+"""
+
+# --- The TrainingJob custom resource -------------------------------------------------------------------------
+GROUP = "mlless.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+SINGULAR = "trainingjob"
+SHORT_NAME = "tj"
+
+# --- Labels and annotations on a job's children ----------------------------------------------------------------
+LABEL_JOB = f"{GROUP}/job"
+LABEL_ROLE = f"{GROUP}/role"
+LABEL_RANK = f"{GROUP}/rank"
+ANNOTATION_BACKEND = f"{GROUP}/backend"
+ANNOTATION_OWNER = f"{GROUP}/owner"
+ANNOTATION_OWNER_UID = f"{GROUP}/owner-uid"
+#: On a TrainingJob (pod backend): the highest worker rank created in the current session, so that no rank is
+#: ever reused even after its pod is gone without a trace in status.removedRanks (a user's scale-in).
+ANNOTATION_HIGHEST_RANK = f"{GROUP}/highest-rank"
+
+# --- Environment variables: one name per setting ----------------------------------------------------------------
+#: Service URLs (a password may come separately, see the *_PASSWORD names).
+ENV_REDIS_URL = "REDIS_URL"
+ENV_AMQP_URL = "AMQP_URL"
+ENV_REDIS_PASSWORD = "REDIS_PASSWORD"
+ENV_RABBITMQ_PASSWORD = "RABBITMQ_PASSWORD"
+#: The embedded broker's address, for a laptop run's worker processes.
+ENV_EMBEDDED_ADDRESS = "MLLESS_EMBEDDED_ADDRESS"
+#: Which job and which replica a process is.
+ENV_JOB_ID = "MLLESS_JOB_ID"
+ENV_JOB_FILE = "MLLESS_JOB_FILE"
+ENV_JOB_NAME = "MLLESS_JOB_NAME"
+ENV_JOB_NAMESPACE = "MLLESS_JOB_NAMESPACE"
+ENV_RANK = "MLLESS_RANK"
+#: A worker invocation: continue from its checkpoint, and when to checkpoint and return.
+ENV_RESUME = "MLLESS_RESUME"
+ENV_DEADLINE_SECONDS = "MLLESS_DEADLINE_SECONDS"
+ENV_FUNCTION_TIMEOUT_SECONDS = "MLLESS_FUNCTION_TIMEOUT_SECONDS"
+#: How the supervisor reaches its workers on a cluster.
+ENV_WORKER_BACKEND = "MLLESS_WORKER_BACKEND"
+ENV_WORKER_URL = "MLLESS_WORKER_URL"
+#: The shared secret of a job's function invocations, given directly or as a file under the secrets folder.
+ENV_INVOKE_TOKEN = "MLLESS_INVOKE_TOKEN"
+ENV_SECRETS_DIR = "MLLESS_SECRETS_DIR"
+ENV_METRICS_PORT = "MLLESS_METRICS_PORT"
+#: Debugging: check that every update applied is conserved across replicas.
+ENV_AUDIT = "MLLESS_AUDIT"
+#: The operator's settings are the fields of `mlless_operator.config.Config`, upper-cased, after this prefix.
+ENV_OPERATOR_PREFIX = "MLLESS_OPERATOR_"
+
+# --- Phases ---------------------------------------------------------------------------------------------------
+#: A worker's step, in pipeline order; reports, metrics and plots carry its timings in this order.
+STEP_PHASES = ("fetch", "compute", "filter", "write", "wait", "read", "apply")
+#: The phases after a worker's own update is written: waiting for the step-close, reading peers' updates and
+#: applying them. They end after the step's report is sent, so a report carries them for the step before it.
+BARRIER_PHASES = ("wait", "read", "apply")
+#: A TrainingJob's status.phase values after which nothing runs again.
+TERMINAL_JOB_PHASES = ("Succeeded", "Failed")
