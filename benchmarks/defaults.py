@@ -27,8 +27,10 @@ import _common  # noqa: E402
 import time_to_quality as ttq  # noqa: E402
 
 from mlless.data.dataset import Dataset  # noqa: E402
-from mlless.training.models import ModelConfig, build_model  # noqa: E402
-from mlless.training.optim import OptimizerConfig, default_optimizer, make_optimizer  # noqa: E402
+from mlless.spec.config import ModelConfig  # noqa: E402
+from mlless.training.models import build_model  # noqa: E402
+from mlless.spec.config import OptimizerConfig, default_optimizer  # noqa: E402
+from mlless.training.optim import make_optimizer  # noqa: E402
 
 
 @dataclass(frozen=True)

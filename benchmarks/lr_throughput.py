@@ -37,8 +37,9 @@ import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
 
 from mlless.data.dataset import Dataset  # noqa: E402
-from mlless.training.models import ModelConfig, build_model  # noqa: E402
-from mlless.training.optim import default_optimizer  # noqa: E402
+from mlless.spec.config import ModelConfig  # noqa: E402
+from mlless.training.models import build_model  # noqa: E402
+from mlless.spec.config import default_optimizer  # noqa: E402
 from mlless.training.replica import Replica  # noqa: E402
 
 

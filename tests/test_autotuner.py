@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlless.autotuner import (AutoTuner, CurveFitError, Decision, KneeConfig, TunerConfig, fit_reference,
-                              fit_slow, kneedle, make_knee_detector)
+from mlless.autotuner import AutoTuner, CurveFitError, Decision, fit_reference, fit_slow, kneedle, make_knee_detector
 from mlless.autotuner.durations import robust_step_duration
 from mlless.autotuner.smoothing import ewma
+from mlless.spec.config import KneeConfig, TunerConfig
 
 DATA = Path(__file__).parent / "data" / "movielens_pmf_loss.json"
 

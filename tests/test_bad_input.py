@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from mlless.cli import main
-from mlless.training.models import ModelConfig, build_model
+from mlless.spec.config import ModelConfig
+from mlless.training.models import build_model
 
 MANIFEST = """apiVersion: mlless.io/v1alpha1
 kind: TrainingJob

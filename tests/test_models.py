@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from mlless.data.batches import RatingsBatch, SparseBatch
-from mlless.training.models import ModelConfig, ModelFileError, build_model, load_model
-from mlless.training.optim import default_optimizer
+from mlless.spec.config import ModelConfig
+from mlless.training.models import ModelFileError, build_model, load_model
+from mlless.spec.config import default_optimizer
 from mlless.training.replica import Replica
 
 PMF_DIMS = {"n_users": 30, "n_items": 20, "mean_rating": 3.0, "rating_min": 1.0, "rating_max": 5.0}
@@ -320,3 +321,20 @@ def test_apply_update_is_all_or_nothing_and_names_the_bad_index():
         np.testing.assert_array_equal(model.params, before)  # nothing of a bad update is applied
     model.apply_update(np.array([1, 5], np.int32), np.ones(2, np.float32))  # the workspace was left clean
     assert model.params[1] == 1 and model.params[5] == 1
+
+
+def test_every_model_type_of_the_schema_is_registered_and_no_other():
+    from mlless.spec.config import MODEL_TYPES
+    from mlless.training.models.base import REGISTRY
+
+    assert set(REGISTRY) == set(MODEL_TYPES)
+    for kind, cls in REGISTRY.items():
+        assert cls.kind == kind and cls.dataset_kind in ("ratings", "sparse") and cls.shape_dims
+
+
+def test_a_model_whose_type_the_schema_does_not_know_is_refused():
+    from mlless.training.models.base import REGISTRY, Model
+
+    with pytest.raises(TypeError, match="'svm' is not in the schema's model.type enum"):
+        type("SVM", (Model,), {"kind": "svm"})
+    assert "svm" not in REGISTRY

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlless.training.optim import OptimizerConfig, default_optimizer, make_optimizer
+from mlless.spec.config import OptimizerConfig, default_optimizer
+from mlless.training.optim import make_optimizer
 
 SIZE = 12
 

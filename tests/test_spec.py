@@ -121,3 +121,34 @@ def test_structural_schema_has_no_additional_properties_but_cli_schema_forbids_u
     assert all("type" in n for n in walk(loose))
     strict = manifest_schema(strict=True)["properties"]["spec"]
     assert strict["additionalProperties"] is False
+
+
+def _defaults(node, path=()):
+    if "default" in node:
+        yield ".".join(path), node
+    for name, child in node.get("properties", {}).items():
+        yield from _defaults(child, (*path, name))
+
+
+def test_every_schema_default_is_valid_for_its_own_field():
+    import jsonschema
+
+    from mlless.spec import SPEC_SCHEMA
+
+    found = dict(_defaults(SPEC_SCHEMA))
+    assert {"workers", "sync.significanceThreshold", "autoscaler.knee.slope", "pricing.redisPerHour"} <= set(found)
+    for path, node in found.items():
+        jsonschema.Draft4Validator({k: v for k, v in node.items() if k != "default"}).validate(node["default"])
+
+
+def test_a_minimal_manifest_resolves_to_the_schema_defaults(tmp_path):
+    from mlless.spec.schema import default
+
+    job = from_manifest({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob",
+                         "spec": {"model": {"type": "pmf"}, "dataset": {"uri": str(tmp_path)}}})
+    assert (job.workers, job.seed, job.model.rank, job.evaluate_every) == (
+        default("workers"), default("seed"), default("model.rank"), default("evaluation.everySteps"))
+    assert (job.sync.protocol, job.sync.significance_threshold, job.sync.slack) == (
+        default("sync.protocol"), default("sync.significanceThreshold"), default("sync.slack"))
+    assert job.autoscaler.knee.slope == default("autoscaler.knee.slope")
+    assert job.pricing.redis_per_hour == default("pricing.redisPerHour")

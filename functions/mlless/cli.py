@@ -27,7 +27,7 @@ from mlless.contract import (
 from mlless import __version__
 from mlless.data.cli import add_prepare_parser
 from mlless.data.dataset import Dataset, DatasetError
-from mlless.training.models.base import DATASET_KIND, SHAPE_DIMS, ModelFileError
+from mlless.training.models import ModelFileError, load_model, model_class
 from mlless.telemetry.report.cli import add_report_parser
 from mlless.runtime.launcher import Launcher
 from mlless.telemetry.record import Progress
@@ -82,8 +82,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     # --workers goes through the schema like the manifest's own field, and the defaults that depend on P follow it.
     job = _load_job(args.job, {"workers": args.workers} if args.workers is not None else None)
     kind = Dataset.open(job.dataset_uri).kind
-    if kind != DATASET_KIND[job.model.type]:
-        raise UsageError(f"{args.job}: spec.model.type {job.model.type} trains on a {DATASET_KIND[job.model.type]} "
+    if kind != model_class(job.model.type).dataset_kind:
+        raise UsageError(f"{args.job}: spec.model.type {job.model.type} trains on a {model_class(job.model.type).dataset_kind} "
                          f"dataset, and {job.dataset_uri} holds {kind} (see `mlless prepare --help`)")
     redis_url, amqp_url = _services(args)
     run_dir = Path(args.out or f"runs/{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -130,13 +130,11 @@ def _model_origin(summary: dict[str, Any]) -> str:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from mlless.training.models import load_model
-
     model = load_model(args.model)
     dataset = Dataset.open(args.dataset)
-    if dataset.kind != DATASET_KIND[model.kind]:
+    if dataset.kind != model.dataset_kind:
         raise UsageError(f"{args.dataset}: a {dataset.kind} dataset cannot evaluate a {model.kind} model")
-    shape = {k: v for k, v in model.dims().items() if k in SHAPE_DIMS}
+    shape = {k: v for k, v in model.dims().items() if k in model.shape_dims}
     theirs = {k: dataset.dims().get(k) for k in shape}
     if shape != theirs:
         raise UsageError(f"{args.dataset}: the dataset has {theirs}, the model {args.model} was trained on {shape}")

@@ -8,17 +8,15 @@ Modules: ``smoothing`` (causal EWMA), ``knee`` (knee detectors), ``curves`` (L_P
 """
 
 from .curves import CurveFitError, FittedCurve, fit_reference, fit_slow
-from .knee import KneeConfig, kneedle, make_knee_detector
-from .tuner import AutoTuner, Decision, Outcome, TunerConfig
+from .knee import kneedle, make_knee_detector
+from .tuner import AutoTuner, Decision, Outcome
 
 __all__ = [
     "AutoTuner",
     "CurveFitError",
     "Decision",
     "FittedCurve",
-    "KneeConfig",
     "Outcome",
-    "TunerConfig",
     "fit_reference",
     "fit_slow",
     "kneedle",

@@ -27,51 +27,16 @@ little; it is accepted once it stays within a small tolerance for ``stable_check
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from mlless.spec.config import KneeConfig
+
 from .smoothing import OnlineEwma
 
-__all__ = ["KneeConfig", "KneeDetector", "SlopeKneeDetector", "KneedleKneeDetector", "kneedle",
+__all__ = ["KneeDetector", "SlopeKneeDetector", "KneedleKneeDetector", "kneedle",
            "make_knee_detector"]
-
-KneeMethod = Literal["slope", "kneedle"]
-
-
-@dataclass(frozen=True)
-class KneeConfig:
-    """How the knee is found.
-
-    method: "slope" (the papers') | "kneedle" (pluggable alternative).
-    span: EWMA span for both smoothings (the original's 20).
-    slope: relative threshold; the knee is where the smoothed slope of the EWMA loss divided by the loss
-        scale (the first smoothed loss) rises above −slope, i.e. the loss now drops by less than this
-        fraction of its initial value per step. Default 1e−3, chosen on a recorded PMF/MovieLens run (4
-        workers, tests/data/movielens_pmf_loss.json): there the smoothed relative slope is about −5e−4 ±
-        3.5e−4 (noise) during the long slow descent, so thresholds ≤ 5e−4 fire on noise somewhere in it and
-        the knee moves with ``stable_checks`` (1e−4: step 131 with 5 checks, step 601 with 10), while 1e−3
-        lands on the elbow at step 59 (epoch 2.6) for stable_checks = 5, 10 and 20 alike. Note the unit is
-        per *step*: a job with many tiny steps per epoch may want a smaller value.
-    stable_checks: the candidate must hold for this many consecutive checks (the original's 5).
-    """
-
-    method: KneeMethod = "slope"
-    span: int = 20
-    slope: float = 1e-3
-    stable_checks: int = 5
-
-    def __post_init__(self) -> None:
-        if self.method not in ("slope", "kneedle"):
-            raise ValueError(f"knee method must be 'slope' or 'kneedle', got {self.method!r}")
-        if self.span < 1:
-            raise ValueError(f"knee span must be >= 1, got {self.span}")
-        if not (self.slope >= 0 and np.isfinite(self.slope)):
-            raise ValueError(f"knee slope threshold must be a finite number >= 0, got {self.slope}")
-        if self.stable_checks < 1:
-            raise ValueError(f"knee stable_checks must be >= 1, got {self.stable_checks}")
 
 
 class KneeDetector(ABC):

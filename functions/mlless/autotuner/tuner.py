@@ -34,10 +34,12 @@ import numpy as np
 
 from .curves import CurveFitError, FittedCurve, fit_reference, fit_slow
 from .durations import robust_step_duration
-from .knee import KneeConfig, KneeDetector, make_knee_detector
+from mlless.spec.config import TunerConfig
+
+from .knee import KneeDetector, make_knee_detector
 from .smoothing import ewma
 
-__all__ = ["AutoTuner", "Decision", "Outcome", "TunerConfig"]
+__all__ = ["AutoTuner", "Decision", "Outcome"]
 
 log = logging.getLogger(__name__)
 
@@ -49,28 +51,6 @@ SLOW_MIN_POINTS = 4
 """As the original: the slow fit needs at least 4 points (the original crashed with fewer)."""
 SKIP_STEPS_AFTER_REMOVAL = 4
 """As the original: the first steps after a removal include the leave/average handshake; not timed."""
-
-
-@dataclass(frozen=True)
-class TunerConfig:
-    """Auto-tuner settings (the papers' values as defaults: interval 20 s, Δ = 10 s, S = 15 %)."""
-
-    enabled: bool = False
-    interval_seconds: float = 20.0
-    horizon_seconds: float = 10.0
-    threshold: float = 0.15
-    min_workers: int = 1
-    knee: KneeConfig = field(default_factory=KneeConfig)
-
-    def __post_init__(self) -> None:
-        if not (self.interval_seconds > 0 and math.isfinite(self.interval_seconds)):
-            raise ValueError(f"interval_seconds must be > 0, got {self.interval_seconds}")
-        if not (self.horizon_seconds > 0 and math.isfinite(self.horizon_seconds)):
-            raise ValueError(f"horizon_seconds must be > 0, got {self.horizon_seconds}")
-        if not math.isfinite(self.threshold):
-            raise ValueError(f"threshold must be finite, got {self.threshold}")
-        if self.min_workers < 1:
-            raise ValueError(f"min_workers must be >= 1, got {self.min_workers}")
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,7 @@
 """The TrainingJob specification: one schema for the CLI and the CRD, and its typed form."""
+from mlless.spec.config import PricingConfig, StopConfig, SyncConfig
 from mlless.spec.job import (
-    PricingConfig,
     SpecError,
-    StopConfig,
-    SyncConfig,
     TrainingJob,
     from_manifest,
     load_manifest,

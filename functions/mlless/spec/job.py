@@ -2,9 +2,8 @@
 
 `load_manifest` is the only way a manifest becomes a `TrainingJob`: it
 validates against `schema.manifest_schema` and reports the first errors with
-their field path, then fills defaults. Model and optimizer settings map onto
-the dataclasses their modules own, so defaults live next to the code that
-depends on them.
+their field path, then fills defaults: the schema's, through the dataclasses
+of `mlless.spec.config`, and the model-dependent optimizer defaults.
 """
 from __future__ import annotations
 
@@ -18,58 +17,21 @@ from typing import Any, Iterator, Mapping
 import jsonschema
 import yaml
 
-from mlless.autotuner import KneeConfig, TunerConfig
-from mlless.training.models.base import ModelConfig
-from mlless.training.optim import OptimizerConfig, default_optimizer
-from mlless.spec.schema import manifest_schema
+from mlless.spec.config import (
+    KneeConfig,
+    ModelConfig,
+    OptimizerConfig,
+    PricingConfig,
+    StopConfig,
+    SyncConfig,
+    TunerConfig,
+    default_optimizer,
+)
+from mlless.spec.schema import DEFAULT_MAX_EPOCHS, DEFAULT_PATIENCE, default, manifest_schema
 
 
 class SpecError(ValueError):
     """A manifest is invalid; the message names the field path."""
-
-
-@dataclass(frozen=True)
-class SyncConfig:
-    protocol: str = "isp"
-    significance_threshold: float = 0.7
-    slack: int = 3
-
-    @property
-    def threshold(self) -> float:
-        """The ISP v; BSP and SSP send every non-zero accumulated entry."""
-        return self.significance_threshold if self.protocol == "isp" else 0.0
-
-    @property
-    def staleness(self) -> int:
-        """How many closed steps a worker may run ahead of; 0 is a full barrier."""
-        return self.slack if self.protocol == "ssp" else 0
-
-
-@dataclass(frozen=True)
-class StopConfig:
-    target_loss: float | None = None
-    target_steps: int = 10
-    max_steps: int | None = None
-    max_epochs: float | None = None
-    max_seconds: float | None = None
-    budget_usd: float | None = None
-    patience: int | None = None
-
-    def has_length_limit(self) -> bool:
-        """A step, epoch or seconds limit: the user said how long to train."""
-        return any(v is not None for v in (self.max_steps, self.max_epochs, self.max_seconds))
-
-
-@dataclass(frozen=True)
-class PricingConfig:
-    """The papers' IBM Cloud prices (2021), DESIGN §3."""
-
-    function_memory_gb: float = 2.0
-    price_per_gb_second: float = 1.7e-5
-    billing_granularity_seconds: float = 0.1
-    redis_per_hour: float = 0.17
-    rabbitmq_per_hour: float = 0.15
-    vm_per_hour: float | None = None
 
 
 @dataclass(frozen=True)
@@ -79,12 +41,12 @@ class TrainingJob:
     model: ModelConfig
     dataset_uri: str
     optimizer: OptimizerConfig
-    seed: int = 0
-    cache_batches: bool = False
+    seed: int = default("seed")
+    cache_batches: bool = default("dataset.cacheBatches")
     sync: SyncConfig = field(default_factory=SyncConfig)
     stop: StopConfig = field(default_factory=StopConfig)
-    evaluate_every: int = 25
-    worker_timeout_seconds: float = 60.0
+    evaluate_every: int = default("evaluation.everySteps")
+    worker_timeout_seconds: float = default("liveness.workerTimeoutSeconds")
     pricing: PricingConfig = field(default_factory=PricingConfig)
     autoscaler: TunerConfig = field(default_factory=TunerConfig)
     output_uri: str | None = None
@@ -108,12 +70,6 @@ class TrainingJob:
             }
         )
 
-
-DEFAULT_WORKERS = 3
-#: Without a step, epoch or seconds limit, stop after this many evaluations without improvement...
-DEFAULT_PATIENCE = 5
-#: ...or, should the validation loss keep creeping down (or evaluation be off), after this many epochs.
-DEFAULT_MAX_EPOCHS = 50.0
 
 _STOP_FIELDS = {
     "targetLoss": "target_loss",
@@ -149,6 +105,8 @@ _AUTOSCALER_FIELDS = {
     "minWorkers": "min_workers",
 }
 _KNEE_FIELDS = {"method": "method", "span": "span", "slope": "slope", "stableChecks": "stable_checks"}
+_SYNC_FIELDS = {"protocol": "protocol", "significanceThreshold": "significance_threshold", "slack": "slack"}
+_MODEL_FIELDS = {"type": "type", "rank": "rank", "l2": "l2"}
 
 
 def _renamed(section: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
@@ -182,10 +140,9 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
     """Validate a parsed manifest and resolve defaults."""
     validate_manifest(doc, source)
     spec = doc["spec"]
-    model = ModelConfig(type=spec["model"]["type"], rank=spec["model"].get("rank", 20), l2=spec["model"].get("l2"))
-    workers = spec.get("workers", DEFAULT_WORKERS)
+    model = ModelConfig(**_renamed(spec["model"], _MODEL_FIELDS))
+    workers = spec.get("workers", default("workers"))
     optimizer = dataclasses.replace(default_optimizer(model.type, workers), **_renamed(spec.get("optimizer", {}), _OPTIMIZER_FIELDS))
-    sync = spec.get("sync", {})
     autoscaler = spec.get("autoscaler", {})
     stop = StopConfig(**_renamed(spec.get("stop", {}), _STOP_FIELDS))
     if not stop.has_length_limit():
@@ -199,16 +156,12 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
         model=model,
         dataset_uri=uri,
         optimizer=optimizer,
-        seed=spec.get("seed", 0),
-        cache_batches=spec["dataset"].get("cacheBatches", False),
-        sync=SyncConfig(
-            protocol=sync.get("protocol", "isp"),
-            significance_threshold=sync.get("significanceThreshold", 0.7),
-            slack=sync.get("slack", 3),
-        ),
+        seed=spec.get("seed", default("seed")),
+        cache_batches=spec["dataset"].get("cacheBatches", default("dataset.cacheBatches")),
+        sync=SyncConfig(**_renamed(spec.get("sync", {}), _SYNC_FIELDS)),
         stop=stop,
-        evaluate_every=spec.get("evaluation", {}).get("everySteps", 25),
-        worker_timeout_seconds=spec.get("liveness", {}).get("workerTimeoutSeconds", 60.0),
+        evaluate_every=spec.get("evaluation", {}).get("everySteps", default("evaluation.everySteps")),
+        worker_timeout_seconds=spec.get("liveness", {}).get("workerTimeoutSeconds", default("liveness.workerTimeoutSeconds")),
         pricing=PricingConfig(**_renamed(spec.get("pricing", {}), _PRICING_FIELDS)),
         autoscaler=TunerConfig(
             **_renamed(autoscaler, _AUTOSCALER_FIELDS), knee=KneeConfig(**_renamed(autoscaler.get("knee", {}), _KNEE_FIELDS))

@@ -20,7 +20,23 @@ from mlless.contract import API_VERSION, KIND
 Schema = dict[str, Any]
 
 
-def _num(description: str, minimum: float | None = None, exclusive: bool = False, below: float | None = None) -> Schema:
+#: Without a step, epoch or seconds limit, stop after this many evaluations without improvement...
+DEFAULT_PATIENCE = 5
+#: ...or, should the validation loss keep creeping down (or evaluation be off), after this many epochs.
+DEFAULT_MAX_EPOCHS = 50.0
+
+
+def _with_default(node: Schema, default: Any) -> Schema:
+    """Record a field's default in the schema, the one place it is written, and say it in the description."""
+    if default is not None:
+        node["default"] = default
+        shown = str(default).lower() if isinstance(default, bool) else f"{default:g}" if isinstance(default, float) else default
+        node["description"] = f"{node['description']} Default {shown}."
+    return node
+
+
+def _num(description: str, minimum: float | None = None, exclusive: bool = False, below: float | None = None,
+         default: float | None = None) -> Schema:
     """A number >= minimum (> with `exclusive`) and, if given, strictly below `below`."""
     # OpenAPI 3.0 (and JSON Schema draft 4) spell exclusive bounds as booleans beside minimum/maximum.
     node: Schema = {"type": "number", "description": description}
@@ -31,16 +47,24 @@ def _num(description: str, minimum: float | None = None, exclusive: bool = False
     if below is not None:
         node["maximum"] = below
         node["exclusiveMaximum"] = True
-    return node
+    return _with_default(node, default)
 
 
-def _int(description: str, minimum: int | None = None, maximum: int | None = None) -> Schema:
+def _int(description: str, minimum: int | None = None, maximum: int | None = None, default: int | None = None) -> Schema:
     node: Schema = {"type": "integer", "description": description}
     if minimum is not None:
         node["minimum"] = minimum
     if maximum is not None:
         node["maximum"] = maximum
-    return node
+    return _with_default(node, default)
+
+
+def _bool(description: str, default: bool) -> Schema:
+    return _with_default({"type": "boolean", "description": description}, default)
+
+
+def _choice(description: str, values: list[str], default: str | None = None) -> Schema:
+    return _with_default({"type": "string", "enum": values, "description": description}, default)
 
 
 def _obj(description: str, properties: dict[str, Schema], required: list[str] | None = None) -> Schema:
@@ -53,17 +77,14 @@ def _obj(description: str, properties: dict[str, Schema], required: list[str] | 
 SPEC_SCHEMA: Schema = _obj(
     "Desired state of a serverless training job: one supervisor and `workers` worker functions.",
     {
-        "workers": _int("Number of worker functions P (replicas). Default 3.", 1, 1024),
-        "seed": _int("Seed for model initialisation and mini-batch order. Default 0.", 0),
+        "workers": _int("Number of worker functions P (replicas).", 1, 1024, default=3),
+        "seed": _int("Seed for model initialisation and mini-batch order.", 0, default=0),
         "model": _obj(
             "The model to train.",
             {
-                "type": {
-                    "type": "string",
-                    "enum": ["pmf", "logistic-regression"],
-                    "description": "pmf: biased matrix factorisation (RMSE); logistic-regression: sparse LR on hashed features (BCE).",
-                },
-                "rank": _int("Latent factors per user and item (pmf). Default 20.", 1, 1024),
+                "type": _choice("pmf: biased matrix factorisation (RMSE); logistic-regression: sparse LR on hashed "
+                                "features (BCE).", ["pmf", "logistic-regression"]),
+                "rank": _int("Latent factors per user and item (pmf).", 1, 1024, default=20),
                 "l2": _num("Weight decay applied to the parameters a mini-batch touches. Default per model.", 0),
             },
             ["type"],
@@ -76,39 +97,32 @@ SPEC_SCHEMA: Schema = _obj(
                     "minLength": 1,
                     "description": "Directory or fsspec URL (s3://...) holding manifest.json; relative paths resolve against the manifest file's folder.",
                 },
-                "cacheBatches": {
-                    "type": "boolean",
-                    "description": "Keep mini-batches in worker memory after the first read. Default false.",
-                },
+                "cacheBatches": _bool("Keep mini-batches in worker memory after the first read.", False),
             },
             ["uri"],
         ),
         "optimizer": _obj(
             "Optimizer applied by each worker to its local replica. Defaults depend on the model.",
             {
-                "type": {"type": "string", "enum": ["adagrad", "sgd", "momentum", "nesterov", "adam"], "description": "Update rule. adagrad updates per sample inside the mini-batch (LIBMF, Vowpal Wabbit); the others take one step per mini-batch."},
+                "type": _choice("Update rule. adagrad updates per sample inside the mini-batch (LIBMF, Vowpal Wabbit); "
+                                "the others take one step per mini-batch.", ["adagrad", "sgd", "momentum", "nesterov", "adam"]),
                 "learningRate": _num("Step size.", 0, exclusive=True),
-                "momentum": _num("Momentum coefficient (momentum, nesterov).", 0, below=1),
-                "beta1": _num("Adam first-moment decay.", 0, below=1),
-                "beta2": _num("Adam second-moment decay.", 0, below=1),
-                "epsilon": _num("Adam denominator guard.", 0, exclusive=True),
-                "lrDecay": {
-                    "type": "string",
-                    "enum": ["none", "sqrt-epoch"],
-                    "description": "Learning-rate schedule: constant, or lr/sqrt(epoch) as the papers do for LR.",
-                },
+                "momentum": _num("Momentum coefficient (momentum, nesterov).", 0, below=1, default=0.9),
+                "beta1": _num("Adam first-moment decay.", 0, below=1, default=0.9),
+                "beta2": _num("Adam second-moment decay.", 0, below=1, default=0.999),
+                "epsilon": _num("Adam denominator guard.", 0, exclusive=True, default=1e-8),
+                "lrDecay": _choice("Learning-rate schedule: constant, or lr/sqrt(epoch) as the papers do for LR.",
+                                   ["none", "sqrt-epoch"]),
             },
         ),
         "sync": _obj(
             "Synchronisation protocol between replicas.",
             {
-                "protocol": {
-                    "type": "string",
-                    "enum": ["bsp", "isp", "ssp"],
-                    "description": "bsp: every update every step; isp: significance filter (default); ssp: stale-synchronous with `slack`.",
-                },
-                "significanceThreshold": _num("ISP threshold v; an entry is sent when |delta/x| > v/sqrt(step). Default 0.7.", 0),
-                "slack": _int("SSP slack s: a worker at step t has applied every update up to t-s-1. Default 3.", 0, 1000),
+                "protocol": _choice("bsp: every update every step; isp: significance filter; ssp: stale-synchronous "
+                                    "with `slack`.", ["bsp", "isp", "ssp"], "isp"),
+                "significanceThreshold": _num("ISP threshold v; an entry is sent when |delta/x| > v/sqrt(step).", 0,
+                                              default=0.7),
+                "slack": _int("SSP slack s: a worker at step t has applied every update up to t-s-1.", 0, 1000, default=3),
             },
         ),
         "output": _obj(
@@ -123,13 +137,15 @@ SPEC_SCHEMA: Schema = _obj(
         ),
         "stop": _obj(
             "When the job ends; the first condition reached wins. Without maxSteps, maxEpochs or maxSeconds, "
-            "training stops once the validation loss stops improving (patience 5), or after 50 epochs.",
+            f"training stops once the validation loss stops improving (patience {DEFAULT_PATIENCE}), or after "
+            f"{DEFAULT_MAX_EPOCHS:g} epochs.",
             {
                 "targetLoss": _num("Stop once the smoothed validation loss stays at or below this for `targetSteps` "
                                    "steps (the training loss when evaluation.everySteps is 0).", 0),
-                "targetSteps": _int("Steps the loss must stay at or below targetLoss. Default 10.", 1),
+                "targetSteps": _int("Steps the loss must stay at or below targetLoss.", 1, default=10),
                 "patience": _int("Stop after this many evaluations without improvement of the smoothed validation "
-                                 "loss. Default 5 when no step, epoch or seconds limit is set, otherwise off.", 1),
+                                 f"loss. Default {DEFAULT_PATIENCE} when no step, epoch or seconds limit is set, "
+                                 "otherwise off.", 1),
                 "maxSteps": _int("Stop after this many steps.", 1),
                 "maxEpochs": _num("Stop after this many passes over the training batches.", 0, exclusive=True),
                 "maxSeconds": _num("Stop after this much wall-clock time.", 0, exclusive=True),
@@ -138,13 +154,15 @@ SPEC_SCHEMA: Schema = _obj(
         ),
         "evaluation": _obj(
             "Held-out evaluation by the supervisor.",
-            {"everySteps": _int("Evaluate a replica snapshot on the validation split every N steps. Default 25; 0 disables.", 0)},
+            {"everySteps": _int("Evaluate a replica snapshot on the validation split every N steps; 0 disables.", 0,
+                                default=25)},
         ),
         "liveness": _obj(
             "Failure detection.",
             {
                 "workerTimeoutSeconds": _num(
-                    "A worker that has not reported an open step for this long is dropped from the barrier. Default 60.", 0, exclusive=True
+                    "A worker that has not reported an open step for this long is dropped from the barrier.", 0,
+                    exclusive=True, default=60.0,
                 ),
             },
         ),
@@ -152,18 +170,20 @@ SPEC_SCHEMA: Schema = _obj(
             "Scale-in auto-tuner (MLLess §4.2): after the loss curve's knee, remove workers while the projected "
             "loss with fewer workers stays within `threshold` of the full pool's.",
             {
-                "enabled": {"type": "boolean", "description": "Run the auto-tuner. Default false."},
-                "intervalSeconds": _num("Re-evaluate this often after a removal. Default 20.", 0, exclusive=True),
-                "horizonSeconds": _num("Projection horizon Δ. Default 10.", 0, exclusive=True),
-                "threshold": _num("Remove another worker while the projected relative loss gap is below S. Default 0.15.", 0),
-                "minWorkers": _int("Never go below this many workers. Default 1.", 1),
+                "enabled": _bool("Run the auto-tuner.", False),
+                "intervalSeconds": _num("Re-evaluate this often after a removal.", 0, exclusive=True, default=20.0),
+                "horizonSeconds": _num("Projection horizon Δ.", 0, exclusive=True, default=10.0),
+                "threshold": _num("Remove another worker while the projected relative loss gap is below S.", 0,
+                                  default=0.15),
+                "minWorkers": _int("Never go below this many workers.", 1, default=1),
                 "knee": _obj(
                     "Knee detection on the smoothed training loss.",
                     {
-                        "method": {"type": "string", "enum": ["slope", "kneedle"], "description": "Default slope (the papers')."},
-                        "span": _int("EWMA span. Default 20.", 1),
-                        "slope": _num("Relative slope threshold: the knee is where d(loss)/dt / loss rises above -slope.", 0, exclusive=True),
-                        "stableChecks": _int("The knee must stay put for this many checks. Default 5.", 1),
+                        "method": _choice("slope (the papers') or kneedle.", ["slope", "kneedle"], "slope"),
+                        "span": _int("EWMA span.", 1, default=20),
+                        "slope": _num("Relative slope threshold: the knee is where d(loss)/dt / loss rises above -slope.",
+                                      0, exclusive=True, default=1e-3),
+                        "stableChecks": _int("The knee must stay put for this many checks.", 1, default=5),
                     },
                 ),
             },
@@ -171,17 +191,35 @@ SPEC_SCHEMA: Schema = _obj(
         "pricing": _obj(
             "Prices for the serverless cost estimate. Defaults are the papers' IBM Cloud prices (2021).",
             {
-                "functionMemoryGB": _num("Memory of each function. Default 2.", 0, exclusive=True),
-                "pricePerGBSecond": _num("Function price in $ per GB-second. Default 1.7e-5.", 0),
-                "billingGranularitySeconds": _num("Billing unit of a function invocation. Default 0.1.", 0, exclusive=True),
-                "redisPerHour": _num("Redis instance price in $/h. Default 0.17.", 0),
-                "rabbitmqPerHour": _num("RabbitMQ instance price in $/h. Default 0.15.", 0),
+                "functionMemoryGB": _num("Memory of each function.", 0, exclusive=True, default=2.0),
+                "pricePerGBSecond": _num("Function price in $ per GB-second.", 0, default=1.7e-5),
+                "billingGranularitySeconds": _num("Billing unit of a function invocation.", 0, exclusive=True, default=0.1),
+                "redisPerHour": _num("Redis instance price in $/h.", 0, default=0.17),
+                "rabbitmqPerHour": _num("RabbitMQ instance price in $/h.", 0, default=0.15),
                 "vmPerHour": _num("Optional: price of a VM that would run the same job, for the IaaS comparison (papers: 0.2 $/h, 4 vCPU).", 0),
             },
         ),
     },
     ["model", "dataset"],
 )
+
+
+def _field(path: str) -> Schema:
+    node = SPEC_SCHEMA
+    for name in path.split("."):
+        node = node["properties"][name]
+    return node
+
+
+def default(path: str) -> Any:
+    """The schema's default of a spec field, by its dotted path ("sync.significanceThreshold")."""
+    return _field(path)["default"]
+
+
+def choices(path: str) -> tuple[str, ...]:
+    """The allowed values of an enumerated spec field, by its dotted path ("model.type")."""
+    return tuple(_field(path)["enum"])
+
 
 def _str(description: str, enum: list[str] | None = None, fmt: str | None = None) -> Schema:
     node: Schema = {"type": "string", "description": description}

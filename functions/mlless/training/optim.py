@@ -17,100 +17,20 @@ mini-batch, with per-row (PMF, as LIBMF) or per-coordinate (LR, as Vowpal
 Wabbit's adaptive updates) AdaGrad step sizes, so one mini-batch is B updates
 instead of one averaged step.  The model owns that fused kernel
 (`Model.adagrad_step`); the optimizer owns its accumulators.  It is PMF's
-default (see `default_optimizer`).
+default (see `mlless.spec.config.default_optimizer`).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
+from mlless.spec.config import OptimizerConfig
 from mlless.training.kernels import optim as _k
 
 if TYPE_CHECKING:  # only for annotations: models do not depend on optimizers, nor these on them at run time
     from mlless.data.batches import Batch
     from mlless.training.models.base import Model
-
-OPTIMIZERS = ("adagrad", "sgd", "momentum", "nesterov", "adam")
-LR_DECAYS = ("none", "sqrt-epoch")
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """Hyper-parameters of one optimizer; validated on construction."""
-
-    type: str = "sgd"
-    learning_rate: float = 0.01
-    momentum: float = 0.9
-    beta1: float = 0.9
-    beta2: float = 0.999
-    epsilon: float = 1e-8
-    weight_decay: float = 0.0
-    lr_decay: str = "none"
-
-    def __post_init__(self) -> None:
-        if self.type not in OPTIMIZERS:
-            raise ValueError(f"optimizer type must be one of {OPTIMIZERS}, got {self.type!r}")
-        if self.lr_decay not in LR_DECAYS:
-            raise ValueError(f"lr_decay must be one of {LR_DECAYS}, got {self.lr_decay!r}")
-        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
-            raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
-            raise ValueError("beta1 and beta2 must be in [0, 1)")
-        if not self.epsilon > 0:
-            raise ValueError("epsilon must be positive")
-        if not self.weight_decay >= 0:
-            raise ValueError("weight_decay must be >= 0")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def replace(self, **changes: Any) -> OptimizerConfig:
-        return OptimizerConfig(**{**asdict(self), **changes})
-
-    def lr_at(self, epoch: int) -> float:
-        """Learning rate for a 1-based epoch: constant, or lr/√epoch (the paper's LR schedule)."""
-        if self.lr_decay == "sqrt-epoch":
-            return self.learning_rate / math.sqrt(max(1, epoch))
-        return self.learning_rate
-
-
-def default_optimizer(model_kind: str, workers: int = 1) -> OptimizerConfig:
-    """The defaults for a job of `workers` workers, chosen by seconds to a target validation loss
-    (benchmarks/RESULTS.md, "Choosing the defaults").
-
-    PMF: per-sample AdaGrad (LIBMF's rule) at lr 0.2 for up to 2 workers and
-    0.4/P beyond.  Measured against LIBMF on the MovieLens sample and on 10M
-    synthetic ratings (uniform and skewed): 0.2 reached the target in the
-    fewest epochs at P = 1 and 2, but at P = 4 0.1 was as fast or faster and
-    ended lower.  Rows touched by one worker only need no scaling (each
-    worker's accumulators see only its own gradients); the popular rows that
-    every worker touches in the same step move P-fold, hence 1/P once P > 2.
-    The papers' Nesterov (μ = 0.8) stays selectable; it sat on the bias-only
-    plateau for epochs.
-
-    LR: the papers' Adam with lr/√epoch; 0.01 reaches Vowpal Wabbit's one-pass
-    BCE in 1-1.25 epochs at P = 1-4.  Per-sample AdaGrad is faster at P = 1
-    but diverges at P ≥ 3: the dense integer features are in every row, so each
-    worker's batch moves them nearly to its own optimum and the sum of P such
-    moves overshoots P-fold, whatever the learning rate.
-    """
-    if model_kind == "pmf":
-        return OptimizerConfig(type="adagrad", learning_rate=PMF_LR * min(1.0, 2.0 / max(1, workers)))
-    if model_kind == "logistic-regression":
-        return OptimizerConfig(type="adam", learning_rate=LR_LR, lr_decay="sqrt-epoch")
-    raise ValueError(f"unknown model kind {model_kind!r}")
-
-
-PMF_LR = 0.2
-# Every worker's Adam step is applied to every replica, so P workers move the shared model about P times as far
-# per step; 0.01 reached Vowpal Wabbit's one-pass BCE at P = 1-4 (benchmarks/defaults.py), 0.03 did not at any P.
-LR_LR = 0.01
-
 
 #: AdaGrad's accumulators start here, as LIBMF's do: the first steps are at most lr, not lr/√(g²) = lr/|g|.
 ADAGRAD_INITIAL = 1.0

@@ -22,7 +22,8 @@ import numpy as np
 
 from mlless.data.batches import Batch
 from mlless.training.models import Model
-from mlless.training.optim import OptimizerConfig, make_optimizer
+from mlless.spec.config import OptimizerConfig
+from mlless.training.optim import make_optimizer
 from mlless.training.significance import SignificanceFilter
 
 

@@ -12,49 +12,24 @@ import json
 import math
 import os
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
 from mlless.data.batches import Batch
+from mlless.spec.config import MODEL_TYPES, ModelConfig
 from mlless.training.kernels import optim as _optim
 
 FORMAT_VERSION = 1
-MODEL_KINDS = ("pmf", "logistic-regression")
-#: The kind of dataset (`mlless prepare`'s manifest "kind") each model trains on.
-DATASET_KIND = {"pmf": "ratings", "logistic-regression": "sparse"}
-#: The dimensions that fix the length of a model's parameter vector.
-SHAPE_DIMS = ("n_users", "n_items", "n_features")
+
+#: Every model type by name. A `Model` subclass that sets `kind` registers itself here when its module is
+#: imported; `mlless.training.models` imports every module of its package, so a new model is one module (and
+#: its kernel) plus its name in the schema's `model.type` enum, which is the CRD's list of valid types.
+REGISTRY: dict[str, type[Model]] = {}
 
 
 class ModelFileError(ValueError):
     """A saved model file is unreadable or does not describe a valid model."""
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Model hyper-parameters; ``l2=None`` picks the model's default.
-
-    ``rank`` only matters for PMF.  For PMF ``l2`` is a per-rating L2 penalty
-    inside the loss (see `mlless.training.kernels.pmf`); for logistic regression it is
-    decoupled weight decay handed to the optimizer (`Model.weight_decay`).
-    """
-
-    type: str
-    rank: int = 20
-    l2: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.type not in MODEL_KINDS:
-            raise ValueError(f"model type must be one of {MODEL_KINDS}, got {self.type!r}")
-        if self.rank < 1:
-            raise ValueError(f"rank must be >= 1, got {self.rank}")
-        if self.l2 is not None and not (self.l2 >= 0 and math.isfinite(self.l2)):
-            raise ValueError(f"l2 must be a finite value >= 0, got {self.l2}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class Model(ABC):
@@ -62,6 +37,23 @@ class Model(ABC):
 
     kind: ClassVar[str]
     loss_metric: ClassVar[str]  # "rmse" | "bce"
+    #: The kind of dataset (`mlless prepare`'s manifest "kind") the model trains on.
+    dataset_kind: ClassVar[str]  # "ratings" | "sparse"
+    #: The dimensions (of `dims()`) that fix the length of the parameter vector.
+    shape_dims: ClassVar[tuple[str, ...]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__:
+            if cls.kind not in MODEL_TYPES:
+                raise TypeError(f"model {cls.__name__}: type {cls.kind!r} is not in the schema's model.type enum")
+            REGISTRY[cls.kind] = cls
+
+    @classmethod
+    @abstractmethod
+    def from_dims(cls, dims: Mapping[str, Any], config: ModelConfig | None, seed: int) -> Model:
+        """A fresh replica for a dataset of these dimensions (`Dataset.dims()`); raises ValueError naming a
+        missing dimension."""
 
     def __init__(self, size: int) -> None:
         self.params = np.zeros(int(size), dtype=np.float32)
@@ -155,6 +147,17 @@ class Model(ABC):
             np.savez(fh, params=self.params, metadata=np.array(json.dumps(meta, sort_keys=True)))
 
 
+def required_dim(dims: Mapping[str, Any], key: str, kind: str) -> Any:
+    if key not in dims:
+        raise ValueError(f"{kind} needs dims[{key!r}]; got {sorted(dims)}")
+    return dims[key]
+
+
+def contiguous(arr: np.ndarray, dtype: type) -> np.ndarray:
+    """The array as the C-contiguous `dtype` buffer a kernel's typed memoryview takes (no copy if it is one)."""
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
 def read_model_file(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
     """Read and validate the container layout; model-specific checks happen in the loader."""
     name = os.fspath(path)
@@ -187,7 +190,7 @@ def read_model_file(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str,
         raise ModelFileError(f"{name}: metadata must be a JSON object")
     if meta.get("version") != FORMAT_VERSION:
         raise ModelFileError(f"{name}: unsupported model format version {meta.get('version')!r}")
-    if meta.get("kind") not in MODEL_KINDS:
+    if meta.get("kind") not in MODEL_TYPES:
         raise ModelFileError(f"{name}: unknown model kind {meta.get('kind')!r}")
     if not isinstance(meta.get("dims"), dict):
         raise ModelFileError(f"{name}: metadata lacks 'dims'")

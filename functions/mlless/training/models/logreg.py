@@ -6,20 +6,17 @@ bias `b`.  L2 is decoupled weight decay applied by the optimizer
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from mlless.data.batches import Batch, SparseBatch
+from mlless.spec.config import ModelConfig
 from mlless.training.kernels import logreg as _k
-from mlless.training.models.base import Model, ModelConfig
+from mlless.training.models.base import Model, contiguous, required_dim
 
 #: Decoupled weight decay; hashed Criteo has plenty of data per bucket, so barely any is needed.
 DEFAULT_L2 = 1e-6
-
-
-def _as(arr: np.ndarray, dtype: type) -> np.ndarray:
-    return np.ascontiguousarray(arr, dtype=dtype)
 
 
 class LogisticRegression(Model):
@@ -27,6 +24,13 @@ class LogisticRegression(Model):
 
     kind = "logistic-regression"
     loss_metric = "bce"
+    dataset_kind = "sparse"
+    shape_dims = ("n_features",)
+
+    @classmethod
+    def from_dims(cls, dims: Mapping[str, Any], config: ModelConfig | None, seed: int) -> LogisticRegression:
+        """Needs ``n_features``."""
+        return cls(int(required_dim(dims, "n_features", cls.kind)), config, seed)
 
     def __init__(self, n_features: int, config: ModelConfig | None = None, seed: int = 0) -> None:
         config = config or ModelConfig("logistic-regression")
@@ -52,21 +56,21 @@ class LogisticRegression(Model):
 
     def gradient(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, float, int]:
         b = self._check(batch)
-        idx, grad, loss = _k.logreg_gradient(self.params, _as(b.indptr, np.int64), _as(b.indices, np.int32),
-                                             _as(b.values, np.float32), _as(b.labels, np.float32),
+        idx, grad, loss = _k.logreg_gradient(self.params, contiguous(b.indptr, np.int64), contiguous(b.indices, np.int32),
+                                             contiguous(b.values, np.float32), contiguous(b.labels, np.float32),
                                              self.n_features, self._slots)
         return idx, grad, float(loss), len(b)
 
     def adagrad_step(self, batch: Batch, g2: np.ndarray, lr: float, weight_decay: float) -> tuple[np.ndarray, np.ndarray, float, int]:
         b = self._check(batch)
-        idx, delta, loss = _k.logreg_adagrad_step(self.params, g2, _as(b.indptr, np.int64), _as(b.indices, np.int32),
-                                                  _as(b.values, np.float32), _as(b.labels, np.float32),
+        idx, delta, loss = _k.logreg_adagrad_step(self.params, g2, contiguous(b.indptr, np.int64), contiguous(b.indices, np.int32),
+                                                  contiguous(b.values, np.float32), contiguous(b.labels, np.float32),
                                                   self.n_features, lr, weight_decay, self._slots)
         return idx, delta, float(loss), len(b)
 
     def _logits(self, b: SparseBatch) -> np.ndarray:
-        return _k.logreg_logits(self.params, _as(b.indptr, np.int64), _as(b.indices, np.int32),
-                                _as(b.values, np.float32), self.n_features)
+        return _k.logreg_logits(self.params, contiguous(b.indptr, np.int64), contiguous(b.indices, np.int32),
+                                contiguous(b.values, np.float32), self.n_features)
 
     def predict(self, batch: Batch) -> np.ndarray:
         """Probabilities P(y = 1); features outside the model are ignored."""
@@ -75,7 +79,7 @@ class LogisticRegression(Model):
 
     def evaluate(self, batch: Batch) -> tuple[float, int]:
         b = self._check(batch)
-        return float(_k.bce_sum(self._logits(b), _as(b.labels, np.float32))), len(b)
+        return float(_k.bce_sum(self._logits(b), contiguous(b.labels, np.float32))), len(b)
 
     def dims(self) -> dict[str, Any]:
         return {"n_features": self.n_features}

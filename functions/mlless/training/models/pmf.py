@@ -10,13 +10,14 @@ rows of width ``rank + 1``; users first, each row = factors then bias.  `U`,
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from mlless.data.batches import Batch, RatingsBatch
+from mlless.spec.config import ModelConfig
 from mlless.training.kernels import pmf as _k
-from mlless.training.models.base import Model, ModelConfig
+from mlless.training.models.base import Model, contiguous, required_dim
 
 #: Bounds of the default per-rating L2 penalty on factors and biases (see `default_l2`).
 MIN_L2, MAX_L2 = 0.002, 0.1
@@ -40,15 +41,21 @@ def default_l2(n_users: int, n_items: int, n_ratings: int | None) -> float:
     return float(min(MAX_L2, max(MIN_L2, (n_users + n_items) / n_ratings)))
 
 
-def _as(arr: np.ndarray, dtype: type) -> np.ndarray:
-    return np.ascontiguousarray(arr, dtype=dtype)
-
-
 class PMF(Model):
     """Biased matrix factorisation over a `RatingsBatch`; loss metric RMSE."""
 
     kind = "pmf"
     loss_metric = "rmse"
+    dataset_kind = "ratings"
+    shape_dims = ("n_users", "n_items")
+
+    @classmethod
+    def from_dims(cls, dims: Mapping[str, Any], config: ModelConfig | None, seed: int) -> PMF:
+        """Needs ``n_users``, ``n_items``, ``mean_rating``; optional ``rating_min``/``rating_max`` clip
+        predictions, and ``n_ratings`` sets the default L2."""
+        return cls(int(required_dim(dims, "n_users", cls.kind)), int(required_dim(dims, "n_items", cls.kind)),
+                   float(required_dim(dims, "mean_rating", cls.kind)), config, seed,
+                   rating_min=dims.get("rating_min"), rating_max=dims.get("rating_max"), n_ratings=dims.get("n_ratings"))
 
     def __init__(self, n_users: int, n_items: int, mean_rating: float, config: ModelConfig | None = None,
                  seed: int = 0, rating_min: float | None = None, rating_max: float | None = None,
@@ -84,8 +91,8 @@ class PMF(Model):
 
     def gradient(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, float, int]:
         b = self._check(batch)
-        idx, grad, sse = _k.pmf_gradient(self.params, _as(b.users, np.int32), _as(b.items, np.int32),
-                                         _as(b.ratings, np.float32), self.n_users, self.n_items, self.rank,
+        idx, grad, sse = _k.pmf_gradient(self.params, contiguous(b.users, np.int32), contiguous(b.items, np.int32),
+                                         contiguous(b.ratings, np.float32), self.n_users, self.n_items, self.rank,
                                          self.mean, self.l2, self._slots)
         return idx, grad, float(sse), len(b)
 
@@ -96,15 +103,15 @@ class PMF(Model):
 
     def adagrad_step(self, batch: Batch, g2: np.ndarray, lr: float, weight_decay: float) -> tuple[np.ndarray, np.ndarray, float, int]:
         b = self._check(batch)
-        idx, delta, sse = _k.pmf_adagrad_step(self.params, g2, _as(b.users, np.int32), _as(b.items, np.int32),
-                                              _as(b.ratings, np.float32), self.n_users, self.n_items, self.rank,
+        idx, delta, sse = _k.pmf_adagrad_step(self.params, g2, contiguous(b.users, np.int32), contiguous(b.items, np.int32),
+                                              contiguous(b.ratings, np.float32), self.n_users, self.n_items, self.rank,
                                               self.mean, self.l2, lr, self._slots)
         return idx, delta, float(sse), len(b)
 
     def predict(self, batch: Batch) -> np.ndarray:
         """Ratings, clipped to [rating_min, rating_max] when the range is known."""
         b = self._check(batch)
-        pred = _k.pmf_predict(self.params, _as(b.users, np.int32), _as(b.items, np.int32), self.n_users,
+        pred = _k.pmf_predict(self.params, contiguous(b.users, np.int32), contiguous(b.items, np.int32), self.n_users,
                               self.n_items, self.rank, self.mean)
         if self.rating_min is not None or self.rating_max is not None:
             np.clip(pred, self.rating_min, self.rating_max, out=pred)

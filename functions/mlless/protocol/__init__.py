@@ -1,0 +1,1 @@
+"""Typed frames, the keys they live under, and the array layouts of replicas and checkpoints."""

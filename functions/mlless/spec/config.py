@@ -1,0 +1,223 @@
+"""The typed sections of a TrainingJob, with their defaults taken from the schema.
+
+Every static default is written once, as a `default:` in `mlless.spec.schema`; the dataclasses read it from
+there. What cannot be static lives here beside them: the optimizer's defaults depend on the model type and
+the number of workers (`default_optimizer`). Nothing here imports the training code, so validating a manifest
+(the CLI, the operator) loads no compiled kernel.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from mlless.spec.schema import choices, default
+
+MODEL_TYPES = choices("model.type")
+OPTIMIZERS = choices("optimizer.type")
+LR_DECAYS = choices("optimizer.lrDecay")
+SYNC_PROTOCOLS = choices("sync.protocol")
+KneeMethod = Literal["slope", "kneedle"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Model hyper-parameters; ``l2=None`` picks the model's default.
+
+    ``rank`` only matters for PMF.  For PMF ``l2`` is a per-rating L2 penalty
+    inside the loss (see `mlless.training.kernels.pmf`); for logistic regression it is
+    decoupled weight decay handed to the optimizer (`Model.weight_decay`).
+    """
+
+    type: str
+    rank: int = default("model.rank")
+    l2: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.type not in MODEL_TYPES:
+            raise ValueError(f"model type must be one of {MODEL_TYPES}, got {self.type!r}")
+        if self.rank < 1:
+            raise ValueError(f"rank must be >= 1, got {self.rank}")
+        if self.l2 is not None and not (self.l2 >= 0 and math.isfinite(self.l2)):
+            raise ValueError(f"l2 must be a finite value >= 0, got {self.l2}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Hyper-parameters of one optimizer; validated on construction.
+
+    `type` and `learning_rate` have no schema default: a job's come from `default_optimizer`. The values
+    here serve a bare `OptimizerConfig(...)` in library use.
+    """
+
+    type: str = "sgd"
+    learning_rate: float = 0.01
+    momentum: float = default("optimizer.momentum")
+    beta1: float = default("optimizer.beta1")
+    beta2: float = default("optimizer.beta2")
+    epsilon: float = default("optimizer.epsilon")
+    weight_decay: float = 0.0
+    lr_decay: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.type not in OPTIMIZERS:
+            raise ValueError(f"optimizer type must be one of {OPTIMIZERS}, got {self.type!r}")
+        if self.lr_decay not in LR_DECAYS:
+            raise ValueError(f"lr_decay must be one of {LR_DECAYS}, got {self.lr_decay!r}")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ValueError("beta1 and beta2 must be in [0, 1)")
+        if not self.epsilon > 0:
+            raise ValueError("epsilon must be positive")
+        if not self.weight_decay >= 0:
+            raise ValueError("weight_decay must be >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def replace(self, **changes: Any) -> OptimizerConfig:
+        return OptimizerConfig(**{**asdict(self), **changes})
+
+    def lr_at(self, epoch: int) -> float:
+        """Learning rate for a 1-based epoch: constant, or lr/√epoch (the paper's LR schedule)."""
+        if self.lr_decay == "sqrt-epoch":
+            return self.learning_rate / math.sqrt(max(1, epoch))
+        return self.learning_rate
+
+
+PMF_LR = 0.2
+# Every worker's Adam step is applied to every replica, so P workers move the shared model about P times as far
+# per step; 0.01 reached Vowpal Wabbit's one-pass BCE at P = 1-4 (benchmarks/defaults.py), 0.03 did not at any P.
+LR_LR = 0.01
+
+
+def default_optimizer(model_type: str, workers: int = 1) -> OptimizerConfig:
+    """The defaults for a job of `workers` workers, chosen by seconds to a target validation loss
+    (benchmarks/RESULTS.md, "Choosing the defaults").
+
+    PMF: per-sample AdaGrad (LIBMF's rule) at lr 0.2 for up to 2 workers and
+    0.4/P beyond.  Measured against LIBMF on the MovieLens sample and on 10M
+    synthetic ratings (uniform and skewed): 0.2 reached the target in the
+    fewest epochs at P = 1 and 2, but at P = 4 0.1 was as fast or faster and
+    ended lower.  Rows touched by one worker only need no scaling (each
+    worker's accumulators see only its own gradients); the popular rows that
+    every worker touches in the same step move P-fold, hence 1/P once P > 2.
+    The papers' Nesterov (μ = 0.8) stays selectable; it sat on the bias-only
+    plateau for epochs.
+
+    LR: the papers' Adam with lr/√epoch; 0.01 reaches Vowpal Wabbit's one-pass
+    BCE in 1-1.25 epochs at P = 1-4.  Per-sample AdaGrad is faster at P = 1
+    but diverges at P ≥ 3: the dense integer features are in every row, so each
+    worker's batch moves them nearly to its own optimum and the sum of P such
+    moves overshoots P-fold, whatever the learning rate.
+    """
+    if model_type == "pmf":
+        return OptimizerConfig(type="adagrad", learning_rate=PMF_LR * min(1.0, 2.0 / max(1, workers)))
+    if model_type == "logistic-regression":
+        return OptimizerConfig(type="adam", learning_rate=LR_LR, lr_decay="sqrt-epoch")
+    raise ValueError(f"unknown model kind {model_type!r}")
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    protocol: str = default("sync.protocol")
+    significance_threshold: float = default("sync.significanceThreshold")
+    slack: int = default("sync.slack")
+
+    @property
+    def threshold(self) -> float:
+        """The ISP v; BSP and SSP send every non-zero accumulated entry."""
+        return self.significance_threshold if self.protocol == "isp" else 0.0
+
+    @property
+    def staleness(self) -> int:
+        """How many closed steps a worker may run ahead of; 0 is a full barrier."""
+        return self.slack if self.protocol == "ssp" else 0
+
+
+@dataclass(frozen=True)
+class StopConfig:
+    target_loss: float | None = None
+    target_steps: int = default("stop.targetSteps")
+    max_steps: int | None = None
+    max_epochs: float | None = None
+    max_seconds: float | None = None
+    budget_usd: float | None = None
+    patience: int | None = None
+
+    def has_length_limit(self) -> bool:
+        """A step, epoch or seconds limit: the user said how long to train."""
+        return any(v is not None for v in (self.max_steps, self.max_epochs, self.max_seconds))
+
+
+@dataclass(frozen=True)
+class PricingConfig:
+    """Prices for the cost estimate; the defaults are the papers' IBM Cloud prices (2021)."""
+
+    function_memory_gb: float = default("pricing.functionMemoryGB")
+    price_per_gb_second: float = default("pricing.pricePerGBSecond")
+    billing_granularity_seconds: float = default("pricing.billingGranularitySeconds")
+    redis_per_hour: float = default("pricing.redisPerHour")
+    rabbitmq_per_hour: float = default("pricing.rabbitmqPerHour")
+    vm_per_hour: float | None = None
+
+
+@dataclass(frozen=True)
+class KneeConfig:
+    """How the auto-tuner finds the knee of the loss curve.
+
+    method: "slope" (the papers') | "kneedle" (pluggable alternative).
+    span: EWMA span for both smoothings (the original's 20).
+    slope: relative threshold; the knee is where the smoothed slope of the EWMA loss divided by the loss
+        scale (the first smoothed loss) rises above −slope, i.e. the loss now drops by less than this
+        fraction of its initial value per step. Default 1e−3, chosen on a recorded PMF/MovieLens run (4
+        workers, tests/data/movielens_pmf_loss.json): there the smoothed relative slope is about −5e−4 ±
+        3.5e−4 (noise) during the long slow descent, so thresholds ≤ 5e−4 fire on noise somewhere in it and
+        the knee moves with ``stable_checks`` (1e−4: step 131 with 5 checks, step 601 with 10), while 1e−3
+        lands on the elbow at step 59 (epoch 2.6) for stable_checks = 5, 10 and 20 alike. Note the unit is
+        per *step*: a job with many tiny steps per epoch may want a smaller value.
+    stable_checks: the candidate must hold for this many consecutive checks (the original's 5).
+    """
+
+    method: KneeMethod = default("autoscaler.knee.method")
+    span: int = default("autoscaler.knee.span")
+    slope: float = default("autoscaler.knee.slope")
+    stable_checks: int = default("autoscaler.knee.stableChecks")
+
+    def __post_init__(self) -> None:
+        if self.method not in ("slope", "kneedle"):
+            raise ValueError(f"knee method must be 'slope' or 'kneedle', got {self.method!r}")
+        if self.span < 1:
+            raise ValueError(f"knee span must be >= 1, got {self.span}")
+        if not (self.slope >= 0 and math.isfinite(self.slope)):
+            raise ValueError(f"knee slope threshold must be a finite number >= 0, got {self.slope}")
+        if self.stable_checks < 1:
+            raise ValueError(f"knee stable_checks must be >= 1, got {self.stable_checks}")
+
+
+@dataclass(frozen=True)
+class TunerConfig:
+    """Auto-tuner settings (the papers' values as defaults: interval 20 s, Δ = 10 s, S = 15 %)."""
+
+    enabled: bool = default("autoscaler.enabled")
+    interval_seconds: float = default("autoscaler.intervalSeconds")
+    horizon_seconds: float = default("autoscaler.horizonSeconds")
+    threshold: float = default("autoscaler.threshold")
+    min_workers: int = default("autoscaler.minWorkers")
+    knee: KneeConfig = field(default_factory=KneeConfig)
+
+    def __post_init__(self) -> None:
+        if not (self.interval_seconds > 0 and math.isfinite(self.interval_seconds)):
+            raise ValueError(f"interval_seconds must be > 0, got {self.interval_seconds}")
+        if not (self.horizon_seconds > 0 and math.isfinite(self.horizon_seconds)):
+            raise ValueError(f"horizon_seconds must be > 0, got {self.horizon_seconds}")
+        if not math.isfinite(self.threshold):
+            raise ValueError(f"threshold must be finite, got {self.threshold}")
+        if self.min_workers < 1:
+            raise ValueError(f"min_workers must be >= 1, got {self.min_workers}")

@@ -1,0 +1,1 @@
+"""What a run leaves behind: Prometheus metrics, the run record, cost accounting and reports."""
