@@ -1,4 +1,4 @@
-"""Scale-in auto-tuner (DESIGN §3): knee, curve fits, remove/keep decisions, degenerate inputs.
+"""Scale-in auto-tuner: knee, curve fits, remove/keep decisions, degenerate inputs.
 
 Everything is replayed: synthetic SGD-like curves with a worker-dependent step time, and a recorded PMF run
 on MovieLens (tests/data/movielens_pmf_loss.json). `now` is always passed explicitly; no wall clock.
@@ -94,7 +94,7 @@ def test_worse_loss_after_removal_keeps_workers_sign_erratum():
     """After the first removal the loss stagnates 30 % above where it was: ℓ_p is projected ≥ S above L_P.
 
     With the papers' printed sign, s = (L_P − ℓ_p)/L_P ≈ −0.3 < S would remove yet another worker; the
-    erratum (DESIGN §3) says a worse projected loss must keep them."""
+    erratum (autotuner/tuner.py) says a worse projected loss must keep them."""
     tuner = AutoTuner(enabled(min_workers=1))
     decisions, trace = simulate(tuner, workers=4, steps=600,
                                 after_removal=lambda loss, since: sgd_curve(130.0) * 1.3)

@@ -1,4 +1,4 @@
-"""Scale-in auto-tuner (DESIGN §3): knee detection, curve fits and the remove/keep decision.
+"""Scale-in auto-tuner (MLLess and MLES §4.2): knee detection, curve fits and the remove/keep decision.
 
 Pure decision logic (numpy + scipy, no I/O). The supervisor calls :meth:`AutoTuner.observe` once per closed
 step and acts on the returned :class:`Decision`.

@@ -1,4 +1,4 @@
-"""Loss-curve models and their bounded non-negative fits (DESIGN §3, papers 002 §4.2 / 000 §4.2).
+"""Loss-curve models and their bounded non-negative fits (MLLess and MLES §4.2).
 
 * Reference curve, fitted once at the knee on the P-worker losses:
   ``L_P(t) = 1/(θ0·t^θ1 + θ2) + θ3`` — the O(1/√(Bt) + 1/t) shape of mini-batch SGD.

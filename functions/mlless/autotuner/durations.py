@@ -1,4 +1,4 @@
-"""Step-duration estimates d_P and d_p (DESIGN §3; reference-facts "Step time").
+"""Step-duration estimates d_P and d_p (MLLess and MLES §4.2).
 
 The decision compares the two curves ⌊Δ/d⌋ steps ahead, so d must be the *typical* duration of a step at a
 given worker count. Individual step durations have heavy tails (a slow Redis round trip, a GC pause, the

@@ -1,8 +1,8 @@
-"""Online knee detection on the training-loss curve (DESIGN §3 "Knee detection"; papers 002/000 §4.2).
+"""Online knee detection on the training-loss curve (MLLess and MLES §4.2).
 
 The tuner never removes a worker before the knee: until the loss flattens, more workers buy fast progress.
 
-``method="slope"`` — the papers' heuristic, made scale-free as DESIGN §3 requires:
+``method="slope"`` — the papers' heuristic, made scale-free so that one threshold fits every loss scale:
     g_t = EWMA_span( Δ EWMA_span(loss) )_t / scale,   scale = the first smoothed loss,
 and the knee is the first step at which g rises above −``slope`` *after having been below it* (a curve
 that never descended — flat, or rising — has no knee). Because g is relative to the loss scale, RMSE-scale

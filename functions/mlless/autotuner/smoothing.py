@@ -1,4 +1,4 @@
-"""Causal EWMA filter for the auto-tuner (DESIGN §3 "Scale-in auto-tuner").
+"""Causal EWMA filter for the auto-tuner: a smoothing that never revises a value once it is seen.
 
 The original code smoothed forward and then backward over the whole history at every check. We use a
 **causal** EWMA (the smoothed value at step t depends only on losses up to t), for both jobs:

@@ -1,4 +1,4 @@
-"""The scale-in auto-tuner's decision logic (DESIGN §3 "Scale-in auto-tuner"; papers 002/000 §4.2).
+"""The scale-in auto-tuner's decision logic (MLLess and MLES §4.2).
 
 Pure and synchronous: the supervisor calls :meth:`AutoTuner.observe` once per closed step with the
 aggregated loss, a monotonic timestamp and the number of workers that trained the step, and acts on the
@@ -14,7 +14,7 @@ Lifecycle:
 
        s = (ℓ_p(t + ⌊Δ/d_p⌋) − L_P(t + ⌊Δ/d_P⌋)) / L_P(t + ⌊Δ/d_P⌋)
 
-   Remove one more worker iff s < S. **Erratum (DESIGN §3, binding):** the papers print the numerator the
+   Remove one more worker iff s < S. **Erratum:** the papers print the numerator the
    other way round (L_P − ℓ_p), which would remove workers exactly when the projected loss with fewer
    workers is *worse*. Here a projected loss higher than the reference by ≥ S keeps the workers; a
    negative s (fewer workers converge faster in wall-clock, e.g. less communication) removes.

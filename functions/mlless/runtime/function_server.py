@@ -3,8 +3,8 @@
 One invocation (POST / or /invoke) runs one worker rank as a child process,
 `mlless worker`, until the job ends for that rank or until shortly before
 the platform's request timeout; then the worker checkpoints to Redis and the
-response says "checkpointed", so the supervisor invokes the rank again
-(DESIGN §2). A child process rather than a thread keeps the worker exactly
+response says "checkpointed", so the supervisor invokes the rank again: a
+function's time limit is shorter than a training job. A child process rather than a thread keeps the worker exactly
 what the pod backend and `mlless train` run, with its own signal handling.
 
 Request (JSON): {"rank": int, "jobId": str, "job": {resolved job}, "resume": bool, "deadlineSeconds": number}

@@ -1,4 +1,4 @@
-"""Serverless cost of a job at the configured prices (DESIGN §3).
+"""Serverless cost of a job at the configured prices (by default the papers' IBM Cloud prices of 2021).
 
 Functions are billed per invocation: its duration rounded up to the billing
 granularity, times memory, times the GB-second price. The supervisor is a
