@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from mlless.data.cli import main as cli_main
-from mlless.data.dataset import Dataset, read_ids
-from mlless.data.formats import CRITEO_INT_COLUMNS, LibsvmOptions, criteo_hash, read_criteo
+from mlless.data.dataset import Dataset
+from mlless.data.formats import CRITEO_INT_COLUMNS, LibsvmOptions, criteo_feature_indices, read_criteo
 from mlless.data.hashing import hash_strings
 from mlless.data.prepare import (
     PrepareError,
@@ -31,6 +31,17 @@ OPTS = PrepareOptions(batch_size=7, validation_fraction=0.2, seed=1, progress=Fa
 
 
 # ------------------------------------------------------------------ input writers
+
+
+def read_ids(dataset: Dataset) -> dict[str, np.ndarray]:
+    """Raw ids of re-indexed users and items, as `mlless prepare` writes them: `user_ids[k]` is user k's raw id."""
+    with np.load(Path(dataset.root) / "ids.npz", allow_pickle=False) as npz:
+        return {name: npz[name] for name in npz.files}
+
+
+def criteo_hash(column: int, value: str | bytes, hash_bits: int) -> int:
+    """Feature index of one categorical value."""
+    return int(criteo_feature_indices(hash_strings([value], column), hash_bits)[0])
 
 
 def write_movielens_csv(path: Path, rows: list[tuple[int, int, float]]) -> Path:
@@ -198,7 +209,8 @@ def test_criteo_hash_stable_and_in_range() -> None:
     # Fixed values pin the hash across runs, processes and platforms.
     assert criteo_hash(0, "68fd1e64", 18) == criteo_hash(0, b"68fd1e64", 18)
     assert criteo_hash(0, "68fd1e64", 18) != criteo_hash(1, "68fd1e64", 18)
-    code = "from mlless.data.formats import criteo_hash; print(criteo_hash(3, '05db9164', 20))"
+    code = ("from mlless.data.formats import criteo_feature_indices; from mlless.data.hashing import hash_strings; "
+            "print(int(criteo_feature_indices(hash_strings(['05db9164'], 3), 20)[0]))")
     out = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": s}).stdout for s in ("1", "2")}
     assert out == {f"{criteo_hash(3, '05db9164', 20)}\n"}
     h = hash_strings([f"{k:08x}" for k in range(20000)], 7)

@@ -14,7 +14,6 @@ import threading
 from collections import OrderedDict
 
 import fsspec
-import numpy as np
 from fsspec import AbstractFileSystem
 
 from mlless.data.batches import BATCH_TYPES, BatchError, RatingsBatch, SparseBatch
@@ -157,12 +156,3 @@ class Dataset:
             assert m.n_features is not None
             if len(batch.indices) and int(batch.indices.max()) >= m.n_features:
                 raise DatasetError(f"{where}: feature index {int(batch.indices.max())} >= n_features {m.n_features}")
-
-
-def read_ids(dataset: Dataset) -> dict[str, np.ndarray]:
-    """Raw ids of re-indexed users and items (ratings datasets): `user_ids[k]` is user k's raw id."""
-    name = "ids.npz"
-    data = dataset.fs.cat_file(posixpath.join(dataset.root, name))
-    if sha256(data) != dataset.manifest.checksums.get(name):
-        raise DatasetError(f"{dataset._where(name)}: sha256 does not match the manifest")
-    return load_npz_bytes(data, dataset._where(name))

@@ -87,11 +87,6 @@ def criteo_feature_indices(hashes: np.ndarray, hash_bits: int) -> np.ndarray:
     return bucket(hashes, CRITEO_INT_COLUMNS, (1 << hash_bits) - CRITEO_INT_COLUMNS)
 
 
-def criteo_hash(column: int, value: str | bytes, hash_bits: int) -> int:
-    """Feature index of one categorical value (for tests and for serving)."""
-    return int(criteo_feature_indices(hash_strings([value], column), hash_bits)[0])
-
-
 def read_criteo(path: str, errors: ErrorLog, hash_bits: int, workers: int = 1) -> Iterator[SparseChunk]:
     """Parse Criteo TSV into CSR chunks (integer values raw, categoricals hashed).
 
