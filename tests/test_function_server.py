@@ -149,6 +149,29 @@ def test_a_content_length_that_is_not_a_number_gets_400(function_server):
         assert sock.recv(4096).startswith(b"HTTP/1.1 400")
 
 
+def test_idle_connections_beyond_the_limit_are_closed_and_the_server_still_answers(function_server):
+    from mlless.runtime.function_server import MAX_CONNECTIONS
+
+    url, _, _ = function_server
+    port = int(url.rsplit(":", 1)[1].strip("/"))
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(MAX_CONNECTIONS)]
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
+            assert extra.recv(1) == b""  # closed by the server, not left waiting for a thread
+    finally:
+        for sock in idle:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while True:  # the idle connections' threads end once their sockets close
+        try:
+            assert urllib.request.urlopen(url + "healthz", timeout=2).status == 200
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def test_a_busy_function_answers_429_and_a_worker_without_supervisor_fails(function_server, movielens_dir):
     url, job_id, _ = function_server
     # No supervisor: each worker waits for its queue for 3 x 1 s, then its invocation fails.

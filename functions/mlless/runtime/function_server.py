@@ -45,6 +45,9 @@ from mlless.transport.env import invoke_token, service_urls
 log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20  # a resolved job is a few kB
+#: Open connections served at once. The platform sends one invocation at a time plus health probes, so a
+#: handful is plenty; beyond it a connection is closed at once instead of getting a thread of its own.
+MAX_CONNECTIONS = 16
 
 
 class InvocationError(ValueError):
@@ -110,6 +113,20 @@ class FunctionServer(ThreadingHTTPServer):
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.lock = threading.Lock()
         self.stopping = False
+        self.connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.connections.acquire(blocking=False):
+            log.warning("refusing a connection from %s: %d already open", client_address[0], MAX_CONNECTIONS)
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.release()
 
     def invoke(self, inv: Invocation) -> dict[str, Any]:
         started = time.monotonic()
