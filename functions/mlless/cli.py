@@ -81,10 +81,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     # --workers goes through the schema like the manifest's own field, and the defaults that depend on P follow it.
     job = _load_job(args.job, {"workers": args.workers} if args.workers is not None else None)
-    kind = Dataset.open(job.dataset_uri).kind
-    if kind != model_class(job.model.type).dataset_kind:
-        raise UsageError(f"{args.job}: spec.model.type {job.model.type} trains on a {model_class(job.model.type).dataset_kind} "
-                         f"dataset, and {job.dataset_uri} holds {kind} (see `mlless prepare --help`)")
+    kind, wanted = Dataset.open(job.dataset_uri).kind, model_class(job.model.type).dataset_kind
+    if kind != wanted:
+        raise UsageError(f"{args.job}: spec.model.type {job.model.type} trains on a {wanted} dataset, "
+                         f"and {job.dataset_uri} holds {kind} (see `mlless prepare --help`)")
     redis_url, amqp_url = _services(args)
     run_dir = Path(args.out or f"runs/{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     progress = Progress(enabled=not args.quiet)
