@@ -26,7 +26,17 @@ import numpy as np
 
 from mlless.data.chunks import RatingsChunk, SparseChunk
 from mlless.data.hashing import bucket, hash_strings, hash_words
-from mlless.data.text import Block, ErrorLog, Lines, parse_floats, parse_ints, read_blocks, split_fields, split_lines
+from mlless.data.text import (
+    Block,
+    ErrorLog,
+    Lines,
+    floats_of,
+    parse_floats,
+    parse_ints,
+    read_blocks,
+    split_fields,
+    split_lines,
+)
 
 CRITEO_INT_COLUMNS = 13
 CRITEO_CAT_COLUMNS = 26
@@ -237,20 +247,7 @@ def read_libsvm(path: str, errors: ErrorLog, options: LibsvmOptions) -> Iterator
 def _floats(tokens: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     if not tokens:
         return np.empty(0, np.float64), np.empty(0, bool)
-    arr = np.array(tokens)
-    try:
-        v = arr.astype(np.float64)
-        return v, np.isfinite(v)
-    except ValueError:
-        out = np.zeros(len(tokens))
-        ok = np.zeros(len(tokens), dtype=bool)
-        for i, t in enumerate(tokens):
-            try:
-                out[i] = float(t)
-                ok[i] = np.isfinite(out[i])
-            except ValueError:
-                pass
-        return out, ok
+    return floats_of(np.array(tokens))
 
 
 def _ints(tokens: list[bytes]) -> tuple[np.ndarray, np.ndarray]:

@@ -223,15 +223,19 @@ def parse_ints(chars: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.n
 
 def parse_floats(chars: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Parse decimal floats via numpy's bytes->float cast; returns (float64 values, ok mask)."""
-    n, w = chars.shape
-    strings = np.ascontiguousarray(chars).view(f"S{w}").ravel()
+    values, ok = floats_of(np.ascontiguousarray(chars).view(f"S{chars.shape[1]}").ravel())
+    return values, ok & (lengths > 0)
+
+
+def floats_of(strings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 values, ok mask) of a bytes array: one vectorised cast, and one value at a time only when some
+    string is not a number, so a bad line costs its block a slow pass instead of failing it."""
     try:
         values = strings.astype(np.float64)
-        ok = np.isfinite(values) & (lengths > 0)
-        return values, ok
+        return values, np.isfinite(values)
     except ValueError:
-        values = np.zeros(n, dtype=np.float64)
-        ok = np.zeros(n, dtype=bool)
+        values = np.zeros(len(strings), dtype=np.float64)
+        ok = np.zeros(len(strings), dtype=bool)
         for i, s in enumerate(strings):
             try:
                 values[i] = float(s)
