@@ -6,4 +6,6 @@ that command, `kopf run -m mlless_operator.main` (the chart's) and
 `python -m mlless_operator` all start the same operator (Python imports
 `main` once, so no handler registers twice).
 """
-from mlless_operator import main  # noqa: F401  (registers the Kopf handlers)
+from mlless_operator import main  # registers the Kopf handlers
+
+__all__ = ["main"]
