@@ -836,7 +836,7 @@ class TestOperatorContract:
     @classmethod
     def example_job(cls):
         from mlless_operator import config as operator_config
-        from mlless_operator.builders import JobRef
+        from mlless_operator.builders.jobref import JobRef
 
         body = yaml.safe_load((ROOT / "examples" / "trainingjob.yaml").read_text())
         body["metadata"].update(namespace="team-a", uid="00000000-0000-0000-0000-000000000001")
@@ -894,7 +894,7 @@ class TestOperatorContract:
             assert allows(rules, api_version.rpartition("/")[0], PLURALS[(api_version, kind)], "list"), (api_version, kind)
 
     def test_operator_may_grant_the_supervisor_role_it_builds(self, render, example_job):
-        from mlless_operator.builders import build_supervisor_role
+        from mlless_operator.builders.supervisor import build_supervisor_role
 
         rules = one(render(), "clusterrole.yaml")["rules"]
         for rule in build_supervisor_role(example_job)["rules"]:
@@ -904,7 +904,7 @@ class TestOperatorContract:
                         assert allows(rules, group, resource, verb), (group, resource, verb)
 
     def test_pod_monitor_selects_the_supervisor_pod_and_its_metrics_port(self, render, example_job):
-        from mlless_operator.builders import build_supervisor_pod
+        from mlless_operator.builders.supervisor import build_supervisor_pod
 
         pod = build_supervisor_pod(example_job)
         pm = one(render(VARIATIONS["watch-namespaces"]), "podmonitor.yaml")
@@ -914,7 +914,7 @@ class TestOperatorContract:
         assert pm["spec"]["podMetricsEndpoints"][0]["port"] in ports
 
     def test_operator_service_does_not_select_supervisors(self, render, example_job):
-        from mlless_operator.builders import build_supervisor_pod
+        from mlless_operator.builders.supervisor import build_supervisor_pod
 
         selector = one(render(), "service.yaml")["spec"]["selector"]
         assert not selector.items() <= build_supervisor_pod(example_job)["metadata"]["labels"].items()

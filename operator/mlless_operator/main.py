@@ -1,4 +1,4 @@
-"""Kopf entry points of the mlless operator: `kopf run -m mlless_operator.main` (or `python -m mlless_operator`).
+"""Kopf entry points of the mlless operator: `kopf run -m mlless_operator` (or `-m mlless_operator.main`, or `python -m mlless_operator`).
 
 Only registrations live here; each hands off in one line to `handlers/`.
 Kopf may execute this file once per run, so it holds no state (the Prometheus

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from mlless.contract import LABEL_RANK
-from mlless_operator.status import FINISHED_POD_PHASES
+from mlless_operator.conditions import FINISHED_POD_PHASES
 
 Manifest = Mapping[str, Any]
 

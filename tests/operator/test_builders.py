@@ -10,42 +10,58 @@ import pytest
 
 from mlless.contract import ANNOTATION_OWNER, LABEL_JOB, LABEL_RANK
 from mlless.transport.env import with_password
-from mlless_operator import builders as b
 from mlless_operator import metrics
 from mlless_operator.backends import choose_backend
+from mlless_operator.builders.credentials import build_openfaas_secret, build_secret, generate_credentials
+from mlless_operator.builders.jobfile import JOB_FILE, build_job_configmap
+from mlless_operator.builders.jobref import JobRef
+from mlless_operator.builders.knative import build_knative_service, knative_scale_annotations
+from mlless_operator.builders.names import rabbitmq_name, redis_name, secret_name, supervisor_name, worker_pod_name, worker_selector
+from mlless_operator.builders.openfaas import build_openfaas_function, openfaas_scale_labels
+from mlless_operator.builders.podspec import SERVICE_UID
+from mlless_operator.builders.services import build_rabbitmq_service, build_rabbitmq_statefulset, build_redis_service, build_redis_statefulset
+from mlless_operator.builders.supervisor import (
+    build_supervisor_pod,
+    build_supervisor_role,
+    build_supervisor_role_binding,
+    build_supervisor_service,
+    build_supervisor_service_account,
+    worker_endpoint,
+)
+from mlless_operator.builders.worker_pods import build_worker_pod
+from mlless_operator.conditions import finished_at, is_invalid, is_true, parse_time, seconds_since, set_condition
 from mlless_operator.config import Config, load
 from mlless_operator.handlers.ttl import applies as ttl_applies
 from mlless_operator.kubeapi import PLURALS, VERBS, KubeAPIRejected, check_verb, is_subset
 from mlless_operator.ranks import plan_pod_scale, pod_rank
-from mlless_operator.status import finished_at, is_invalid, is_true, parse_time, seconds_since, set_condition
 
 SPEC = {"workers": 3, "model": {"type": "pmf"}, "dataset": {"uri": "s3://bucket/ml"}, "function": {"memory": "1Gi", "cpu": "500m", "timeoutSeconds": 600, "env": [{"name": "EXTRA", "value": "1"}]}}
 UID = "0a1b2c3d-0000-4000-8000-000000000001"
 
 
-def job(backend: str = "pod", spec: dict | None = None, config: Config | None = None) -> b.JobRef:
-    return b.JobRef(name="ml", namespace="team", uid=UID, spec=spec or SPEC, config=config or Config(), backend=backend)
+def job(backend: str = "pod", spec: dict | None = None, config: Config | None = None) -> JobRef:
+    return JobRef(name="ml", namespace="team", uid=UID, spec=spec or SPEC, config=config or Config(), backend=backend)
 
 
 def validate(obj: dict) -> None:
     kubernetes_validate.validate(obj, "1.32", strict=True)
 
 
-def built_ins(j: b.JobRef) -> list[dict]:
+def built_ins(j: JobRef) -> list[dict]:
     return [
-        b.build_secret(j),
-        b.build_job_configmap(j),
-        b.build_redis_service(j),
-        b.build_redis_statefulset(j),
-        b.build_rabbitmq_service(j),
-        b.build_rabbitmq_statefulset(j),
-        b.build_supervisor_service_account(j),
-        b.build_supervisor_role(j),
-        b.build_supervisor_role_binding(j),
-        b.build_supervisor_pod(j),
-        b.build_supervisor_service(j),
-        b.build_worker_pod(j, 0),
-        b.build_worker_pod(j, 2),
+        build_secret(j),
+        build_job_configmap(j),
+        build_redis_service(j),
+        build_redis_statefulset(j),
+        build_rabbitmq_service(j),
+        build_rabbitmq_statefulset(j),
+        build_supervisor_service_account(j),
+        build_supervisor_role(j),
+        build_supervisor_role_binding(j),
+        build_supervisor_pod(j),
+        build_supervisor_service(j),
+        build_worker_pod(j, 0),
+        build_worker_pod(j, 2),
     ]
 
 
@@ -78,14 +94,14 @@ def test_external_services_and_persistent_storage_are_valid():
     j = job(spec=spec)
     for obj in built_ins(j):
         validate(obj)
-    env = env_of(containers(b.build_worker_pod(j, 0))[0])
+    env = env_of(containers(build_worker_pod(j, 0))[0])
     assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "cache", "key": "pw"}
     # The URL as given; the runtime percent-encodes the password into it (`$(VAR)` would paste it raw).
     assert env["REDIS_URL"]["value"] == "redis://cache.example:6380/2"
     assert env["AMQP_URL"]["value"] == "amqp://ml@mq.example:5672/%2F"
-    assert set(b.generate_credentials(j)) == {"invoke-token"}  # no service passwords to generate
+    assert set(generate_credentials(j)) == {"invoke-token"}  # no service passwords to generate
     stored = {**SPEC, "redis": {"storage": "5Gi"}}
-    sts = b.build_redis_statefulset(job(spec=stored))
+    sts = build_redis_statefulset(job(spec=stored))
     validate(sts)
     assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "5Gi"
     assert "--appendonly" in containers(sts)[0]["args"] and "yes" in containers(sts)[0]["args"]
@@ -93,19 +109,19 @@ def test_external_services_and_persistent_storage_are_valid():
 
 def test_secret_holds_generated_credentials_and_urls():
     j = job()
-    secret = b.build_secret(j)
+    secret = build_secret(j)
     data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     assert len(data["redis-password"]) >= 32 and len(data["rabbitmq-password"]) >= 32
     assert data["redis-url"] == f"redis://:{data['redis-password']}@ml-redis.team.svc:6379/0"
     assert data["amqp-url"] == f"amqp://mlless:{data['rabbitmq-password']}@ml-rabbitmq.team.svc:5672/%2F"
-    assert b.build_secret(j)["data"]["redis-password"] != secret["data"]["redis-password"]  # fresh each build
+    assert build_secret(j)["data"]["redis-password"] != secret["data"]["redis-password"]  # fresh each build
 
 
 def test_no_password_appears_literally_in_any_pod_spec():
     j = job()
-    creds = b.generate_credentials(j)
-    secret = b.build_secret(j, creds)
-    for obj in built_ins(j) + [b.build_knative_service(j)]:
+    creds = generate_credentials(j)
+    secret = build_secret(j, creds)
+    for obj in built_ins(j) + [build_knative_service(j)]:
         if obj is secret or obj["kind"] == "Secret":
             continue
         text = repr(obj)
@@ -115,28 +131,28 @@ def test_no_password_appears_literally_in_any_pod_spec():
 
 def test_redis_and_rabbitmq_read_passwords_from_the_secret():
     j = job()
-    redis = containers(b.build_redis_statefulset(j))[0]
+    redis = containers(build_redis_statefulset(j))[0]
     assert redis["args"][:2] == ["--requirepass", "$(REDIS_PASSWORD)"]
     assert env_of(redis)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "redis-password"}
-    rabbit = env_of(containers(b.build_rabbitmq_statefulset(j))[0])
+    rabbit = env_of(containers(build_rabbitmq_statefulset(j))[0])
     assert rabbit["RABBITMQ_DEFAULT_USER"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "rabbitmq-username"}
     assert rabbit["RABBITMQ_DEFAULT_PASS"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "rabbitmq-password"}
-    svc = b.build_redis_service(j)
-    assert svc["spec"]["selector"] == b.build_redis_statefulset(j)["spec"]["selector"]["matchLabels"]
+    svc = build_redis_service(j)
+    assert svc["spec"]["selector"] == build_redis_statefulset(j)["spec"]["selector"]["matchLabels"]
 
 
 def test_supervisor_rbac_is_limited_to_its_own_status_and_scale():
     j = job()
-    (rule,) = b.build_supervisor_role(j)["rules"]
+    (rule,) = build_supervisor_role(j)["rules"]
     assert rule == {"apiGroups": ["mlless.io"], "resources": ["trainingjobs/status", "trainingjobs/scale"], "resourceNames": ["ml"], "verbs": ["get", "patch"]}
-    binding = b.build_supervisor_role_binding(j)
+    binding = build_supervisor_role_binding(j)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ml-supervisor", "namespace": "team"}]
-    pod = b.build_supervisor_pod(j)
+    pod = build_supervisor_pod(j)
     assert pod["spec"]["serviceAccountName"] == "ml-supervisor"
     c = containers(pod)[0]
     assert c["command"][:2] == ["mlless", "supervisor"]
     env = env_of(c)
-    assert env["MLLESS_JOB_FILE"]["value"] == b.JOB_FILE and env["MLLESS_JOB_ID"]["value"] == "team.ml"
+    assert env["MLLESS_JOB_FILE"]["value"] == JOB_FILE and env["MLLESS_JOB_ID"]["value"] == "team.ml"
     assert env["MLLESS_METRICS_PORT"]["value"] == "9090"
     assert env["REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "redis-url"}
     assert env["AMQP_URL"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "amqp-url"}
@@ -145,11 +161,11 @@ def test_supervisor_rbac_is_limited_to_its_own_status_and_scale():
 @pytest.mark.parametrize("obj", ["supervisor", "worker", "redis", "knative"])
 def test_containers_run_non_root_with_no_capabilities(obj):
     j = job()
-    built = {"supervisor": b.build_supervisor_pod(j), "worker": b.build_worker_pod(j, 1), "redis": b.build_redis_statefulset(j),
-             "knative": b.build_knative_service(j)}[obj]
+    built = {"supervisor": build_supervisor_pod(j), "worker": build_worker_pod(j, 1), "redis": build_redis_statefulset(j),
+             "knative": build_knative_service(j)}[obj]
     spec = built["spec"]["template"]["spec"] if "template" in built["spec"] else built["spec"]
     assert spec["securityContext"]["runAsNonRoot"] is True
-    assert spec["securityContext"]["runAsUser"] == (b.SERVICE_UID if obj == "redis" else 10001)
+    assert spec["securityContext"]["runAsUser"] == (SERVICE_UID if obj == "redis" else 10001)
     for c in spec["containers"]:
         sc = c["securityContext"]
         assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
@@ -158,7 +174,7 @@ def test_containers_run_non_root_with_no_capabilities(obj):
 
 def test_worker_pod_runs_its_rank_with_function_resources():
     j = job()
-    pod = b.build_worker_pod(j, 2)
+    pod = build_worker_pod(j, 2)
     assert pod["metadata"]["name"] == "ml-worker-2" and pod["metadata"]["labels"][LABEL_RANK] == "2"
     c = containers(pod)[0]
     assert c["command"] == ["mlless", "worker"]
@@ -166,7 +182,7 @@ def test_worker_pod_runs_its_rank_with_function_resources():
     assert env["MLLESS_RANK"]["value"] == "2" and env["EXTRA"]["value"] == "1"
     assert c["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
     assert pod["spec"]["automountServiceAccountToken"] is False
-    assert b.worker_selector(j) == "mlless.io/job=ml,mlless.io/role=worker"
+    assert worker_selector(j) == "mlless.io/job=ml,mlless.io/role=worker"
 
 
 KNATIVE_SERVICE_SCHEMA = {
@@ -241,7 +257,7 @@ OPENFAAS_FUNCTION_SCHEMA = {
 
 def test_knative_service_pins_scale_and_concurrency():
     j = job("knative")
-    svc = b.build_knative_service(j)
+    svc = build_knative_service(j)
     jsonschema.validate(svc, KNATIVE_SERVICE_SCHEMA)
     template = svc["spec"]["template"]
     assert template["metadata"]["annotations"] == {
@@ -253,12 +269,12 @@ def test_knative_service_pins_scale_and_concurrency():
     # The containers are a core/v1 PodSpec subset: check them with the built-in schema through a Pod.
     validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"},
               "spec": {k: v for k, v in template["spec"].items() if k not in ("containerConcurrency", "timeoutSeconds")}})
-    assert b.worker_endpoint(j) == "http://ml-worker.team.svc.cluster.local"
+    assert worker_endpoint(j) == "http://ml-worker.team.svc.cluster.local"
 
 
 def test_openfaas_function_pins_scale_and_lives_in_the_openfaas_namespace():
     j = job("openfaas", config=Config(openfaas_namespace="fn"))
-    fn = b.build_openfaas_function(j)
+    fn = build_openfaas_function(j)
     jsonschema.validate(fn, OPENFAAS_FUNCTION_SCHEMA)
     assert fn["metadata"]["namespace"] == "fn" and fn["metadata"]["name"] == "mlless-team-ml" == fn["spec"]["name"]
     assert fn["spec"]["labels"]["com.openfaas.scale.min"] == fn["spec"]["labels"]["com.openfaas.scale.max"] == "3"
@@ -269,20 +285,20 @@ def test_openfaas_function_pins_scale_and_lives_in_the_openfaas_namespace():
     assert environment["MLLESS_SECRETS_DIR"] == "/var/openfaas/secrets" and environment["EXTRA"] == "1"
     assert environment["exec_timeout"] == environment["read_timeout"] == environment["write_timeout"] == "600s"
     assert fn["spec"]["labels"]["com.openfaas.scale.zero"] == "false"
-    secret = b.build_openfaas_secret(j, {"redis-url": "redis://:pw@r:6379/0", "amqp-url": "amqp://u:pw@q:5672/%2F", "redis-password": "pw"})
+    secret = build_openfaas_secret(j, {"redis-url": "redis://:pw@r:6379/0", "amqp-url": "amqp://u:pw@q:5672/%2F", "redis-password": "pw"})
     validate(secret)
     assert secret["metadata"]["namespace"] == "fn" and set(secret["data"]) == {"redis-url", "amqp-url"}  # files under MLLESS_SECRETS_DIR
     assert base64.b64decode(secret["data"]["redis-url"]).decode() == "redis://:pw@r:6379/0"
     assert "ownerReferences" not in secret["metadata"]
-    assert b.worker_endpoint(j) == "http://gateway.openfaas:8080/function/mlless-team-ml.fn"
+    assert worker_endpoint(j) == "http://gateway.openfaas:8080/function/mlless-team-ml.fn"
 
 
 def test_long_names_stay_valid_and_distinct():
     long = "x" * 63
-    j = b.JobRef(name=long, namespace="team", uid=UID, spec=SPEC, config=Config())
-    names = {b.redis_name(j), b.rabbitmq_name(j), b.supervisor_name(j), b.secret_name(j), b.worker_pod_name(j, 0), b.worker_pod_name(j, 1)}
+    j = JobRef(name=long, namespace="team", uid=UID, spec=SPEC, config=Config())
+    names = {redis_name(j), rabbitmq_name(j), supervisor_name(j), secret_name(j), worker_pod_name(j, 0), worker_pod_name(j, 1)}
     assert len(names) == 6 and all(len(n) <= 63 for n in names)
-    for obj in (b.build_redis_service(j), b.build_supervisor_pod(j)):
+    for obj in (build_redis_service(j), build_supervisor_pod(j)):
         validate(obj)
 
 
@@ -321,9 +337,9 @@ def test_subset_comparison_tolerates_server_defaults():
 
 
 def test_openfaas_scale_labels_allow_zero_only_when_suspended():
-    assert b.openfaas_scale_labels(0) == {"com.openfaas.scale.min": "0", "com.openfaas.scale.max": "0", "com.openfaas.scale.zero": "true"}
-    assert b.openfaas_scale_labels(2)["com.openfaas.scale.zero"] == "false"
-    assert set(b.knative_scale_annotations(0).values()) == {"0"}
+    assert openfaas_scale_labels(0) == {"com.openfaas.scale.min": "0", "com.openfaas.scale.max": "0", "com.openfaas.scale.zero": "true"}
+    assert openfaas_scale_labels(2)["com.openfaas.scale.zero"] == "false"
+    assert set(knative_scale_annotations(0).values()) == {"0"}
 
 
 def test_external_url_gets_its_password_percent_encoded():
@@ -335,7 +351,7 @@ def test_external_url_gets_its_password_percent_encoded():
 @pytest.mark.parametrize("backend, url", [("pod", ""), ("knative", "http://ml-worker.team.svc.cluster.local"),
                                           ("openfaas", "http://gateway.openfaas:8080/function/mlless-team-ml.openfaas-fn")])
 def test_supervisor_pod_has_what_the_supervisor_needs(backend, url):
-    pod = b.build_supervisor_pod(job(backend))
+    pod = build_supervisor_pod(job(backend))
     env = env_of(containers(pod)[0])
     assert {k: env[k]["value"] for k in ("MLLESS_JOB_NAME", "MLLESS_JOB_NAMESPACE", "MLLESS_WORKER_BACKEND", "MLLESS_WORKER_URL")} == {
         "MLLESS_JOB_NAME": "ml", "MLLESS_JOB_NAMESPACE": "team", "MLLESS_WORKER_BACKEND": backend, "MLLESS_WORKER_URL": url}
@@ -425,7 +441,7 @@ def test_metrics_count_jobs_by_phase_including_suspended():
 def test_openfaas_copy_holds_full_urls_and_the_invocation_token():
     import asyncio
 
-    from mlless_operator.credentials import openfaas_secrets
+    from mlless_operator.reconcile.service_urls import openfaas_secrets
 
     class FakeAPI:
         def __init__(self, secrets: dict[str, dict]):
@@ -435,7 +451,7 @@ def test_openfaas_copy_holds_full_urls_and_the_invocation_token():
             assert (api_version, kind, namespace) == ("v1", "Secret", "team")
             return self.secrets.get(name)
 
-    managed = b.build_secret(job(), {"redis-url": "redis://:a@ml-redis.team.svc:6379/0", "amqp-url": "amqp://mlless:b@ml-rabbitmq.team.svc:5672/%2F",
+    managed = build_secret(job(), {"redis-url": "redis://:a@ml-redis.team.svc:6379/0", "amqp-url": "amqp://mlless:b@ml-rabbitmq.team.svc:5672/%2F",
                                      "invoke-token": "t0k"})
     assert asyncio.run(openfaas_secrets(FakeAPI({"ml-credentials": managed}), job("openfaas"))) == {
         "redis-url": "redis://:a@ml-redis.team.svc:6379/0", "amqp-url": "amqp://mlless:b@ml-rabbitmq.team.svc:5672/%2F", "invoke-token": "t0k"}
@@ -473,17 +489,17 @@ def test_spec_error_names_fields_and_rejects_paths_a_pod_cannot_resolve():
 def test_function_env_reaches_the_workers_and_the_supervisor():
     user_env = [{"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "id"}}}]
     j = job(spec={**SPEC, "function": {"env": user_env}})
-    for pod in (b.build_supervisor_pod(j), b.build_worker_pod(j, 0)):
+    for pod in (build_supervisor_pod(j), build_worker_pod(j, 0)):
         assert env_of(containers(pod)[0])["AWS_ACCESS_KEY_ID"] == user_env[0]
 
 
 def test_every_job_gets_an_invocation_token_that_reaches_the_supervisor_and_the_functions():
     j = job("knative")
-    creds, other = b.generate_credentials(j), b.generate_credentials(j)
+    creds, other = generate_credentials(j), generate_credentials(j)
     assert len(creds["invoke-token"]) >= 40 and creds["invoke-token"] != other["invoke-token"]  # per job, random
     token_ref = {"secretKeyRef": {"name": "ml-credentials", "key": "invoke-token", "optional": True}}
-    assert env_of(containers(b.build_supervisor_pod(j))[0])["MLLESS_INVOKE_TOKEN"]["valueFrom"] == token_ref
-    knative = b.build_knative_service(j)["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(containers(build_supervisor_pod(j))[0])["MLLESS_INVOKE_TOKEN"]["valueFrom"] == token_ref
+    knative = build_knative_service(j)["spec"]["template"]["spec"]["containers"][0]
     assert env_of(knative)["MLLESS_INVOKE_TOKEN"]["valueFrom"] == token_ref
-    copy_ = b.build_openfaas_secret(job("openfaas"), {**creds, "redis-password": "never copied"})
+    copy_ = build_openfaas_secret(job("openfaas"), {**creds, "redis-password": "never copied"})
     assert set(copy_["data"]) == {"redis-url", "amqp-url", "invoke-token"}

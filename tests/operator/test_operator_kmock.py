@@ -23,7 +23,6 @@ import pytest_asyncio
 import mlless_operator.main
 from mlless.contract import ANNOTATION_BACKEND, ANNOTATION_HIGHEST_RANK
 from mlless_operator import metrics
-from mlless_operator import builders as b
 
 from kmock_emulator import Emulator  # tests/operator/ is on sys.path (rootdir-relative test modules)
 

@@ -1,37 +1,28 @@
-"""Create (and resume): validate the spec, then make every child exist, idempotently.
+"""Create (and resume): validate the spec, choose the backend, then make every child exist (`reconcile.children`).
 
-Each child is ensured with get-then-create(-or-patch), so running this again
-after an operator restart, or after a crash half-way, creates only what is
-missing and never fails on what is already there.
-
-The runtime (supervisor pod and workers) comes in one of three ways:
-- `start`: a new session (creation, resume from suspension): the supervisor
-  and workers of ranks 0..N-1, which a new supervisor waits for;
-- `continue`: the operator restarted mid-session: a missing worker is replaced
-  by a new rank, never re-created under its old one (handlers/scale.py);
-- `none`: the job is suspended, or suspending, and handlers/suspend.py owns
-  the runtime; only the state (Secret, ConfigMap, Redis, RabbitMQ, RBAC) is ensured.
+On creation the runtime starts a new session; on resume (the operator
+restarted) it continues the current one; while a suspension owns the runtime
+only the state is ensured.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 import kopf
 
-from mlless.contract import ANNOTATION_BACKEND, ANNOTATION_HIGHEST_RANK, TERMINAL_JOB_PHASES
+from mlless.contract import ANNOTATION_BACKEND, TERMINAL_JOB_PHASES
 from mlless.spec import SpecError, from_manifest
-from mlless_operator import builders as b
 from mlless_operator import metrics
 from mlless_operator.backends import choose_backend, served_backends
+from mlless_operator.builders.jobref import BACKENDS, JobRef
+from mlless_operator.builders.names import worker_selector
+from mlless_operator.conditions import is_invalid, now, set_condition
 from mlless_operator.config import Config
-from mlless_operator.credentials import openfaas_secrets
-from mlless_operator.handlers.scale import highest_rank, removed_ranks, scale_pods
 from mlless_operator.kubeapi import KubeAPI
-from mlless_operator.status import is_invalid, is_true, now, set_condition
-
-Runtime = Literal["start", "continue", "none"]
+from mlless_operator.reconcile.children import Runtime, ensure_children
+from mlless_operator.reconcile.replicas import highest_rank, remember_highest_rank
+from mlless_operator.reconcile.suspension import owns_runtime
 
 
 def spec_error(body: Mapping[str, Any]) -> str | None:
@@ -51,67 +42,6 @@ def spec_error(body: Mapping[str, Any]) -> str | None:
     return None
 
 
-@dataclass
-class Ensured:
-    results: dict[str, str] = field(default_factory=dict)  # 'Kind/name' -> created | patched | unchanged
-    highest_rank: int | None = None  # pod backend: the highest worker rank now used, to remember on the job
-
-
-async def ensure_pod(api: KubeAPI, pod: dict[str, Any]) -> str:
-    """Create a pod unless it exists. One still terminating must go first: a Pod's spec is immutable, and a new
-    supervisor or worker must not be mistaken for the old one that is on its way out (after a suspension)."""
-    meta = pod["metadata"]
-    current = await api.get("v1", "Pod", meta["namespace"], meta["name"])
-    if current is not None and current["metadata"].get("deletionTimestamp"):
-        raise kopf.TemporaryError(f"Pod {meta['name']} is still terminating; waiting to create its successor", delay=5)
-    return await api.ensure(pod, update=False)
-
-
-async def ensure_children(api: KubeAPI, job: b.JobRef, runtime: Runtime = "start", status: Mapping[str, Any] | None = None, highest_used: int = -1) -> Ensured:
-    """Make every child exist; `status` and `highest_used` steer the ranks of a `continue`d pod session."""
-    ensured = Ensured()
-
-    async def ensure(obj: dict[str, Any], update: bool = True) -> None:
-        ensured.results[f"{obj['kind']}/{obj['metadata']['name']}"] = await api.ensure(obj, update=update)
-
-    # Generated passwords must never change once services use them: create only.
-    await ensure(b.build_secret(job), update=False)
-    await ensure(b.build_job_configmap(job))
-    if job.external("redis") is None:
-        await ensure(b.build_redis_service(job))
-        await ensure(b.build_redis_statefulset(job))
-    if job.external("rabbitmq") is None:
-        await ensure(b.build_rabbitmq_service(job))
-        await ensure(b.build_rabbitmq_statefulset(job))
-    await ensure(b.build_supervisor_service_account(job))
-    await ensure(b.build_supervisor_role(job))
-    await ensure(b.build_supervisor_role_binding(job))
-    await ensure(b.build_supervisor_service(job))
-    if runtime == "none":
-        return ensured
-    supervisor = b.build_supervisor_pod(job)
-    ensured.results[f"Pod/{supervisor['metadata']['name']}"] = await ensure_pod(api, supervisor)
-    if job.backend == "pod":
-        if runtime == "start":
-            for rank in range(job.workers):
-                pod = b.build_worker_pod(job, rank)
-                ensured.results[f"Pod/{pod['metadata']['name']}"] = await ensure_pod(api, pod)
-            ensured.highest_rank = job.workers - 1
-        else:
-            changes, ensured.highest_rank = await scale_pods(api, job, job.workers, removed_ranks(status or {}), highest_used)
-            for change in changes:  # "created Pod/x", "deleted Pod/y"
-                verb, what = change.split(" ", 1)
-                ensured.results[what] = verb
-    elif job.backend == "knative":
-        await ensure(b.build_knative_service(job))
-    elif job.backend == "openfaas":
-        await ensure(b.build_openfaas_secret(job, await openfaas_secrets(api, job)))
-        await ensure(b.build_openfaas_function(job))
-    else:  # pragma: no cover - choose_backend only returns the three
-        raise kopf.PermanentError(f"unknown backend {job.backend}")
-    return ensured
-
-
 def fail_invalid(body: Mapping[str, Any], patch: kopf.Patch, message: str) -> None:
     status = body.get("status") or {}
     generation = body["metadata"].get("generation")
@@ -125,9 +55,8 @@ def fail_invalid(body: Mapping[str, Any], patch: kopf.Patch, message: str) -> No
 
 
 def runtime_for(body: Mapping[str, Any], reason: Any) -> Runtime:
-    status = body.get("status") or {}
-    if (body.get("spec") or {}).get("suspend") or status.get("phase") == "Suspended" or is_true(status, "Suspended"):
-        return "none"  # handlers/suspend.py stops and restarts the runtime
+    if owns_runtime(body):
+        return "none"  # reconcile.suspension stops and restarts the runtime
     return "continue" if str(reason) == "resume" else "start"
 
 
@@ -144,7 +73,7 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger:
         return
 
     backend = (meta.get("annotations") or {}).get(ANNOTATION_BACKEND)
-    if backend not in b.BACKENDS:
+    if backend not in BACKENDS:
         requested = ((body.get("spec") or {}).get("function") or {}).get("backend")
         backend, fallback = choose_backend(requested, await served_backends(api), config.default_backend)
         if fallback:
@@ -152,7 +81,7 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger:
         # Remember the choice: scaling and cleanup must act on the backend the workers were created on.
         patch.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_BACKEND] = backend
 
-    job = b.JobRef.from_body(body, config, backend)
+    job = JobRef.from_body(body, config, backend)
     ensured = await ensure_children(api, job, runtime_for(body, reason), status, highest_rank(body))
     results = ensured.results
     created = sorted(k for k, v in results.items() if v == "created")
@@ -163,13 +92,12 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger:
         status.get("conditions"), "Created", "True", "ChildrenCreated",
         f"{len(results)} children on backend {backend}", generation,
     )
-    if ensured.highest_rank is not None:
-        patch.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_HIGHEST_RANK] = str(ensured.highest_rank)
+    remember_highest_rank(patch, ensured.highest_rank)
     patch.status["conditions"] = conditions
     patch.status["phase"] = status.get("phase") or "Pending"
     if "workers" not in status:
         patch.status["workers"] = job.workers  # provisional, until the supervisor reports the workers it has
-    patch.status["selector"] = b.worker_selector(job)
+    patch.status["selector"] = worker_selector(job)
     patch.status["observedGeneration"] = generation
     # (startTime is set when the supervisor pod is first seen running: handlers/status.py.)
     metrics.observe_phase(job.uid, patch.status["phase"])

@@ -19,34 +19,35 @@ import kopf
 from mlless.contract import ANNOTATION_BACKEND
 from mlless.transport import TransportError
 from mlless.transport.services import delete_job_keys
-from mlless_operator import builders as b
 from mlless_operator import metrics
+from mlless_operator.builders.jobref import JobRef
+from mlless_operator.builders.names import openfaas_function_name, openfaas_secret_name
 from mlless_operator.config import Config
-from mlless_operator.credentials import external_url
 from mlless_operator.kubeapi import KubeAPI
+from mlless_operator.reconcile.service_urls import external_url
 
 
 async def cleanup(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger | logging.LoggerAdapter, **_: Any) -> None:
     config: Config = memo.config
     api: KubeAPI = memo.api
     backend = (body["metadata"].get("annotations") or {}).get(ANNOTATION_BACKEND)
-    job = b.JobRef.from_body(body, config, backend or "pod")
+    job = JobRef.from_body(body, config, backend or "pod")
     if backend == "openfaas":
         ns = config.openfaas_namespace
         deleted = [
             name
-            for kind, name in (("Function", b.openfaas_function_name(job)),)
+            for kind, name in (("Function", openfaas_function_name(job)),)
             if await api.delete("openfaas.com/v1", kind, ns, name)
         ]
-        if await api.delete("v1", "Secret", ns, b.openfaas_secret_name(job)):
-            deleted.append(b.openfaas_secret_name(job))
+        if await api.delete("v1", "Secret", ns, openfaas_secret_name(job)):
+            deleted.append(openfaas_secret_name(job))
         logger.info("deleted from %s: %s", ns, deleted or "nothing (already gone)")
     if job.external("redis") is not None:
         await delete_external_keys(api, job, logger)
     metrics.forget(job.uid)
 
 
-async def delete_external_keys(api: KubeAPI, job: b.JobRef, logger: logging.Logger | logging.LoggerAdapter) -> None:
+async def delete_external_keys(api: KubeAPI, job: JobRef, logger: logging.Logger | logging.LoggerAdapter) -> None:
     """Best effort: a Redis the operator cannot reach keeps the keys until their TTL, which must not block deletion."""
     try:
         url = await external_url(api, job, "redis")

@@ -1,10 +1,10 @@
 """The status timer: the job's lifecycle, from the supervisor pod and the spec.
 
 Each tick, in this order (the first that applies ends the tick):
-1. suspension or resumption in progress (handlers/suspend.py);
+1. suspension or resumption in progress (`reconcile.suspension`);
 2. the supervisor pod's phase: Pending until it runs, then Running (startTime
    is set the first time), Succeeded or Failed;
-3. spec.activeDeadlineSeconds (handlers/deadline.py).
+3. spec.activeDeadlineSeconds (`reconcile.deadline`).
 It is level-triggered, so a missed event or an operator restart only delays a
 transition. It never writes what the supervisor owns (step, losses, cost,
 workers, modelURI, removedRanks, checkpointStep).
@@ -17,12 +17,13 @@ from typing import Any
 import kopf
 
 from mlless.contract import ANNOTATION_BACKEND, TERMINAL_JOB_PHASES
-from mlless_operator import builders as b
 from mlless_operator import metrics
-from mlless_operator.handlers.deadline import enforce_deadline
-from mlless_operator.handlers.suspend import reconcile_suspension
+from mlless_operator.builders.jobref import BACKENDS, JobRef
+from mlless_operator.builders.names import supervisor_name
+from mlless_operator.conditions import get_condition, is_invalid, is_true, now, set_condition
 from mlless_operator.kubeapi import KubeAPI
-from mlless_operator.status import get_condition, is_invalid, is_true, now, set_condition
+from mlless_operator.reconcile.deadline import enforce_deadline
+from mlless_operator.reconcile.suspension import reconcile_suspension
 
 
 def _termination(pod: dict[str, Any]) -> str:
@@ -38,7 +39,7 @@ async def follow_supervisor(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
     meta = body["metadata"]
     phase = status.get("phase")
     backend = (meta.get("annotations") or {}).get(ANNOTATION_BACKEND)
-    if phase in TERMINAL_JOB_PHASES or is_invalid(status) or backend not in b.BACKENDS:
+    if phase in TERMINAL_JOB_PHASES or is_invalid(status) or backend not in BACKENDS:
         return
     if get_condition(status, "Created") is None:
         # The create handler's metadata patch (the backend) has landed but its status patch, a separate
@@ -47,8 +48,8 @@ async def follow_supervisor(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
     if await reconcile_suspension(body, patch, memo, logger):
         return
     api: KubeAPI = memo.api
-    job = b.JobRef.from_body(body, memo.config, backend)
-    pod = await api.get("v1", "Pod", job.namespace, b.supervisor_name(job))
+    job = JobRef.from_body(body, memo.config, backend)
+    pod = await api.get("v1", "Pod", job.namespace, supervisor_name(job))
     pod_phase = ((pod or {}).get("status") or {}).get("phase")
     generation = meta.get("generation")
     conditions = status.get("conditions")

@@ -11,9 +11,8 @@ from typing import Any, Mapping
 import kopf
 
 from mlless.contract import API_VERSION, KIND, TERMINAL_JOB_PHASES
+from mlless_operator.conditions import finished_at, seconds_since
 from mlless_operator.kubeapi import KubeAPI
-from mlless_operator.status import finished_at, seconds_since
-
 
 
 def applies(spec: Mapping[str, Any], status: Mapping[str, Any], **_: Any) -> bool:

@@ -13,15 +13,15 @@ from typing import Any, Mapping
 
 import kopf
 
-from mlless_operator import builders as b
 from mlless_operator import metrics
-from mlless_operator.handlers.teardown import stop_runtime
+from mlless_operator.builders.jobref import JobRef
+from mlless_operator.conditions import now, seconds_since, set_condition
 from mlless_operator.kubeapi import KubeAPI
-from mlless_operator.status import now, seconds_since, set_condition
+from mlless_operator.reconcile.teardown import stop_runtime
 
 
 async def enforce_deadline(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: logging.Logger | logging.LoggerAdapter,
-                           job: b.JobRef, supervisor: Mapping[str, Any] | None) -> bool:
+                           job: JobRef, supervisor: Mapping[str, Any] | None) -> bool:
     """Fail the job if it is past its deadline; True if it did."""
     status = dict(body.get("status") or {})
     limit = (body.get("spec") or {}).get("activeDeadlineSeconds")

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from mlless_operator import builders as b
-from mlless_operator.handlers.scale import scale_workers
+from mlless_operator.builders.jobref import JobRef
+from mlless_operator.builders.names import supervisor_name
 from mlless_operator.kubeapi import KubeAPI
+from mlless_operator.reconcile.replicas import scale_workers
 
 
-async def stop_runtime(api: KubeAPI, job: b.JobRef, supervisor: Mapping[str, Any] | None) -> list[str]:
+async def stop_runtime(api: KubeAPI, job: JobRef, supervisor: Mapping[str, Any] | None) -> list[str]:
     """Delete the supervisor pod seen as `supervisor` (that incarnation only) and stop the workers; returns what changed."""
     changes: list[str] = []
     meta = (supervisor or {}).get("metadata") or {}
     if supervisor is not None and not meta.get("deletionTimestamp"):
         # The uid precondition: never delete a supervisor that a concurrent resume has just created under the same name.
-        if await api.delete("v1", "Pod", job.namespace, b.supervisor_name(job), uid=meta.get("uid")):
-            changes.append(f"deleted Pod/{b.supervisor_name(job)}")
+        if await api.delete("v1", "Pod", job.namespace, supervisor_name(job), uid=meta.get("uid")):
+            changes.append(f"deleted Pod/{supervisor_name(job)}")
     stopped, _ = await scale_workers(api, job, 0, missing_ok=True)
     return changes + stopped

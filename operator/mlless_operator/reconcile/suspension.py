@@ -6,7 +6,7 @@ Suspend (spec.suspend: true):
    Redis, writes status.checkpointStep and exits 0.
 2. Once the supervisor pod has terminated, or `suspend_grace_seconds` after
    step 1 if it has not, the supervisor pod is deleted and the workers stop
-   (handlers/teardown.py). Secret, ConfigMap, Redis and RabbitMQ stay: the
+   (`reconcile.teardown`). Secret, ConfigMap, Redis and RabbitMQ stay: the
    checkpoint is in Redis. Phase Suspended, Running=False, and startTime is
    cleared: as for a Kubernetes Job, activeDeadlineSeconds counts from the
    next start, not across the suspension.
@@ -30,18 +30,27 @@ from typing import Any, Mapping
 
 import kopf
 
-from mlless.contract import ANNOTATION_BACKEND, ANNOTATION_HIGHEST_RANK
-from mlless_operator import builders as b
+from mlless.contract import ANNOTATION_BACKEND
 from mlless_operator import metrics
+from mlless_operator.builders.jobref import JobRef
+from mlless_operator.builders.names import supervisor_name
+from mlless_operator.conditions import FINISHED_POD_PHASES, get_condition, is_true, seconds_since, set_condition
 from mlless_operator.config import Config
-from mlless_operator.handlers.create import ensure_children
-from mlless_operator.handlers.teardown import stop_runtime
 from mlless_operator.kubeapi import KubeAPI
-from mlless_operator.status import FINISHED_POD_PHASES, get_condition, is_true, seconds_since, set_condition
+from mlless_operator.reconcile.children import ensure_children
+from mlless_operator.reconcile.replicas import remember_highest_rank
+from mlless_operator.reconcile.teardown import stop_runtime
 
 
 def wants_suspension(body: Mapping[str, Any]) -> bool:
     return bool((body.get("spec") or {}).get("suspend"))
+
+
+def owns_runtime(body: Mapping[str, Any]) -> bool:
+    """True while suspension, not creation or scaling, starts and stops the supervisor and workers:
+    spec.suspend is set, or the job is suspending or suspended."""
+    status = body.get("status") or {}
+    return wants_suspension(body) or status.get("phase") == "Suspended" or is_true(status, "Suspended")
 
 
 async def reconcile_suspension(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: logging.Logger | logging.LoggerAdapter) -> bool:
@@ -59,8 +68,8 @@ async def reconcile_suspension(body: kopf.Body, patch: kopf.Patch, memo: kopf.Me
     return False
 
 
-def _job(body: Mapping[str, Any], config: Config) -> b.JobRef:
-    return b.JobRef.from_body(body, config, body["metadata"]["annotations"][ANNOTATION_BACKEND])
+def _job(body: Mapping[str, Any], config: Config) -> JobRef:
+    return JobRef.from_body(body, config, body["metadata"]["annotations"][ANNOTATION_BACKEND])
 
 
 async def _suspend(body: kopf.Body, status: dict[str, Any], patch: kopf.Patch, memo: kopf.Memo, logger: logging.Logger | logging.LoggerAdapter) -> None:
@@ -77,7 +86,7 @@ async def _suspend(body: kopf.Body, status: dict[str, Any], patch: kopf.Patch, m
     else:
         waited = seconds_since((get_condition(status, "Suspended") or {}).get("lastTransitionTime")) or 0.0
 
-    pod = await api.get("v1", "Pod", job.namespace, b.supervisor_name(job))
+    pod = await api.get("v1", "Pod", job.namespace, supervisor_name(job))
     pod_phase = ((pod or {}).get("status") or {}).get("phase")
     exited = pod is None or pod_phase in FINISHED_POD_PHASES or bool(pod["metadata"].get("deletionTimestamp"))
     if not exited and waited < config.suspend_grace_seconds:
@@ -116,10 +125,10 @@ async def _resume(body: kopf.Body, status: dict[str, Any], patch: kopf.Patch, me
     config: Config = memo.config
     api: KubeAPI = memo.api
     job = _job(body, config)
-    pod = await api.get("v1", "Pod", job.namespace, b.supervisor_name(job))
+    pod = await api.get("v1", "Pod", job.namespace, supervisor_name(job))
     if pod is not None and ((pod.get("status") or {}).get("phase") in FINISHED_POD_PHASES):
         # The suspended session's supervisor, still there: it must go before the new one can take its name.
-        await api.delete("v1", "Pod", job.namespace, b.supervisor_name(job), uid=pod["metadata"].get("uid"))
+        await api.delete("v1", "Pod", job.namespace, supervisor_name(job), uid=pod["metadata"].get("uid"))
         raise kopf.TemporaryError("the suspended supervisor pod is being deleted", delay=2)
     # (A pending or running one was created by an earlier attempt of this resume; ensure_children keeps it.)
     ensured = await ensure_children(api, job, "start")
@@ -127,8 +136,7 @@ async def _resume(body: kopf.Body, status: dict[str, Any], patch: kopf.Patch, me
     step = status.get("checkpointStep")
     message = f"resuming from the checkpoint of step {step}" if step is not None else "resuming; no checkpoint was recorded"
     conditions = set_condition(status.get("conditions"), "Suspended", "False", "Resumed", message, generation)
-    if ensured.highest_rank is not None:
-        patch.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_HIGHEST_RANK] = str(ensured.highest_rank)
+    remember_highest_rank(patch, ensured.highest_rank)
     patch.status["phase"] = "Pending"
     patch.status["conditions"] = conditions
     patch.status["observedGeneration"] = generation

@@ -1,4 +1,4 @@
-"""TrainingJob status: phase and metav1.Condition-shaped conditions (pure helpers)."""
+"""TrainingJob status: phase and metav1.Condition-shaped conditions, and their timestamps (pure helpers)."""
 from __future__ import annotations
 
 import copy

@@ -9,7 +9,9 @@ from typing import Any, Mapping
 import kopf
 
 from mlless.transport.env import with_password
-from mlless_operator import builders as b
+from mlless_operator.builders.credentials import AMQP_URL_KEY, INVOKE_TOKEN_KEY, REDIS_URL_KEY
+from mlless_operator.builders.jobref import JobRef
+from mlless_operator.builders.names import secret_name
 from mlless_operator.kubeapi import KubeAPI
 
 
@@ -28,7 +30,7 @@ def secret_value(secret: Mapping[str, Any] | None, key: str) -> str | None:
     return None if value is None else str(value)
 
 
-async def external_url(api: KubeAPI, job: b.JobRef, service: str) -> str:
+async def external_url(api: KubeAPI, job: JobRef, service: str) -> str:
     """spec.<service>.url with the password from its passwordSecretRef, percent-encoded."""
     ext = job.external(service)
     assert ext is not None, f"spec.{service} is managed, not external"
@@ -41,21 +43,21 @@ async def external_url(api: KubeAPI, job: b.JobRef, service: str) -> str:
     return with_password(ext["url"], password)
 
 
-async def openfaas_secrets(api: KubeAPI, job: b.JobRef) -> dict[str, str]:
+async def openfaas_secrets(api: KubeAPI, job: JobRef) -> dict[str, str]:
     """What the OpenFaaS copy holds: the full Redis and AMQP URLs (managed ones from the job Secret, external ones
     with the password from their passwordSecretRef; OpenFaaS can only mount whole values, it cannot assemble a URL),
     and the invocation token."""
     values: dict[str, str] = {}
-    job_secret = await api.get("v1", "Secret", job.namespace, b.secret_name(job)) or {}
-    for service, key in (("redis", b.REDIS_URL_KEY), ("rabbitmq", b.AMQP_URL_KEY)):
+    job_secret = await api.get("v1", "Secret", job.namespace, secret_name(job)) or {}
+    for service, key in (("redis", REDIS_URL_KEY), ("rabbitmq", AMQP_URL_KEY)):
         if job.external(service) is not None:
             values[key] = await external_url(api, job, service)
             continue
         value = secret_value(job_secret, key)
         if value is None:
-            raise kopf.TemporaryError(f"Secret {b.secret_name(job)} has no {key} yet", delay=5)
+            raise kopf.TemporaryError(f"Secret {secret_name(job)} has no {key} yet", delay=5)
         values[key] = value
-    token = secret_value(job_secret, b.INVOKE_TOKEN_KEY)
+    token = secret_value(job_secret, INVOKE_TOKEN_KEY)
     if token is not None:  # a Secret made before tokens has none; its functions then accept any caller
-        values[b.INVOKE_TOKEN_KEY] = token
+        values[INVOKE_TOKEN_KEY] = token
     return values

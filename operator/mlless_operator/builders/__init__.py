@@ -1,0 +1,23 @@
+"""Pure builders: each returns one manifest dict for a child of a TrainingJob.
+
+Nothing here talks to the API server, so every object is unit-tested and
+validated offline (`tests/operator/test_builders.py`). `jobref.JobRef` carries
+what every builder needs about the job instead of a long parameter list.
+
+Children of job NAME in namespace NS (the workers depend on the backend), by module:
+
+- `credentials`: Secret `NAME-credentials`, generated Redis and RabbitMQ
+  passwords and the full service URLs; pods read them through `secretKeyRef`,
+  never literally (and the OpenFaaS namespace's copy of the URLs);
+- `jobfile`: ConfigMap `NAME-job`, the TrainingJob manifest the supervisor and
+  worker pods read (MLLESS_JOB_FILE);
+- `services`: Redis and RabbitMQ, StatefulSet + Service `NAME-redis` /
+  `NAME-rabbitmq` (unless `spec.redis.url` / `spec.rabbitmq.url` names an external one);
+- `supervisor`: ServiceAccount, Role, RoleBinding, Pod and metrics Service `NAME-supervisor`;
+- workers: Pods `NAME-worker-RANK` (`worker_pods`), a Knative Service
+  `NAME-worker` (`knative`), or an OpenFaaS Function in the OpenFaaS namespace (`openfaas`).
+
+What they share: `names` (names, labels, owner references, ports), `podspec`
+(security contexts, resources) and `runtime` (what the supervisor's and the
+workers' containers have in common).
+"""

@@ -1,0 +1,112 @@
+"""The job's Secret (generated passwords, service URLs, invocation token), its OpenFaaS copy, and the env vars that read it."""
+from __future__ import annotations
+
+import base64
+import secrets
+from typing import Mapping
+
+from mlless.contract import ENV_AMQP_URL, ENV_REDIS_URL
+from mlless.transport.env import PASSWORD_VARS
+from mlless_operator.builders.jobref import JobRef, Manifest
+from mlless_operator.builders.names import (
+    AMQP_PORT,
+    REDIS_PORT,
+    cross_namespace_owner,
+    labels,
+    metadata,
+    openfaas_secret_name,
+    rabbitmq_name,
+    redis_name,
+    secret_name,
+)
+
+RABBITMQ_USER = "mlless"
+
+# Secret keys
+REDIS_PASSWORD_KEY = "redis-password"
+REDIS_URL_KEY = "redis-url"
+RABBITMQ_USER_KEY = "rabbitmq-username"
+RABBITMQ_PASSWORD_KEY = "rabbitmq-password"
+AMQP_URL_KEY = "amqp-url"
+#: What the OpenFaaS copy holds: the URLs only, never the bare passwords.
+INVOKE_TOKEN_KEY = "invoke-token"
+OPENFAAS_SECRET_KEYS = (REDIS_URL_KEY, AMQP_URL_KEY, INVOKE_TOKEN_KEY)
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def generate_credentials(job: JobRef) -> dict[str, str]:
+    """Fresh passwords (URL-safe, so they can sit in a URL unescaped) for the managed services, and the token
+    the supervisor invokes worker functions with (a Knative or OpenFaaS URL is reachable from the whole cluster)."""
+    creds: dict[str, str] = {INVOKE_TOKEN_KEY: secrets.token_urlsafe(32)}
+    if job.external("redis") is None:
+        pw = secrets.token_urlsafe(24)
+        creds[REDIS_PASSWORD_KEY] = pw
+        creds[REDIS_URL_KEY] = f"redis://:{pw}@{redis_name(job)}.{job.namespace}.svc:{REDIS_PORT}/0"
+    if job.external("rabbitmq") is None:
+        pw = secrets.token_urlsafe(24)
+        creds[RABBITMQ_USER_KEY] = RABBITMQ_USER
+        creds[RABBITMQ_PASSWORD_KEY] = pw
+        creds[AMQP_URL_KEY] = f"amqp://{RABBITMQ_USER}:{pw}@{rabbitmq_name(job)}.{job.namespace}.svc:{AMQP_PORT}/%2F"
+    return creds
+
+
+def build_secret(job: JobRef, credentials: Mapping[str, str] | None = None) -> Manifest:
+    """The job's Secret. Create it once and never patch it: its passwords must stay what the services started with."""
+    creds = generate_credentials(job) if credentials is None else credentials
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(job, secret_name(job), "credentials"),
+        "type": "Opaque",
+        "data": {k: _b64(v) for k, v in sorted(creds.items())},
+    }
+
+
+def build_openfaas_secret(job: JobRef, urls: Mapping[str, str]) -> Manifest:
+    """The job's service URLs in the OpenFaaS namespace, where the Function mounts them.
+
+    `urls` maps `redis-url` and `amqp-url` to the full URLs, passwords included
+    (OpenFaaS has no secretKeyRef, so nothing can be assembled at start), and
+    `invoke-token` to the job's invocation token. The
+    Function sees each key as a file of that name under OPENFAAS_SECRETS_DIR.
+    No owner reference can cross namespaces: the delete handler removes it.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": openfaas_secret_name(job),
+            "namespace": job.config.openfaas_namespace,
+            "labels": labels(job, "credentials"),
+            "annotations": cross_namespace_owner(job),
+        },
+        "type": "Opaque",
+        "data": {k: _b64(v) for k, v in sorted(urls.items()) if k in OPENFAAS_SECRET_KEYS},
+    }
+
+
+def secret_env(name: str, secret: str, key: str) -> Manifest:
+    """Env var `name` from key `key` of Secret `secret`."""
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def service_env(job: JobRef) -> list[Manifest]:
+    """REDIS_URL and AMQP_URL for a runtime container: from the job Secret, or the external URL + its password Secret."""
+    env: list[Manifest] = []
+    for service, url_var, pw_var, url_key in (
+        ("redis", ENV_REDIS_URL, PASSWORD_VARS[ENV_REDIS_URL], REDIS_URL_KEY),
+        ("rabbitmq", ENV_AMQP_URL, PASSWORD_VARS[ENV_AMQP_URL], AMQP_URL_KEY),
+    ):
+        ext = job.external(service)
+        if ext is None:
+            env.append(secret_env(url_var, secret_name(job), url_key))
+        else:
+            env.append({"name": url_var, "value": ext["url"]})
+            if ext.get("passwordSecretRef"):
+                # The runtime percent-encodes it into the URL (mlless.transport.env); `$(VAR)` would paste it raw.
+                ref = ext["passwordSecretRef"]
+                env.append(secret_env(pw_var, ref["name"], ref["key"]))
+    return env

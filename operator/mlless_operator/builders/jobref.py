@@ -1,0 +1,61 @@
+"""`JobRef`: the identity and spec of one TrainingJob, which every builder takes."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from mlless_operator.config import Config
+
+Manifest = dict[str, Any]
+
+BACKENDS = ("knative", "openfaas", "pod")
+DEFAULT_WORKERS = 3
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """The identity and spec of one TrainingJob, plus the operator's config and the chosen backend."""
+
+    name: str
+    namespace: str
+    uid: str
+    spec: Mapping[str, Any]
+    config: Config
+    backend: str = "pod"
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any], config: Config, backend: str = "pod") -> JobRef:
+        meta = body["metadata"]
+        spec = json.loads(json.dumps(dict(body.get("spec") or {})))  # a plain deep copy of Kopf's view
+        return cls(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", ""), spec=spec, config=config, backend=backend)
+
+    @property
+    def job_id(self) -> str:
+        """Namespaces Redis keys and RabbitMQ queues; unique per cluster, so external services can be shared."""
+        return f"{self.namespace}.{self.name}"
+
+    @property
+    def workers(self) -> int:
+        return int(self.spec.get("workers", DEFAULT_WORKERS))
+
+    @property
+    def suspended(self) -> bool:
+        return bool(self.spec.get("suspend"))
+
+    @property
+    def function(self) -> Mapping[str, Any]:
+        return self.spec.get("function") or {}
+
+    @property
+    def image(self) -> str:
+        return self.function.get("image") or self.config.image
+
+    @property
+    def timeout_seconds(self) -> int:
+        return int(self.function.get("timeoutSeconds") or self.config.function_timeout_seconds)
+
+    def external(self, service: str) -> Mapping[str, Any] | None:
+        """spec.redis / spec.rabbitmq when it names an external instance, else None (managed)."""
+        section = self.spec.get(service) or {}
+        return section if section.get("url") else None

@@ -1,0 +1,109 @@
+"""Names, labels and owner references of a job's children, and the ports its services listen on."""
+from __future__ import annotations
+
+import hashlib
+from typing import Mapping
+
+from mlless.contract import ANNOTATION_OWNER, ANNOTATION_OWNER_UID, API_VERSION, KIND, LABEL_JOB, LABEL_ROLE
+from mlless_operator.builders.jobref import JobRef, Manifest
+
+REDIS_PORT = 6379
+AMQP_PORT = 5672
+
+
+def dns_name(*parts: str, limit: int = 63) -> str:
+    """Join parts with '-'; if too long, truncate and add a short hash so names stay unique and valid."""
+    name = "-".join(parts)
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: limit - 9].rstrip('-')}-{digest}"
+
+
+def child_name(job: JobRef, suffix: str) -> str:
+    return dns_name(job.name, suffix)
+
+
+def secret_name(job: JobRef) -> str:
+    return child_name(job, "credentials")
+
+
+def configmap_name(job: JobRef) -> str:
+    return child_name(job, "job")
+
+
+def redis_name(job: JobRef) -> str:
+    return child_name(job, "redis")
+
+
+def rabbitmq_name(job: JobRef) -> str:
+    return child_name(job, "rabbitmq")
+
+
+def supervisor_name(job: JobRef) -> str:
+    return child_name(job, "supervisor")
+
+
+def worker_pod_name(job: JobRef, rank: int) -> str:
+    return dns_name(job.name, "worker", str(rank))
+
+
+def knative_service_name(job: JobRef) -> str:
+    return child_name(job, "worker")
+
+
+def openfaas_function_name(job: JobRef) -> str:
+    """Functions of every namespace share one OpenFaaS namespace, so the name carries the job's namespace."""
+    return dns_name("mlless", job.namespace, job.name)
+
+
+def openfaas_secret_name(job: JobRef) -> str:
+    return dns_name(openfaas_function_name(job), "credentials")
+
+
+def labels(job: JobRef, role: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "mlless",
+        "app.kubernetes.io/instance": job.name,
+        "app.kubernetes.io/component": role,
+        "app.kubernetes.io/managed-by": "mlless-operator",
+        LABEL_JOB: job.name,
+        LABEL_ROLE: role,
+    }
+
+
+def selector_labels(job: JobRef, role: str) -> dict[str, str]:
+    return {LABEL_JOB: job.name, LABEL_ROLE: role}
+
+
+def worker_selector(job: JobRef) -> str:
+    """The scale subresource's label selector (status.selector)."""
+    return ",".join(f"{k}={v}" for k, v in selector_labels(job, "worker").items())
+
+
+def owner_references(job: JobRef) -> list[Manifest]:
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": job.name,
+            "uid": job.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def metadata(job: JobRef, name: str, role: str, extra_labels: Mapping[str, str] | None = None) -> Manifest:
+    """Metadata of a child in the job's namespace: owned by the job, so it goes with it."""
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": {**labels(job, role), **(extra_labels or {})},
+        "ownerReferences": owner_references(job),
+    }
+
+
+def cross_namespace_owner(job: JobRef) -> dict[str, str]:
+    """The owner of a child in the OpenFaaS namespace, as annotations: no owner reference can cross namespaces."""
+    return {ANNOTATION_OWNER: f"{job.namespace}/{job.name}", ANNOTATION_OWNER_UID: job.uid}

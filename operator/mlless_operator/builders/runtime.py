@@ -1,0 +1,48 @@
+"""What the runtime's containers (the supervisor and the workers of every backend) have in common."""
+from __future__ import annotations
+
+import copy
+
+from mlless.contract import ENV_INVOKE_TOKEN, ENV_JOB_ID
+from mlless_operator.builders.credentials import INVOKE_TOKEN_KEY
+from mlless_operator.builders.jobfile import JOB_DIR
+from mlless_operator.builders.jobref import JobRef, Manifest
+from mlless_operator.builders.names import configmap_name, secret_name
+
+DEFAULT_MEMORY = "2Gi"  # the papers' 2 GB functions
+DEFAULT_CPU = "1"
+
+JOB_VOLUME = {"name": "job", "mountPath": JOB_DIR, "readOnly": True}
+TMP_VOLUME = {"name": "tmp", "mountPath": "/tmp"}
+
+
+def runtime_volumes(job: JobRef, *extra: Manifest) -> list[Manifest]:
+    """The job file's ConfigMap and a writable /tmp, for JOB_VOLUME and TMP_VOLUME to mount."""
+    return [{"name": "job", "configMap": {"name": configmap_name(job)}}, {"name": "tmp", "emptyDir": {}}, *extra]
+
+
+def common_env(job: JobRef) -> list[Manifest]:
+    return [
+        {"name": ENV_JOB_ID, "value": job.job_id},
+        {"name": "HOME", "value": "/tmp"},
+    ]
+
+
+def invoke_token_env(job: JobRef) -> Manifest:
+    """MLLESS_INVOKE_TOKEN from the job Secret (optional: a Secret made by an operator before tokens has none)."""
+    return {
+        "name": ENV_INVOKE_TOKEN,
+        "valueFrom": {"secretKeyRef": {"name": secret_name(job), "key": INVOKE_TOKEN_KEY, "optional": True}},
+    }
+
+
+def user_env(job: JobRef) -> list[Manifest]:
+    """spec.function.env, as given."""
+    return [copy.deepcopy(dict(e)) for e in job.function.get("env") or []]
+
+
+def function_resources(job: JobRef) -> Manifest:
+    """A worker's requests and limits, from spec.function (memory and cpu)."""
+    memory = job.function.get("memory") or DEFAULT_MEMORY
+    cpu = job.function.get("cpu") or DEFAULT_CPU
+    return {"requests": {"cpu": str(cpu), "memory": str(memory)}, "limits": {"memory": str(memory)}}

@@ -1,0 +1,106 @@
+"""Make every child of a job exist, idempotently.
+
+Each child is ensured with get-then-create(-or-patch), so running this again
+after an operator restart, or after a crash half-way, creates only what is
+missing and never fails on what is already there.
+
+The runtime (supervisor pod and workers) comes in one of three ways:
+- `start`: a new session (creation, resume from suspension): the supervisor
+  and workers of ranks 0..N-1, which a new supervisor waits for;
+- `continue`: the operator restarted mid-session: a missing worker is replaced
+  by a new rank, never re-created under its old one (`reconcile.replicas`);
+- `none`: the job is suspended, or suspending, and `reconcile.suspension` owns
+  the runtime; only the state (Secret, ConfigMap, Redis, RabbitMQ, RBAC) is ensured.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+import kopf
+
+from mlless_operator.builders.credentials import build_openfaas_secret, build_secret
+from mlless_operator.builders.jobfile import build_job_configmap
+from mlless_operator.builders.jobref import JobRef
+from mlless_operator.builders.knative import build_knative_service
+from mlless_operator.builders.openfaas import build_openfaas_function
+from mlless_operator.builders.services import (
+    build_rabbitmq_service,
+    build_rabbitmq_statefulset,
+    build_redis_service,
+    build_redis_statefulset,
+)
+from mlless_operator.builders.supervisor import (
+    build_supervisor_pod,
+    build_supervisor_role,
+    build_supervisor_role_binding,
+    build_supervisor_service,
+    build_supervisor_service_account,
+)
+from mlless_operator.builders.worker_pods import build_worker_pod
+from mlless_operator.kubeapi import KubeAPI
+from mlless_operator.reconcile.replicas import removed_ranks, scale_pods
+from mlless_operator.reconcile.service_urls import openfaas_secrets
+
+Runtime = Literal["start", "continue", "none"]
+
+
+@dataclass
+class Ensured:
+    results: dict[str, str] = field(default_factory=dict)  # 'Kind/name' -> created | patched | unchanged
+    highest_rank: int | None = None  # pod backend: the highest worker rank now used, to remember on the job
+
+
+async def ensure_pod(api: KubeAPI, pod: dict[str, Any]) -> str:
+    """Create a pod unless it exists. One still terminating must go first: a Pod's spec is immutable, and a new
+    supervisor or worker must not be mistaken for the old one that is on its way out (after a suspension)."""
+    meta = pod["metadata"]
+    current = await api.get("v1", "Pod", meta["namespace"], meta["name"])
+    if current is not None and current["metadata"].get("deletionTimestamp"):
+        raise kopf.TemporaryError(f"Pod {meta['name']} is still terminating; waiting to create its successor", delay=5)
+    return await api.ensure(pod, update=False)
+
+
+async def ensure_children(api: KubeAPI, job: JobRef, runtime: Runtime = "start", status: Mapping[str, Any] | None = None, highest_used: int = -1) -> Ensured:
+    """Make every child exist; `status` and `highest_used` steer the ranks of a `continue`d pod session."""
+    ensured = Ensured()
+
+    async def ensure(obj: dict[str, Any], update: bool = True) -> None:
+        ensured.results[f"{obj['kind']}/{obj['metadata']['name']}"] = await api.ensure(obj, update=update)
+
+    # Generated passwords must never change once services use them: create only.
+    await ensure(build_secret(job), update=False)
+    await ensure(build_job_configmap(job))
+    if job.external("redis") is None:
+        await ensure(build_redis_service(job))
+        await ensure(build_redis_statefulset(job))
+    if job.external("rabbitmq") is None:
+        await ensure(build_rabbitmq_service(job))
+        await ensure(build_rabbitmq_statefulset(job))
+    await ensure(build_supervisor_service_account(job))
+    await ensure(build_supervisor_role(job))
+    await ensure(build_supervisor_role_binding(job))
+    await ensure(build_supervisor_service(job))
+    if runtime == "none":
+        return ensured
+    supervisor = build_supervisor_pod(job)
+    ensured.results[f"Pod/{supervisor['metadata']['name']}"] = await ensure_pod(api, supervisor)
+    if job.backend == "pod":
+        if runtime == "start":
+            for rank in range(job.workers):
+                pod = build_worker_pod(job, rank)
+                ensured.results[f"Pod/{pod['metadata']['name']}"] = await ensure_pod(api, pod)
+            ensured.highest_rank = job.workers - 1
+        else:
+            changes, ensured.highest_rank = await scale_pods(api, job, job.workers, removed_ranks(status or {}), highest_used)
+            for change in changes:  # "created Pod/x", "deleted Pod/y"
+                verb, what = change.split(" ", 1)
+                ensured.results[what] = verb
+    elif job.backend == "knative":
+        await ensure(build_knative_service(job))
+    elif job.backend == "openfaas":
+        await ensure(build_openfaas_secret(job, await openfaas_secrets(api, job)))
+        await ensure(build_openfaas_function(job))
+    else:  # pragma: no cover - choose_backend only returns the three
+        raise kopf.PermanentError(f"unknown backend {job.backend}")
+    return ensured
