@@ -5,12 +5,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from mlless.spec.schema import choices, default
 from mlless_operator.config import Config
 
 Manifest = dict[str, Any]
 
-BACKENDS = ("knative", "openfaas", "pod")
-DEFAULT_WORKERS = 3
+BACKENDS = choices("function.backend")
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class JobRef:
 
     @property
     def workers(self) -> int:
-        return int(self.spec.get("workers", DEFAULT_WORKERS))
+        return int(self.spec.get("workers", default("workers")))
 
     @property
     def suspended(self) -> bool:
