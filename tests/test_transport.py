@@ -16,8 +16,9 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from mlless.protocol import wire
 from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_REDIS_URL
+from mlless.protocol.codec import decode, encode
+from mlless.protocol.messages import Close, Finish, Hello, Report, Update
 from mlless.transport import (
     EmbeddedBroker,
     Transport,
@@ -101,12 +102,12 @@ def test_put_get_many_and_missing(backend: Backend) -> None:
 
 def test_big_values(backend: Backend) -> None:
     t = backend.connect("supervisor")
-    upd = wire.Update(1, 3, np.arange(1_000_000), np.ones(1_000_000, np.float32))
-    frame = wire.encode(upd, compress=False)
+    upd = Update(1, 3, np.arange(1_000_000), np.ones(1_000_000, np.float32))
+    frame = encode(upd, compress=False)
     t.put_many({"u:1:3": frame, "r:1": os.urandom(3_000_000)})
     got = t.get_many(["u:1:3"])[0]
     assert got is not None
-    assert wire.decode(got, size=1_000_000) == upd
+    assert decode(got, size=1_000_000) == upd
 
 
 def test_ttl_is_set(backend: Backend) -> None:
@@ -207,11 +208,11 @@ def test_send_receive_ordering(backend: Backend) -> None:
 def test_broadcast_reaches_all_bound_workers(backend: Backend) -> None:
     sup = backend.connect("supervisor")
     workers = [backend.connect("worker", r) for r in range(4)]
-    frame = wire.encode(wire.Close(-1, 7, 28, 0, (0, 1, 2, 3), (1, 3)))
+    frame = encode(Close(-1, 7, 28, 0, (0, 1, 2, 3), (1, 3)))
     sup.broadcast(frame)
     for w in workers:
-        msg = wire.decode(w.receive(2.0) or b"")
-        assert isinstance(msg, wire.Close) and msg.updates == (1, 3)
+        msg = decode(w.receive(2.0) or b"")
+        assert isinstance(msg, Close) and msg.updates == (1, 3)
         assert w.receive(0) is None
     assert sup.receive(0.05) is None  # the supervisor is not a broadcast target
 
@@ -314,20 +315,21 @@ def test_reconnecting_worker_keeps_queued_messages(backend: Backend) -> None:
 _WORKER_SCRIPT = textwrap.dedent(
     """
     import os, sys
-    from mlless.protocol import wire
+    from mlless.protocol.codec import decode, encode
+    from mlless.protocol.messages import Close, Done, Finish, Hello, Report, Update
     from mlless.transport import connect
     job, rank = sys.argv[1], int(sys.argv[2])
     t = connect(job, role="worker", rank=rank)          # address/urls come from the environment
-    t.send_to_supervisor(wire.encode(wire.Hello(rank, 0, os.getpid())))
+    t.send_to_supervisor(encode(Hello(rank, 0, os.getpid())))
     step = 0
     while True:
-        msg = wire.decode(t.receive(30.0))
-        if isinstance(msg, wire.Close):
+        msg = decode(t.receive(30.0))
+        if isinstance(msg, Close):
             step = msg.step
-            t.put(f"u:{rank}:{step}", wire.encode(wire.Update(rank, step, [rank], [float(step)])))
-            t.send_to_supervisor(wire.encode(wire.Report(rank, step, 1.0, 10, True, 0, 1, 0, (0.0,) * 7)))
-        elif isinstance(msg, wire.Finish):
-            t.send_to_supervisor(wire.encode(wire.Done(rank, msg.step, 0.5)))
+            t.put(f"u:{rank}:{step}", encode(Update(rank, step, [rank], [float(step)])))
+            t.send_to_supervisor(encode(Report(rank, step, 1.0, 10, True, 0, 1, 0, (0.0,) * 7)))
+        elif isinstance(msg, Finish):
+            t.send_to_supervisor(encode(Done(rank, msg.step, 0.5)))
             break
     t.close()
     """
@@ -344,18 +346,18 @@ def test_messages_between_processes(backend: Backend) -> None:
     try:
         hellos = {}
         for _ in range(2):
-            m = wire.decode(sup.receive(30.0) or b"")
-            assert isinstance(m, wire.Hello)
+            m = decode(sup.receive(30.0) or b"")
+            assert isinstance(m, Hello)
             hellos[m.sender] = m.pid
         assert hellos == {p_rank: p.pid for p_rank, p in enumerate(procs)}
         for step in (1, 2):
-            sup.broadcast(wire.encode(wire.Close(-1, step, 0, 0, (0, 1), ())))
-            reports = [wire.decode(sup.receive(30.0) or b"") for _ in range(2)]
+            sup.broadcast(encode(Close(-1, step, 0, 0, (0, 1), ())))
+            reports = [decode(sup.receive(30.0) or b"") for _ in range(2)]
             assert {(r.sender, r.step) for r in reports} == {(0, step), (1, step)}
-            ups = [wire.decode(b or b"", size=2) for b in sup.get_many([f"u:0:{step}", f"u:1:{step}"])]
+            ups = [decode(b or b"", size=2) for b in sup.get_many([f"u:0:{step}", f"u:1:{step}"])]
             assert [int(u.indices[0]) for u in ups] == [0, 1]  # type: ignore[attr-defined]
-        sup.broadcast(wire.encode(wire.Finish(-1, 2)))
-        dones = {wire.decode(sup.receive(30.0) or b"").sender for _ in range(2)}
+        sup.broadcast(encode(Finish(-1, 2)))
+        dones = {decode(sup.receive(30.0) or b"").sender for _ in range(2)}
         assert dones == {0, 1}
         for p in procs:
             assert p.wait(30) == 0
@@ -378,7 +380,7 @@ def test_latency(backend: Backend, capsys: pytest.CaptureFixture[str]) -> None:
     """Median send→receive hop and put_many/get_many round trip on loopback (n=1000)."""
     sup = backend.connect("supervisor")
     w = backend.connect("worker", 0)
-    body = wire.encode(wire.Report(0, 1, 1.0, 10, True, 0, 1, 0, (0.0,) * 7))
+    body = encode(Report(0, 1, 1.0, 10, True, 0, 1, 0, (0.0,) * 7))
     hop = []
     for _ in range(1000):
         t0 = time.perf_counter()

@@ -99,7 +99,7 @@ def key_prefix(job_id: str) -> str:
 class Transport(ABC):
     """One per process.  Not thread-safe: use it from the thread that created it.
 
-    Messages are opaque ``bytes`` (``mlless.protocol.wire`` frames); values are opaque
+    Messages are opaque ``bytes`` (``mlless.protocol.codec`` frames); values are opaque
     ``bytes``.  Receipt counts as handling: ``receive`` acknowledges a message
     as it returns it.
     """
