@@ -310,7 +310,7 @@ def test_control_field_checks() -> None:
     with pytest.raises(FrameError, match="step"):
         Finish(-1, -1)
     c = Close(-1, 5, 10, CLOSE_SNAPSHOT, [0, 1], [1])
-    assert c.live == (0, 1) and c.snapshot
+    assert c.live == (0, 1) and c.flags & CLOSE_SNAPSHOT
     assert Failed(0, 0, "é" * 2000).reason.encode() == ("é" * 512).encode()
     too_long = struct.pack("<H", 2000) + b"a" * 2000
     with pytest.raises(FrameError, match="exceeds"):

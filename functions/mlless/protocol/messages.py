@@ -346,14 +346,6 @@ class Close(Message):
     updates: tuple[int, ...]
     merges: tuple[int, ...] = ()
 
-    @property
-    def snapshot(self) -> bool:
-        return bool(self.flags & CLOSE_SNAPSHOT)
-
-    @property
-    def final(self) -> bool:
-        return bool(self.flags & CLOSE_FINAL)
-
 
 @dataclass(frozen=True)
 class Leave(Message):

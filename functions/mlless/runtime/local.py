@@ -20,7 +20,7 @@ from mlless.telemetry.record import Progress
 from mlless.runtime.supervisor import Supervisor
 from mlless.spec import TrainingJob
 from mlless.transport import Transport, connect
-from mlless.transport.embedded import EmbeddedBroker
+from mlless.transport.embedded_broker import EmbeddedBroker
 
 
 @dataclass(frozen=True)
