@@ -51,6 +51,12 @@ __all__ = [
     "HEADER",
     "FLAG_COMPRESSED",
     "MAX_PAYLOAD",
+    "I32_MAX",
+    "U32_MAX",
+    "U8",
+    "U16",
+    "U32",
+    "I4",
     "FrameError",
     "FrameType",
     "Header",
@@ -72,9 +78,6 @@ __all__ = [
     "RANKS",
     "TIMINGS",
     "Message",
-    "check_int",
-    "check_float",
-    "check_bool",
     "set_field",
     "pack_text",
     "pack_blob",
@@ -97,6 +100,7 @@ I32_MAX = 2**31 - 1
 I64_MAX = 2**63 - 1
 U32_MAX = 2**32 - 1
 
+# Little-endian primitives the messages and the embedded broker's requests are built from.
 U8 = struct.Struct("<B")
 U16 = struct.Struct("<H")
 U32 = struct.Struct("<I")
@@ -138,7 +142,7 @@ class Header:
 # --------------------------------------------------------------------------- primitives
 
 
-def check_int(name: str, value: object, lo: int, hi: int) -> int:
+def _check_int(name: str, value: object, lo: int, hi: int) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise FrameError(f"{name} must be an int, got {type(value).__name__}")
     v = int(value)
@@ -147,7 +151,7 @@ def check_int(name: str, value: object, lo: int, hi: int) -> int:
     return v
 
 
-def check_float(name: str, value: object, *, nonneg: bool = False) -> float:
+def _check_float(name: str, value: object, *, nonneg: bool = False) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise FrameError(f"{name} must be a float, got {type(value).__name__}")
     v = float(value)
@@ -158,7 +162,7 @@ def check_float(name: str, value: object, *, nonneg: bool = False) -> float:
     return v
 
 
-def check_bool(name: str, value: object) -> bool:
+def _check_bool(name: str, value: object) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise FrameError(f"{name} must be a bool, got {type(value).__name__}")
     return bool(value)
@@ -259,7 +263,7 @@ class Int(Field):
         self.st, self.lo, self.hi = struct.Struct(fmt), lo, hi
 
     def check(self, name: str, value: Any) -> int:
-        return check_int(name, value, self.lo, self.hi)
+        return _check_int(name, value, self.lo, self.hi)
 
     def pack(self, value: int) -> bytes:
         return self.st.pack(value)
@@ -292,7 +296,7 @@ class Float(Field):
         self.nonneg = nonneg
 
     def check(self, name: str, value: Any) -> float:
-        return check_float(name, value, nonneg=self.nonneg)
+        return _check_float(name, value, nonneg=self.nonneg)
 
     def pack(self, value: float) -> bytes:
         return self._ST.pack(value)
@@ -305,7 +309,7 @@ class Bool(Field):
     """One byte, 0 or 1."""
 
     def check(self, name: str, value: Any) -> bool:
-        return check_bool(name, value)
+        return _check_bool(name, value)
 
     def pack(self, value: bool) -> bytes:
         return U8.pack(int(value))
@@ -325,7 +329,7 @@ class Ranks(Field):
             t = tuple(value)
         except TypeError:
             raise FrameError(f"{name} must be a sequence of ranks") from None
-        out = tuple(check_int(f"{name}[]", x, 0, I32_MAX) for x in t)
+        out = tuple(_check_int(f"{name}[]", x, 0, I32_MAX) for x in t)
         if len(set(out)) != len(out):
             raise FrameError(f"{name} has duplicate ranks: {out}")
         return out
@@ -369,7 +373,7 @@ class Timings(Field):
         t = tuple(value)
         if len(t) != len(STEP_PHASES):
             raise FrameError(f"{name} must have {len(STEP_PHASES)} entries {STEP_PHASES}, got {len(t)}")
-        return tuple(check_float(f"{name}.{n}", v, nonneg=True) for n, v in zip(STEP_PHASES, t))
+        return tuple(_check_float(f"{name}.{n}", v, nonneg=True) for n, v in zip(STEP_PHASES, t))
 
     def pack(self, value: tuple[float, ...]) -> bytes:
         return self._ST.pack(*value)
@@ -419,11 +423,11 @@ class Message:
 
     def __post_init__(self) -> None:
         if self.FROM_SUPERVISOR:
-            sender = check_int("sender", self.sender, -1, -1)
+            sender = _check_int("sender", self.sender, -1, -1)
         else:
-            sender = check_int("sender", self.sender, 0, I32_MAX)
+            sender = _check_int("sender", self.sender, 0, I32_MAX)
         set_field(self, "sender", sender)
-        set_field(self, "step", check_int("step", self.step, 0, I64_MAX))
+        set_field(self, "step", _check_int("step", self.step, 0, I64_MAX))
         for name, ftype in self.FIELDS:
             set_field(self, name, ftype.check(name, getattr(self, name)))
 

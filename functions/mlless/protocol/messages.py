@@ -16,6 +16,7 @@ import numpy as np
 from mlless.protocol.codec import (
     BOOL,
     FLOAT64,
+    I4,
     I32_MAX,
     INT32,
     INT64,
@@ -65,7 +66,6 @@ _MAX_TENSORS = 65535
 _MAX_NDIM = 32
 
 _I32_MIN = -(2**31)
-_I4 = np.dtype("<i4")
 _F4 = np.dtype("<f4")
 
 
@@ -113,10 +113,10 @@ class Update(Message):
             raise FrameError(f"indices must be integers, got {idx.dtype}")
         if idx.size and val.dtype.kind not in "fiu":
             raise FrameError(f"values must be numeric, got {val.dtype}")
-        if idx.dtype != _I4:
+        if idx.dtype != I4:
             if idx.size and (int(idx.min()) < _I32_MIN or int(idx.max()) > I32_MAX):
                 raise FrameError("indices do not fit in int32")
-            idx = idx.astype(_I4)
+            idx = idx.astype(I4)
         if val.dtype != _F4:
             with np.errstate(over="ignore", invalid="ignore"):
                 val = val.astype(_F4)
@@ -151,7 +151,7 @@ class Update(Message):
         (n,) = r.unpack(U32)
         if r.left != 8 * n:
             raise FrameError(f"update payload holds {r.left} bytes, expected {8 * n} for {n} entries")
-        idx = r.array(_I4, n)
+        idx = r.array(I4, n)
         val = r.array(_F4, n)
         r.end()
         msg = cls(sender, step, idx, val)

@@ -57,7 +57,6 @@ def train_local(
         return supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs"), run_dir, progress, metrics_port)
     with tempfile.TemporaryDirectory(prefix="mlless-") as tmp:
         broker = EmbeddedBroker(str(Path(tmp) / "broker.sock"))
-        broker.start()
         try:
             env[ENV_EMBEDDED_ADDRESS] = broker.address
             transport = connect(job_id, role="supervisor", embedded_address=broker.address)

@@ -27,16 +27,7 @@ import numpy as np
 from mlless.contract import BARRIER_PHASES, ENV_AUDIT, STEP_PHASES
 from mlless.protocol.codec import FrameError, decode, encode
 from mlless.protocol.messages import (
-    CLOSE_FINAL,
-    CLOSE_SNAPSHOT,
-    Close,
-    Done,
-    Failed,
-    Finish,
-    Hello,
-    Left,
-    Report,
-    Tensors,
+    CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Left, Report, Tensors,
 )
 from mlless.autotuner import AutoTuner
 from mlless.autotuner.smoothing import OnlineEwma

@@ -21,18 +21,7 @@ import numpy as np
 from mlless.contract import BARRIER_PHASES, ENV_AUDIT, STEP_PHASES
 from mlless.protocol.codec import FrameError, decode, encode
 from mlless.protocol.messages import (
-    CLOSE_FINAL,
-    CLOSE_SNAPSHOT,
-    Close,
-    Done,
-    Failed,
-    Finish,
-    Hello,
-    Leave,
-    Left,
-    Report,
-    Tensors,
-    Update,
+    CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Leave, Left, Report, Tensors, Update,
 )
 from mlless.autotuner.smoothing import OnlineEwma
 from mlless.data.dataset import Dataset

@@ -243,7 +243,7 @@ class EmbeddedBroker:
         if op == OP_PING:
             r.end()
             return ST_OK, b""
-        job = r.text(U16, "string")
+        job = r.text(U16, "job id")
         try:
             check_job_id(job)
         except ValueError as exc:
@@ -256,7 +256,7 @@ class EmbeddedBroker:
                 raise FrameError("ttl must be > 0")
             items = []
             for _ in range(count):
-                items.append((self._key(r.text(U16, "string")), r.blob(U32)))
+                items.append((self._key(r.text(U16, "key")), r.blob(U32)))
             r.end()
             exp = time.monotonic() + ttl_ms / 1000.0
             with self._lock:
@@ -266,7 +266,7 @@ class EmbeddedBroker:
 
         if op == OP_GET_MANY:
             (count,) = r.unpack(U32)
-            keys = [self._key(r.text(U16, "string")) for _ in range(count)]
+            keys = [self._key(r.text(U16, "key")) for _ in range(count)]
             r.end()
             now = time.monotonic()
             parts = [U32.pack(count)]
@@ -312,8 +312,8 @@ class EmbeddedBroker:
             msg = r.blob(U32)
             r.end()
             with self._lock:
-                for (j, r), q in self._queues.items():
-                    if j == job and r >= 0:
+                for (j, rank), q in self._queues.items():
+                    if j == job and rank >= 0:
                         q.items.append(msg)
                         q.cv.notify()
             return ST_OK, b""
