@@ -55,15 +55,11 @@ def train_local(
         env |= services.worker_env()
         transport = connect(job_id, role="supervisor", redis_url=services.redis_url, amqp_url=services.amqp_url)
         return supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs"), run_dir, progress, metrics_port)
-    with tempfile.TemporaryDirectory(prefix="mlless-") as tmp:
-        broker = EmbeddedBroker(str(Path(tmp) / "broker.sock"))
-        try:
-            env[ENV_EMBEDDED_ADDRESS] = broker.address
-            transport = connect(job_id, role="supervisor", embedded_address=broker.address)
-            launcher = LocalLauncher(job_file, env, run_dir / "logs")
-            return supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port)
-        finally:
-            broker.stop()
+    with tempfile.TemporaryDirectory(prefix="mlless-") as tmp, EmbeddedBroker(str(Path(tmp) / "broker.sock")) as broker:
+        env[ENV_EMBEDDED_ADDRESS] = broker.address
+        transport = connect(job_id, role="supervisor", embedded_address=broker.address)
+        launcher = LocalLauncher(job_file, env, run_dir / "logs")
+        return supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port)
 
 
 def supervise(

@@ -147,12 +147,6 @@ class Transport(ABC):
     def close(self) -> None:
         """Release connections.  The process's queue stays: a re-invoked worker finds what was sent meanwhile."""
 
-    def __enter__(self) -> "Transport":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 def check_role(role: str, rank: int | None) -> int:
     """Validate (role, rank) and return the queue id: SUPERVISOR or the worker's rank."""
