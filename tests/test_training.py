@@ -347,7 +347,8 @@ def test_prometheus_metrics_of_a_real_run(movielens_dir, tmp_path, redis_url, am
 
 def test_worker_gives_up_when_the_supervisor_is_gone(movielens_dir, tmp_path, redis_url, amqp_url):
     """A function must not bill forever waiting for a supervisor that died."""
-    from mlless.protocol import wire
+    from mlless.protocol.codec import decode
+    from mlless.protocol.messages import Failed, Hello
 
     job_file = tmp_path / "job.json"
     job_file.write_text(job_for(movielens_dir, liveness={"workerTimeoutSeconds": 0.5}).to_json())
@@ -357,9 +358,9 @@ def test_worker_gives_up_when_the_supervisor_is_gone(movielens_dir, tmp_path, re
         env = {**os.environ, "MLLESS_JOB_ID": job_id, "REDIS_URL": redis_url, "AMQP_URL": amqp_url}
         worker = _cli("worker", "--job", str(job_file), "--rank", "0", env=env)
         assert worker.wait(timeout=60) == 1
-        messages = [wire.decode(silent_supervisor.receive(timeout=5)) for _ in range(2)]
-        assert isinstance(messages[0], wire.Hello)
-        assert isinstance(messages[1], wire.Failed) and "no message from the supervisor" in messages[1].reason
+        messages = [decode(silent_supervisor.receive(timeout=5)) for _ in range(2)]
+        assert isinstance(messages[0], Hello)
+        assert isinstance(messages[1], Failed) and "no message from the supervisor" in messages[1].reason
     finally:
         silent_supervisor.delete_job()
         silent_supervisor.close()

@@ -1,6 +1,7 @@
 """Wire frames: roundtrip of every type, and corruption always surfaces as FrameError."""
 from __future__ import annotations
 
+import dataclasses
 import struct
 import zlib
 
@@ -10,23 +11,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from mlless.protocol import wire
-from mlless.protocol.wire import (
-    CLOSE_SNAPSHOT,
+from mlless.protocol.codec import (
+    FLAG_COMPRESSED,
     HEADER,
+    MAGIC,
+    VERSION,
+    FrameError,
+    FrameType,
+    Message,
+    decode,
+    encode,
+)
+from mlless.protocol.messages import (
+    CLOSE_FINAL,
+    CLOSE_SNAPSHOT,
     Close,
     Done,
     Failed,
     Finish,
-    FrameError,
     Hello,
     Leave,
     Left,
     Report,
     Tensors,
     Update,
-    decode,
-    encode,
 )
 
 ranks = st.integers(0, 2**31 - 1)
@@ -68,7 +76,7 @@ messages = st.one_of(
     st.builds(
         Report, ranks, steps, finite, i64, st.booleans(), i64, i64, i64, st.tuples(*[nonneg] * 7)
     ),
-    st.builds(Close, st.just(-1), steps, i64, st.sampled_from([0, CLOSE_SNAPSHOT, wire.CLOSE_FINAL, CLOSE_SNAPSHOT | wire.CLOSE_FINAL]), rank_lists, rank_lists, rank_lists),
+    st.builds(Close, st.just(-1), steps, i64, st.sampled_from([0, CLOSE_SNAPSHOT, CLOSE_FINAL, CLOSE_SNAPSHOT | CLOSE_FINAL]), rank_lists, rank_lists, rank_lists),
     st.builds(Leave, st.just(-1), steps, ranks),
     st.builds(Left, ranks, steps, st.booleans()),
     st.builds(Finish, st.just(-1), steps),
@@ -79,7 +87,7 @@ messages = st.one_of(
 
 @given(messages, st.booleans())
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
-def test_roundtrip_every_type(msg: wire.Message, compress: bool) -> None:
+def test_roundtrip_every_type(msg: Message, compress: bool) -> None:
     frame = encode(msg, compress=compress)
     out = decode(frame)
     assert type(out) is type(msg)
@@ -88,7 +96,7 @@ def test_roundtrip_every_type(msg: wire.Message, compress: bool) -> None:
 
 @given(messages, st.data())
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
-def test_bit_flip_is_frame_error(msg: wire.Message, data: st.DataObject) -> None:
+def test_bit_flip_is_frame_error(msg: Message, data: st.DataObject) -> None:
     frame = bytearray(encode(msg, compress=data.draw(st.booleans())))
     pos = data.draw(st.integers(0, len(frame) - 1))
     bit = data.draw(st.integers(0, 7))
@@ -109,7 +117,7 @@ def test_bit_flip_is_frame_error(msg: wire.Message, data: st.DataObject) -> None
 
 @given(messages, st.data())
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
-def test_truncation_is_frame_error(msg: wire.Message, data: st.DataObject) -> None:
+def test_truncation_is_frame_error(msg: Message, data: st.DataObject) -> None:
     frame = encode(msg)
     cut = data.draw(st.integers(0, len(frame) - 1))
     with pytest.raises(FrameError):
@@ -129,10 +137,10 @@ def test_random_bytes_never_crash(data: bytes) -> None:
 
 def _frame(ftype: int, payload: bytes, *, sender: int = 0, step: int = 0, flags: int = 0) -> bytes:
     """Hand-build a frame with a valid header and crc around an arbitrary payload."""
-    return HEADER.pack(wire.MAGIC, wire.VERSION, ftype, flags, sender, step, len(payload), zlib.crc32(payload)) + payload
+    return HEADER.pack(MAGIC, VERSION, ftype, flags, sender, step, len(payload), zlib.crc32(payload)) + payload
 
 
-@given(st.sampled_from(list(wire.FrameType)), st.binary(max_size=300), st.integers(-1, 3))
+@given(st.sampled_from(list(FrameType)), st.binary(max_size=300), st.integers(-1, 3))
 @settings(max_examples=1500)
 def test_random_payload_with_valid_crc_validates_or_fails_cleanly(ftype: int, payload: bytes, sender: int) -> None:
     """Valid envelope, garbage payload: the parser itself must reject, not crash."""
@@ -172,7 +180,7 @@ def test_sender_roles_enforced() -> None:
     # A supervisor-only frame claiming a worker sender is rejected at decode.
     payload = struct.pack("<i", 3)
     with pytest.raises(FrameError, match="sender"):
-        decode(_frame(wire.FrameType.LEAVE, payload, sender=2))
+        decode(_frame(FrameType.LEAVE, payload, sender=2))
 
 
 def test_update_size_checks() -> None:
@@ -211,29 +219,29 @@ def test_update_rejects_bad_arrays() -> None:
 def test_nan_smuggled_past_encoder_is_rejected() -> None:
     payload = struct.pack("<I", 1) + np.array([0], np.int32).tobytes() + np.array([np.inf], np.float32).tobytes()
     with pytest.raises(FrameError, match="NaN or inf"):
-        decode(_frame(wire.FrameType.UPDATE, payload))
+        decode(_frame(FrameType.UPDATE, payload))
     t = Tensors(0, 0, {"w": np.ones(3)})
     raw = bytearray(t._payload())
     raw[-8:] = np.array([np.nan]).tobytes()
     with pytest.raises(FrameError, match="NaN"):
-        decode(_frame(wire.FrameType.TENSORS, bytes(raw)))
+        decode(_frame(FrameType.TENSORS, bytes(raw)))
 
 
 def test_update_length_mismatch() -> None:
     payload = struct.pack("<I", 3) + b"\x00" * 16
     with pytest.raises(FrameError, match="expected 24"):
-        decode(_frame(wire.FrameType.UPDATE, payload))
+        decode(_frame(FrameType.UPDATE, payload))
     payload = struct.pack("<I", 2**32 - 1)
     with pytest.raises(FrameError):
-        decode(_frame(wire.FrameType.UPDATE, payload))
+        decode(_frame(FrameType.UPDATE, payload))
 
 
 def test_compression_path() -> None:
     n = 50_000
     upd = Update(3, 7, np.arange(n, dtype=np.int32), np.zeros(n, np.float32))
-    assert not encode(upd)[5] & wire.FLAG_COMPRESSED  # off unless asked for
+    assert not encode(upd)[5] & FLAG_COMPRESSED  # off unless asked for
     frame = encode(upd, compress=True)
-    assert frame[5] & wire.FLAG_COMPRESSED
+    assert frame[5] & FLAG_COMPRESSED
     assert len(frame) < 8 * n // 4
     assert decode(frame, size=n) == upd
     rng = np.random.default_rng(0)
@@ -241,25 +249,25 @@ def test_compression_path() -> None:
     assert decode(encode(noisy, compress=True), size=n) == noisy
     big = Tensors(0, 1, {"w": np.zeros((300, 100), np.float32), "m": np.ones(10, np.int64)})
     bf = encode(big, compress=True)
-    assert bf[5] & wire.FLAG_COMPRESSED
+    assert bf[5] & FLAG_COMPRESSED
     assert decode(bf) == big
 
 
 def test_compressed_garbage_and_bombs() -> None:
     with pytest.raises(FrameError, match="compressed"):
-        decode(_frame(wire.FrameType.UPDATE, b"not zlib at all", flags=wire.FLAG_COMPRESSED))
+        decode(_frame(FrameType.UPDATE, b"not zlib at all", flags=FLAG_COMPRESSED))
     ok = zlib.compress(Update(0, 0, np.arange(4), np.zeros(4))._payload())
     with pytest.raises(FrameError, match="trailing|truncated"):
-        decode(_frame(wire.FrameType.UPDATE, ok + b"junk", flags=wire.FLAG_COMPRESSED))
+        decode(_frame(FrameType.UPDATE, ok + b"junk", flags=FLAG_COMPRESSED))
     with pytest.raises(FrameError, match="truncated"):
-        decode(_frame(wire.FrameType.UPDATE, ok[:-3], flags=wire.FLAG_COMPRESSED))
+        decode(_frame(FrameType.UPDATE, ok[:-3], flags=FLAG_COMPRESSED))
 
 
 def test_bomb_guard(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wire, "MAX_PAYLOAD", 1000)
+    monkeypatch.setattr("mlless.protocol.codec.MAX_PAYLOAD", 1000)
     bomb = zlib.compress(b"\x00" * 100_000)
     with pytest.raises(FrameError, match="MAX_PAYLOAD"):
-        decode(_frame(wire.FrameType.TENSORS, bomb, flags=wire.FLAG_COMPRESSED))
+        decode(_frame(FrameType.TENSORS, bomb, flags=FLAG_COMPRESSED))
 
 
 def test_tensors_checks() -> None:
@@ -279,11 +287,11 @@ def test_tensors_checks() -> None:
     # duplicate names in a hand-built payload
     one = Tensors(0, 0, {"a": np.zeros(1, np.uint8)})._payload()[4:]
     with pytest.raises(FrameError, match="duplicate"):
-        decode(_frame(wire.FrameType.TENSORS, struct.pack("<I", 2) + one + one))
+        decode(_frame(FrameType.TENSORS, struct.pack("<I", 2) + one + one))
     # shape claiming more data than present
     lie = struct.pack("<I", 1) + struct.pack("<B1sBBQ", 1, b"a", 1, 1, 2**40)
     with pytest.raises(FrameError, match="more bytes"):
-        decode(_frame(wire.FrameType.TENSORS, lie))
+        decode(_frame(FrameType.TENSORS, lie))
 
 
 def test_control_field_checks() -> None:
@@ -302,16 +310,185 @@ def test_control_field_checks() -> None:
     with pytest.raises(FrameError, match="step"):
         Finish(-1, -1)
     c = Close(-1, 5, 10, CLOSE_SNAPSHOT, [0, 1], [1])
-    assert c.live == (0, 1) and c.snapshot
+    assert c.live == (0, 1) and c.flags & CLOSE_SNAPSHOT
     assert Failed(0, 0, "é" * 2000).reason.encode() == ("é" * 512).encode()
     too_long = struct.pack("<H", 2000) + b"a" * 2000
     with pytest.raises(FrameError, match="exceeds"):
-        decode(_frame(wire.FrameType.FAILED, too_long))
+        decode(_frame(FrameType.FAILED, too_long))
     with pytest.raises(FrameError, match="utf-8"):
-        decode(_frame(wire.FrameType.FAILED, struct.pack("<H", 1) + b"\xff"))
+        decode(_frame(FrameType.FAILED, struct.pack("<H", 1) + b"\xff"))
     with pytest.raises(FrameError, match="0 or 1"):
-        decode(_frame(wire.FrameType.LEFT, b"\x02"))
+        decode(_frame(FrameType.LEFT, b"\x02"))
     with pytest.raises(FrameError, match="trailing"):
-        decode(_frame(wire.FrameType.FINISH, b"\x00", sender=-1))
+        decode(_frame(FrameType.FINISH, b"\x00", sender=-1))
     with pytest.raises(FrameError, match="not a wire message"):
         encode(object())  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- golden frames
+
+#: Frames captured from the encoder before the codec became table-driven: (id, message, compressed, frame as hex).
+#: The wire format is a contract between processes of possibly different builds, so it must not drift silently.
+GOLDEN: list[tuple[str, Message, bool, str]] = [
+    (
+        "update",
+        Update(3, 7, np.array([0, 5, 9, 2**31 - 1]), np.array([1.5, -2.0, 0.0, 3.25], np.float32)),
+        False,
+        "4d4c7301010003000000070000000000000024000000ad2a69da04000000000000000500000009000000ffffff7f0000"
+        "c03f000000c00000000000005040"
+    ),
+    (
+        "update_empty",
+        Update(0, 0, np.zeros(0, np.int32), np.zeros(0, np.float32)),
+        False,
+        "4d4c73010100000000000000000000000000040000001cdf442100000000"
+    ),
+    (
+        "update_z",
+        Update(1, 2, np.arange(200, dtype=np.int32), np.zeros(200, np.float32)),
+        True,
+        "4d4c7301010101000000020000000000000055010000770a134e7801edd067570e00008661a350b2232323d9b229d9a3"
+        "12656fb25752d919654756d9d94448a5c84cb2153fcb758ecffec1fb9c739de7fbfda7c9bf3575cd684e10c1b4a025ad"
+        "082194d684d186b6b4a33d1de84827c2e94c1722e84a37bad383487ad28bdef4218abe44d38ffe0c60208318cc108612"
+        "c330863382918c62346318cb386289633cf14c60229398cc14a6328de9cc6026092492c42c9299cd1c5248652ef398cf"
+        "0216b288c52c6129cb58ce0a56b28ad5a4b186b5ac633d1bd8c82636b385ad6c239ded64b0834cb2c86627bbd8cd1ef6"
+        "b28ffde47080831ce230b9e47184a31ce3382738c929f239cd190a38cb39ce73818b1452c4252e7385ab5ce33a3728e6"
+        "26b7b8cd1dee728ffb3ce021253ce231a53ce129cf28e339e55450c90baaa8e625afa8e1356f78cb3bdef3815a3e52c7"
+        "27eaf9cc17bef28deffce027bf68a091df0416281028f0ff027f014afb4e85"
+    ),
+    (
+        "tensors",
+        Tensors(
+            0,
+            9,
+            {
+                "params": np.arange(6, dtype=np.float32).reshape(2, 3),
+                "d": np.array([1.0, -2.5]),
+                "i": np.array([[1, 2]], np.int32),
+                "l": np.array(7, np.int64),
+                "é": np.zeros(3, np.uint8),
+            },
+        ),
+        False,
+        "4d4c7301020000000000090000000000000091000000400b46980500000006706172616d730102020000000000000003"
+        "00000000000000000000000000803f0000004000004040000080400000a0400164020102000000000000000000000000"
+        "00f03f00000000000004c001690302010000000000000002000000000000000100000002000000016c04010100000000"
+        "000000070000000000000002c3a905010300000000000000000000"
+    ),
+    (
+        "tensors_z",
+        Tensors(2, 4, {"w": np.zeros((30, 10), np.float32)}),
+        True,
+        "4d4c73010201020000000400000000000000230000004ef971b5780163646060602c67649203d220c005a146c9d11018"
+        "0d81d1101832210000111a00a5"
+    ),
+    (
+        "tensors_empty",
+        Tensors(0, 0, {}),
+        False,
+        "4d4c73010200000000000000000000000000040000001cdf442100000000"
+    ),
+    (
+        "hello",
+        Hello(4, 0, 123456),
+        False,
+        "4d4c73011000040000000000000000000000080000001f79dc1340e2010000000000"
+    ),
+    (
+        "report",
+        Report(2, 11, 0.625, 32, True, 4096, 512, 17, (0.1, 0.2, 0.0, 1.5, 2.25, 3.0, 0.001)),
+        False,
+        "4d4c73011100020000000b000000000000006100000061a62736000000000000e43f2000000000000000010010000000"
+        "000000000200000000000011000000000000009a9999999999b93f9a9999999999c93f00000000000000000000000000"
+        "00f83f00000000000002400000000000000840fca9f1d24d62503f"
+    ),
+    (
+        "report_noupd",
+        Report(0, 1, -3.5, 0, False, 0, 0, 0, (0.0,) * 7),
+        False,
+        "4d4c7301110000000000010000000000000061000000de593ecb0000000000000cc00000000000000000000000000000"
+        "000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000"
+        "000000000000000000000000000000000000000000000000000000"
+    ),
+    (
+        "close",
+        Close(-1, 5, 640, CLOSE_SNAPSHOT | CLOSE_FINAL, (0, 1, 3), (1, 3), (2,)),
+        False,
+        "4d4c73011200ffffffff05000000000000003000000076c1129b80020000000000000300000003000000000000000100"
+        "0000030000000200000001000000030000000100000002000000"
+    ),
+    (
+        "close_empty",
+        Close(-1, 0, 0, 0, (), ()),
+        False,
+        "4d4c73011200ffffffff00000000000000001800000020cac1a300000000000000000000000000000000000000000000"
+        "0000"
+    ),
+    (
+        "leave",
+        Leave(-1, 8, 3),
+        False,
+        "4d4c73011300ffffffff080000000000000004000000f270f13303000000"
+    ),
+    (
+        "left",
+        Left(3, 8, True),
+        False,
+        "4d4c73011400030000000800000000000000010000001bdf05a501"
+    ),
+    (
+        "left_no",
+        Left(1, 9, False),
+        False,
+        "4d4c73011400010000000900000000000000010000008def02d200"
+    ),
+    (
+        "finish",
+        Finish(-1, 12),
+        False,
+        "4d4c73011500ffffffff0c000000000000000000000000000000"
+    ),
+    (
+        "done",
+        Done(1, 12, 45.5, 3),
+        False,
+        "4d4c73011600010000000c00000000000000100000002614ab8e0000000000c046400300000000000000"
+    ),
+    (
+        "done_default",
+        Done(0, 2, 0.0),
+        False,
+        "4d4c7301160000000000020000000000000010000000554bbbec00000000000000000000000000000000"
+    ),
+    (
+        "failed",
+        Failed(2, 6, "diverged: loss is nan — é"),
+        False,
+        "4d4c730117000200000006000000000000001e000000ae4ab53e1c0064697665726765643a206c6f7373206973206e61"
+        "6e20e2809420c3a9"
+    ),
+    (
+        "failed_empty",
+        Failed(0, 0, ""),
+        False,
+        "4d4c7301170000000000000000000000000002000000ff12d9410000"
+    ),
+]
+
+
+@pytest.mark.parametrize("name, msg, compressed, golden", GOLDEN, ids=[g[0] for g in GOLDEN])
+def test_golden_frames(name: str, msg: Message, compressed: bool, golden: str) -> None:
+    frame = bytes.fromhex(golden)
+    assert decode(frame) == msg
+    if compressed:
+        # zlib's output may differ between zlib builds; what must not drift is that it decodes.
+        assert frame[5] & FLAG_COMPRESSED
+    else:
+        assert encode(msg) == frame
+
+
+def test_field_tables_match_the_dataclasses() -> None:
+    """A control message is packed from FIELDS alone: a field missing there would silently not be sent."""
+    for cls in (Hello, Report, Close, Leave, Left, Finish, Done, Failed):
+        names = [f.name for f in dataclasses.fields(cls)]
+        assert names == ["sender", "step", *(name for name, _ in cls.FIELDS)], cls.__name__

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from mlless.protocol import wire
+from mlless.protocol.messages import Tensors
 
 
-def audit_conservation(x0: np.ndarray, finals: list[wire.Tensors], leavers: list[wire.Tensors]) -> dict[str, Any]:
+def audit_conservation(x0: np.ndarray, finals: list[Tensors], leavers: list[Tensors]) -> dict[str, Any]:
     """Compare each final replica with what conservation predicts; frames carry params, pending and contribution."""
     if any("contribution" not in t.arrays for t in finals + leavers):
         return {"checked": False, "reason": "a worker did not track its contribution (MLLESS_AUDIT unset there)"}

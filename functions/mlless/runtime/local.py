@@ -20,7 +20,7 @@ from mlless.telemetry.record import Progress
 from mlless.runtime.supervisor import Supervisor
 from mlless.spec import TrainingJob
 from mlless.transport import Transport, connect
-from mlless.transport.embedded import EmbeddedBroker
+from mlless.transport.embedded_broker import EmbeddedBroker
 
 
 @dataclass(frozen=True)
@@ -55,16 +55,11 @@ def train_local(
         env |= services.worker_env()
         transport = connect(job_id, role="supervisor", redis_url=services.redis_url, amqp_url=services.amqp_url)
         return supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs"), run_dir, progress, metrics_port)
-    with tempfile.TemporaryDirectory(prefix="mlless-") as tmp:
-        broker = EmbeddedBroker(str(Path(tmp) / "broker.sock"))
-        broker.start()
-        try:
-            env[ENV_EMBEDDED_ADDRESS] = broker.address
-            transport = connect(job_id, role="supervisor", embedded_address=broker.address)
-            launcher = LocalLauncher(job_file, env, run_dir / "logs")
-            return supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port)
-        finally:
-            broker.stop()
+    with tempfile.TemporaryDirectory(prefix="mlless-") as tmp, EmbeddedBroker(str(Path(tmp) / "broker.sock")) as broker:
+        env[ENV_EMBEDDED_ADDRESS] = broker.address
+        transport = connect(job_id, role="supervisor", embedded_address=broker.address)
+        launcher = LocalLauncher(job_file, env, run_dir / "logs")
+        return supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port)
 
 
 def supervise(

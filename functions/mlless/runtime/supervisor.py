@@ -25,7 +25,10 @@ from typing import Any, Callable
 import numpy as np
 
 from mlless.contract import BARRIER_PHASES, ENV_AUDIT, STEP_PHASES
-from mlless.protocol import wire
+from mlless.protocol.codec import FrameError, decode, encode
+from mlless.protocol.messages import (
+    CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Left, Report, Tensors,
+)
 from mlless.autotuner import AutoTuner
 from mlless.autotuner.smoothing import OnlineEwma
 from mlless.telemetry.cost import CostBreakdown, job_cost
@@ -121,7 +124,7 @@ class Supervisor:
         self.record = RunRecord(run_dir)
         self.progress = progress or Progress(enabled=False)
         self.workers: dict[int, WorkerRecord] = {}
-        self.reports: dict[int, dict[int, wire.Report]] = {}
+        self.reports: dict[int, dict[int, Report]] = {}
         self.closed = 0
         self.cursor = 0
         self.steps_before = 0  # steps closed before a suspend this run resumed from
@@ -187,7 +190,7 @@ class Supervisor:
             return self._finish()
         except KeyboardInterrupt:
             self.stop_reason = "interrupted"
-            self.transport.broadcast(wire.encode(wire.Finish(sender=-1, step=self.closed)))
+            self.transport.broadcast(encode(Finish(sender=-1, step=self.closed)))
             return self._finish()
         finally:
             self.launcher.stop_all()
@@ -243,7 +246,7 @@ class Supervisor:
             raise JobFailed("no worker started; see the worker logs")
         self.progress.message(f"job {self.job_id}: {len(self.live)} workers, {self.job.sync.protocol.upper()}")
         self.step_opened = self.training_started = time.monotonic()
-        self.transport.broadcast(wire.encode(wire.Close(sender=-1, step=0, cursor=0, flags=0, live=self.live, updates=())))
+        self.transport.broadcast(encode(Close(sender=-1, step=0, cursor=0, flags=0, live=self.live, updates=())))
 
     def _await_workers(self, ranks: set[int], state: str, timeout: float, exit_reason: str) -> None:
         """Handle messages until none of `ranks` is still in `state`; a process that ends meanwhile is dropped."""
@@ -261,13 +264,13 @@ class Supervisor:
 
     def _handle(self, body: bytes) -> None:
         try:
-            msg = wire.decode(body)
-        except wire.FrameError as exc:
+            msg = decode(body)
+        except FrameError as exc:
             self._count_rejected(1)
             log.error("supervisor: rejected frame: %s", exc)
             return
         worker = self.workers.get(msg.sender)
-        if worker is None and isinstance(msg, wire.Hello) and not self.launcher.starts_workers and msg.sender >= 0:
+        if worker is None and isinstance(msg, Hello) and not self.launcher.starts_workers and msg.sender >= 0:
             # The operator started a new rank (kubectl scale); it joins like a scale-out worker.
             worker = self.workers[msg.sender] = WorkerRecord(msg.sender, time.monotonic(), state="joining")
             self.desired = max(self.desired, sum(w.state in ("live", "joining", "ready") for w in self.workers.values()))
@@ -275,22 +278,22 @@ class Supervisor:
             self._count_rejected(1)
             log.error("supervisor: message from unknown worker %d", msg.sender)
             return
-        if isinstance(msg, wire.Hello):
+        if isinstance(msg, Hello):
             worker.state = {"starting": "live", "joining": "ready"}.get(worker.state, worker.state)
-        elif isinstance(msg, wire.Report):
+        elif isinstance(msg, Report):
             if worker.state == "live" and msg.step > self.closed:
                 self.reports.setdefault(msg.step, {})[msg.sender] = msg
                 self.quality.observe(msg.sender, msg.loss_sum, msg.samples)
                 self._close_ready_steps()
-        elif isinstance(msg, wire.Done):
+        elif isinstance(msg, Done):
             worker.state = "done"
             # Billing runs from invocation to return as the platform sees it, cold start included,
             # so the supervisor's clock counts, not the worker's own msg.seconds.
             worker.ended(time.monotonic())
             self._count_rejected(msg.rejected_frames)
-        elif isinstance(msg, wire.Left):
+        elif isinstance(msg, Left):
             self._left(worker, msg)
-        elif isinstance(msg, wire.Failed):
+        elif isinstance(msg, Failed):
             self._drop(msg.sender, f"failed: {msg.reason}")
 
     def _close_ready_steps(self) -> None:
@@ -301,7 +304,7 @@ class Supervisor:
                 return
             self._close(step, [reports[r] for r in self.live])
 
-    def _close(self, step: int, reports: list[wire.Report]) -> None:
+    def _close(self, step: int, reports: list[Report]) -> None:
         totals = _StepTotals(workers=len(reports))
         for r in reports:
             totals.loss_sum += r.loss_sum
@@ -328,16 +331,16 @@ class Supervisor:
             joined = self._admit_joiners()
         flags = 0
         if self.stop_reason is not None:
-            flags |= wire.CLOSE_FINAL
+            flags |= CLOSE_FINAL
         elif joined or self._evaluation_due(step):
             # A joiner starts from this snapshot; the supervisor evaluates it too.
-            flags |= wire.CLOSE_SNAPSHOT
+            flags |= CLOSE_SNAPSHOT
             self.pending_snapshot = self.last_evaluated = step
             self.snapshot_requested = time.monotonic()
         updates = tuple(r.sender for r in reports if r.has_update)
         merges, self.pending_merges = tuple(self.pending_merges), []
-        close = wire.Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=updates, merges=merges)
-        self.transport.broadcast(wire.encode(close))
+        close = Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=updates, merges=merges)
+        self.transport.broadcast(encode(close))
         self.step_opened = time.monotonic()
         self._evaluate_snapshot()
         self._sync_platform(self._record_step(step, totals))
@@ -488,7 +491,7 @@ class Supervisor:
         self.scaling_events.append({"event": "leave", "rank": rank, "step": self.closed, "reason": reason})
         self.progress.message(f"step {self.closed}: worker {rank} leaves ({reason})")
 
-    def _left(self, worker: WorkerRecord, msg: wire.Left) -> None:
+    def _left(self, worker: WorkerRecord, msg: Left) -> None:
         if worker.state not in ("live", "leaving"):
             return
         if worker.state == "live":  # it left on its own: SIGTERM, e.g. its pod was deleted
@@ -572,15 +575,15 @@ class Supervisor:
         self.metrics.validation(self.validation[1])
         self.pending_snapshot = None
 
-    def _decode_replica(self, frame: bytes) -> wire.Tensors | None:
+    def _decode_replica(self, frame: bytes) -> Tensors | None:
         try:
-            msg = wire.decode(frame)
-            if not isinstance(msg, wire.Tensors) or "params" not in msg.arrays:
-                raise wire.FrameError("expected a replica (Tensors frame with 'params')")
+            msg = decode(frame)
+            if not isinstance(msg, Tensors) or "params" not in msg.arrays:
+                raise FrameError("expected a replica (Tensors frame with 'params')")
             params = msg.arrays["params"]
             if params.shape != self.model.params.shape or params.dtype != self.model.params.dtype:
-                raise wire.FrameError(f"replica is {params.dtype}{params.shape}, the model is {self.model.params.dtype}{self.model.params.shape}")
-        except wire.FrameError as exc:
+                raise FrameError(f"replica is {params.dtype}{params.shape}, the model is {self.model.params.dtype}{self.model.params.shape}")
+        except FrameError as exc:
             self._count_rejected(1)
             log.error("supervisor: rejected replica: %s", exc)
             return None
@@ -651,7 +654,7 @@ class Supervisor:
         """The averaged final replicas and where the job stands."""
         assert self.final_average is not None
         position = np.array([self.steps_before + self.closed, self.cursor], np.int64)
-        return wire.encode(wire.Tensors(sender=0, step=self.closed, arrays={
+        return encode(Tensors(sender=0, step=self.closed, arrays={
             "params": self.final_average,
             # Empty, so a worker reads it like any replica: the averaged model has no unsent updates.
             "pending_indices": np.zeros(0, np.int32),
@@ -659,7 +662,7 @@ class Supervisor:
             "position": position,
         }))
 
-    def _collect_replicas(self, key: Callable[[int], str], ranks: list[int]) -> list[wire.Tensors]:
+    def _collect_replicas(self, key: Callable[[int], str], ranks: list[int]) -> list[Tensors]:
         frames = self.transport.get_many([key(r) for r in ranks]) if ranks else []
         replicas = []
         for rank, frame in zip(ranks, frames):

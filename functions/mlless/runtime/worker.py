@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlless.contract import BARRIER_PHASES, ENV_AUDIT, STEP_PHASES
-from mlless.protocol import wire
+from mlless.protocol.codec import FrameError, decode, encode
+from mlless.protocol.messages import (
+    CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Leave, Left, Report, Tensors, Update,
+)
 from mlless.autotuner.smoothing import OnlineEwma
 from mlless.data.dataset import Dataset
 from mlless.training.models import build_model
@@ -137,7 +140,7 @@ class Worker:
         arrays = self.replica.snapshot(optimizer=True)
         arrays["position"] = np.array([self.step, self.view.closed, self.view.cursor, self.rejected_frames], np.int64)
         arrays["live"] = np.array(self.view.live, np.int64)
-        frame = wire.encode(wire.Tensors(sender=self.rank, step=self.step, arrays=arrays))
+        frame = encode(Tensors(sender=self.rank, step=self.step, arrays=arrays))
         self.transport.put(keys.checkpoint(self.rank), frame)
         log.info("worker %d: checkpointed at step %d before the invocation deadline", self.rank, self.step)
         raise Checkpointed
@@ -168,7 +171,7 @@ class Worker:
 
     def _say_hello(self) -> None:
         """Announce this worker, waiting for the supervisor's queue if the worker started first (pods start in any order)."""
-        hello = wire.encode(wire.Hello(sender=self.rank, step=0, pid=os.getpid()))
+        hello = encode(Hello(sender=self.rank, step=0, pid=os.getpid()))
         deadline = time.monotonic() + SUPERVISOR_SILENCE_FACTOR * self.job.worker_timeout_seconds
         delay = 0.05
         while True:
@@ -197,13 +200,13 @@ class Worker:
 
         bytes_sent = 0
         if len(sent_idx):
-            frame = wire.encode(wire.Update(sender=self.rank, step=self.step, indices=sent_idx, values=sent_val))
+            frame = encode(Update(sender=self.rank, step=self.step, indices=sent_idx, values=sent_val))
             self.transport.put(keys.update(self.rank, self.step, self.job.sync.staleness), frame)
             bytes_sent = len(frame)
         timer.lap("write")
 
         timings = tuple(timer.seconds[p] for p in ("fetch", "compute", "filter", "write")) + tuple(self._barrier.values())
-        report = wire.Report(
+        report = Report(
             sender=self.rank,
             step=self.step,
             loss_sum=result.loss_sum,
@@ -214,7 +217,7 @@ class Worker:
             entries_pending=self.replica.pending_count(),
             timings=timings,
         )
-        self.transport.post_to_supervisor(wire.encode(report))
+        self.transport.post_to_supervisor(encode(report))
 
     # ---- control messages ------------------------------------------------------------------
 
@@ -249,21 +252,21 @@ class Worker:
 
     def _handle(self, body: bytes) -> None:
         try:
-            msg = wire.decode(body)
-        except wire.FrameError as exc:
+            msg = decode(body)
+        except FrameError as exc:
             self.rejected_frames += 1
             log.error("worker %d: rejected control frame: %s", self.rank, exc)
             return
-        if isinstance(msg, wire.Close):
+        if isinstance(msg, Close):
             self._apply_close(msg)
-        elif isinstance(msg, wire.Finish):
+        elif isinstance(msg, Finish):
             self._finish()
-        elif isinstance(msg, wire.Leave) and msg.rank == self.rank:
+        elif isinstance(msg, Leave) and msg.rank == self.rank:
             self._leave()
         else:
             log.debug("worker %d: ignoring %s", self.rank, type(msg).__name__)
 
-    def _apply_close(self, close: wire.Close) -> None:
+    def _apply_close(self, close: Close) -> None:
         if close.step <= self.view.closed:
             return
         if self.view.closed < 0 and close.step > 0:
@@ -282,11 +285,11 @@ class Worker:
         if close.merges:
             self._merge_leavers(close.merges)
         self.view = _View(closed=close.step, cursor=close.cursor, live=close.live)
-        if close.flags & wire.CLOSE_SNAPSHOT and self._is_donor(close):
+        if close.flags & CLOSE_SNAPSHOT and self._is_donor(close):
             self.transport.put(keys.snapshot(), self._replica_frame())
         self._barrier["read"] += read_done - started
         self._barrier["apply"] += time.perf_counter() - read_done
-        if close.flags & wire.CLOSE_FINAL:
+        if close.flags & CLOSE_FINAL:
             self._finish()
 
     def _apply_update(self, rank: int, step: int, frame: bytes | None) -> None:
@@ -296,36 +299,36 @@ class Worker:
             return
         try:
             # The index range and uniqueness are checked by apply_update, in one pass, before anything is added.
-            update = wire.decode(frame)
-            if not isinstance(update, wire.Update) or update.sender != rank or update.step != step:
-                raise wire.FrameError(f"expected the update of worker {rank} for step {step}")
+            update = decode(frame)
+            if not isinstance(update, Update) or update.sender != rank or update.step != step:
+                raise FrameError(f"expected the update of worker {rank} for step {step}")
             self.replica.apply(update.indices, update.values)
-        except (wire.FrameError, ValueError) as exc:
+        except (FrameError, ValueError) as exc:
             self.rejected_frames += 1
             log.error("worker %d: rejected update frame of worker %d for step %d: %s", self.rank, rank, step, exc)
 
-    def _is_donor(self, close: wire.Close) -> bool:
+    def _is_donor(self, close: Close) -> bool:
         """The first worker of the step that was just closed provides snapshots."""
         senders = [r for r in close.live if r in self.view.live] or list(close.live)
         return senders[0] == self.rank
 
     def _replica_frame(self) -> bytes:
-        return wire.encode(wire.Tensors(sender=self.rank, step=self.view.closed, arrays=self.replica.snapshot()))
+        return encode(Tensors(sender=self.rank, step=self.view.closed, arrays=self.replica.snapshot()))
 
-    def _decode_replica(self, frame: bytes | None, rank: int | None, what: str) -> wire.Tensors | None:
+    def _decode_replica(self, frame: bytes | None, rank: int | None, what: str) -> Tensors | None:
         try:
             if frame is None:
-                raise wire.FrameError("missing")
-            msg = wire.decode(frame)
-            if not isinstance(msg, wire.Tensors) or rank not in (None, msg.sender):
-                raise wire.FrameError(f"expected a replica of worker {rank}")
+                raise FrameError("missing")
+            msg = decode(frame)
+            if not isinstance(msg, Tensors) or rank not in (None, msg.sender):
+                raise FrameError(f"expected a replica of worker {rank}")
             rank = msg.sender
             params, idx, val = (msg.arrays.get(k) for k in (PARAMS, PENDING_INDICES, PENDING_VALUES))
             mine = self.replica.params
             if params is None or params.shape != mine.shape or params.dtype != mine.dtype:
-                raise wire.FrameError("replica does not match the model")
-            wire.Update(sender=rank, step=msg.step, indices=idx, values=val).check_size(mine.shape[0])
-        except (wire.FrameError, TypeError, ValueError) as exc:
+                raise FrameError("replica does not match the model")
+            Update(sender=rank, step=msg.step, indices=idx, values=val).check_size(mine.shape[0])
+        except (FrameError, TypeError, ValueError) as exc:
             self.rejected_frames += 1
             log.error("worker %d: rejected %s of worker %d: %s", self.rank, what, rank, exc)
             return None
@@ -347,7 +350,7 @@ class Worker:
             if replica is not None:
                 self.replica.apply(replica.arrays[PENDING_INDICES], replica.arrays[PENDING_VALUES])
 
-    def _join(self, close: wire.Close) -> None:
+    def _join(self, close: Close) -> None:
         """Start from the donor's snapshot of step `close.step`, minus the donor's own unsent updates."""
         deadline = time.monotonic() + self.job.worker_timeout_seconds
         while time.monotonic() < deadline:
@@ -364,14 +367,14 @@ class Worker:
     def _finish(self) -> None:
         self.transport.put(keys.final_replica(self.rank), self._replica_frame())
         seconds = time.monotonic() - self.started
-        done = wire.Done(sender=self.rank, step=self.view.closed, seconds=seconds, rejected_frames=self.rejected_frames)
-        self.transport.send_to_supervisor(wire.encode(done))
+        done = Done(sender=self.rank, step=self.view.closed, seconds=seconds, rejected_frames=self.rejected_frames)
+        self.transport.send_to_supervisor(encode(done))
         raise WorkerExit
 
     def _leave(self) -> None:
         # The published frame carries the unsent accumulated updates; the survivors add them in.
         self.transport.put(keys.leaver_replica(self.rank), self._replica_frame())
-        self.transport.send_to_supervisor(wire.encode(wire.Left(sender=self.rank, step=self.view.closed, has_replica=True)))
+        self.transport.send_to_supervisor(encode(Left(sender=self.rank, step=self.view.closed, has_replica=True)))
         raise WorkerExit
 
 
@@ -402,7 +405,7 @@ def serve(job: TrainingJob, rank: int, transport: Transport, deadline: float | N
     except Exception as exc:
         log.exception("worker %d failed", rank)
         reason = f"{type(exc).__name__}: {exc}"[:500]
-        transport.send_to_supervisor(wire.encode(wire.Failed(sender=rank, step=worker.step, reason=reason)))
+        transport.send_to_supervisor(encode(Failed(sender=rank, step=worker.step, reason=reason)))
         return 1
     finally:
         transport.close()

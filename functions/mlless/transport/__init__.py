@@ -77,10 +77,14 @@ def connect(
 
 def __getattr__(name: str) -> Any:
     """Lazy backend imports: a laptop run never needs to import redis or pika."""
-    if name in ("EmbeddedBroker", "EmbeddedTransport"):
-        from . import embedded
+    if name == "EmbeddedBroker":
+        from .embedded_broker import EmbeddedBroker
 
-        return getattr(embedded, name)
+        return EmbeddedBroker
+    if name == "EmbeddedTransport":
+        from .embedded import EmbeddedTransport
+
+        return EmbeddedTransport
     if name == "ServicesTransport":
         from .services import ServicesTransport
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from typing import Literal, Mapping, Sequence
+from typing import Literal, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
@@ -99,7 +99,7 @@ def key_prefix(job_id: str) -> str:
 class Transport(ABC):
     """One per process.  Not thread-safe: use it from the thread that created it.
 
-    Messages are opaque ``bytes`` (``mlless.protocol.wire`` frames); values are opaque
+    Messages are opaque ``bytes`` (``mlless.protocol.codec`` frames); values are opaque
     ``bytes``.  Receipt counts as handling: ``receive`` acknowledges a message
     as it returns it.
     """
@@ -115,19 +115,8 @@ class Transport(ABC):
         """Store ``value`` under the job-namespaced ``key`` for ``ttl`` seconds (default: the transport's TTL)."""
 
     @abstractmethod
-    def put_many(self, items: Mapping[str, bytes]) -> None:
-        """Store several values in one round trip."""
-
-    @abstractmethod
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """Fetch several values in one round trip; ``None`` for a missing key."""
-
-    def get(self, key: str) -> bytes | None:
-        return self.get_many([key])[0]
-
-    @abstractmethod
-    def ttl_of(self, key: str) -> float | None:
-        """Remaining lifetime of ``key`` in seconds, ``None`` if it does not exist (diagnostics, tests)."""
 
     @abstractmethod
     def delete_job(self) -> int:
@@ -144,10 +133,6 @@ class Transport(ABC):
         self.send_to_supervisor(body)
 
     @abstractmethod
-    def send_to_worker(self, rank: int, body: bytes) -> None:
-        """Queue ``body`` for one worker; ``UnroutableError`` if that worker's queue does not exist."""
-
-    @abstractmethod
     def broadcast(self, body: bytes) -> None:
         """Queue ``body`` for every worker whose queue exists now (later joiners don't get it)."""
 
@@ -159,20 +144,8 @@ class Transport(ABC):
         """
 
     @abstractmethod
-    def close(self, *, delete_queue: bool = False) -> None:
-        """Release connections.  ``delete_queue=True`` also deletes this process's own queue
-        (a worker leaving for good), so broadcasts stop piling up for it."""
-
-    def __enter__(self) -> "Transport":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _check_rank(self, rank: int) -> int:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 2**31:
-            raise ValueError(f"invalid worker rank {rank!r}")
-        return rank
+    def close(self) -> None:
+        """Release connections.  The process's queue stays: a re-invoked worker finds what was sent meanwhile."""
 
 
 def check_role(role: str, rank: int | None) -> int:

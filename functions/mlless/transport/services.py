@@ -1,6 +1,6 @@
 """Transport over real services: Redis (redis-py) for bytes, RabbitMQ (pika) for control frames.
 
-Idioms follow notes/style.md §5:
+Idioms follow the redis-py and pika documentation:
 
 * **Redis**: one ``ConnectionPool`` per process with an explicit
   ``Retry(ExponentialBackoff)``, socket timeouts and ``health_check_interval``;
@@ -38,7 +38,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import pika
 import pika.exceptions as pe
@@ -202,30 +202,11 @@ class ServicesTransport(Transport):
         k, v = self._key(key), check_body(value)
         self._redis_call(lambda: self.redis.set(k, v, ex=int(ttl or self.ttl)))
 
-    def put_many(self, items: Mapping[str, bytes]) -> None:
-        pairs = [(self._key(k), check_body(v)) for k, v in items.items()]
-        if not pairs:
-            return
-
-        def run() -> None:
-            with self.redis.pipeline(transaction=False) as p:
-                for k, v in pairs:
-                    p.set(k, v, ex=self.ttl)
-                p.execute()
-
-        self._redis_call(run)
-
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         ks = [self._key(k) for k in keys]
         if not ks:
             return []
         return self._redis_call(lambda: self.redis.mget(ks))  # one command, one round trip
-
-    def ttl_of(self, key: str) -> float | None:
-        ms = self._redis_call(lambda: self.redis.pttl(self._key(key)))
-        if ms == -2:
-            return None
-        return float("inf") if ms == -1 else ms / 1000.0
 
     def delete_job(self) -> int:
         """SCAN the job prefix and UNLINK in batches; then delete the job's queues and exchange."""
@@ -350,9 +331,6 @@ class ServicesTransport(Transport):
     def send_to_supervisor(self, body: bytes) -> None:
         self._publish("", self._names["supervisor"], check_body(body), mandatory=True)
 
-    def send_to_worker(self, rank: int, body: bytes) -> None:
-        self._publish("", self._queue_of(self._check_rank(rank)), check_body(body), mandatory=True)
-
     def broadcast(self, body: bytes) -> None:
         # Not mandatory: the sink queue makes every publish routable, and zero workers is legal.
         self._publish(self._names["exchange"], "", check_body(body), mandatory=False)
@@ -380,19 +358,12 @@ class ServicesTransport(Transport):
 
         return self._amqp(op)
 
-    def close(self, *, delete_queue: bool = False) -> None:
+    def close(self) -> None:
         if self._closed:
             return
-        try:
-            if delete_queue and self._conn is not None and self._conn.is_open and self._pub is not None:
-                try:
-                    self._pub.queue_delete(self._own_queue)
-                except pe.AMQPError as exc:
-                    log.warning("could not delete queue %s: %s", self._own_queue, exc)
-        finally:
-            self._closed = True
-            self._drop_connection()
-            self._pool.disconnect()
+        self._closed = True
+        self._drop_connection()
+        self._pool.disconnect()
 
     def __repr__(self) -> str:
         return (
