@@ -23,8 +23,8 @@ from mlless.protocol import keys
 from mlless.runtime.launcher import LocalLauncher
 from mlless.runtime.local import Services, new_job_id, train_local
 from mlless.telemetry.record import Progress
-from mlless.runtime.stopping import SMOOTHING_SPAN
-from mlless.runtime.supervisor import Supervisor
+from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN
+from mlless.runtime.supervisor.loop import Supervisor
 from mlless.spec import TrainingJob, from_manifest
 from mlless.transport import connect
 
