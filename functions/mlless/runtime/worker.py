@@ -330,12 +330,12 @@ class Worker:
     def _merge_leavers(self, ranks: tuple[int, ...]) -> None:
         """Add each leaver's unsent accumulated updates, exactly once, to this replica.
 
-        DESIGN §2 averages the leaver's replica in, x ← (x + x_leaving)/2. Replicas
+        Averaging the leaver's replica in, x ← (x + x_leaving)/2, would be wrong: replicas
         differ only by their own unsent accumulators (x_k = shared + δ_k), so the
         average would halve both δ_leaving and this worker's δ_k while δ_k is
         still sent later in full. Adding δ_leaving instead keeps every replica
         equal to shared + its own δ, and reintegrates the leaver's updates exactly.
-        Under BSP δ_leaving is empty, so nothing changes, as the design intends for v = 0.
+        Under BSP δ_leaving is empty, so nothing changes, as it should for v = 0.
         """
         frames = self.transport.get_many([keys.leaver_replica(r) for r in ranks])
         for rank, frame in zip(ranks, frames):

@@ -66,9 +66,6 @@ class OptimizerConfig:
         if not self.weight_decay >= 0:
             raise ValueError("weight_decay must be >= 0")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     def replace(self, **changes: Any) -> OptimizerConfig:
         return OptimizerConfig(**{**asdict(self), **changes})
 
