@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlless.telemetry.cost import billed_seconds
 from mlless.telemetry.metrics import PHASE_BUCKETS, SupervisorMetrics, billed_units
+from mlless.telemetry.rows import StepRow
 from mlless.contract import STEP_PHASES as PHASES
 
 JOB = "demo"
@@ -246,17 +247,17 @@ def metrics_from_run(run_dir: Path) -> str:
     summary = json.loads((run_dir / "summary.json").read_text())
     metrics = SupervisorMetrics(summary.get("job_id") or summary["job"])
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
+        row = StepRow(**json.loads(line))
         metrics.step_closed(
-            step=row["step"],
-            train_loss=math.nan if row["loss"] is None else row["loss"],
-            workers=row["workers"],
-            bytes_published=row["bytes_sent"],
-            entries_filtered=row["entries_pending"],
-            phases=row["phases"],
+            step=row.step,
+            train_loss=math.nan if row.loss is None else row.loss,
+            workers=row.workers,
+            bytes_published=row.bytes_sent,
+            entries_filtered=row.entries_pending,
+            phases=row.phases,
         )
-        if row["validation_loss"] is not None:
-            metrics.validation(row["validation_loss"])
+        if row.validation_loss is not None:
+            metrics.validation(row.validation_loss)
     metrics.validation(summary["validation_loss"])  # the final model's, newer than any snapshot
     metrics.cost({**summary["cost_breakdown_usd"], "total": summary["cost_usd"]})
     metrics.rejected_frames(summary["rejected_frames"])

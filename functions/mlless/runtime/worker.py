@@ -14,9 +14,9 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from mlless.contract import BARRIER_PHASES, ENV_AUDIT, STEP_PHASES
+from mlless.contract import BARRIER_PHASES, ENV_AUDIT
 from mlless.protocol import wire
 from mlless.autotuner.smoothing import OnlineEwma
 from mlless.data.dataset import Dataset
@@ -25,6 +25,7 @@ from mlless.protocol import keys, layouts
 from mlless.runtime.striding import Prefetcher, Schedule
 from mlless.runtime.sync import sync_strategy
 from mlless.spec import TrainingJob
+from mlless.telemetry.timing import PhaseTimer
 from mlless.training.replica import Replica
 from mlless.transport import Transport, UnroutableError
 
@@ -58,23 +59,6 @@ class _View:
     closed: int = -1
     cursor: int = 0
     live: tuple[int, ...] = ()
-
-
-@dataclass
-class _Timer:
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PHASES, 0.0))
-    _mark: float = field(default_factory=time.perf_counter)
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.seconds[phase] += now - self._mark
-        self._mark = now
-
-    def record(self, **phases: float) -> None:
-        """Phases timed by the callee; the time since the last mark is theirs."""
-        for phase, seconds in phases.items():
-            self.seconds[phase] += seconds
-        self._mark = time.perf_counter()
 
 
 class Worker:
@@ -180,7 +164,7 @@ class Worker:
                 delay = min(2 * delay, 2.0)
 
     def _train_step(self) -> None:
-        timer = _Timer()
+        timer = PhaseTimer()
         ahead = self.step - self.view.closed - 1
         position = self.schedule.position(self.view.cursor, self.view.live, self.rank, ahead)
         batch = self.prefetcher.get(self.schedule.batch_index(position))
