@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mlless.telemetry.cost import billed_seconds
-from mlless.telemetry.metrics import PHASE_BUCKETS, SupervisorMetrics, billed_units, metrics_from_run
+from mlless.telemetry.metrics import PHASE_BUCKETS, SupervisorMetrics, billed_units
+from mlless.telemetry.rows import StepRow
 from mlless.contract import STEP_PHASES as PHASES
 
 JOB = "demo"
@@ -238,6 +239,29 @@ def test_registries_are_per_job():
     SupervisorMetrics("c", registry=shared)
     with pytest.raises(ValueError):
         SupervisorMetrics("d", registry=shared)  # one registry holds one job's metrics
+
+
+def metrics_from_run(run_dir: Path) -> str:
+    """Replays a run record into fresh metrics, as the supervisor fed them live: the record loses nothing
+    the live metrics had, apart from the per-worker billing series."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    metrics = SupervisorMetrics(summary.get("job_id") or summary["job"])
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = StepRow(**json.loads(line))
+        metrics.step_closed(
+            step=row.step,
+            train_loss=math.nan if row.loss is None else row.loss,
+            workers=row.workers,
+            bytes_published=row.bytes_sent,
+            entries_filtered=row.entries_pending,
+            phases=row.phases,
+        )
+        if row.validation_loss is not None:
+            metrics.validation(row.validation_loss)
+    metrics.validation(summary["validation_loss"])  # the final model's, newer than any snapshot
+    metrics.cost({**summary["cost_breakdown_usd"], "total": summary["cost_usd"]})
+    metrics.rejected_frames(summary["rejected_frames"])
+    return metrics.exposition()
 
 
 def test_metrics_from_run(tmp_path: Path):

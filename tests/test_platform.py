@@ -20,7 +20,7 @@ from mlless.protocol import keys
 from mlless.runtime.launcher import LocalLauncher
 from mlless.runtime.local import new_job_id
 from mlless.runtime.platform import Platform, PlatformRequest
-from mlless.runtime.supervisor import Supervisor
+from mlless.runtime.supervisor.loop import Supervisor
 from mlless.spec import TrainingJob
 from mlless.transport import connect
 

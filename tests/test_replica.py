@@ -6,8 +6,9 @@ import pytest
 
 from mlless.data.batches import RatingsBatch
 from mlless.training.models import build_model
+from mlless.protocol.layouts import PARAMS
 from mlless.spec.config import default_optimizer
-from mlless.training.replica import PARAMS, Replica, TrainingDiverged
+from mlless.training.replica import Replica, TrainingDiverged
 
 DIMS = {"n_users": 40, "n_items": 30, "mean_rating": 3.0}
 

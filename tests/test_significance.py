@@ -1,10 +1,12 @@
 """ISP significance filter: exact sent values, thresholds, the x = 0 guard, and equivalence with a full walk."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from mlless.training.significance import SignificanceFilter, isp_threshold
+from mlless.training.significance import SignificanceFilter
 
 
 def _sorted(selection):
@@ -84,9 +86,10 @@ def test_bad_inputs():
         SignificanceFilter(x, -1.0)
     with pytest.raises(ValueError):
         SignificanceFilter(np.zeros(3), 0.7)
-    with pytest.raises(ValueError):
-        isp_threshold(0.7, 0)
-    assert isp_threshold(0.7, 4) == pytest.approx(0.35)
+    # v_t = v / sqrt(t): at t = 4, v = 0.7 sends |δ| > 0.35·|x| and keeps the rest.
+    g = SignificanceFilter(np.ones(2, np.float32), 0.7)
+    g.accumulate(np.array([0, 1], np.int32), np.array([0.36, 0.34], np.float32))
+    assert g.select(4)[0].tolist() == [0]
 
 
 class WalkingFilter:
@@ -100,7 +103,7 @@ class WalkingFilter:
         np.add.at(self.acc, idx, delta)  # float32, in order: the same sums as the kernel's
 
     def select(self, x, t):
-        threshold = isp_threshold(self.v, t)
+        threshold = self.v / math.sqrt(t)
         pending = np.flatnonzero(self.acc)
         d, xi = self.acc[pending], x[pending]
         significant = (threshold == 0) | (xi == 0) | (np.abs(d.astype(np.float64)) > threshold * np.abs(xi.astype(np.float64)))

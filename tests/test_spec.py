@@ -28,7 +28,7 @@ def test_minimal_manifest_gets_the_defaults():
     assert job.workers == 3
     assert job.model.type == "pmf" and job.model.rank == 20
     assert job.optimizer.type == "adagrad" and job.optimizer.learning_rate == pytest.approx(0.4 / 3)  # P = 3
-    assert job.sync.protocol == "isp" and job.sync.threshold == pytest.approx(0.7)
+    assert job.sync.protocol == "isp" and job.sync.significance_threshold == pytest.approx(0.7)
     # a job with no limit stops when validation stops improving, and ends even if it never does
     assert job.stop.patience == 5 and job.stop.max_epochs == 50
     assert job.pricing.price_per_gb_second == pytest.approx(1.7e-5)

@@ -23,8 +23,9 @@ from mlless.protocol import keys
 from mlless.runtime.launcher import LocalLauncher
 from mlless.runtime.local import Services, new_job_id, train_local
 from mlless.telemetry.record import Progress
-from mlless.runtime.stopping import SMOOTHING_SPAN
-from mlless.runtime.supervisor import Supervisor
+from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN
+from mlless.runtime.supervisor.loop import Supervisor
+from mlless.runtime.sync import sync_strategy
 from mlless.spec import TrainingJob, from_manifest
 from mlless.transport import connect
 
@@ -263,7 +264,7 @@ class CorruptingSupervisor(Supervisor):
 
     def _close(self, step, reports):
         if step in self.corrupt_steps:
-            self.transport.put(keys.update(2, step, self.job.sync.staleness), b"MLs\x01not a frame")
+            self.transport.put(keys.update(2, step, sync_strategy(self.job.sync).staleness), b"MLs\x01not a frame")
         super()._close(step, reports)
 
 

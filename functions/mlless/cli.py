@@ -31,7 +31,7 @@ from mlless.training.models import ModelFileError, load_model, model_class
 from mlless.telemetry.report.cli import add_report_parser
 from mlless.runtime.launcher import Launcher
 from mlless.telemetry.record import Progress
-from mlless.runtime.supervisor import NO_LIVE_WORKERS, JobFailed
+from mlless.runtime.supervisor.membership import NO_LIVE_WORKERS, JobFailed
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
 from mlless.transport.env import invoke_token, service_urls

@@ -14,21 +14,24 @@ from typing import Any
 
 import numpy as np
 
+from mlless.protocol import layouts
 from mlless.protocol.messages import Tensors
+from mlless.protocol.layouts import CONTRIBUTION, PARAMS
 
 
 def audit_conservation(x0: np.ndarray, finals: list[Tensors], leavers: list[Tensors]) -> dict[str, Any]:
     """Compare each final replica with what conservation predicts; frames carry params, pending and contribution."""
-    if any("contribution" not in t.arrays for t in finals + leavers):
+    if any(CONTRIBUTION not in t.arrays for t in finals + leavers):
         return {"checked": False, "reason": "a worker did not track its contribution (MLLESS_AUDIT unset there)"}
     size = len(x0)
-    contributed = sum(t.arrays["contribution"] for t in finals + leavers)
-    still_pending = sum(np.bincount(t.arrays["pending_indices"], t.arrays["pending_values"], minlength=size) for t in finals)
+    contributed = sum(t.arrays[CONTRIBUTION] for t in finals + leavers)
+    still_pending = sum(np.bincount(*layouts.pending(t.arrays), minlength=size) for t in finals)
     expected_shared = x0 + contributed - still_pending
     errors = []
     for t in finals:
-        shared = t.arrays["params"].astype(np.float64)
-        shared[t.arrays["pending_indices"]] -= t.arrays["pending_values"]
+        shared = t.arrays[PARAMS].astype(np.float64)
+        indices, values = layouts.pending(t.arrays)
+        shared[indices] -= values
         errors.append(float(np.max(np.abs(shared - expected_shared))))
     return {
         "checked": True,
@@ -36,6 +39,6 @@ def audit_conservation(x0: np.ndarray, finals: list[Tensors], leavers: list[Tens
         "update_scale": float(np.max(np.abs(contributed))),
         "replicas": len(finals),
         "leavers": len(leavers),
-        "leaver_pending_entries": sum(len(t.arrays["pending_indices"]) for t in leavers),
-        "leaver_pending_max": max((float(np.max(np.abs(t.arrays["pending_values"]), initial=0)) for t in leavers), default=0.0),
+        "leaver_pending_entries": sum(len(layouts.pending(t.arrays)[0]) for t in leavers),
+        "leaver_pending_max": max((float(np.max(np.abs(layouts.pending(t.arrays)[1]), initial=0)) for t in leavers), default=0.0),
     }

@@ -17,7 +17,7 @@ from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.runtime.launcher import Launcher, LocalLauncher
 from mlless.runtime.platform import Platform
 from mlless.telemetry.record import Progress
-from mlless.runtime.supervisor import Supervisor
+from mlless.runtime.supervisor.loop import Supervisor
 from mlless.spec import TrainingJob
 from mlless.transport import Transport, connect
 from mlless.transport.embedded_broker import EmbeddedBroker

@@ -14,11 +14,9 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
-
-from mlless.contract import BARRIER_PHASES, ENV_AUDIT, STEP_PHASES
+from mlless.contract import BARRIER_PHASES, ENV_AUDIT
 from mlless.protocol.codec import FrameError, decode, encode
 from mlless.protocol.messages import (
     CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Leave, Left, Report, Tensors, Update,
@@ -26,10 +24,12 @@ from mlless.protocol.messages import (
 from mlless.autotuner.smoothing import OnlineEwma
 from mlless.data.dataset import Dataset
 from mlless.training.models import build_model
-from mlless.protocol import keys
+from mlless.protocol import keys, layouts
 from mlless.runtime.striding import Prefetcher, Schedule
+from mlless.runtime.sync import sync_strategy
 from mlless.spec import TrainingJob
-from mlless.training.replica import PARAMS, PENDING_INDICES, PENDING_VALUES, Replica
+from mlless.telemetry.timing import PhaseTimer
+from mlless.training.replica import Replica
 from mlless.transport import Transport, UnroutableError
 
 log = logging.getLogger(__name__)
@@ -64,23 +64,6 @@ class _View:
     live: tuple[int, ...] = ()
 
 
-@dataclass
-class _Timer:
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PHASES, 0.0))
-    _mark: float = field(default_factory=time.perf_counter)
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.seconds[phase] += now - self._mark
-        self._mark = now
-
-    def record(self, **phases: float) -> None:
-        """Phases timed by the callee; the time since the last mark is theirs."""
-        for phase, seconds in phases.items():
-            self.seconds[phase] += seconds
-        self._mark = time.perf_counter()
-
-
 class Worker:
     def __init__(
         self, job: TrainingJob, rank: int, transport: Transport, dataset: Dataset, deadline: float | None = None
@@ -89,9 +72,10 @@ class Worker:
         self.rank = rank
         self.transport = transport
         self.dataset = dataset
+        self.sync = sync_strategy(job.sync)
         # MLLESS_AUDIT: the replica sums every update it computed, for the supervisor's conservation check.
         self.replica = Replica(build_model(job.model.type, dataset.dims(), job.model, job.seed), job.optimizer,
-                               job.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)))
+                               self.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)))
         self.schedule = Schedule(dataset.n_batches, job.seed)
         self.prefetcher = Prefetcher(dataset)
         self.view = _View()
@@ -115,8 +99,7 @@ class Worker:
         try:
             while True:
                 started = time.monotonic()
-                # Step 0's close carries the worker set, so no one may start before it.
-                self._await_close(max(self.step - self.job.sync.staleness, 0))
+                self._await_close(self.sync.must_have_closed(self.step))
                 if self.leave_requested:
                     self._leave()
                 if self._deadline_near():
@@ -137,9 +120,8 @@ class Worker:
 
     def _checkpoint(self) -> None:
         """Between steps, everything this worker knows goes to Redis; queued control messages wait in its queue."""
-        arrays = self.replica.snapshot(optimizer=True)
-        arrays["position"] = np.array([self.step, self.view.closed, self.view.cursor, self.rejected_frames], np.int64)
-        arrays["live"] = np.array(self.view.live, np.int64)
+        position = layouts.WorkerPosition(self.step, self.view.closed, self.view.cursor, self.rejected_frames, self.view.live)
+        arrays = self.replica.snapshot(optimizer=True) | position.arrays()
         frame = encode(Tensors(sender=self.rank, step=self.step, arrays=arrays))
         self.transport.put(keys.checkpoint(self.rank), frame)
         log.info("worker %d: checkpointed at step %d before the invocation deadline", self.rank, self.step)
@@ -153,7 +135,7 @@ class Worker:
         checkpoint = self._decode_replica(frame, None, "job checkpoint")
         if checkpoint is None:
             raise RuntimeError("the job's suspend checkpoint is not a valid model")
-        self.replica.restore({PARAMS: checkpoint.arrays[PARAMS]})
+        self.replica.restore(checkpoint.arrays)
 
     def resume(self) -> None:
         """Continue from the checkpoint the previous invocation of this rank wrote."""
@@ -161,13 +143,13 @@ class Worker:
         checkpoint = self._decode_replica(frame, self.rank, "checkpoint")
         if checkpoint is None:
             raise RuntimeError(f"no valid checkpoint of worker {self.rank} to resume from")
-        arrays = checkpoint.arrays
-        position, live = arrays.get("position"), arrays.get("live")
-        if position is None or position.shape != (4,) or live is None or live.ndim != 1:
-            raise RuntimeError(f"checkpoint of worker {self.rank} lacks its position in the job")
-        self.replica.restore(arrays)
-        self.step, closed, cursor, self.rejected_frames = (int(v) for v in position)
-        self.view = _View(closed=closed, cursor=cursor, live=tuple(int(r) for r in live))
+        try:
+            position = layouts.WorkerPosition.read(checkpoint.arrays)
+        except ValueError as exc:
+            raise RuntimeError(f"checkpoint of worker {self.rank}: {exc}") from None
+        self.replica.restore(checkpoint.arrays)
+        self.step, self.rejected_frames = position.step, position.rejected_frames
+        self.view = _View(closed=position.closed, cursor=position.cursor, live=position.live)
 
     def _say_hello(self) -> None:
         """Announce this worker, waiting for the supervisor's queue if the worker started first (pods start in any order)."""
@@ -185,7 +167,7 @@ class Worker:
                 delay = min(2 * delay, 2.0)
 
     def _train_step(self) -> None:
-        timer = _Timer()
+        timer = PhaseTimer()
         ahead = self.step - self.view.closed - 1
         position = self.schedule.position(self.view.cursor, self.view.live, self.rank, ahead)
         batch = self.prefetcher.get(self.schedule.batch_index(position))
@@ -201,7 +183,7 @@ class Worker:
         bytes_sent = 0
         if len(sent_idx):
             frame = encode(Update(sender=self.rank, step=self.step, indices=sent_idx, values=sent_val))
-            self.transport.put(keys.update(self.rank, self.step, self.job.sync.staleness), frame)
+            self.transport.put(self.sync.update_key(self.rank, self.step), frame)
             bytes_sent = len(frame)
         timer.lap("write")
 
@@ -278,7 +260,7 @@ class Worker:
             self._leave()
         started = time.perf_counter()
         peers = [r for r in close.updates if r != self.rank]
-        frames = self.transport.get_many([keys.update(r, close.step, self.job.sync.staleness) for r in peers])
+        frames = self.transport.get_many([self.sync.update_key(r, close.step) for r in peers])
         read_done = time.perf_counter()
         for rank, frame in zip(peers, frames):
             self._apply_update(rank, close.step, frame)
@@ -323,11 +305,9 @@ class Worker:
             if not isinstance(msg, Tensors) or rank not in (None, msg.sender):
                 raise FrameError(f"expected a replica of worker {rank}")
             rank = msg.sender
-            params, idx, val = (msg.arrays.get(k) for k in (PARAMS, PENDING_INDICES, PENDING_VALUES))
-            mine = self.replica.params
-            if params is None or params.shape != mine.shape or params.dtype != mine.dtype:
-                raise FrameError("replica does not match the model")
-            Update(sender=rank, step=msg.step, indices=idx, values=val).check_size(mine.shape[0])
+            layouts.check_params(msg.arrays, self.replica.params)
+            idx, val = layouts.pending(msg.arrays)
+            Update(sender=rank, step=msg.step, indices=idx, values=val).check_size(self.replica.params.shape[0])
         except (FrameError, TypeError, ValueError) as exc:
             self.rejected_frames += 1
             log.error("worker %d: rejected %s of worker %d: %s", self.rank, what, rank, exc)
@@ -337,18 +317,18 @@ class Worker:
     def _merge_leavers(self, ranks: tuple[int, ...]) -> None:
         """Add each leaver's unsent accumulated updates, exactly once, to this replica.
 
-        DESIGN §2 averages the leaver's replica in, x ← (x + x_leaving)/2. Replicas
+        Averaging the leaver's replica in, x ← (x + x_leaving)/2, would be wrong: replicas
         differ only by their own unsent accumulators (x_k = shared + δ_k), so the
         average would halve both δ_leaving and this worker's δ_k while δ_k is
         still sent later in full. Adding δ_leaving instead keeps every replica
         equal to shared + its own δ, and reintegrates the leaver's updates exactly.
-        Under BSP δ_leaving is empty, so nothing changes, as the design intends for v = 0.
+        Under BSP δ_leaving is empty, so nothing changes, as it should for v = 0.
         """
         frames = self.transport.get_many([keys.leaver_replica(r) for r in ranks])
         for rank, frame in zip(ranks, frames):
             replica = self._decode_replica(frame, rank, "leaver replica")
             if replica is not None:
-                self.replica.apply(replica.arrays[PENDING_INDICES], replica.arrays[PENDING_VALUES])
+                self.replica.apply(*layouts.pending(replica.arrays))
 
     def _join(self, close: Close) -> None:
         """Start from the donor's snapshot of step `close.step`, minus the donor's own unsent updates."""

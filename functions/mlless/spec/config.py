@@ -41,9 +41,6 @@ class ModelConfig:
         if self.l2 is not None and not (self.l2 >= 0 and math.isfinite(self.l2)):
             raise ValueError(f"l2 must be a finite value >= 0, got {self.l2}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class OptimizerConfig:
@@ -77,9 +74,6 @@ class OptimizerConfig:
             raise ValueError("epsilon must be positive")
         if not self.weight_decay >= 0:
             raise ValueError("weight_decay must be >= 0")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def replace(self, **changes: Any) -> OptimizerConfig:
         return OptimizerConfig(**{**asdict(self), **changes})
@@ -129,16 +123,6 @@ class SyncConfig:
     protocol: str = default("sync.protocol")
     significance_threshold: float = default("sync.significanceThreshold")
     slack: int = default("sync.slack")
-
-    @property
-    def threshold(self) -> float:
-        """The ISP v; BSP and SSP send every non-zero accumulated entry."""
-        return self.significance_threshold if self.protocol == "isp" else 0.0
-
-    @property
-    def staleness(self) -> int:
-        """How many closed steps a worker may run ahead of; 0 is a full barrier."""
-        return self.slack if self.protocol == "ssp" else 0
 
 
 @dataclass(frozen=True)

@@ -14,17 +14,11 @@ in US dollars (`mlless_cost_usd`): there is no base unit for money, and
 Every series carries a `job` label (the TrainingJob). A Prometheus server
 that scrapes with the default `honor_labels: false` renames it to
 `exported_job`, keeping its own scrape-config `job` label beside it.
-
-`metrics_from_run` rebuilds the exposition text from a run directory alone,
-which shows the run record (`metrics.jsonl`, `summary.json`) loses nothing
-the live metrics had, apart from the per-worker billing series.
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
@@ -262,37 +256,3 @@ class SupervisorMetrics:
         if n > 0:
             self.rejected.labels(self.job).inc(n)
 
-
-def metrics_from_run(run_dir: str | Path, job: str | None = None) -> str:
-    """The exposition text of a finished run, rebuilt from `metrics.jsonl` and `summary.json`.
-
-    Replays every recorded step into a fresh `SupervisorMetrics`, labelled with
-    `job` or else the run's job id. Everything
-    is recovered except the per-worker billing counters, whose invocation
-    durations the run record keeps only as the summed `cost_breakdown_usd`.
-    """
-    run_dir = Path(run_dir)
-    summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
-    # The live supervisor labels series with the job id (unique per run); fall back to the name.
-    metrics = SupervisorMetrics(job or summary.get("job_id") or summary["job"])
-    with (run_dir / "metrics.jsonl").open() as rows:
-        for line in rows:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            metrics.step_closed(
-                step=row["step"],
-                train_loss=math.nan if row["loss"] is None else row["loss"],
-                workers=row["workers"],
-                bytes_published=row["bytes_sent"],
-                entries_filtered=row.get("entries_pending", 0),
-                phases=row.get("phases") or {},
-            )
-            if row.get("validation_loss") is not None:
-                metrics.validation(row["validation_loss"])
-    if summary.get("validation_loss") is not None:
-        metrics.validation(summary["validation_loss"])  # the final model's, newer than any snapshot
-    breakdown = summary.get("cost_breakdown_usd")
-    metrics.cost({**breakdown, "total": summary["cost_usd"]} if breakdown else {"total": summary["cost_usd"]})
-    metrics.rejected_frames(summary.get("rejected_frames", 0))
-    return metrics.exposition()

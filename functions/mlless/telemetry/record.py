@@ -13,6 +13,8 @@ from typing import Any, TextIO
 
 import fsspec
 
+from mlless.telemetry.rows import StepRow
+
 #: What `export` copies: everything `mlless report` and `mlless evaluate` need.
 EXPORTED = ("model.npz", "summary.json", "metrics.jsonl")
 
@@ -23,8 +25,8 @@ class RunRecord:
         run_dir.mkdir(parents=True, exist_ok=True)
         self._metrics = (run_dir / "metrics.jsonl").open("w", buffering=1)
 
-    def step(self, row: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(row, allow_nan=False) + "\n")
+    def step(self, row: StepRow) -> None:
+        self._metrics.write(json.dumps(row.as_dict(), allow_nan=False) + "\n")
 
     def summary(self, summary: dict[str, Any]) -> None:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")

@@ -21,6 +21,7 @@ from typing import Mapping
 import numpy as np
 
 from mlless.data.batches import Batch
+from mlless.protocol import layouts
 from mlless.training.models import Model
 from mlless.spec.config import OptimizerConfig
 from mlless.training.optim import make_optimizer
@@ -30,12 +31,6 @@ from mlless.training.significance import SignificanceFilter
 class TrainingDiverged(ArithmeticError):
     """The replica's loss stopped being finite; continuing would only publish garbage."""
 
-
-#: Names of the arrays in a snapshot (`Replica.snapshot`); optimizer state adds ``optimizer.<name>``.
-PARAMS, PENDING_INDICES, PENDING_VALUES, CONTRIBUTION = "params", "pending_indices", "pending_values", "contribution"
-OPTIMIZER_PREFIX = "optimizer."
-
-_NOTHING = (np.zeros(0, np.int32), np.zeros(0, np.float32))
 
 
 @dataclass(frozen=True)
@@ -82,7 +77,7 @@ class Replica:
         if self.contribution is not None:
             self.contribution[idx] += delta  # the optimizers' idx never repeats
         computed = time.perf_counter()
-        selected = _NOTHING
+        selected = layouts.no_pending()
         if share:
             selected = self.filter.step(idx, delta, t)
         return StepResult(*selected, float(loss_sum), int(samples), computed - started, time.perf_counter() - computed)
@@ -96,27 +91,23 @@ class Replica:
         return self.filter.pending_count()
 
     def snapshot(self, optimizer: bool = False) -> dict[str, np.ndarray]:
-        """The arrays that describe this replica; with ``optimizer``, enough to resume training exactly."""
-        idx, values = self.filter.pending()
-        arrays = {PARAMS: self.model.params, PENDING_INDICES: idx, PENDING_VALUES: values}
-        if self.contribution is not None:
-            arrays[CONTRIBUTION] = self.contribution
-        if optimizer:
-            arrays |= {OPTIMIZER_PREFIX + name: value for name, value in self.optimizer.state().items()}
-        return arrays
+        """The arrays that describe this replica (`layouts.replica_arrays`); with ``optimizer``, enough to resume training exactly."""
+        return layouts.replica_arrays(self.model.params, self.filter.pending(), self.contribution,
+                                      self.optimizer.state() if optimizer else None)
 
     def restore(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """Continue from a `snapshot` of this job's replica; absent pending entries or optimizer state start empty."""
-        self.model.set_params(arrays[PARAMS])
-        self.filter.restore(arrays.get(PENDING_INDICES, _NOTHING[0]), arrays.get(PENDING_VALUES, _NOTHING[1]))
-        state = {k.removeprefix(OPTIMIZER_PREFIX): v for k, v in arrays.items() if k.startswith(OPTIMIZER_PREFIX)}
+        """Continue from a `snapshot` of this job's replica; absent optimizer state starts empty."""
+        self.model.set_params(arrays[layouts.PARAMS])
+        self.filter.restore(*layouts.pending(arrays))
+        state = layouts.optimizer_state(arrays)
         if state:
             self.optimizer.load_state(state)
-        if self.contribution is not None and CONTRIBUTION in arrays:
-            self.contribution[:] = arrays[CONTRIBUTION]
+        if self.contribution is not None and layouts.CONTRIBUTION in arrays:
+            self.contribution[:] = arrays[layouts.CONTRIBUTION]
 
     def adopt_shared(self, donor: Mapping[str, np.ndarray]) -> None:
         """Start from the state a donor's snapshot shares with its peers: its replica minus its pending entries."""
-        self.model.set_params(donor[PARAMS])
-        self.filter.restore(*_NOTHING)
-        self.apply(donor[PENDING_INDICES], -donor[PENDING_VALUES])
+        self.model.set_params(donor[layouts.PARAMS])
+        self.filter.restore(*layouts.no_pending())
+        indices, values = layouts.pending(donor)
+        self.apply(indices, -values)

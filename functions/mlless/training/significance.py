@@ -1,4 +1,4 @@
-"""ISP significance filter (MLLess, §4.1 of the paper in ../shared/papers).
+"""ISP significance filter: each worker sends only the significant part of its accumulated update.
 
 Each worker accumulates, per parameter, the updates δ_i it applied locally
 since it last sent parameter i.  After step t it sends exactly the entries
@@ -19,13 +19,6 @@ import math
 import numpy as np
 
 from mlless.training.kernels.significance import TimingWheel
-
-
-def isp_threshold(v: float, t: int) -> float:
-    """v_t = v / √t, with t starting at 1."""
-    if t < 1:
-        raise ValueError(f"ISP step t starts at 1, got {t}")
-    return v / math.sqrt(t)
 
 
 class SignificanceFilter:

@@ -1,0 +1,163 @@
+"""Evaluating replicas: snapshots during training, the best one, and the model a job hands back."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from mlless.autotuner.smoothing import OnlineEwma
+from mlless.data.batches import Batch
+from mlless.data.dataset import Dataset
+from mlless.protocol import keys, layouts
+from mlless.protocol.codec import FrameError, decode
+from mlless.protocol.messages import Tensors
+from mlless.runtime.supervisor.stopping import Best, ValidationWatch
+from mlless.spec import TrainingJob
+from mlless.training.models import build_model
+from mlless.transport import Transport
+
+log = logging.getLogger(__name__)
+
+#: Evaluations during training read at most this many validation rows (the final ones read them all): on 10M
+#: ratings the whole split is 1M rows, and evaluating it every few steps cost more than training.
+EVALUATION_ROWS = 100_000
+#: Evaluations may take at most this share of the job's time: evaluation.everySteps is stretched when a
+#: snapshot and its evaluation take longer than that (a large model with fast steps).
+EVALUATION_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class FinalModel:
+    """The model a job hands back, and how it was chosen."""
+
+    validation_loss: float | None  # of the model handed back (None: there is none)
+    final_loss: float | None  # of the final replicas' average
+    model_step: int | None
+    best: Best | None  # the best snapshot, its loss read on the whole validation split
+    spread: float | None  # largest difference between a final replica and their average
+    replicas: int  # final replicas averaged
+    model_path: Path | None
+
+
+class Evaluation:
+    """One model instance for the supervisor's evaluations; replicas are copied into it."""
+
+    def __init__(
+        self, job: TrainingJob, dataset: Dataset, transport: Transport, watch: ValidationWatch,
+        on_validation: Callable[[float], None], count_rejected: Callable[[int], None],
+    ) -> None:
+        self.job = job
+        self.transport = transport
+        self.watch = watch
+        self.on_validation = on_validation
+        self.count_rejected = count_rejected
+        self.model = build_model(job.model.type, dataset.dims(), job.model, job.seed)
+        self.validation_batch = dataset.validation()
+        self.evaluation_batch = self.validation_batch.head(EVALUATION_ROWS)
+        self.validation: tuple[int, float] | None = None  # (step, loss) of the newest evaluation
+        self.pending_snapshot: int | None = None
+        self.snapshot_requested = 0.0  # when the pending snapshot was asked for (monotonic)
+        self.last_evaluated = 0  # step of the newest snapshot asked for
+        self.evaluation_seconds = OnlineEwma(span=5)  # snapshot asked for -> evaluated
+        self.step_seconds = OnlineEwma(span=20)  # between step closes
+        self.final_average: np.ndarray | None = None  # the average of the final replicas, which a suspended job resumes from
+
+    @property
+    def validation_loss(self) -> float | None:
+        return self.validation[1] if self.validation else None
+
+    def due(self, step: int) -> bool:
+        """Every evaluation.everySteps steps, or less often if evaluating would take over EVALUATION_SHARE of the time.
+
+        A snapshot that never arrived (its donor left) is simply replaced by the next one.
+        """
+        if not self.job.evaluate_every:
+            return False
+        interval = self.job.evaluate_every
+        if self.evaluation_seconds.value and self.step_seconds.value:
+            interval = max(interval, math.ceil(self.evaluation_seconds.value / EVALUATION_SHARE / self.step_seconds.value))
+        return step - self.last_evaluated >= interval
+
+    def request_snapshot(self, step: int) -> None:
+        """The close of `step` asks its donor for a snapshot."""
+        self.pending_snapshot = self.last_evaluated = step
+        self.snapshot_requested = time.monotonic()
+
+    def evaluate_snapshot(self, steps_before: int) -> None:
+        """Evaluate the snapshot asked for, if it has arrived; `steps_before` were closed before a suspend."""
+        if self.pending_snapshot is None:
+            return
+        frame = self.transport.get_many([keys.snapshot()])[0]
+        if frame is None:
+            return
+        tensors = self.decode_replica(frame)
+        if tensors is None or tensors.step != self.pending_snapshot:
+            return
+        params = tensors.arrays[layouts.PARAMS]
+        self.validation = (tensors.step, self.evaluate(params, self.evaluation_batch))
+        self.watch.observe(steps_before + tensors.step, self.validation[1], params)
+        self.evaluation_seconds.update(time.monotonic() - self.snapshot_requested)
+        self.on_validation(self.validation[1])
+        self.pending_snapshot = None
+
+    def decode_replica(self, frame: bytes) -> Tensors | None:
+        """A replica frame whose parameters fit the model, or None (counted as rejected)."""
+        try:
+            msg = decode(frame)
+            if not isinstance(msg, Tensors):
+                raise FrameError("expected a replica (Tensors frame)")
+            layouts.check_params(msg.arrays, self.model.params)
+        except ValueError as exc:
+            self.count_rejected(1)
+            log.error("supervisor: rejected replica: %s", exc)
+            return None
+        return msg
+
+    def collect_replicas(self, key: Callable[[int], str], ranks: list[int]) -> list[Tensors]:
+        frames = self.transport.get_many([key(r) for r in ranks]) if ranks else []
+        replicas = []
+        for rank, frame in zip(ranks, frames):
+            tensors = self.decode_replica(frame) if frame is not None else None
+            if tensors is None:
+                log.error("worker %d: replica %s missing or invalid; left out", rank, key(rank))
+                continue
+            replicas.append(tensors)
+        return replicas
+
+    def evaluate(self, params: np.ndarray, batch: Batch) -> float:
+        """Loss of a replica (its shape was checked when it was decoded) on `batch`."""
+        self.model.params[:] = params
+        loss_sum, n = self.model.evaluate(batch)
+        return self.model.loss(loss_sum, n)
+
+    def final_model(self, replicas: list[np.ndarray], step: int, run_dir: Path, job_id: str) -> FinalModel:
+        """Average the final replicas of `step`, pick the model to hand back and save it to run_dir/model.npz."""
+        validation_loss = final_loss = None
+        spread = None
+        model_path = None
+        model_step = None
+        best = self.watch.best  # the best snapshot, its loss re-read on the whole validation split
+        if best is not None and len(self.evaluation_batch) < len(self.validation_batch):
+            best = dataclasses.replace(best, loss=self.evaluate(best.params, self.validation_batch))
+        if replicas:
+            stacked = np.stack(replicas)
+            self.final_average = stacked.mean(axis=0, dtype=np.float64).astype(np.float32)
+            spread = float(np.max(np.abs(stacked - self.final_average))) if len(replicas) > 1 else 0.0
+            validation_loss = final_loss = self.evaluate(self.final_average, self.validation_batch)
+            model_step = step
+            self.model.params[:] = self.final_average
+        # Hand back the best snapshot evaluated when the model trained past it (overfitting, a noisy end), when
+        # the final replicas are not finite, or when none survived (every worker diverged or was lost).
+        if best is not None and not (final_loss is not None and final_loss <= best.loss):
+            self.model.params[:] = best.params
+            validation_loss, model_step = best.loss, best.step
+        if validation_loss is not None:
+            model_path = run_dir / "model.npz"
+            self.model.save(model_path, {"job": self.job.name, "job_id": job_id, "steps": model_step})
+        return FinalModel(validation_loss, final_loss, model_step, best, spread, len(replicas), model_path)

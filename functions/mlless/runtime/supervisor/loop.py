@@ -1,0 +1,462 @@
+"""The supervisor's loop: closes steps, watches liveness, scales, and ends the job.
+
+It receives every worker's per-step report (which also announces whether an
+update was published), closes step t once every live worker has reported
+it, and broadcasts the close with the list of updates to fetch and the
+mini-batch cursor for the next step. A worker whose process ends or that
+stalls past the timeout is dropped from the barrier, so the job goes on
+without it. When a stop condition holds, the closing message is marked
+final; the workers publish their replicas, which are averaged, evaluated on
+the validation split and saved.
+
+Who is in the job is `membership`, when it stops `stopping`, what it did and
+cost `accounting`, and what its replicas are worth `evaluation`; this loop
+composes them, and does the scaling and the platform's requests itself.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from mlless.autotuner import AutoTuner
+from mlless.contract import ENV_AUDIT
+from mlless.data.dataset import Dataset
+from mlless.protocol import keys, layouts
+from mlless.protocol.codec import FrameError, decode, encode
+from mlless.protocol.messages import (
+    CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Left, Report, Tensors,
+)
+from mlless.runtime.audit import audit_conservation
+from mlless.runtime.launcher import Launcher
+from mlless.runtime.platform import Platform
+from mlless.runtime.scaling import ReplicaQuality
+from mlless.runtime.supervisor.accounting import Accounting, StepTotals
+from mlless.runtime.supervisor.evaluation import Evaluation
+from mlless.runtime.supervisor.membership import NO_LIVE_WORKERS, JobFailed, Membership, WorkerRecord, WorkerState
+from mlless.runtime.supervisor.stopping import Standing, StopRules
+from mlless.spec import TrainingJob
+from mlless.telemetry.metrics import SupervisorMetrics
+from mlless.telemetry.record import Progress, RunRecord
+from mlless.transport import Transport
+
+log = logging.getLogger(__name__)
+
+#: How long workers may take to connect, and to publish their final replicas.
+STARTUP_TIMEOUT = 120.0
+FINISH_TIMEOUT = 30.0
+#: How long a suspended job's checkpoint outlives its other keys (which have the transport's TTL, a day).
+SUSPEND_CHECKPOINT_TTL = 30 * 24 * 3600
+
+
+class Supervisor:
+    def __init__(
+        self,
+        job: TrainingJob,
+        job_id: str,
+        transport: Transport,
+        launcher: Launcher,
+        run_dir: Path,
+        progress: Progress | None = None,
+        platform: Platform | None = None,
+        metrics: SupervisorMetrics | None = None,
+    ) -> None:
+        self.job = job
+        self.job_id = job_id
+        self.transport = transport
+        self.launcher = launcher
+        self.dataset = Dataset.open(job.dataset_uri)
+        self.record = RunRecord(run_dir)
+        self.progress = progress or Progress(enabled=False)
+        self.platform = platform or Platform()
+        self.started = time.monotonic()
+        self.members = Membership(launcher, self.progress)
+        self.stopping = StopRules(job.stop, job.evaluate_every)
+        self.metrics = metrics or SupervisorMetrics.for_job(job_id, job.pricing)
+        self.accounting = Accounting(job, job_id, self.started, self.record, self.metrics, self.progress)
+        self.evaluation = Evaluation(job, self.dataset, transport, self.stopping.watch, self.metrics.validation,
+                                     self.accounting.count_rejected)
+        # With MLLESS_AUDIT set, workers track their contribution and the end of the job checks conservation.
+        self.x0 = self.evaluation.model.params.copy() if os.environ.get(ENV_AUDIT) else None
+        self.reports: dict[int, dict[int, Report]] = {}
+        self.closed = 0
+        self.cursor = 0
+        self.steps_before = 0  # steps closed before a suspend this run resumed from
+        self.step_opened = self.started
+        self.training_started = self.started  # when step 0 was closed: the workers had started and connected
+        self.closed_at = self.started  # when the newest step was closed
+        self.stop_reason: str | None = None
+        self.tuner = AutoTuner(job.autoscaler) if job.autoscaler.enabled else None
+        self.quality = ReplicaQuality()
+        self.desired = job.workers
+        # A scale request from another thread (the operator, tests), applied at the next step close.
+        self._requested: int | None = None
+        self.pending_merges: list[int] = []
+        self.removing: set[int] = set()  # ranks the auto-tuner took out, reported to the platform once they are gone
+        self.suspend_checkpoint: bytes | None = None
+        self._interrupted = False  # set by SIGINT/SIGTERM, acted on between messages
+        self.scaling_events: list[dict[str, Any]] = []
+        self.decisions: dict[str, int] = {}
+
+    @property
+    def workers(self) -> dict[int, WorkerRecord]:
+        return self.members.workers
+
+    @property
+    def live(self) -> tuple[int, ...]:
+        return self.members.live
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Train to a stop condition; returns the summary written to summary.json.
+
+        Ctrl-C, or SIGTERM when this runs in the main thread (a deleted supervisor pod), ends the job
+        cleanly: the workers publish their replicas, the model is saved, and keys and queues are deleted.
+        A second one stops waiting for the workers.
+        """
+        previous = self._catch_signals()
+        try:
+            self._resume_from_checkpoint()
+            self._start_workers()
+            while self.stop_reason is None:
+                self._raise_if_interrupted()
+                body = self.transport.receive(timeout=0.2)
+                if body is not None:
+                    self._handle(body)
+                self._check_liveness()
+            return self._finish()
+        except KeyboardInterrupt:
+            self.stop_reason = "interrupted"
+            self.transport.broadcast(encode(Finish(sender=-1, step=self.closed)))
+            return self._finish()
+        finally:
+            self.launcher.stop_all()
+            deleted = self.transport.delete_job()
+            log.info("job %s: deleted %d keys", self.job_id, deleted)
+            if self.suspend_checkpoint is not None:
+                # Everything else of the job is gone; the model it resumes from stays, for as long as a job
+                # may reasonably stay suspended (deleting the job deletes it, on a managed or external Redis).
+                self.transport.put(keys.job_checkpoint(), self.suspend_checkpoint, ttl=SUSPEND_CHECKPOINT_TTL)
+            self.record.close()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _catch_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {signum: signal.signal(signum, self._on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        # Raising right here could cut a Redis or RabbitMQ exchange in half; the loops check the flag
+        # between messages instead. Only a second signal before that raises at once.
+        if self._interrupted:
+            raise KeyboardInterrupt
+        self._interrupted = True
+
+    def _raise_if_interrupted(self) -> None:
+        if self._interrupted:
+            self._interrupted = False  # taken in: from now on another signal stops the clean shutdown
+            raise KeyboardInterrupt
+
+    def _resume_from_checkpoint(self) -> None:
+        """A suspended job resumes from its averaged model: the workers load it, the batch cursor continues."""
+        frame = self.transport.get_many([keys.job_checkpoint()])[0]
+        if frame is None:
+            return
+        tensors = self.evaluation.decode_replica(frame)
+        try:
+            if tensors is None:
+                raise ValueError("not a replica")
+            position = layouts.JobPosition.read(tensors.arrays)
+        except ValueError:
+            log.error("job %s: ignoring a malformed suspend checkpoint", self.job_id)
+            return
+        self.steps_before, self.cursor = position.steps, position.cursor
+        self.progress.message(f"job {self.job_id}: resuming from the checkpoint of step {self.steps_before}")
+
+    def _start_workers(self) -> None:
+        for rank in range(self.job.workers):
+            self.members.start(rank)
+        self._await_workers(set(self.workers), WorkerState.STARTING, STARTUP_TIMEOUT, "exited before it connected")
+        for rank, w in self.workers.items():
+            if w.state == WorkerState.STARTING:
+                self._drop(rank, "did not connect in time")
+        if not self.live:
+            raise JobFailed("no worker started; see the worker logs")
+        self.progress.message(f"job {self.job_id}: {len(self.live)} workers, {self.job.sync.protocol.upper()}")
+        self.step_opened = self.training_started = time.monotonic()
+        self.transport.broadcast(encode(Close(sender=-1, step=0, cursor=0, flags=0, live=self.live, updates=())))
+
+    def _await_workers(self, ranks: set[int], state: WorkerState, timeout: float, exit_reason: str) -> None:
+        """Handle messages until none of `ranks` is still in `state`; a process that ends meanwhile is dropped."""
+        deadline = time.monotonic() + timeout
+        while any(self.workers[r].state == state for r in ranks) and time.monotonic() < deadline:
+            self._raise_if_interrupted()
+            body = self.transport.receive(timeout=0.2)
+            if body is not None:
+                self._handle(body)
+            for rank in self.launcher.exited():
+                if self.workers[rank].state == state:
+                    self._drop(rank, exit_reason)
+
+    # ---- messages ----------------------------------------------------------------------------
+
+    def _handle(self, body: bytes) -> None:
+        try:
+            msg = decode(body)
+        except FrameError as exc:
+            self.accounting.count_rejected(1)
+            log.error("supervisor: rejected frame: %s", exc)
+            return
+        worker = self.workers.get(msg.sender)
+        if worker is None and isinstance(msg, Hello) and not self.launcher.starts_workers and msg.sender >= 0:
+            # The operator started a new rank (kubectl scale); it joins like a scale-out worker.
+            worker = self.members.add(msg.sender, WorkerState.JOINING)
+            self.desired = max(self.desired, self.members.active())
+        if worker is None:
+            self.accounting.count_rejected(1)
+            log.error("supervisor: message from unknown worker %d", msg.sender)
+            return
+        if isinstance(msg, Hello):
+            self.members.said_hello(worker)
+        elif isinstance(msg, Report):
+            if worker.state == WorkerState.LIVE and msg.step > self.closed:
+                self.reports.setdefault(msg.step, {})[msg.sender] = msg
+                self.quality.observe(msg.sender, msg.loss_sum, msg.samples)
+                self._close_ready_steps()
+        elif isinstance(msg, Done):
+            self.members.done(worker)
+            self.accounting.count_rejected(msg.rejected_frames)
+        elif isinstance(msg, Left):
+            self._left(worker, msg)
+        elif isinstance(msg, Failed):
+            self._drop(msg.sender, f"failed: {msg.reason}")
+
+    def _close_ready_steps(self) -> None:
+        while self.stop_reason is None:
+            step = self.closed + 1
+            reports = self.reports.get(step, {})
+            if not self.live or not set(self.live) <= set(reports):
+                return
+            self._close(step, [reports[r] for r in self.live])
+
+    def _close(self, step: int, reports: list[Report]) -> None:
+        totals = StepTotals.of(reports)
+        self.accounting.add(totals, self.evaluation.model.loss(totals.loss_sum, totals.samples) if totals.samples else math.nan)
+        self.closed = step
+        self.cursor += len(reports)
+        del self.reports[step]
+        self.evaluation.step_seconds.update(time.monotonic() - self.closed_at)
+        self.closed_at = time.monotonic()
+        self.stop_reason = self.stopping.check(self._standing(), lambda: self.accounting.cost(self.closed_at, self.members).total)
+        joined = False
+        if self.stop_reason is None:
+            self._autoscale(step, len(reports))
+            joined = self._admit_joiners()
+        self._broadcast_close(step, reports, joined)
+        self.step_opened = time.monotonic()
+        self.evaluation.evaluate_snapshot(self.steps_before)
+        cost = self.accounting.step_closed(step, totals, self.closed_at, self.cursor / self.dataset.n_batches,
+                                           self.evaluation.validation_loss, self.members)
+        self._sync_platform(cost)
+
+    def _standing(self) -> Standing:
+        return Standing(steps=self.steps_before + self.closed, cursor=self.cursor, n_batches=self.dataset.n_batches,
+                        train_loss=self.accounting.train_loss, elapsed=self.closed_at - self.started)
+
+    def _broadcast_close(self, step: int, reports: list[Report], joined: bool) -> None:
+        """Close `step`: final if the job stops, asking for a snapshot if a joiner needs one or an evaluation is due."""
+        flags = 0
+        if self.stop_reason is not None:
+            flags |= CLOSE_FINAL
+        elif joined or self.evaluation.due(step):
+            # A joiner starts from this snapshot; the supervisor evaluates it too.
+            flags |= CLOSE_SNAPSHOT
+            self.evaluation.request_snapshot(step)
+        updates = tuple(r.sender for r in reports if r.has_update)
+        merges, self.pending_merges = tuple(self.pending_merges), []
+        close = Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=updates, merges=merges)
+        self.transport.broadcast(encode(close))
+
+    # ---- stop requests, liveness -----------------------------------------------------------------
+
+    def request_stop(self, reason: str) -> None:
+        """End the job at the next step close, as if a stop rule had fired (thread-safe)."""
+        self.stopping.request(reason)
+
+    def _check_liveness(self) -> None:
+        for rank in self.launcher.exited():
+            if self.workers[rank].state in (WorkerState.LIVE, WorkerState.JOINING, WorkerState.READY):
+                self._drop(rank, "its process ended")
+            elif self.workers[rank].state == WorkerState.LEAVING:
+                self._gone(self.workers[rank])  # it ended without handing on its updates
+        if time.monotonic() - self.step_opened > self.job.worker_timeout_seconds:
+            reported = self.reports.get(self.closed + 1, {})
+            for rank in self.live:
+                if rank not in reported:
+                    self._drop(rank, f"no report for step {self.closed + 1} in {self.job.worker_timeout_seconds:g}s")
+            self.step_opened = time.monotonic()
+        if self.stop_reason is None:
+            self._close_ready_steps()
+
+    def _drop(self, rank: int, why: str) -> None:
+        if self.members.drop(rank, self.closed, why) and not self.live and self.members.all_started():
+            self.stop_reason = self.stop_reason or NO_LIVE_WORKERS
+
+    # ---- scaling: the auto-tuner, scale requests, evictions and joins ----------------------------
+
+    def request_workers(self, n: int) -> None:
+        """Ask for `n` workers (thread-safe); applied at the next step close. Scale-out goes beyond the papers."""
+        self._requested = max(1, n)
+
+    def _autoscale(self, step: int, trained: int) -> None:
+        if self.tuner is not None:
+            decision = self.tuner.observe(step, self.accounting.train_loss, time.monotonic(), trained)
+            if decision is not None:
+                self.decisions[decision.outcome] = self.decisions.get(decision.outcome, 0) + 1
+                self.metrics.tuner_decision(decision.outcome)
+                if self.tuner.knee_step is not None:
+                    self.metrics.knee(self.tuner.knee_step)
+                log.info("auto-tuner at step %d: %s (%s)", step, decision.outcome, decision.reason)
+                if decision.outcome == "remove" and self.desired > self.job.autoscaler.min_workers:
+                    self.desired -= 1
+                    victim = self.quality.worst(self.live)
+                    self._evict(victim, f"auto-tuner: {decision.reason}")
+                    self.removing.add(victim)
+        if self._requested is not None:
+            self.desired, self._requested = self._requested, None
+        # On Kubernetes the platform removes workers itself on a scale request (their workers leave on SIGTERM).
+        while len(self.live) > self.desired and not self.launcher.platform_scales_in:
+            self._evict(self.quality.worst(self.live), f"scaled to {self.desired} workers")
+        while self.launcher.starts_workers and self.members.active() < self.desired:
+            self._launch_joiner()
+
+    def _gone(self, worker: WorkerRecord) -> None:
+        """`worker`'s invocation has ended; a rank the tuner removed is now reported, so the platform drops that one."""
+        worker.move(WorkerState.LEFT)
+        if worker.rank in self.removing:
+            self.removing.discard(worker.rank)
+            self.platform.set_workers(self.desired, removed=worker.rank)
+
+    def _sync_platform(self, cost_usd: float) -> None:
+        """Mirror progress to the platform and take in what its users asked for (kubectl scale, suspend)."""
+        self.platform.publish(self._status_fields(cost_usd))
+        request = self.platform.poll()
+        if request is None:
+            return
+        if request.suspend and self.stopping.requested is None:
+            self.request_stop("suspended")
+        if request.workers is not None and request.workers != self.desired:
+            self.progress.message(f"step {self.closed}: {request.workers} workers requested")
+            self.request_workers(request.workers)
+
+    def _status_fields(self, cost_usd: float) -> dict[str, Any]:
+        """What the platform shows of the job; `cost_usd` as the step's row or the summary has it."""
+        train_loss = self.accounting.train_loss
+        return {
+            "step": self.steps_before + self.closed,
+            "trainLoss": None if math.isnan(train_loss) else train_loss,
+            "validationLoss": self.evaluation.validation_loss,
+            "costUSD": round(cost_usd, 6),
+            "workers": len(self.live),
+        }
+
+    def _evict(self, rank: int, reason: str) -> None:
+        """Take `rank` out of the next step; seeing itself missing from the close, it hands on its updates and ends."""
+        self.workers[rank].move(WorkerState.LEAVING)
+        self.scaling_events.append({"event": "leave", "rank": rank, "step": self.closed, "reason": reason})
+        self.progress.message(f"step {self.closed}: worker {rank} leaves ({reason})")
+
+    def _left(self, worker: WorkerRecord, msg: Left) -> None:
+        if worker.state not in (WorkerState.LIVE, WorkerState.LEAVING):
+            return
+        if worker.state == WorkerState.LIVE:  # it left on its own: SIGTERM, e.g. its pod was deleted
+            self.scaling_events.append({"event": "leave", "rank": worker.rank, "step": self.closed, "reason": "left on its own"})
+            # The platform removed it, on its own or on a scale request the supervisor may already have taken in.
+            self.desired = max(1, min(self.desired, self.members.active() - 1))
+        self._gone(worker)
+        if msg.has_replica:
+            self.pending_merges.append(worker.rank)
+        if self.members.active() == 0:
+            # Every worker pod was deleted: nobody is left to train, but the leavers' replicas still make the model.
+            self.stop_reason = self.stop_reason or NO_LIVE_WORKERS
+        self._close_ready_steps()
+
+    def _launch_joiner(self) -> None:
+        rank = max(self.workers) + 1
+        self.members.start(rank, WorkerState.JOINING)
+        self.scaling_events.append({"event": "launch", "rank": rank, "step": self.closed, "reason": f"scaled to {self.desired}"})
+
+    def _admit_joiners(self) -> bool:
+        ready = self.members.admit_ready()
+        for w in ready:
+            self.scaling_events.append({"event": "join", "rank": w.rank, "step": self.closed + 1, "reason": "snapshot"})
+            self.progress.message(f"step {self.closed}: worker {w.rank} joins")
+        return bool(ready)
+
+    # ---- end of job ------------------------------------------------------------------------------
+
+    def _finish(self) -> dict[str, Any]:
+        finishing = set(self.live)
+        self._await_workers(finishing, WorkerState.LIVE, FINISH_TIMEOUT, "its process ended before publishing its replica")
+        wall = time.monotonic() - self.started
+        collect = self.evaluation.collect_replicas
+        finals = collect(keys.final_replica, [r for r in finishing if self.workers[r].state == WorkerState.DONE])
+        # Workers that left after the last close (stopped together with the supervisor: a deleted job,
+        # activeDeadlineSeconds) never had their replicas merged into anyone's; they are as final as the rest.
+        left_at_end = sorted(set(self.pending_merges))
+        finals += collect(keys.leaver_replica, left_at_end)
+        self.accounting.flush()
+        final_model = self.evaluation.final_model([t.arrays[layouts.PARAMS] for t in finals], self.steps_before + self.closed,
+                                                  self.record.run_dir, self.job_id)
+        summary = self.accounting.summary(
+            stop_reason=self.stop_reason,
+            loss_metric=self.evaluation.model.loss_metric,
+            final=final_model,
+            steps=self.closed,
+            epochs=self.cursor / self.dataset.n_batches,
+            wall=wall,
+            startup=self.training_started - self.started,
+            members=self.members,
+            autoscaler={
+                "enabled": self.tuner is not None,
+                "knee_step": self.tuner.knee_step if self.tuner is not None else None,
+                "decisions": self.decisions,
+            },
+            scaling_events=self.scaling_events,
+        )
+        if self.x0 is not None:
+            leavers = collect(keys.leaver_replica, [r for r, w in self.workers.items() if w.state == WorkerState.LEFT and r not in left_at_end])
+            summary["audit"] = audit_conservation(self.x0, finals, leavers) if not self.members.dropped else {
+                "checked": False,
+                "reason": "a dropped worker took its unsent updates with it",
+            }
+        self.record.summary(summary)
+        final = self._status_fields(summary["cost_usd"]) | {"modelURI": self._export(summary["model_path"])}
+        # The suspend checkpoint is the average of the final replicas; a best snapshot alone (no replica survived) is not one.
+        average = self.evaluation.final_average
+        if self.stop_reason == "suspended" and average is not None:
+            position = layouts.JobPosition(self.steps_before + self.closed, self.cursor)
+            self.suspend_checkpoint = encode(Tensors(sender=0, step=self.closed, arrays=position.checkpoint_arrays(average)))
+            final["checkpointStep"] = position.steps
+        self.platform.publish(final, final=True)
+        return summary
+
+    def _export(self, model_path: str | None) -> str | None:
+        """Where the model ends up: spec.output.uri if the copy there succeeds, else the run directory."""
+        if not self.job.output_uri or model_path is None:
+            return model_path
+        try:
+            uri = self.record.export(self.job.output_uri)
+        except (OSError, ValueError, ImportError) as exc:
+            log.error("could not copy the results to %s: %s", self.job.output_uri, exc)
+            self.progress.message(f"could not copy the results to {self.job.output_uri}: {exc}; they stay in {self.record.run_dir}")
+            return model_path
+        self.progress.message(f"results copied to {self.job.output_uri}")
+        return uri

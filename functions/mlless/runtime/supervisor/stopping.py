@@ -1,0 +1,131 @@
+"""When a job stops: its stop rules, early stopping on the validation loss, and the best model seen so far.
+
+`StopRules` reads the job's history at each step close (steps, epochs,
+seconds, cost, the training or the smoothed validation loss) and names the
+rule that ends the job, if one does. The supervisor evaluates a replica snapshot every `evaluation.everySteps` steps.
+`ValidationWatch` takes those evaluations in order and answers three questions:
+
+* which snapshot was best (the model a job should hand back: the last one can
+  be worse once a model overfits),
+* whether the *smoothed* validation loss has stopped improving for
+  `stop.patience` evaluations,
+* whether it has stayed at or below `stop.targetLoss` for `stop.targetSteps` steps.
+
+The smoothing is a short causal EWMA (span 3): one snapshot can land on a bad
+mini-batch, and a stop rule should not fire on that, nor fail to fire because
+of one lucky one.  Any decrease of the smoothed loss counts as an improvement
+(no minimum delta): the smoothing already absorbs the noise.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from mlless.autotuner.smoothing import OnlineEwma
+from mlless.spec.job import StopConfig
+
+#: EWMA span of the validation loss the stop rules read.
+SMOOTHING_SPAN = 3
+
+
+@dataclass(frozen=True)
+class Best:
+    """The best evaluated snapshot: its step, its (unsmoothed) validation loss and its parameters."""
+
+    step: int
+    loss: float
+    params: np.ndarray
+
+
+class ValidationWatch:
+    def __init__(self, patience: int | None, target_loss: float | None, target_steps: int) -> None:
+        self.patience = patience
+        self.target_loss = target_loss
+        self.target_steps = target_steps
+        self.smoothed = OnlineEwma(SMOOTHING_SPAN)
+        self.best: Best | None = None
+        self._best_smoothed = math.inf
+        self._stale = 0  # evaluations since the smoothed loss last improved
+        self._below_since: int | None = None  # step of the first evaluation of the current run at or below target
+
+    def observe(self, step: int, loss: float, params: np.ndarray) -> None:
+        """One evaluation of the snapshot of `step`; `params` is copied only when it is the best so far."""
+        if not math.isfinite(loss):
+            self._stale += 1
+            self._below_since = None
+            return
+        if self.best is None or loss < self.best.loss:
+            self.best = Best(step, loss, params.copy())
+        smoothed = self.smoothed.update(loss)
+        if smoothed < self._best_smoothed:
+            self._best_smoothed = smoothed
+            self._stale = 0
+        else:
+            self._stale += 1
+        if self.target_loss is not None and smoothed <= self.target_loss:
+            if self._below_since is None:
+                self._below_since = step
+        else:
+            self._below_since = None
+
+    def patience_exhausted(self) -> bool:
+        return self.patience is not None and self._stale >= self.patience
+
+    def target_held(self, step: int) -> bool:
+        """The smoothed validation loss has been at or below the target since `targetSteps` steps before `step`."""
+        return self._below_since is not None and step - self._below_since >= self.target_steps
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where the job stands when a step closes, as far as the stop rules read it."""
+
+    steps: int  # closed steps, those before a suspend included
+    cursor: int  # mini-batches taken
+    n_batches: int  # mini-batches in an epoch
+    train_loss: float
+    elapsed: float  # seconds since the supervisor started
+
+
+class StopRules:
+    """`spec.stop`, applied at each step close; a stop asked for from outside wins over every rule.
+
+    With evaluation on, the target loss and the patience read the smoothed validation loss (`watch`);
+    without it, the target reads the training loss of the closed steps.
+    """
+
+    def __init__(self, stop: StopConfig, evaluate_every: int | None) -> None:
+        self.stop = stop
+        self.evaluating = bool(evaluate_every)
+        self.watch = ValidationWatch(stop.patience if self.evaluating else None,
+                                     stop.target_loss if self.evaluating else None, stop.target_steps)
+        self.below_target = 0  # steps the training loss has stayed at or below the target (evaluation off)
+        self.requested: str | None = None
+
+    def request(self, reason: str) -> None:
+        """End the job at the next step close (thread-safe: one assignment)."""
+        self.requested = reason
+
+    def check(self, at: Standing, cost_usd: Callable[[], float]) -> str | None:
+        """The reason the job stops at this step close, or None; `cost_usd` is asked only for the budget rule."""
+        stop = self.stop
+        if stop.target_loss is not None and not self.evaluating:
+            self.below_target = self.below_target + 1 if at.train_loss <= stop.target_loss else 0
+        if self.requested is not None:
+            return self.requested
+        if self.watch.target_held(at.steps) or (stop.target_loss is not None and self.below_target >= stop.target_steps):
+            return "target loss reached"
+        if self.watch.patience_exhausted():
+            return "validation loss stopped improving"
+        if stop.max_steps is not None and at.steps >= stop.max_steps:
+            return "max steps"
+        if stop.max_epochs is not None and at.cursor >= stop.max_epochs * at.n_batches:
+            return "max epochs"
+        if stop.max_seconds is not None and at.elapsed >= stop.max_seconds:
+            return "max seconds"
+        if stop.budget_usd is not None and cost_usd() >= stop.budget_usd:
+            return "budget reached"
+        return None

@@ -1,0 +1,32 @@
+"""The per-step row of the run record: one line of `metrics.jsonl` per closed step.
+
+The supervisor builds it when it closes a step; the run record writes it. The
+barrier phases (wait, read, apply) of a step arrive with the reports of the
+next one, so a row is completed and written one step late, and the last
+row's barrier phases stay null.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class StepRow:
+    step: int
+    time: float  # seconds since the supervisor started
+    epoch: float
+    loss: float  # training loss of the step's reports
+    validation_loss: float | None  # of the newest evaluated snapshot
+    workers: int
+    samples: int
+    bytes_sent: int
+    bytes_filtered: int  # 8 bytes (index and value) per entry the significance filter held back
+    entries_sent: int
+    entries_pending: int
+    cost_usd: float
+    phases: dict[str, float | None]  # mean seconds over the step's workers; None until known
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
