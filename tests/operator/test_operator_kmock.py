@@ -7,270 +7,61 @@ a generous timeout; nothing asserts on elapsed time.
 from __future__ import annotations
 
 import asyncio
-import base64
-import runpy
 import secrets
-from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Any, AsyncIterator, Callable
 
-import aiohttp
 import kmock
-import kopf
 import pytest
-import pytest_asyncio
 
-import mlless_operator.main
 from mlless.contract import ANNOTATION_BACKEND, ANNOTATION_HIGHEST_RANK
 from mlless_operator import metrics
 
-from kmock_emulator import Emulator  # tests/operator/ is on sys.path (rootdir-relative test modules)
+from scenario import (  # tests/operator/ is on sys.path (rootdir-relative test modules); the fixtures are in conftest.py
+    FN_NS, FUNCTIONS, KSVC, NS, PODS, POD_JOB_CHILDREN, SECRETS, STATE_CHILDREN, TJ, env, manifest, owned_by, running_operator,
+)
 
 pytestmark = pytest.mark.asyncio
-
-NS = "team"
-FN_NS = "openfaas-fn"
-TJ = kmock.resource("mlless.io/v1alpha1/trainingjobs")
-PODS = kmock.resource("v1/pods")
-SECRETS = kmock.resource("v1/secrets")
-KSVC = kmock.resource("serving.knative.dev/v1/services")
-FUNCTIONS = kmock.resource("openfaas.com/v1/functions")
-EVENTS = kmock.resource("v1/events")
-WAIT = float(__import__("os").environ.get("MLLESS_TEST_WAIT", "30"))  # seconds before a wait gives up (a failure, never a timing assertion)
-
-
-def manifest(name: str = "ml", **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "mlless.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"workers": 3, "model": {"type": "pmf"}, "dataset": {"uri": "s3://bucket/ml"}, **spec},
-    }
-
-
-class Cluster:
-    def __init__(self, emu: Emulator, url: str) -> None:
-        self.emu = emu
-        self.url = url.rstrip("/")
-
-    async def call(self, method: str, path: str, body: Any = None, content_type: str = "application/merge-patch+json") -> tuple[int, Any]:
-        async with aiohttp.ClientSession() as session:
-            headers = {"Content-Type": "application/json" if method == "POST" else content_type}
-            async with session.request(method, self.url + path, json=body, headers=headers) as resp:
-                return resp.status, await resp.json(content_type=None)
-
-    async def apply(self, doc: dict[str, Any]) -> dict[str, Any]:
-        status, body = await self.call("POST", f"/apis/mlless.io/v1alpha1/namespaces/{NS}/trainingjobs", doc)
-        assert status == 201, body
-        return body
-
-    async def patch_job(self, name: str, body: dict[str, Any], subresource: str = "") -> None:
-        status, answer = await self.call("PATCH", f"/apis/mlless.io/v1alpha1/namespaces/{NS}/trainingjobs/{name}{subresource}", body)
-        assert status == 200, answer
-
-    def get(self, resource: kmock.resource, name: str, namespace: str = NS) -> dict[str, Any] | None:
-        key = (resource, namespace, name)
-        if key not in self.emu.objects or self.emu.objects[key].deleted:
-            return None
-        return self.emu.objects[key].raw
-
-    def names(self, resource: kmock.resource, namespace: str = NS) -> set[str]:
-        return {name for (res, ns, name), obj in self.emu.objects.items() if res == resource and ns == namespace and not obj.deleted}
-
-    def children(self) -> set[tuple[str, str, str]]:
-        """Every live object except TrainingJobs and Events."""
-        return {
-            (f"{res.group}/{res.version}/{res.plural}", ns, name)
-            for (res, ns, name), obj in self.emu.objects.items()
-            if not obj.deleted and res.plural not in ("trainingjobs", "events")
-        }
-
-    async def until(self, check: Callable[[], Any], what: str) -> Any:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + WAIT
-        while True:
-            value = check()
-            if value:
-                return value
-            if loop.time() > deadline:
-                raise AssertionError(f"gave up waiting for {what}")
-            await asyncio.sleep(0.05)
-
-    def job(self, name: str = "ml") -> dict[str, Any]:
-        obj = self.get(TJ, name)
-        assert obj is not None, f"TrainingJob {name} is gone"
-        return obj
-
-    def condition(self, type_: str, name: str = "ml") -> dict[str, Any] | None:
-        obj = self.get(TJ, name)
-        return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == type_), None)
-
-    def phase(self, name: str = "ml") -> str | None:
-        return ((self.get(TJ, name) or {}).get("status") or {}).get("phase")
-
-    def events(self, name: str = "ml") -> dict[str, str]:
-        """reason -> message of the Events posted about TrainingJob `name` (the newest per reason)."""
-        found = {}
-        for (res, _, _), obj in self.emu.objects.items():
-            if res == EVENTS and not obj.deleted:
-                ref = obj.raw.get("involvedObject") or {}
-                if ref.get("kind") == "TrainingJob" and ref.get("name") == name:
-                    found[obj.raw.get("reason")] = obj.raw.get("message")
-        return found
-
-    def set_pod_phase(self, name: str, phase: str) -> None:
-        """What the kubelet would report."""
-        self.emu.objects[PODS, NS, name].patch({"status": {"phase": phase}})
-
-
-def declare(emu: Emulator, knative: bool = False, openfaas: bool = False) -> None:
-    emu.resources.load_bundled()
-    emu.resources["mlless.io/v1alpha1/trainingjobs"] = kmock.ResourceInfo(
-        kind="TrainingJob", singular="trainingjob", namespaced=True, shortnames={"tj"},
-        verbs={"get", "list", "watch", "create", "patch", "delete"}, subresources={"status", "scale"},
-    )
-    if knative:
-        emu.resources["serving.knative.dev/v1/services"] = kmock.ResourceInfo(
-            kind="Service", singular="service", namespaced=True, shortnames={"ksvc"},
-            verbs={"get", "list", "watch", "create", "patch", "delete"}, subresources={"status"},
-        )
-    if openfaas:
-        emu.resources["openfaas.com/v1/functions"] = kmock.ResourceInfo(
-            kind="Function", singular="function", namespaced=True, verbs={"get", "list", "watch", "create", "patch", "delete"},
-        )
-
-
-@pytest.fixture
-def operator_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str], None]:
-    def point_at(url: str) -> None:
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters: [{{name: kmock, cluster: {{server: '{url}'}}}}]\n"
-            "users: [{name: kmock, user: {}}]\n"
-            "contexts: [{name: kmock, context: {cluster: kmock, user: kmock, namespace: team}}]\n"
-            "current-context: kmock\n"
-        )
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-        monkeypatch.setenv("MLLESS_OPERATOR_METRICS_PORT", "0")
-        monkeypatch.setenv("MLLESS_OPERATOR_STATUS_INTERVAL", "0.2")
-        monkeypatch.setenv("MLLESS_OPERATOR_OPENFAAS_NAMESPACE", FN_NS)
-        monkeypatch.setenv("MLLESS_OPERATOR_IMAGE", "registry.example/mlless:test")
-
-    return point_at
-
-
-@asynccontextmanager
-async def running_operator() -> AsyncIterator[None]:
-    """Kopf in this event loop with a fresh registry, filled by executing main.py as `kopf run` would."""
-    registry = kopf.OperatorRegistry()
-    previous = kopf.get_default_registry()
-    kopf.set_default_registry(registry)
-    try:
-        runpy.run_path(mlless_operator.main.__file__, run_name="mlless_operator_main_under_test")
-    finally:
-        kopf.set_default_registry(previous)
-    stop = asyncio.Event()
-    task = asyncio.create_task(kopf.operator(registry=registry, standalone=True, clusterwide=True, stop_flag=stop))
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=WAIT)
-
-
-@pytest_asyncio.fixture
-async def cluster_factory(operator_env: Callable[[str], None]) -> AsyncIterator[Callable[..., Any]]:
-    @asynccontextmanager
-    async def make(knative: bool = False, openfaas: bool = False) -> AsyncIterator[Cluster]:
-        emu = Emulator()
-        declare(emu, knative=knative, openfaas=openfaas)
-        async with emu, kmock.Server(emu) as server:
-            operator_env(str(server.url))
-            yield Cluster(emu, str(server.url))
-
-    yield make
-
-
-def owned_by(obj: dict[str, Any], job: dict[str, Any]) -> bool:
-    refs = obj["metadata"].get("ownerReferences") or []
-    return any(r["uid"] == job["metadata"]["uid"] and r["kind"] == "TrainingJob" and r.get("controller") for r in refs)
-
-
-def env(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
 
 
 async def test_pod_backend_creates_every_child_sets_status_and_scales(cluster_factory):
     async with cluster_factory() as c, running_operator():
-        await c.apply(manifest())
-        await c.until(lambda: c.condition("Created"), "the Created condition")
-        job = c.job()
-        expected = {
-            ("/v1/secrets", "ml-credentials"), ("/v1/configmaps", "ml-job"),
-            ("/v1/services", "ml-redis"), ("apps/v1/statefulsets", "ml-redis"),
-            ("/v1/services", "ml-rabbitmq"), ("apps/v1/statefulsets", "ml-rabbitmq"),
-            ("/v1/serviceaccounts", "ml-supervisor"), ("rbac.authorization.k8s.io/v1/roles", "ml-supervisor"),
-            ("rbac.authorization.k8s.io/v1/rolebindings", "ml-supervisor"), ("/v1/services", "ml-supervisor"),
-            ("/v1/pods", "ml-supervisor"), ("/v1/pods", "ml-worker-0"), ("/v1/pods", "ml-worker-1"), ("/v1/pods", "ml-worker-2"),
-        }
-        assert {(r, n) for r, ns, n in c.children()} == expected
-        for res, ns, name in c.children():
-            obj = c.emu.objects[kmock.resource(res), ns, name].raw
+        job = await c.created(manifest())
+        assert {(r, n) for r, ns, n in c.children()} == POD_JOB_CHILDREN
+        for res, name, obj in c.child_objects():
             assert owned_by(obj, job), (res, name)
-
-        worker = c.get(PODS, "ml-worker-1")
+        worker, supervisor, password = c.get(PODS, "ml-worker-1"), c.get(PODS, "ml-supervisor"), c.secret_value("ml-credentials", "redis-password")
         e = env(worker)
         assert e["MLLESS_RANK"]["value"] == "1" and e["MLLESS_JOB_ID"]["value"] == "team.ml"
         assert e["REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "redis-url"}
         assert e["AMQP_URL"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "amqp-url"}
         assert worker["spec"]["containers"][0]["image"] == "registry.example/mlless:test"
-        supervisor = c.get(PODS, "ml-supervisor")
         assert env(supervisor)["MLLESS_WORKER_BACKEND"]["value"] == "pod"
-        secret = c.get(SECRETS, "ml-credentials")
-        password = base64.b64decode(secret["data"]["redis-password"]).decode()
         assert password not in repr(c.get(kmock.resource("apps/v1/statefulsets"), "ml-redis"))
 
-        status = job["status"]
+        status, created = job["status"], c.condition("Created")
         assert status["phase"] == "Pending" and status["workers"] == 3
         assert status["selector"] == "mlless.io/job=ml,mlless.io/role=worker"
         assert "startTime" not in status  # set when the supervisor runs
         assert job["metadata"]["annotations"][ANNOTATION_HIGHEST_RANK] == "2"
-        created = c.condition("Created")
         assert created["status"] == "True" and created["reason"] == "ChildrenCreated"
         assert created["lastTransitionTime"] and created["observedGeneration"] == 1
         assert job["metadata"]["annotations"][ANNOTATION_BACKEND] == "pod"
         assert "mlless.io/finalizer" in job["metadata"]["finalizers"]
         assert any(k.startswith("operator.mlless.io/") for k in job["metadata"]["annotations"])
 
-        # The supervisor pod runs: the job follows, and its running time starts.
-        c.set_pod_phase("ml-supervisor", "Running")
-        await c.until(lambda: c.phase() == "Running", "phase Running")
+        await c.supervisor_to("Running")  # the job follows its supervisor pod, and its running time starts
         assert c.condition("Running")["status"] == "True" and c.job()["status"]["startTime"]
-
-        # kubectl scale tj/ml --replicas=1 (through the scale subresource), then a plain spec patch back up to 2:
-        # the highest ranks go, and the new worker gets a new rank.
-        await c.patch_job("ml", {"spec": {"replicas": 1}}, "/scale")
-        await c.until(lambda: c.names(PODS) == {"ml-supervisor", "ml-worker-0"}, "scale-in to one worker")
-        await c.until(lambda: c.job()["status"].get("workers") == 1, "status.workers 1")
-        await c.patch_job("ml", {"spec": {"workers": 2}})
-        await c.until(lambda: c.names(PODS) == {"ml-supervisor", "ml-worker-0", "ml-worker-3"}, "scale-out to two workers")
-        await c.until(lambda: c.job()["status"].get("workers") == 2, "status.workers 2")
-
-        # The supervisor finishes: Succeeded, with a completion time.
-        c.set_pod_phase("ml-supervisor", "Succeeded")
-        await c.until(lambda: c.phase() == "Succeeded", "phase Succeeded")
+        # kubectl scale tj/ml --replicas=1, then a spec patch back up to 2: the highest ranks go, a new worker gets a new rank.
+        await c.scale_to(1, {"ml-supervisor", "ml-worker-0"}, subresource=True)
+        await c.scale_to(2, {"ml-supervisor", "ml-worker-0", "ml-worker-3"})
+        await c.supervisor_to("Succeeded")  # the supervisor finishes: Succeeded, with a completion time
         assert c.condition("Succeeded")["status"] == "True" and c.job()["status"]["completionTime"]
         assert c.condition("Running")["status"] == "False"
-        # Every transition is an Event.
-        await c.until(lambda: {"Created", "Running", "Scaled", "Succeeded"} <= set(c.events()), "the transitions' events")
+        await c.until_event("Created", "Running", "Scaled", "Succeeded")  # every transition is an Event
 
 
 async def test_knative_backend_creates_a_pinned_service_and_scales_it(cluster_factory):
     async with cluster_factory(knative=True) as c, running_operator():
-        await c.apply(manifest(function={"backend": "knative", "timeoutSeconds": 600}))
-        await c.until(lambda: c.condition("Created"), "the Created condition")
-        job = c.job()
+        job = await c.created(manifest(function={"backend": "knative", "timeoutSeconds": 600}))
         ksvc = c.get(KSVC, "ml-worker")
         assert ksvc is not None and owned_by(ksvc, job)
         template = ksvc["spec"]["template"]
@@ -290,8 +81,7 @@ async def test_knative_backend_creates_a_pinned_service_and_scales_it(cluster_fa
 
 async def test_requested_backend_that_is_not_served_falls_back_to_pods(cluster_factory):
     async with cluster_factory() as c, running_operator():
-        await c.apply(manifest(workers=2, function={"backend": "knative"}))
-        await c.until(lambda: c.condition("Created"), "the Created condition")
+        await c.created(manifest(workers=2, function={"backend": "knative"}))
         assert c.names(PODS) == {"ml-supervisor", "ml-worker-0", "ml-worker-1"}
         assert c.job()["metadata"]["annotations"][ANNOTATION_BACKEND] == "pod"
 
@@ -323,7 +113,7 @@ async def test_openfaas_backend_function_scaled_and_cleaned_up_on_delete(cluster
         # Suspended (the supervisor has checkpointed and exited): the Function is pinned to zero, its Secret stays.
         await c.patch_job("ml", {"spec": {"suspend": True}})
         c.set_pod_phase("ml-supervisor", "Succeeded")
-        await c.until(lambda: c.phase() == "Suspended", "phase Suspended")
+        await c.until_phase("Suspended")
         assert labels()["com.openfaas.scale.min"] == labels()["com.openfaas.scale.max"] == "0"
         assert labels()["com.openfaas.scale.zero"] == "true"
         assert c.get(SECRETS, "mlless-team-ml-credentials", FN_NS) is not None and c.get(PODS, "ml-supervisor") is None
@@ -352,8 +142,7 @@ async def test_invalid_spec_fails_with_invalid_spec_and_creates_nothing(cluster_
 async def test_operator_restart_is_idempotent(cluster_factory):
     async with cluster_factory() as c:
         async with running_operator():
-            await c.apply(manifest())
-            await c.until(lambda: c.condition("Created"), "the Created condition")
+            await c.created(manifest())
         before = c.children()
         secret = dict(c.get(SECRETS, "ml-credentials")["data"])
         created_at = c.condition("Created")["lastTransitionTime"]
@@ -384,8 +173,7 @@ async def test_operator_restart_is_idempotent(cluster_factory):
 async def test_pod_scaling_is_rank_aware_and_never_reuses_a_rank(cluster_factory):
     workers = lambda: {n for n in c.names(PODS) if n != "ml-supervisor"}  # noqa: E731
     async with cluster_factory() as c, running_operator():
-        await c.apply(manifest())
-        await c.until(lambda: c.condition("Created"), "the Created condition")
+        await c.created(manifest())
         assert workers() == {"ml-worker-0", "ml-worker-1", "ml-worker-2"}
 
         # The tuner took rank 1 out: the supervisor records it, then lowers the scale. Rank 1 goes, not rank 2.
@@ -410,49 +198,37 @@ async def test_pod_scaling_is_rank_aware_and_never_reuses_a_rank(cluster_factory
 
 
 async def test_suspend_waits_for_the_checkpoint_keeps_the_state_and_resumes(cluster_factory):
-    state = {("/v1/secrets", "ml-credentials"), ("/v1/configmaps", "ml-job"), ("apps/v1/statefulsets", "ml-redis"),
-             ("apps/v1/statefulsets", "ml-rabbitmq"), ("/v1/services", "ml-redis"), ("/v1/services", "ml-rabbitmq")}
     async with cluster_factory() as c, running_operator():
-        await c.apply(manifest())
-        await c.until(lambda: c.condition("Created"), "the Created condition")
-        c.set_pod_phase("ml-supervisor", "Running")
-        await c.until(lambda: c.phase() == "Running", "phase Running")
+        await c.running(manifest())
         suspended_jobs = metrics.JOBS.labels("Suspended")._value.get()
-
-        await c.patch_job("ml", {"spec": {"suspend": True}})
-        suspending = await c.until(lambda: c.condition("Suspended"), "the Suspended condition")
+        suspending = await c.suspend()
         assert suspending["status"] == "True" and suspending["reason"] == "Suspending"
-        await c.until(lambda: "Suspending" in c.events(), "the Suspending event")
+        await c.until_event("Suspending")
         # The supervisor is still checkpointing (well within its grace period): nothing is stopped yet.
         assert c.phase() == "Running" and len(c.names(PODS)) == 4
 
-        # It saved the model to Redis, said so, and exited 0: the job is Suspended, not Succeeded.
-        await c.patch_job("ml", {"status": {"checkpointStep": 42}}, "/status")
-        c.set_pod_phase("ml-supervisor", "Succeeded")
-        await c.until(lambda: c.phase() == "Suspended", "phase Suspended")
+        await c.supervisor_checkpoints(42)  # it saved the model to Redis and exited 0: Suspended, not Succeeded
         assert c.names(PODS) == set()
-        assert state <= {(r, n) for r, _, n in c.children()}
+        assert STATE_CHILDREN <= {(r, n) for r, _, n in c.children()}
         done = c.condition("Suspended")
         assert done["status"] == "True" and done["reason"] == "Suspended" and "step 42" in done["message"]
         assert done["lastTransitionTime"] == suspending["lastTransitionTime"]
         assert c.condition("Running")["status"] == "False" and c.condition("Running")["reason"] == "Suspended"
         assert "startTime" not in c.job()["status"] and c.job()["status"]["checkpointStep"] == 42
         assert metrics.JOBS.labels("Suspended")._value.get() == suspended_jobs + 1
-        await c.until(lambda: "Suspended" in c.events(), "the Suspended event")
+        await c.until_event("Suspended")
 
-        # Scaling a suspended job creates nothing; the resume starts the new count.
+        # Scaling a suspended job creates nothing (through a few status-timer ticks); the resume starts the new count.
         await c.patch_job("ml", {"spec": {"workers": 2}})
         await c.until(lambda: c.job()["metadata"]["generation"] == 3, "the spec change seen")
-        await asyncio.sleep(1)  # a few status-timer ticks: the job must stay suspended
+        await asyncio.sleep(1)
         assert c.phase() == "Suspended" and c.names(PODS) == set() and c.condition("Succeeded") is None
-
-        await c.patch_job("ml", {"spec": {"suspend": False}})
-        await c.until(lambda: c.phase() == "Pending", "phase Pending after the resume")
+        await c.resume()
         resumed = c.condition("Suspended")
         assert resumed["status"] == "False" and resumed["reason"] == "Resumed" and "step 42" in resumed["message"]
         assert c.names(PODS) == {"ml-supervisor", "ml-worker-0", "ml-worker-1"}  # a new session: ranks 0..N-1
         assert "workers: 2" in c.get(kmock.resource("v1/configmaps"), "ml-job")["data"]["job.yaml"]
-        await c.until(lambda: "Resumed" in c.events(), "the Resumed event")
+        await c.until_event("Resumed")
         c.set_pod_phase("ml-supervisor", "Running")
         await c.until(lambda: c.phase() == "Running" and c.job()["status"].get("startTime"), "running again")
         assert metrics.JOBS.labels("Suspended")._value.get() == suspended_jobs
@@ -464,19 +240,17 @@ async def test_suspend_grace_period_then_knative_scaled_to_zero_and_back(cluster
     async with cluster_factory(knative=True) as c:
         monkeypatch.setenv("MLLESS_OPERATOR_SUSPEND_GRACE_SECONDS", "1")
         async with running_operator():
-            await c.apply(manifest(function={"backend": "knative"}))
-            await c.until(lambda: c.condition("Created"), "the Created condition")
-            c.set_pod_phase("ml-supervisor", "Running")
-            await c.until(lambda: c.phase() == "Running", "phase Running")
+            await c.created(manifest(function={"backend": "knative"}))
+            await c.supervisor_to("Running")
             assert env(c.get(PODS, "ml-supervisor"))["MLLESS_WORKER_BACKEND"]["value"] == "knative"
 
             # The supervisor never exits: after the grace period its pod is deleted anyway.
             await c.patch_job("ml", {"spec": {"suspend": True}})
-            await c.until(lambda: c.phase() == "Suspended", "phase Suspended")
+            await c.until_phase("Suspended")
             assert c.get(PODS, "ml-supervisor") is None
             assert {annotations()[k] for k in scale} == {"0"}
             assert "did not exit within 1s" in c.condition("Suspended")["message"]
-            await c.until(lambda: "Suspended" in c.events(), "the Suspended event")
+            await c.until_event("Suspended")
 
             await c.patch_job("ml", {"spec": {"suspend": False}})
             await c.until(lambda: c.get(PODS, "ml-supervisor"), "the supervisor re-created")
@@ -486,10 +260,8 @@ async def test_suspend_grace_period_then_knative_scaled_to_zero_and_back(cluster
 
 async def test_active_deadline_fails_the_job_then_ttl_deletes_it(cluster_factory):
     async with cluster_factory() as c, running_operator():
-        await c.apply(manifest(activeDeadlineSeconds=1, ttlSecondsAfterFinished=2))
-        await c.until(lambda: c.condition("Created"), "the Created condition")
-        c.set_pod_phase("ml-supervisor", "Running")
-        await c.until(lambda: c.phase() == "Failed", "phase Failed")
+        await c.created(manifest(activeDeadlineSeconds=1, ttlSecondsAfterFinished=2))
+        await c.supervisor_to("Running", "Failed")
         job = c.job()
         failed = c.condition("Failed")
         assert failed["status"] == "True" and failed["reason"] == "DeadlineExceeded"
@@ -498,7 +270,7 @@ async def test_active_deadline_fails_the_job_then_ttl_deletes_it(cluster_factory
         assert job["status"]["startTime"] and job["status"]["completionTime"]
         assert c.names(PODS) == set()  # supervisor (SIGTERM: a clean interrupt) and workers
         assert c.get(SECRETS, "ml-credentials") is not None
-        await c.until(lambda: "DeadlineExceeded" in c.events(), "the DeadlineExceeded event")
+        await c.until_event("DeadlineExceeded")
 
         # Two seconds after it finished, the job goes (and its finalizer ran its cleanup).
         await c.until(lambda: c.get(TJ, "ml") is None, "the job deleted by its TTL")
