@@ -1,7 +1,7 @@
 """The package layout's rules, checked on the source: imports run one way, and `spec` loads no training code.
 
-Layers, top down: the CLI and `runtime` compose everything; below them `training`, `protocol`, `transport`,
-`telemetry`, `autotuner` and `data`; `spec` below those; `contract` at the bottom. The operator may use only
+Layers, top down: the CLI and `runtime` compose everything; below them `training`, `transport`, `telemetry`,
+`autotuner` and `data`; `protocol` (which `training` and `transport` use), then `spec`; `contract` at the bottom. The operator may use only
 `contract`, `spec` and `transport` of the runtime package.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "data": {"contract"},
     "protocol": {"contract"},
     "autotuner": {"contract", "spec"},
-    "training": {"contract", "spec", "data"},
+    "training": {"contract", "spec", "data", "protocol"},  # a replica's snapshot is laid out as its frame is
     "transport": {"contract", "protocol"},
     "telemetry": {"contract", "spec"},
     "runtime": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry"},

@@ -60,10 +60,12 @@ def test_logistic_regression_defaults_to_adam_with_sqrt_decay():
 
 
 def test_bsp_and_ssp_send_every_entry():
-    assert from_manifest(with_spec(sync={"protocol": "bsp"})).sync.threshold == 0
-    ssp = from_manifest(with_spec(sync={"protocol": "ssp", "slack": 2})).sync
+    from mlless.runtime.sync import sync_strategy
+
+    assert sync_strategy(from_manifest(with_spec(sync={"protocol": "bsp"})).sync).threshold == 0
+    ssp = sync_strategy(from_manifest(with_spec(sync={"protocol": "ssp", "slack": 2})).sync)
     assert ssp.threshold == 0 and ssp.staleness == 2
-    assert from_manifest(with_spec(sync={"protocol": "isp"})).sync.staleness == 0
+    assert sync_strategy(from_manifest(with_spec(sync={"protocol": "isp"})).sync).staleness == 0
 
 
 @pytest.mark.parametrize(
