@@ -588,7 +588,7 @@ def test_services_errors_never_show_passwords() -> None:
             redis_url="redis://:hunter2@127.0.0.1:6379/0",
             amqp_url="amqp://guest:hunter2@127.0.0.1:5672/%2F",
             role="supervisor",
-            amqp_retries=0,
+            outage_seconds=0,
         )
     assert "hunter2" not in str(exc.value) and "***" in str(exc.value)
     with pytest.raises(TransportError) as exc:

@@ -16,8 +16,19 @@ Idioms follow the redis-py and pika documentation:
   into a deque via ``basic_consume`` and ``process_data_events(time_limit=…)``,
   which returns as soon as a delivery is ready: this is the low-latency path.
   Each message is acked when ``receive`` hands it out (the original never
-  acked).  ``AMQPConnectionError`` triggers a reconnect with exponential
-  backoff; ``ConnectionClosedByBroker`` and channel errors do not.
+  acked).
+
+Outages.  A lost connection, a broker restart or a forced close (320
+CONNECTION_FORCED, e.g. ``rabbitmqctl close_all_connections``) is waited out
+for up to ``outage_seconds`` (default 60) with exponential backoff and jitter,
+then the connection is made again and the topology declared again.  A refused
+login is not an outage and fails at once.  Queues are not durable, so a broker
+restart loses what they held; each transport therefore re-publishes its last
+``RESEND_DEPTH`` messages after a reconnect.  That is safe because every
+receiver ignores what it has already seen: a worker a step-close of a step it
+has applied, the supervisor a report for a closed step, and a repeated hello,
+done or left.  A re-sent message whose queue is not declared again yet (the
+supervisor reconnects after its workers) is retried at the next operation.
 
 Topology per job (queues are non-durable and carry ``x-expires`` so a crashed
 job's queues vanish by themselves)::
@@ -37,6 +48,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import random
 import time
 from typing import Callable, Sequence, TypeVar
 
@@ -64,6 +76,9 @@ from .base import (
 __all__ = ["ServicesTransport", "queue_names"]
 
 log = logging.getLogger(__name__)
+# pika logs every failed connection attempt at ERROR with a traceback; during an outage that is a screenful per
+# second for one fact, which this module reports itself in one line per attempt.
+logging.getLogger("pika").setLevel(logging.CRITICAL)
 T = TypeVar("T")
 
 _RANKS_KEY = "_ranks"
@@ -104,6 +119,14 @@ def delete_job_keys(redis_url: str, job_id: str, timeout: float = 10.0) -> int:
         client.close()
 
 
+#: How long RabbitMQ may stay unreachable before a transport gives up.
+DEFAULT_OUTAGE_SECONDS = 60.0
+#: Messages re-published after a reconnect: more than one worker's reports in flight under SSP's default slack.
+RESEND_DEPTH = 16
+#: Broker closes that no reconnect can fix: access refused (403) and not allowed (530), e.g. a missing vhost.
+_REFUSED = (403, 530)
+
+
 class ServicesTransport(Transport):
     """Redis + RabbitMQ backend.  See the module docstring for topology and idioms."""
 
@@ -123,7 +146,7 @@ class ServicesTransport(Transport):
         socket_timeout: float = 10.0,
         health_check_interval: int = 30,
         redis_retries: int = 5,
-        amqp_retries: int = 5,
+        outage_seconds: float = DEFAULT_OUTAGE_SECONDS,
     ) -> None:
         self.job_id = check_job_id(job_id)
         self.role = role
@@ -136,7 +159,7 @@ class ServicesTransport(Transport):
         self._own_queue = self._queue_of(self.rank)
         self._queue_args = {"x-expires": max(1000, int(queue_expires * 1000))}
         self._prefetch = prefetch
-        self._amqp_retries = amqp_retries
+        self._outage_seconds = outage_seconds
         self._redis_desc = redact_url(redis_url)
         self._amqp_desc = redact_url(amqp_url)
 
@@ -170,6 +193,12 @@ class ServicesTransport(Transport):
         self._inbox: collections.deque[tuple[int, bytes]] = collections.deque()
         self._consumer_tag: str | None = None
         self._closed = False
+        self._connected_before = False
+        # (exchange, routing key, body, mandatory) of the newest publishes, and those to publish again after a
+        # reconnect with the time they became due; see the module docstring.
+        self._sent: collections.deque[tuple[str, str, bytes, bool]] = collections.deque(maxlen=RESEND_DEPTH)
+        self._resend: list[tuple[str, str, bytes, bool]] = []
+        self._reconnected_at = -float("inf")
 
         if role == "worker":
             self._redis_call(self._register_rank)
@@ -250,6 +279,10 @@ class ServicesTransport(Transport):
             self._declare_topology()
             self._inbox.clear()  # unacked deliveries of a dead connection are redelivered by the broker
             self._consumer_tag = sub.basic_consume(self._own_queue, self._on_message, auto_ack=False)
+            if self._connected_before:
+                log.warning("amqp %s: reconnected; re-publishing the last %d messages", self._amqp_desc, len(self._sent))
+                self._resend, self._reconnected_at = list(self._sent), time.monotonic()
+            self._connected_before = True
         except BaseException:
             self._conn = self._pub = self._sub = None
             try:
@@ -276,28 +309,56 @@ class ServicesTransport(Transport):
         self._inbox.append((method.delivery_tag, body))
 
     def _amqp(self, op: Callable[[], T]) -> T:
-        """Run ``op`` with a live connection; reconnect with backoff on connection errors only."""
+        """Run ``op`` with a live connection, waiting out an outage of up to ``outage_seconds``."""
         if self._closed:
             raise TransportError("transport is closed")
-        delay = 0.05
-        for attempt in range(self._amqp_retries + 1):
+        delay, give_up = 0.05, time.monotonic() + self._outage_seconds
+        while True:
             try:
                 if self._conn is None or not self._conn.is_open:
                     self._connect()
+                self._publish_again()
                 return op()
+            except (pe.ProbableAuthenticationError, pe.ProbableAccessDeniedError, pe.AuthenticationError) as exc:
+                self._drop_connection()
+                raise TransportError(f"amqp {self._amqp_desc}: login refused: {type(exc).__name__}") from None
             except pe.ConnectionClosedByBroker as exc:
-                self._conn = None
-                raise TransportError(f"amqp {self._amqp_desc}: closed by broker: {exc}") from None
+                self._drop_connection()
+                if exc.reply_code in _REFUSED:
+                    raise TransportError(f"amqp {self._amqp_desc}: refused by the broker: {exc}") from None
+                reason = f"closed by the broker ({exc.reply_code} {exc.reply_text})"
             except (pe.AMQPConnectionError, pe.ChannelWrongStateError, OSError) as exc:
                 if isinstance(exc, pe.ChannelWrongStateError) and self._conn is not None and self._conn.is_open:
                     raise TransportError(f"amqp {self._amqp_desc}: channel closed: {exc}") from None
                 self._drop_connection()
-                if attempt == self._amqp_retries:
-                    raise TransportError(f"amqp {self._amqp_desc}: {type(exc).__name__}: {exc}") from None
-                log.warning("amqp %s: %s, reconnecting in %.2fs", self._amqp_desc, type(exc).__name__, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        raise AssertionError("unreachable")
+                reason = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() >= give_up:
+                raise TransportError(f"amqp {self._amqp_desc}: unreachable for {self._outage_seconds:g}s: {reason}")
+            # Half the backoff fixed, half random, so that a job's processes do not reconnect in lockstep.
+            pause = delay / 2 + random.uniform(0, delay / 2)
+            log.warning("amqp %s: %s; reconnecting in %.2fs", self._amqp_desc, reason, pause)
+            time.sleep(min(pause, max(0.0, give_up - time.monotonic())))
+            delay = min(delay * 2, 5.0)
+
+    def _recovering(self) -> bool:
+        """Within the outage window after a reconnect: a queue may not be declared again yet."""
+        return time.monotonic() - self._reconnected_at < self._outage_seconds
+
+    def _publish_again(self) -> None:
+        """Re-publish the messages due since a reconnect; one whose queue is not back yet waits for the next call,
+        until the outage window has passed."""
+        while self._resend:
+            exchange, routing_key, body, mandatory = self._resend[0]
+            assert self._pub is not None
+            try:
+                self._pub.basic_publish(exchange, routing_key, body, mandatory=mandatory)
+            except pe.UnroutableError:
+                if not self._recovering():
+                    log.error("amqp %s: queue %r never came back; %d messages not re-sent", self._amqp_desc,
+                              routing_key, len(self._resend))
+                    self._resend = []
+                return
+            self._resend.pop(0)
 
     def _drop_connection(self) -> None:
         conn, self._conn, self._pub, self._sub = self._conn, None, None, None
@@ -314,7 +375,12 @@ class ServicesTransport(Transport):
             assert ch is not None
             try:
                 ch.basic_publish(exchange, routing_key, body, mandatory=mandatory)
+                self._sent.append((exchange, routing_key, body, mandatory))
             except pe.UnroutableError:
+                if self._recovering():  # its queue comes back when its owner reconnects
+                    self._resend.append((exchange, routing_key, body, mandatory))
+                    self._sent.append((exchange, routing_key, body, mandatory))
+                    return
                 raise UnroutableError(f"no queue {routing_key!r} in job {self.job_id}") from None
             except pe.NackError:
                 raise TransportError(f"broker nacked a message to {routing_key or exchange!r}") from None

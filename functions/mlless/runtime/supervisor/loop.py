@@ -52,6 +52,10 @@ STARTUP_TIMEOUT = 120.0
 FINISH_TIMEOUT = 30.0
 #: How long a suspended job's checkpoint outlives its other keys (which have the transport's TTL, a day).
 SUSPEND_CHECKPOINT_TTL = 30 * 24 * 3600
+#: A step open this long without every report gets its predecessor's step-close again. A close the broker lost
+#: (a restart drops what its queues held, and a worker whose queue comes back after the supervisor's re-sends
+#: misses them) would otherwise stall that worker until it is dropped. Workers ignore a close they have applied.
+CLOSE_RESEND_SECONDS = 5.0
 
 
 class Supervisor:
@@ -88,6 +92,8 @@ class Supervisor:
         self.cursor = 0
         self.steps_before = 0  # steps closed before a suspend this run resumed from
         self.step_opened = self.started
+        self.last_close: bytes | None = None  # the newest step-close, and when it was last broadcast
+        self.close_sent_at = self.started
         self.training_started = self.started  # when step 0 was closed: the workers had started and connected
         self.closed_at = self.started  # when the newest step was closed
         self.stop_reason: str | None = None
@@ -282,7 +288,8 @@ class Supervisor:
         updates = tuple(r.sender for r in reports if r.has_update)
         merges, self.pending_merges = tuple(self.pending_merges), []
         close = Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=updates, merges=merges)
-        self.transport.broadcast(encode(close))
+        self.last_close, self.close_sent_at = encode(close), time.monotonic()
+        self.transport.broadcast(self.last_close)
 
     # ---- stop requests, liveness -----------------------------------------------------------------
 
@@ -296,6 +303,9 @@ class Supervisor:
                 self._drop(rank, "its process ended")
             elif self.workers[rank].state == WorkerState.LEAVING:
                 self._gone(self.workers[rank])  # it ended without handing on its updates
+        if self.last_close is not None and time.monotonic() - self.close_sent_at > CLOSE_RESEND_SECONDS:
+            self.transport.broadcast(self.last_close)
+            self.close_sent_at = time.monotonic()
         if time.monotonic() - self.step_opened > self.job.worker_timeout_seconds:
             reported = self.reports.get(self.closed + 1, {})
             for rank in self.live:

@@ -1,0 +1,74 @@
+"""RabbitMQ outages during a job: a forced close and a broker restart are waited out, and nothing is lost.
+
+Each job runs as `mlless train` (a supervisor process and real worker processes) over the shared Redis and
+this module's own RabbitMQ node. The fault is injected once the job is training.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.slow, pytest.mark.services]
+
+STEPS = 240
+
+
+def start_job(dataset: Path, run_dir: Path, redis_url: str, amqp_url: str) -> subprocess.Popen:
+    manifest = {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "fault"},
+                "spec": {"workers": 2, "model": {"type": "pmf"}, "sync": {"protocol": "bsp"},
+                         "dataset": {"uri": str(dataset), "cacheBatches": True}, "stop": {"maxSteps": STEPS}}}
+    job = run_dir.parent / f"{run_dir.name}.yaml"
+    job.write_text(yaml.safe_dump(manifest))
+    return subprocess.Popen([sys.executable, "-m", "mlless", "train", str(job), "--out", str(run_dir), "-q",
+                             "--redis-url", redis_url, "--amqp-url", amqp_url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_steps(run_dir: Path, proc: subprocess.Popen, steps: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    metrics = run_dir / "metrics.jsonl"
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= steps):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"fewer than {steps} steps in {timeout:g}s"
+        time.sleep(0.1)
+
+
+def finish(proc: subprocess.Popen, run_dir: Path) -> dict:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def assert_nothing_lost(summary: dict, rabbit) -> None:
+    assert summary["stop_reason"] == "max steps"
+    assert summary["steps"] == STEPS
+    assert summary["workers_final"] == 2 and summary["dropped_workers"] == [], summary["dropped_workers"]
+    assert summary["rejected_frames"] == 0
+    assert summary["replica_spread"] < 1e-4  # BSP: the replicas agree, as in an undisturbed run (test_training.py)
+    assert rabbit.queues() == []
+
+
+def test_a_forced_close_of_every_connection_is_a_reconnect(rabbit, movielens_dir, tmp_path, redis_url):
+    """`rabbitmqctl close_all_connections`: every client gets 320 CONNECTION_FORCED mid-job."""
+    run_dir = tmp_path / "run"
+    proc = start_job(movielens_dir, run_dir, redis_url, rabbit.url)
+    wait_for_steps(run_dir, proc, 30)
+    rabbit.ctl("close_all_connections", "fault test")
+    assert_nothing_lost(finish(proc, run_dir), rabbit)
+
+
+def test_a_broker_restart_loses_its_queues_and_the_job_goes_on(rabbit, movielens_dir, tmp_path, redis_url):
+    """`stop_app` / `start_app`: the queues are not durable, so what they held is gone; each side re-sends."""
+    run_dir = tmp_path / "run"
+    proc = start_job(movielens_dir, run_dir, redis_url, rabbit.url)
+    wait_for_steps(run_dir, proc, 30)
+    rabbit.ctl("stop_app")
+    time.sleep(3)
+    rabbit.ctl("start_app")
+    assert_nothing_lost(finish(proc, run_dir), rabbit)
