@@ -15,7 +15,8 @@ targets of the Dockerfile):
   synthetic PMF job with one worker process over the embedded transport: the interpreter, the imports of the
   supervisor and of the worker process it spawns, the dataset, and one step.
 
-Every timed run but `create` repeats `--repeats` times, the images interleaved, and the median is reported.
+Every timed run but `create` repeats `--repeats` times, the images interleaved; the median and the range
+are reported.
 The page cache is warm after the first run (nothing drops it: other work shares the machine), so the figures
 are for files already in memory, as on a node that has just unpacked the image.
 
@@ -176,7 +177,9 @@ def main() -> None:
             subprocess.run([*buildah.command, "rm", c], capture_output=True)
 
     def med(image: str, key: str) -> str:
-        return f"{statistics.median(samples[image][key]):.2f}"
+        """Median, with the range in parentheses: the machine is shared, and one slow run says nothing by itself."""
+        values = samples[image][key]
+        return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
     rows = [[f"`{image}`", f"{facts[image]['rootfs'] / 1e6:.0f}", f"{facts[image]['venv'] / 1e6:.0f}",
              ", ".join(facts[image]["packages"]) or "none", f"{facts[image]['create']:.1f}", med(image, "start"),
@@ -191,7 +194,7 @@ def main() -> None:
             "## Packaging and cold start (`benchmarks/cold_start.py`)\n\n"
             f"Run: {time.strftime('%Y-%m-%d %H:%M %Z')}; {cpu_model()}, {os.cpu_count()} cores, {ram_gb():.1f} GB RAM; "
             f"load average at start {load}; {buildah('--version')}, vfs storage, chroot isolation; git {rev}.\n"
-            f"Command: `{command_line()}`; medians of {repeats} runs; tiny job: synthetic PMF, {args.rows} ratings, "
+            f"Command: `{command_line()}`; medians (and ranges) of {repeats} runs; tiny job: synthetic PMF, {args.rows} ratings, "
             f"1 worker, {args.steps} steps, embedded transport.\n\n"
         )
         update_results("cold_start", header + body)
