@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -93,6 +94,7 @@ def until(check, proc: subprocess.Popen, started: float, limit: float) -> float:
 
 def first_step(buildah: Buildah, container: str, work: Path, run: str) -> float:
     metrics = work / run / "metrics.jsonl"
+    shutil.rmtree(work / run, ignore_errors=True)  # a run of an earlier invocation would count as ready at once
     started = time.perf_counter()
     proc = subprocess.Popen(buildah.run_argv(container, "mlless", "train", "/cs/job.yaml", "--out", f"/cs/{run}", "-q",
                                              volume=work), stdout=subprocess.DEVNULL)
@@ -110,6 +112,8 @@ def server_ready(buildah: Buildah, container: str, port: int, linger: float) -> 
         except OSError:
             return False
 
+    if answers():
+        raise RuntimeError(f"something already answers on port {port}: pick another with --port")
     started = time.perf_counter()
     # `timeout` ends the server from inside the container: it exits on SIGTERM, as in a pod. The server wants the
     # service URLs at start but connects only when invoked, and it is never invoked here.
