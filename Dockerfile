@@ -1,38 +1,46 @@
-# One image for every role; the entrypoint is `mlless`:
-#   operator                  mlless operator (the chart runs `kopf run --standalone ... -m mlless_operator.main`)
-#   supervisor pod            mlless supervisor
-#   worker pod (pod backend)  mlless worker
-#   Knative / OpenFaaS worker mlless worker-server --port 8080 (the default command: an OpenFaaS
-#                             Function has no command field, so the image's own command must serve)
-# Stage 1 compiles the Cython kernels and installs the package into a virtualenv; stage 2 copies
-# only that virtualenv onto the slim base and runs as uid 10001. See images/README.md.
+# Three targets, one per set of roles; the entrypoint of each is `mlless`:
+#   worker    --target worker     the core install: worker pods (`mlless worker`) and Knative/OpenFaaS worker functions
+#                                 (`mlless worker-server --port 8080`, the default command: an OpenFaaS Function has no
+#                                 command field, so the image's own command must serve). No kopf, kubernetes or matplotlib.
+#   operator  --target operator   adds the `supervisor` and `operator` extras (kubernetes, kopf): the operator (the chart
+#                                 runs `kopf run --standalone ... -m mlless_operator.main`) and the supervisor pods
+#                                 (`mlless supervisor`). It runs workers too, since the operator hands its own image to
+#                                 a job's supervisor and workers alike.
+#   full      (the default)       adds the `report` extra (matplotlib): every command, the contents of the single image
+#                                 before the split.
+# The `wheel` stage compiles the Cython kernels once; each venv stage installs that wheel with its extras into a
+# virtualenv, and each target copies only its virtualenv onto the slim base and runs as uid 10001. See images/README.md.
 
-FROM python:3.11 AS build
-# Optional extras of the package to install (comma-separated). `s3` (s3fs) lets pods read s3:// datasets;
-# build with --build-arg EXTRAS= for an image without it.
+# Optional extras every target adds to its own (comma-separated). `s3` (s3fs) lets pods read s3:// datasets;
+# build with --build-arg EXTRAS= for images without it.
 ARG EXTRAS=s3
+
+FROM python:3.11 AS wheel
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
-RUN python3 -m venv /opt/mlless
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY functions ./functions
 COPY operator ./operator
 # The build isolation fetches Cython and numpy (pyproject [build-system]) and compiles the kernels.
-# The constraint is a resolver hint: botocore (from s3fs) needs python-dateutil<3 while the newest
-# kubernetes client needs >=3, and without the hint pip backtracks through aiobotocore for many minutes.
-# The generated .c sources end up in the wheel as package data; the runtime does not need them.
-RUN printf 'python-dateutil<3\n' > /tmp/constraints.txt \
- && /opt/mlless/bin/pip install --constraint /tmp/constraints.txt ".${EXTRAS:+[$EXTRAS]}" \
- && find /opt/mlless/lib -path '*/mlless/training/kernels/*.c' -delete \
- && find /opt/mlless/lib -path '*/mlless/training/kernels/*.so' -exec strip --strip-unneeded {} + \
- && /opt/mlless/bin/python -c "import mlless.training.kernels.pmf, mlless.training.kernels.logreg, mlless.training.kernels.optim, mlless.training.kernels.significance"
+RUN python3 -m pip wheel --no-deps --wheel-dir /wheels .
+COPY images/install-venv.sh /usr/local/bin/install-venv
 
-FROM python:3.11-slim
+FROM wheel AS venv-worker
+ARG EXTRAS
+RUN install-venv "$EXTRAS"
+
+FROM wheel AS venv-operator
+ARG EXTRAS
+RUN install-venv "supervisor,operator,$EXTRAS"
+
+FROM wheel AS venv-full
+ARG EXTRAS
+RUN install-venv "supervisor,operator,report,$EXTRAS"
+
+FROM python:3.11-slim AS runtime
 LABEL org.opencontainers.image.title="mlless" \
-      org.opencontainers.image.description="Serverless ML training on Kubernetes: operator, supervisor and worker functions" \
       org.opencontainers.image.licenses="Apache-2.0"
 RUN groupadd --gid 10001 mlless && useradd --uid 10001 --gid 10001 --create-home mlless
-COPY --from=build /opt/mlless /opt/mlless
 # HOME and MPLCONFIGDIR point at /tmp, so a read-only root filesystem with a writable /tmp works
 # (the operator's pods set the same); the .pyc files were compiled at install time.
 ENV PATH=/opt/mlless/bin:$PATH \
@@ -45,3 +53,15 @@ WORKDIR /tmp
 EXPOSE 8080
 ENTRYPOINT ["mlless"]
 CMD ["worker-server", "--port", "8080"]
+
+FROM runtime AS worker
+LABEL org.opencontainers.image.description="Serverless ML training on Kubernetes: the worker functions"
+COPY --from=venv-worker /opt/mlless /opt/mlless
+
+FROM runtime AS operator
+LABEL org.opencontainers.image.description="Serverless ML training on Kubernetes: operator, supervisor and worker functions"
+COPY --from=venv-operator /opt/mlless /opt/mlless
+
+FROM runtime AS full
+LABEL org.opencontainers.image.description="Serverless ML training on Kubernetes: operator, supervisor, worker functions and reports"
+COPY --from=venv-full /opt/mlless /opt/mlless

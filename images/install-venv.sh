@@ -1,0 +1,17 @@
+#!/bin/sh
+# install-venv EXTRAS: the Dockerfile's venv stages run this to install the mlless wheel from /wheels, with the
+# comma-separated EXTRAS (empty: the core install only), into a fresh virtualenv /opt/mlless.
+# One script, so the worker, operator and full images are installed, trimmed and checked the same way.
+set -eu
+extras=$(printf '%s' "${1:-}" | tr ',' '\n' | sed '/^$/d' | paste -sd, -)
+wheel=$(ls /wheels/mlless-*.whl)
+python3 -m venv /opt/mlless
+# A resolver hint: botocore (from s3fs) needs python-dateutil<3 while the newest kubernetes client needs >=3, and
+# without the hint pip backtracks through aiobotocore for many minutes. It costs nothing where neither is installed.
+printf 'python-dateutil<3\n' > /tmp/constraints.txt
+/opt/mlless/bin/pip install --constraint /tmp/constraints.txt "$wheel${extras:+[$extras]}"
+# The generated .c sources end up in the wheel as package data; the runtime does not need them.
+find /opt/mlless/lib -path '*/mlless/training/kernels/*.c' -delete
+find /opt/mlless/lib -path '*/mlless/training/kernels/*.so' -exec strip --strip-unneeded {} +
+# A broken compile fails the build here rather than in a pod.
+/opt/mlless/bin/python -c "import mlless.training.kernels.pmf, mlless.training.kernels.logreg, mlless.training.kernels.optim, mlless.training.kernels.significance"

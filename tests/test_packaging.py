@@ -1,0 +1,93 @@
+"""The package split: a worker runs on the core install, without the operator's or the reports' dependencies.
+
+The worker image (`Dockerfile`, target `worker`) installs only the core dependencies, so a top-level import of
+kopf, kubernetes or matplotlib anywhere on a worker's path would break every worker pod. Each check runs in a
+fresh interpreter whose import system refuses those packages, whether or not they are installed here.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+OPERATOR_AND_REPORT = ("kopf", "kubernetes", "matplotlib")
+
+# What `mlless worker` and `mlless worker-server` import, the CLI included (its parser is built before any command runs).
+WORKER_MODULES = (
+    "mlless.cli",
+    "mlless.runtime.worker",
+    "mlless.runtime.function_server",
+    "mlless.transport",
+    "mlless.training.kernels.pmf",
+    "mlless.training.kernels.logreg",
+)
+# The supervisor's own modules; on a cluster it adds mlless.runtime.kube, which is what the `supervisor` extra is for.
+SUPERVISOR_MODULES = ("mlless.runtime.supervisor", "mlless.runtime.local", "mlless.runtime.launcher")
+
+
+def _import_without(blocked: tuple[str, ...], modules: tuple[str, ...], then: str = "") -> subprocess.CompletedProcess:
+    script = textwrap.dedent(f"""
+        import importlib, importlib.abc, sys
+
+        BLOCKED = {blocked!r}
+
+        class Refuse(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.partition(".")[0] in BLOCKED:
+                    raise ImportError(f"{{name}} is not installed in this image")
+                return None
+
+        sys.meta_path.insert(0, Refuse())
+        for module in {modules!r}:
+            importlib.import_module(module)
+        {then}
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "functions"), str(ROOT / "operator"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_worker_needs_no_operator_or_report_packages():
+    result = _import_without(OPERATOR_AND_REPORT, WORKER_MODULES,
+                             then="import mlless.cli; mlless.cli.build_parser().parse_args(['worker-server'])")
+    assert result.returncode == 0, result.stderr
+
+
+def test_supervisor_needs_no_operator_or_report_packages():
+    result = _import_without(("kopf", "matplotlib"), SUPERVISOR_MODULES)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_blocker_does_block():
+    """Guards the guard: an entry point that does need a refused package fails."""
+    result = _import_without(("matplotlib",), ("mlless.telemetry.report.plots",))
+    assert result.returncode != 0 and "matplotlib is not installed in this image" in result.stderr
+
+
+@pytest.mark.parametrize("package", OPERATOR_AND_REPORT)
+def test_core_dependencies_leave_roles_to_extras(package):
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {_name(req) for req in project["dependencies"]}
+    assert package not in core
+    roles = {_name(req) for extra in ("supervisor", "operator", "report") for req in project["optional-dependencies"][extra]}
+    assert package in roles
+
+
+def test_test_extra_installs_every_role():
+    """CI runs `pip install '.[test]'`, and the suite imports the operator, the kube platform and the reports."""
+    test = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert "mlless[supervisor,operator,report,datasets]" in test
+
+
+def _name(requirement: str) -> str:
+    for i, ch in enumerate(requirement):
+        if not (ch.isalnum() or ch in "-_."):
+            return requirement[:i].lower()
+    return requirement.lower()
