@@ -29,7 +29,7 @@ WORKER_MODULES = (
     "mlless.training.kernels.logreg",
 )
 # The supervisor's own modules; on a cluster it adds mlless.runtime.kube, which is what the `supervisor` extra is for.
-SUPERVISOR_MODULES = ("mlless.runtime.supervisor", "mlless.runtime.local", "mlless.runtime.launcher")
+SUPERVISOR_MODULES = ("mlless.runtime.supervisor.loop", "mlless.runtime.local", "mlless.runtime.launcher")
 
 
 def _import_without(blocked: tuple[str, ...], modules: tuple[str, ...], then: str = "") -> subprocess.CompletedProcess:
@@ -91,3 +91,12 @@ def _name(requirement: str) -> str:
         if not (ch.isalnum() or ch in "-_."):
             return requirement[:i].lower()
     return requirement.lower()
+
+
+@pytest.mark.parametrize(("command", "extra"), [(["report", ".", "--out", "report"], "report"),
+                                                (["supervisor", "--job", "job.yaml", "--job-id", "x"], "supervisor")])
+def test_a_command_whose_extra_is_missing_says_which_to_install(command, extra):
+    result = _import_without(OPERATOR_AND_REPORT, ("mlless.cli",),
+                             then=f"import mlless.cli; sys.exit(mlless.cli.main({command!r}))")
+    assert result.returncode == 2, result.stderr
+    assert f"pip install 'mlless[{extra}]'" in result.stderr and "Traceback" not in result.stderr

@@ -202,7 +202,10 @@ def _worker_launcher(job: TrainingJob, job_id: str) -> Launcher:
 
 
 def cmd_supervisor(args: argparse.Namespace) -> int:
-    from kubernetes.config import ConfigException
+    try:
+        from kubernetes.config import ConfigException
+    except ImportError:
+        raise UsageError("`mlless supervisor` needs the kubernetes client: pip install 'mlless[supervisor]'") from None
 
     from mlless.runtime.kube import KubePlatform
     from mlless.runtime.local import supervise

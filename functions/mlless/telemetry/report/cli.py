@@ -15,7 +15,11 @@ EXIT_USAGE = 2
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from mlless.telemetry.report.html import render_report  # matplotlib loads only when a report is made
+    try:
+        from mlless.telemetry.report.html import render_report  # matplotlib loads only when a report is made
+    except ImportError:
+        print("mlless: error: `mlless report` needs matplotlib: pip install 'mlless[report]'", file=sys.stderr)
+        return EXIT_USAGE
 
     try:
         runs = load_runs(args.rundirs, args.label)
