@@ -65,7 +65,7 @@ VARIATIONS: dict[str, dict[str, Any]] = {
     "everything": {
         "fullnameOverride": "ml",
         "operator": {"extraEnv": [{"name": "MLLESS_OPERATOR_STATUS_INTERVAL", "value": "5"}],
-                     "defaultBackend": "pod", "openfaas": {"namespace": "functions", "gateway": "http://gw.openfaas:8080"},
+                     "defaultBackend": "pod", "workerImage": "registry.example.com/ml/mlless:0.1.1-worker", "openfaas": {"namespace": "functions", "gateway": "http://gw.openfaas:8080"},
                      "podAnnotations": {"a": "b"}, "podLabels": {"team": "ml"}, "nodeSelector": {"kubernetes.io/os": "linux"},
                      "tolerations": [{"key": "ml", "operator": "Exists", "effect": "NoSchedule"}],
                      "affinity": {"nodeAffinity": {}}, "priorityClassName": "system-cluster-critical"},

@@ -19,6 +19,9 @@ from mlless.contract import ENV_OPERATOR_PREFIX, GROUP
 class Config:
     #: Image of the supervisor and the workers when `spec.function.image` is not set.
     image: str = "ghcr.io/mlless/mlless:0.1.0"
+    #: Image of the workers alone when `spec.function.image` is not set; empty means `image`. The Dockerfile's
+    #: `worker` target fits here: it lacks only what the supervisor and the operator need (the kubernetes client).
+    worker_image: str = ""
     #: Image of a managed Redis when `spec.redis.image` is not set.
     redis_image: str = "redis:7.2-alpine"
     #: Image of a managed RabbitMQ when `spec.rabbitmq.image` is not set.

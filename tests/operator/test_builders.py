@@ -503,3 +503,17 @@ def test_every_job_gets_an_invocation_token_that_reaches_the_supervisor_and_the_
     assert env_of(knative)["MLLESS_INVOKE_TOKEN"]["valueFrom"] == token_ref
     copy_ = build_openfaas_secret(job("openfaas"), {**creds, "redis-password": "never copied"})
     assert set(copy_["data"]) == {"redis-url", "amqp-url", "invoke-token"}
+
+
+def test_workers_run_the_worker_image_and_the_supervisor_keeps_the_full_one():
+    config = Config(image="reg/mlless:1", worker_image="reg/mlless:1-worker")
+    workers = [build_worker_pod(job("pod", config=config), 0), build_knative_service(job("knative", config=config)),
+               build_openfaas_function(job("openfaas", config=config))]
+    images = [w["spec"]["containers"][0]["image"] if w["kind"] == "Pod" else
+              w["spec"]["template"]["spec"]["containers"][0]["image"] if w["kind"] == "Service" else w["spec"]["image"]
+              for w in workers]
+    assert images == ["reg/mlless:1-worker"] * 3
+    assert build_supervisor_pod(job("pod", config=config))["spec"]["containers"][0]["image"] == "reg/mlless:1"
+    own = job("pod", spec={**SPEC, "function": {"image": "mine:2"}}, config=config)
+    assert build_worker_pod(own, 0)["spec"]["containers"][0]["image"] == build_supervisor_pod(own)["spec"]["containers"][0]["image"] == "mine:2"
+    assert job("pod").worker_image == job("pod").image  # without a worker image, one image for all

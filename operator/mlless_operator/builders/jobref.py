@@ -49,7 +49,12 @@ class JobRef:
 
     @property
     def image(self) -> str:
+        """The supervisor's image."""
         return self.function.get("image") or self.config.image
+
+    @property
+    def worker_image(self) -> str:
+        return self.function.get("image") or self.config.worker_image or self.config.image
 
     @property
     def timeout_seconds(self) -> int:

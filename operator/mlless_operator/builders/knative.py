@@ -47,7 +47,7 @@ def build_knative_service(job: JobRef) -> Manifest:
                     "containers": [
                         {
                             "name": "worker",
-                            "image": job.image,
+                            "image": job.worker_image,
                             "command": FUNCTION_SERVER_COMMAND,
                             "ports": [{"containerPort": FUNCTION_PORT}],
                             "env": env,

@@ -35,7 +35,7 @@ def build_openfaas_function(job: JobRef) -> Manifest:
         },
         "spec": {
             "name": name,
-            "image": job.image,
+            "image": job.worker_image,
             "labels": {**openfaas_scale_labels(job.workers), **selector_labels(job, "worker")},
             "annotations": cross_namespace_owner(job),
             "environment": {

@@ -32,7 +32,7 @@ def build_worker_pod(job: JobRef, rank: int) -> Manifest:
             "containers": [
                 {
                     "name": "worker",
-                    "image": job.image,
+                    "image": job.worker_image,
                     "command": ["mlless", "worker"],
                     "env": env,
                     "resources": function_resources(job),
