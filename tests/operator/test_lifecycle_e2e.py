@@ -64,12 +64,17 @@ def dockerfile_image(path: Path = REPO / "Dockerfile") -> Image:
     """ENTRYPOINT and CMD of the Dockerfile's final stage (exec form), what a container without `command` runs."""
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
+    stages: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # what each named stage leaves to its children
+    stage: str | None = None
     text = re.sub(r"\\\n", " ", path.read_text())
     for line in text.splitlines():
         instruction, _, rest = line.strip().partition(" ")
         instruction = instruction.upper()
         if instruction == "FROM":
-            entrypoint, cmd = (), ()  # a new stage (the base image's own CMD is not known here)
+            words = rest.split()
+            # A stage built on an earlier one inherits its ENTRYPOINT and CMD; a base image's own are not known here.
+            entrypoint, cmd = stages.get(words[0], ((), ()))
+            stage = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
         elif instruction in ("ENTRYPOINT", "CMD"):
             rest = rest.strip()
             words = tuple(json.loads(rest)) if rest.startswith("[") else ("/bin/sh", "-c", rest)
@@ -77,6 +82,8 @@ def dockerfile_image(path: Path = REPO / "Dockerfile") -> Image:
                 entrypoint, cmd = words, ()  # setting ENTRYPOINT clears an inherited CMD
             else:
                 cmd = words
+        if instruction in ("FROM", "ENTRYPOINT", "CMD") and stage:
+            stages[stage] = (entrypoint, cmd)
     return Image(entrypoint=entrypoint, cmd=cmd)
 
 
