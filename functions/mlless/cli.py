@@ -31,7 +31,7 @@ from mlless.training.models import ModelFileError, load_model, model_class
 from mlless.telemetry.report.cli import add_report_parser
 from mlless.runtime.launcher import Launcher
 from mlless.telemetry.record import Progress
-from mlless.runtime.supervisor.membership import NO_LIVE_WORKERS, JobFailed
+from mlless.runtime.supervisor.membership import NO_LIVE_WORKERS, SERVICE_LOST, JobFailed
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
 from mlless.transport.env import invoke_token, service_urls
@@ -96,7 +96,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     _print_summary(summary, progress)
     if summary["stop_reason"] == "interrupted":
         return EXIT_INTERRUPTED
-    return EXIT_FAILED if summary["validation_loss"] is None or summary["stop_reason"] == NO_LIVE_WORKERS else 0
+    return EXIT_FAILED if _failed(summary) else 0
+
+
+def _failed(summary: dict[str, Any]) -> bool:
+    """No model, or the job ended on a fault rather than a stop rule (its model is the best snapshot)."""
+    reason = summary["stop_reason"]
+    return summary["validation_loss"] is None or reason == NO_LIVE_WORKERS or reason.startswith(SERVICE_LOST)
 
 
 def _print_summary(summary: dict[str, Any], progress: Progress) -> None:
@@ -228,7 +234,7 @@ def cmd_supervisor(args: argparse.Namespace) -> int:
     progress = Progress(enabled=not args.quiet)
     summary = supervise(job, job_id, transport, launcher, Path(args.out), progress, args.metrics_port, platform)
     _print_summary(summary, progress)
-    return EXIT_FAILED if summary["validation_loss"] is None or summary["stop_reason"] == NO_LIVE_WORKERS else 0
+    return EXIT_FAILED if _failed(summary) else 0
 
 
 def cmd_operator(args: argparse.Namespace) -> int:

@@ -52,6 +52,8 @@ ENV_WORKER_URL = "MLLESS_WORKER_URL"
 ENV_INVOKE_TOKEN = "MLLESS_INVOKE_TOKEN"
 ENV_SECRETS_DIR = "MLLESS_SECRETS_DIR"
 ENV_METRICS_PORT = "MLLESS_METRICS_PORT"
+#: How long Redis's and RabbitMQ's clients wait out an outage before the process gives up (seconds).
+ENV_OUTAGE_SECONDS = "MLLESS_OUTAGE_SECONDS"
 #: Debugging: check that every update applied is conserved across replicas.
 ENV_AUDIT = "MLLESS_AUDIT"
 #: The operator's settings are the fields of `mlless_operator.config.Config`, upper-cased, after this prefix.

@@ -94,3 +94,22 @@ def rabbit() -> Iterator[RabbitNode]:
         subprocess.run([shutil.which("rabbitmqctl", path=env["PATH"]), "-n", name, "stop"], env=env,
                        capture_output=True, timeout=60)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def private_redis() -> Iterator[str]:
+    """A Redis of this test's own, without persistence, on a free port; yields its URL. The test may shut it down."""
+    port = free_port()
+    base = Path(tempfile.mkdtemp(prefix="mlless-redis-"))
+    subprocess.run(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                    "--daemonize", "yes", "--dir", str(base), "--pidfile", str(base / "redis.pid"),
+                    "--logfile", str(base / "redis.log")], check=True, timeout=30)
+    deadline = time.monotonic() + 30
+    while not _accepts(port):
+        assert time.monotonic() < deadline, f"the private Redis did not listen on {port}"
+        time.sleep(0.05)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True, timeout=30)
+        shutil.rmtree(base, ignore_errors=True)

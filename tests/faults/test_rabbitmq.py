@@ -6,6 +6,7 @@ this module's own RabbitMQ node. The fault is injected once the job is training.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -19,15 +20,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.services]
 STEPS = 240
 
 
-def start_job(dataset: Path, run_dir: Path, redis_url: str, amqp_url: str) -> subprocess.Popen:
+def start_job(dataset: Path, run_dir: Path, redis_url: str, amqp_url: str, steps: int = STEPS,
+              env: dict[str, str] | None = None) -> subprocess.Popen:
     manifest = {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "fault"},
                 "spec": {"workers": 2, "model": {"type": "pmf"}, "sync": {"protocol": "bsp"},
-                         "dataset": {"uri": str(dataset), "cacheBatches": True}, "stop": {"maxSteps": STEPS}}}
+                         "dataset": {"uri": str(dataset), "cacheBatches": True}, "stop": {"maxSteps": steps},
+                         "evaluation": {"everySteps": 10}}}
     job = run_dir.parent / f"{run_dir.name}.yaml"
     job.write_text(yaml.safe_dump(manifest))
     return subprocess.Popen([sys.executable, "-m", "mlless", "train", str(job), "--out", str(run_dir), "-q",
                              "--redis-url", redis_url, "--amqp-url", amqp_url],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
 
 
 def wait_for_steps(run_dir: Path, proc: subprocess.Popen, steps: int, timeout: float = 120.0) -> None:
@@ -72,3 +75,37 @@ def test_a_broker_restart_loses_its_queues_and_the_job_goes_on(rabbit, movielens
     time.sleep(3)
     rabbit.ctl("start_app")
     assert_nothing_lost(finish(proc, run_dir), rabbit)
+
+
+def assert_failed_cleanly_with_the_best_snapshot(proc: subprocess.Popen, run_dir: Path, reason: str) -> dict:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err[-3000:]  # EXIT_FAILED
+    assert "Traceback" not in err, err[-3000:]
+    assert (run_dir / "summary.json").exists(), err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"].startswith(reason), summary["stop_reason"]
+    assert summary["validation_loss"] is not None and summary["model_step"] >= 10  # an evaluated snapshot
+    assert (run_dir / "model.npz").exists()
+    return summary
+
+
+def test_a_broker_that_stays_down_ends_the_job_with_its_best_model(rabbit, movielens_dir, tmp_path, redis_url):
+    run_dir = tmp_path / "run"
+    proc = start_job(movielens_dir, run_dir, redis_url, rabbit.url, steps=100_000, env={"MLLESS_OUTAGE_SECONDS": "3"})
+    wait_for_steps(run_dir, proc, 30)
+    rabbit.ctl("stop_app")
+    try:
+        assert_failed_cleanly_with_the_best_snapshot(proc, run_dir, "service lost")
+    finally:
+        rabbit.ctl("start_app")
+        rabbit.wait_until_up()
+
+
+def test_a_redis_lost_for_good_ends_the_job_with_its_best_model(private_redis, movielens_dir, tmp_path, amqp_url):
+    """Redis without persistence, shut down mid-job and not restarted: the workers fail, the supervisor saves."""
+    run_dir = tmp_path / "run"
+    proc = start_job(movielens_dir, run_dir, private_redis, amqp_url, steps=100_000)
+    wait_for_steps(run_dir, proc, 30)
+    subprocess.run(["redis-cli", "-u", private_redis, "shutdown", "nosave"], capture_output=True, timeout=30)
+    summary = assert_failed_cleanly_with_the_best_snapshot(proc, run_dir, "")
+    assert summary["stop_reason"] in ("no live workers",) or summary["stop_reason"].startswith("service lost")

@@ -20,7 +20,7 @@ Idioms follow the redis-py and pika documentation:
 
 Outages.  A lost connection, a broker restart or a forced close (320
 CONNECTION_FORCED, e.g. ``rabbitmqctl close_all_connections``) is waited out
-for up to ``outage_seconds`` (default 60) with exponential backoff and jitter,
+for up to ``outage_seconds`` (default 60, or $MLLESS_OUTAGE_SECONDS) with exponential backoff and jitter,
 then the connection is made again and the topology declared again.  A refused
 login is not an outage and fails at once.  Queues are not durable, so a broker
 restart loses what they held; each transport therefore re-publishes its last
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import random
 import time
 from typing import Callable, Sequence, TypeVar
@@ -57,6 +58,8 @@ import pika.exceptions as pe
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+
+from mlless.contract import ENV_OUTAGE_SECONDS
 
 from .base import (
     DEFAULT_TTL,
@@ -146,7 +149,7 @@ class ServicesTransport(Transport):
         socket_timeout: float = 10.0,
         health_check_interval: int = 30,
         redis_retries: int = 5,
-        outage_seconds: float = DEFAULT_OUTAGE_SECONDS,
+        outage_seconds: float | None = None,
     ) -> None:
         self.job_id = check_job_id(job_id)
         self.role = role
@@ -159,6 +162,8 @@ class ServicesTransport(Transport):
         self._own_queue = self._queue_of(self.rank)
         self._queue_args = {"x-expires": max(1000, int(queue_expires * 1000))}
         self._prefetch = prefetch
+        if outage_seconds is None:
+            outage_seconds = float(os.environ.get(ENV_OUTAGE_SECONDS, DEFAULT_OUTAGE_SECONDS))
         self._outage_seconds = outage_seconds
         self._redis_desc = redact_url(redis_url)
         self._amqp_desc = redact_url(amqp_url)

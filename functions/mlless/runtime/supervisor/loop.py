@@ -38,12 +38,19 @@ from mlless.runtime.platform import Platform
 from mlless.runtime.scaling import ReplicaQuality
 from mlless.runtime.supervisor.accounting import Accounting, StepTotals
 from mlless.runtime.supervisor.evaluation import Evaluation
-from mlless.runtime.supervisor.membership import NO_LIVE_WORKERS, JobFailed, Membership, WorkerRecord, WorkerState
+from mlless.runtime.supervisor.membership import (
+    NO_LIVE_WORKERS,
+    SERVICE_LOST,
+    JobFailed,
+    Membership,
+    WorkerRecord,
+    WorkerState,
+)
 from mlless.runtime.supervisor.stopping import Standing, StopRules
 from mlless.spec import TrainingJob
 from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.telemetry.record import Progress, RunRecord
-from mlless.transport import Transport
+from mlless.transport import Transport, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -141,10 +148,17 @@ class Supervisor:
             self.stop_reason = "interrupted"
             self.transport.broadcast(encode(Finish(sender=-1, step=self.closed)))
             return self._finish()
+        except TransportError as exc:
+            # The replicas are out of reach with the service; the best snapshot evaluated so far is the model.
+            log.error("job %s: %s", self.job_id, exc)
+            self.stop_reason = f"{SERVICE_LOST}: {exc}"
+            return self._finish(reachable=False)
         finally:
             self.launcher.stop_all()
-            deleted = self.transport.delete_job()
-            log.info("job %s: deleted %d keys", self.job_id, deleted)
+            try:
+                log.info("job %s: deleted %d keys", self.job_id, self.transport.delete_job())
+            except TransportError as exc:  # every key and queue expires by itself (the transport's TTLs)
+                log.warning("job %s: keys and queues left to expire: %s", self.job_id, exc)
             if self.suspend_checkpoint is not None:
                 # Everything else of the job is gone; the model it resumes from stays, for as long as a job
                 # may reasonably stay suspended (deleting the job deletes it, on a managed or external Redis).
@@ -412,15 +426,16 @@ class Supervisor:
 
     # ---- end of job ------------------------------------------------------------------------------
 
-    def _finish(self) -> dict[str, Any]:
-        finishing = set(self.live)
+    def _finish(self, reachable: bool = True) -> dict[str, Any]:
+        """The summary and the model; without `reachable` services, from what the supervisor holds itself."""
+        finishing = set(self.live) if reachable else set()
         self._await_workers(finishing, WorkerState.LIVE, FINISH_TIMEOUT, "its process ended before publishing its replica")
         wall = time.monotonic() - self.started
         collect = self.evaluation.collect_replicas
         finals = collect(keys.final_replica, [r for r in finishing if self.workers[r].state == WorkerState.DONE])
         # Workers that left after the last close (stopped together with the supervisor: a deleted job,
         # activeDeadlineSeconds) never had their replicas merged into anyone's; they are as final as the rest.
-        left_at_end = sorted(set(self.pending_merges))
+        left_at_end = sorted(set(self.pending_merges)) if reachable else []
         finals += collect(keys.leaver_replica, left_at_end)
         self.accounting.flush()
         final_model = self.evaluation.final_model([t.arrays[layouts.PARAMS] for t in finals], self.steps_before + self.closed,
@@ -441,7 +456,7 @@ class Supervisor:
             },
             scaling_events=self.scaling_events,
         )
-        if self.x0 is not None:
+        if self.x0 is not None and reachable:
             leavers = collect(keys.leaver_replica, [r for r, w in self.workers.items() if w.state == WorkerState.LEFT and r not in left_at_end])
             summary["audit"] = audit_conservation(self.x0, finals, leavers) if not self.members.dropped else {
                 "checked": False,

@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 #: The stop reason of a job whose every worker was dropped: it failed, even if a best snapshot was saved.
 NO_LIVE_WORKERS = "no live workers"
+#: The stop reason when Redis or RabbitMQ stayed out of reach past the transport's retries; the message follows it.
+SERVICE_LOST = "service lost"
 
 
 class JobFailed(RuntimeError):
