@@ -1,7 +1,9 @@
-"""RabbitMQ outages during a job: a forced close and a broker restart are waited out, and nothing is lost.
+"""Service outages during a job.
 
-Each job runs as `mlless train` (a supervisor process and real worker processes) over the shared Redis and
-this module's own RabbitMQ node. The fault is injected once the job is training.
+A RabbitMQ forced close or restart is waited out with nothing lost; a service lost for good ends the job with
+its best model. Each job runs as `mlless train` (a supervisor process and real worker processes) over this
+module's own RabbitMQ node or a Redis of the test's own; the shared services are used, never stopped.
+The fault is injected once the job is training.
 """
 from __future__ import annotations
 
