@@ -106,7 +106,7 @@ def test_a_broker_that_stays_down_ends_the_job_with_its_best_model(rabbit, movie
 def test_a_redis_lost_for_good_ends_the_job_with_its_best_model(private_redis, movielens_dir, tmp_path, amqp_url):
     """Redis without persistence, shut down mid-job and not restarted: the workers fail, the supervisor saves."""
     run_dir = tmp_path / "run"
-    proc = start_job(movielens_dir, run_dir, private_redis, amqp_url, steps=100_000)
+    proc = start_job(movielens_dir, run_dir, private_redis, amqp_url, steps=100_000, env={"MLLESS_OUTAGE_SECONDS": "3"})
     wait_for_steps(run_dir, proc, 30)
     subprocess.run(["redis-cli", "-u", private_redis, "shutdown", "nosave"], capture_output=True, timeout=30)
     summary = assert_failed_cleanly_with_the_best_snapshot(proc, run_dir, "")

@@ -18,17 +18,21 @@ Idioms follow the redis-py and pika documentation:
   Each message is acked when ``receive`` hands it out (the original never
   acked).
 
-Outages.  A lost connection, a broker restart or a forced close (320
-CONNECTION_FORCED, e.g. ``rabbitmqctl close_all_connections``) is waited out
-for up to ``outage_seconds`` (default 60, or $MLLESS_OUTAGE_SECONDS) with exponential backoff and jitter,
-then the connection is made again and the topology declared again.  A refused
-login is not an outage and fails at once.  Queues are not durable, so a broker
-restart loses what they held; each transport therefore re-publishes its last
-``RESEND_DEPTH`` messages after a reconnect.  That is safe because every
-receiver ignores what it has already seen: a worker a step-close of a step it
-has applied, the supervisor a report for a closed step, and a repeated hello,
-done or left.  A re-sent message whose queue is not declared again yet (the
-supervisor reconnects after its workers) is retried at the next operation.
+Outages.  Either service out of reach is waited out for up to
+``outage_seconds`` (default 60, or $MLLESS_OUTAGE_SECONDS), with exponential
+backoff and jitter; the first connection gets only ``CONNECT_SECONDS``, so a
+wrong URL is reported at once.  For Redis that covers a restart (redis-py's
+own retries cover a blip); a command Redis refuses is an error at once.  For
+RabbitMQ it covers a lost connection, a broker restart and a forced close (320
+CONNECTION_FORCED, e.g. ``rabbitmqctl close_all_connections``): the connection
+is made again and the topology declared again.  A refused login fails at once.
+Queues are not durable, so a broker restart loses what they held; each
+transport therefore re-publishes its last ``RESEND_DEPTH`` messages after a
+reconnect.  That is safe because every receiver ignores what it has already
+seen: a worker a step-close of a step it has applied, the supervisor a report
+for a closed step, and a repeated hello, done or left.  A re-sent message
+whose queue is not declared again yet (the supervisor reconnects after its
+workers) is retried at the next operation.
 
 Topology per job (queues are non-durable and carry ``x-expires`` so a crashed
 job's queues vanish by themselves)::
@@ -124,10 +128,31 @@ def delete_job_keys(redis_url: str, job_id: str, timeout: float = 10.0) -> int:
 
 #: How long RabbitMQ may stay unreachable before a transport gives up.
 DEFAULT_OUTAGE_SECONDS = 60.0
+#: How long the first connection may take: a wrong URL or a service that is not there is reported at once,
+#: not after a whole outage window.
+CONNECT_SECONDS = 5.0
 #: Messages re-published after a reconnect: more than one worker's reports in flight under SSP's default slack.
 RESEND_DEPTH = 16
 #: Broker closes that no reconnect can fix: access refused (403) and not allowed (530), e.g. a missing vhost.
 _REFUSED = (403, 530)
+
+
+class _Outage:
+    """Backoff through one outage: exponential, half of each pause random so that a job's processes do not
+    retry in lockstep, until `seconds` have passed since the first failure."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.give_up, self.delay = seconds, time.monotonic() + seconds, 0.05
+
+    def wait(self, service: str, reason: str) -> None:
+        """Sleep before the next attempt, or raise TransportError once the outage has lasted too long."""
+        left = self.give_up - time.monotonic()
+        if left <= 0:
+            raise TransportError(f"{service}: unreachable for {self.seconds:g}s: {reason}")
+        pause = min(self.delay / 2 + random.uniform(0, self.delay / 2), left)
+        log.warning("%s: %s; retrying in %.2fs", service, reason, pause)
+        time.sleep(pause)
+        self.delay = min(self.delay * 2, 5.0)
 
 
 class ServicesTransport(Transport):
@@ -205,11 +230,9 @@ class ServicesTransport(Transport):
         self._resend: list[tuple[str, str, bytes, bool]] = []
         self._reconnected_at = -float("inf")
 
-        if role == "worker":
-            self._redis_call(self._register_rank)
-        else:
-            self._redis_call(self.redis.ping)  # fail at connect, not at the first step
-        self._amqp(lambda: None)  # connect + declare topology now: connect() is synchronous
+        # Connect now (connect() is synchronous), and fail at connect rather than at the first step.
+        self._redis_call(self._register_rank if role == "worker" else self.redis.ping, window=CONNECT_SECONDS)
+        self._amqp(lambda: None, window=CONNECT_SECONDS)
 
     # ------------------------------------------------------------------ helpers
     def _key(self, key: str) -> str:
@@ -218,11 +241,18 @@ class ServicesTransport(Transport):
     def _queue_of(self, rank: int) -> str:
         return self._names["supervisor"] if rank == SUPERVISOR else self._names["worker"].format(rank=rank)
 
-    def _redis_call(self, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except redis.RedisError as exc:
-            raise TransportError(f"redis {self._redis_desc}: {type(exc).__name__}: {exc}") from None
+    def _redis_call(self, fn: Callable[[], T], window: float | None = None) -> T:
+        """Run ``fn``, waiting out a Redis that cannot be reached for up to ``outage_seconds``; redis-py's own
+        retries cover a blip, this a restart."""
+        outage = _Outage(self._outage_seconds if window is None else window)
+        while True:
+            try:
+                return fn()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            except redis.RedisError as exc:
+                raise TransportError(f"redis {self._redis_desc}: {type(exc).__name__}: {exc}") from None
+            outage.wait(f"redis {self._redis_desc}", reason)
 
     def _register_rank(self) -> None:
         k = self._prefix + _RANKS_KEY
@@ -313,11 +343,11 @@ class ServicesTransport(Transport):
     def _on_message(self, ch: object, method: pika.spec.Basic.Deliver, props: object, body: bytes) -> None:
         self._inbox.append((method.delivery_tag, body))
 
-    def _amqp(self, op: Callable[[], T]) -> T:
+    def _amqp(self, op: Callable[[], T], window: float | None = None) -> T:
         """Run ``op`` with a live connection, waiting out an outage of up to ``outage_seconds``."""
         if self._closed:
             raise TransportError("transport is closed")
-        delay, give_up = 0.05, time.monotonic() + self._outage_seconds
+        outage = _Outage(self._outage_seconds if window is None else window)
         while True:
             try:
                 if self._conn is None or not self._conn.is_open:
@@ -337,13 +367,7 @@ class ServicesTransport(Transport):
                     raise TransportError(f"amqp {self._amqp_desc}: channel closed: {exc}") from None
                 self._drop_connection()
                 reason = f"{type(exc).__name__}: {exc}"
-            if time.monotonic() >= give_up:
-                raise TransportError(f"amqp {self._amqp_desc}: unreachable for {self._outage_seconds:g}s: {reason}")
-            # Half the backoff fixed, half random, so that a job's processes do not reconnect in lockstep.
-            pause = delay / 2 + random.uniform(0, delay / 2)
-            log.warning("amqp %s: %s; reconnecting in %.2fs", self._amqp_desc, reason, pause)
-            time.sleep(min(pause, max(0.0, give_up - time.monotonic())))
-            delay = min(delay * 2, 5.0)
+            outage.wait(f"amqp {self._amqp_desc}", reason)
 
     def _recovering(self) -> bool:
         """Within the outage window after a reconnect: a queue may not be declared again yet."""
