@@ -23,11 +23,11 @@ STEPS = 240
 
 
 def start_job(dataset: Path, run_dir: Path, redis_url: str, amqp_url: str, steps: int = STEPS,
-              env: dict[str, str] | None = None) -> subprocess.Popen:
+              env: dict[str, str] | None = None, **spec: object) -> subprocess.Popen:
     manifest = {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "fault"},
                 "spec": {"workers": 2, "model": {"type": "pmf"}, "sync": {"protocol": "bsp"},
                          "dataset": {"uri": str(dataset), "cacheBatches": True}, "stop": {"maxSteps": steps},
-                         "evaluation": {"everySteps": 10}}}
+                         "evaluation": {"everySteps": 10}, **spec}}
     job = run_dir.parent / f"{run_dir.name}.yaml"
     job.write_text(yaml.safe_dump(manifest))
     return subprocess.Popen([sys.executable, "-m", "mlless", "train", str(job), "--out", str(run_dir), "-q",

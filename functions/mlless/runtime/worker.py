@@ -214,14 +214,18 @@ class Worker:
         blocking = self.view.closed < step
         awaited = blocking
         silent_since = time.monotonic()
+        # A supervisor that waits repeats its newest close, so once the job runs, silence means it is gone, and a
+        # function must not keep billing while it waits for nobody. Before the first close it may still be
+        # waiting for every worker to start.
+        patience = self.job.supervisor_timeout_seconds if self.view.closed >= 0 else \
+            SUPERVISOR_SILENCE_FACTOR * self.job.worker_timeout_seconds
         while True:
             body = self.transport.receive(timeout=0.5 if blocking else 0.0)
             if body is None:
                 if not blocking or self.leave_requested:
                     break
-                if time.monotonic() - silent_since > SUPERVISOR_SILENCE_FACTOR * self.job.worker_timeout_seconds:
-                    # The supervisor closes or drops within the worker timeout; past a few of those it is gone,
-                    # and a function must not keep billing while it waits for nobody.
+                silent_since = max(silent_since, self.transport.reconnected_at)  # an outage is not the supervisor's
+                if time.monotonic() - silent_since > patience:
                     raise SupervisorLost(f"no message from the supervisor for {time.monotonic() - silent_since:.0f}s")
                 continue
             silent_since = time.monotonic()

@@ -47,6 +47,7 @@ class TrainingJob:
     stop: StopConfig = field(default_factory=StopConfig)
     evaluate_every: int = default("evaluation.everySteps")
     worker_timeout_seconds: float = default("liveness.workerTimeoutSeconds")
+    supervisor_timeout_seconds: float = default("liveness.supervisorTimeoutSeconds")
     pricing: PricingConfig = field(default_factory=PricingConfig)
     autoscaler: TunerConfig = field(default_factory=TunerConfig)
     output_uri: str | None = None
@@ -162,6 +163,8 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
         stop=stop,
         evaluate_every=spec.get("evaluation", {}).get("everySteps", default("evaluation.everySteps")),
         worker_timeout_seconds=spec.get("liveness", {}).get("workerTimeoutSeconds", default("liveness.workerTimeoutSeconds")),
+        supervisor_timeout_seconds=spec.get("liveness", {}).get("supervisorTimeoutSeconds",
+                                                                default("liveness.supervisorTimeoutSeconds")),
         pricing=PricingConfig(**_renamed(spec.get("pricing", {}), _PRICING_FIELDS)),
         autoscaler=TunerConfig(
             **_renamed(autoscaler, _AUTOSCALER_FIELDS), knee=KneeConfig(**_renamed(autoscaler.get("knee", {}), _KNEE_FIELDS))

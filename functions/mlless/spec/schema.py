@@ -164,6 +164,11 @@ SPEC_SCHEMA: Schema = _obj(
                     "A worker that has not reported an open step for this long is dropped from the barrier.", 0,
                     exclusive=True, default=60.0,
                 ),
+                "supervisorTimeoutSeconds": _num(
+                    "A worker waiting for a step-close that hears nothing from the supervisor for this long stops, so "
+                    "that the workers of a lost supervisor do not keep running and billing. A waiting supervisor "
+                    "repeats its newest step-close every 5 s.", 10, default=30.0,
+                ),
             },
         ),
         "autoscaler": _obj(

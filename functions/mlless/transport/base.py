@@ -108,6 +108,9 @@ class Transport(ABC):
     role: Role
     rank: int  # SUPERVISOR (-1) for the supervisor
     ttl: int
+    #: When (monotonic) the transport last reconnected after an outage: the time before it heard nothing, through
+    #: no fault of the other side.
+    reconnected_at: float = -float("inf")
 
     # ---------------------------------------------------------------- key-value
     @abstractmethod

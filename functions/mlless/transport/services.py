@@ -228,7 +228,7 @@ class ServicesTransport(Transport):
         # reconnect with the time they became due; see the module docstring.
         self._sent: collections.deque[tuple[str, str, bytes, bool]] = collections.deque(maxlen=RESEND_DEPTH)
         self._resend: list[tuple[str, str, bytes, bool]] = []
-        self._reconnected_at = -float("inf")
+        self.reconnected_at = -float("inf")
 
         # Connect now (connect() is synchronous), and fail at connect rather than at the first step.
         self._redis_call(self._register_rank if role == "worker" else self.redis.ping, window=CONNECT_SECONDS)
@@ -316,7 +316,7 @@ class ServicesTransport(Transport):
             self._consumer_tag = sub.basic_consume(self._own_queue, self._on_message, auto_ack=False)
             if self._connected_before:
                 log.warning("amqp %s: reconnected; re-publishing the last %d messages", self._amqp_desc, len(self._sent))
-                self._resend, self._reconnected_at = list(self._sent), time.monotonic()
+                self._resend, self.reconnected_at = list(self._sent), time.monotonic()
             self._connected_before = True
         except BaseException:
             self._conn = self._pub = self._sub = None
@@ -371,7 +371,7 @@ class ServicesTransport(Transport):
 
     def _recovering(self) -> bool:
         """Within the outage window after a reconnect: a queue may not be declared again yet."""
-        return time.monotonic() - self._reconnected_at < self._outage_seconds
+        return time.monotonic() - self.reconnected_at < self._outage_seconds
 
     def _publish_again(self) -> None:
         """Re-publish the messages due since a reconnect; one whose queue is not back yet waits for the next call,

@@ -61,7 +61,8 @@ FINISH_TIMEOUT = 30.0
 SUSPEND_CHECKPOINT_TTL = 30 * 24 * 3600
 #: A step open this long without every report gets its predecessor's step-close again. A close the broker lost
 #: (a restart drops what its queues held, and a worker whose queue comes back after the supervisor's re-sends
-#: misses them) would otherwise stall that worker until it is dropped. Workers ignore a close they have applied.
+#: misses them) would otherwise stall that worker until it is dropped. Workers ignore a close they have applied,
+#: and take silence for twice this (the schema's least liveness.supervisorTimeoutSeconds) as the supervisor lost.
 CLOSE_RESEND_SECONDS = 5.0
 
 
