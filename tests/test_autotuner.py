@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlless.autotuner import AutoTuner, CurveFitError, Decision, fit_reference, fit_slow, kneedle, make_knee_detector
+from mlless.autotuner.curves import CurveFitError, fit_reference, fit_slow
+from mlless.autotuner.knee import kneedle, make_knee_detector
+from mlless.autotuner.tuner import AutoTuner, Decision
 from mlless.autotuner.durations import robust_step_duration
 from mlless.autotuner.smoothing import ewma
 from mlless.spec.config import KneeConfig, TunerConfig

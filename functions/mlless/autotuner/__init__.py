@@ -4,21 +4,6 @@ Pure decision logic (numpy + scipy, no I/O). The supervisor calls :meth:`AutoTun
 step and acts on the returned :class:`Decision`.
 
 Modules: ``smoothing`` (causal EWMA), ``knee`` (knee detectors), ``curves`` (L_P and ℓ_p fits),
-``durations`` (step-time estimates), ``tuner`` (the state machine).
+``durations`` (step-time estimates), ``tuner`` (the state machine). Import them by name: this package imports
+nothing itself, because a worker uses only ``smoothing`` and must not load scipy (a third of a second) for it.
 """
-
-from .curves import CurveFitError, FittedCurve, fit_reference, fit_slow
-from .knee import kneedle, make_knee_detector
-from .tuner import AutoTuner, Decision, Outcome
-
-__all__ = [
-    "AutoTuner",
-    "CurveFitError",
-    "Decision",
-    "FittedCurve",
-    "Outcome",
-    "fit_reference",
-    "fit_slow",
-    "kneedle",
-    "make_knee_detector",
-]

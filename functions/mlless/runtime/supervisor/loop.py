@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlless.autotuner import AutoTuner
+from mlless.autotuner.tuner import AutoTuner
 from mlless.contract import ENV_AUDIT
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys, layouts
