@@ -57,12 +57,12 @@ def _imports(path: Path, package: str) -> list[tuple[int, str]]:
 
 
 def _module_name(path: Path, root: Path) -> tuple[str, str]:
-    """(module, package) of a source file under `root`'s parent."""
+    """(module, package) of a source file under `root`'s parent; a package's `__init__` is the package."""
     parts = list(path.relative_to(root.parent).with_suffix("").parts)
-    package = ".".join(parts if parts[-1] == "__init__" else parts[:-1])
     if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts), package.removesuffix(".__init__")
+        parts.pop()
+        return ".".join(parts), ".".join(parts)
+    return ".".join(parts), ".".join(parts[:-1])
 
 
 def _violations(root: Path, rule) -> list[str]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from mlless.contract import ENV_OPERATOR_PREFIX, GROUP
+from mlless.spec.schema import choices
 
 
 
@@ -50,7 +51,7 @@ class Config:
     finalizer: str = f"{GROUP}/finalizer"
 
     def __post_init__(self) -> None:
-        if self.default_backend not in ("auto", "knative", "openfaas", "pod"):
+        if self.default_backend not in ("auto", *choices("function.backend")):
             raise ValueError(f"{ENV_OPERATOR_PREFIX}DEFAULT_BACKEND: {self.default_backend!r} is not auto, knative, openfaas or pod")
 
 

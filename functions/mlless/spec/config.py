@@ -16,7 +16,7 @@ from mlless.spec.schema import choices, default
 MODEL_TYPES = choices("model.type")
 OPTIMIZERS = choices("optimizer.type")
 LR_DECAYS = choices("optimizer.lrDecay")
-SYNC_PROTOCOLS = choices("sync.protocol")
+KNEE_METHODS = choices("autoscaler.knee.method")
 KneeMethod = Literal["slope", "kneedle"]
 
 
@@ -175,8 +175,8 @@ class KneeConfig:
     stable_checks: int = default("autoscaler.knee.stableChecks")
 
     def __post_init__(self) -> None:
-        if self.method not in ("slope", "kneedle"):
-            raise ValueError(f"knee method must be 'slope' or 'kneedle', got {self.method!r}")
+        if self.method not in KNEE_METHODS:
+            raise ValueError(f"knee method must be one of {KNEE_METHODS}, got {self.method!r}")
         if self.span < 1:
             raise ValueError(f"knee span must be >= 1, got {self.span}")
         if not (self.slope >= 0 and math.isfinite(self.slope)):
