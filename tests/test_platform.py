@@ -149,11 +149,13 @@ def test_suspend_checkpoints_the_model_and_a_new_supervisor_resumes_from_it(movi
     second = RecordingPlatform()
     resumed = run(job, job_id, tmp_path / "second", redis_url, amqp_url, second)
     assert resumed["stop_reason"] == "max steps"
-    # Step numbering and the batch cursor continue; the job stops at 60 steps in all.
-    assert resumed["steps"] == 60 - suspended["steps"]
+    # Step numbering and the batch cursor continue; the job stops at 60 steps in all, and its summary counts them all.
+    assert resumed["steps"] == 60
     assert second.published[-1][0]["step"] == 60
     first_losses = [r["loss"] for r in read_metrics(tmp_path / "first")]
-    resumed_losses = [r["loss"] for r in read_metrics(tmp_path / "second")]
+    resumed_rows = read_metrics(tmp_path / "second")
+    assert [r["step"] for r in resumed_rows] == list(range(suspended["steps"] + 1, 61))
+    resumed_losses = [r["loss"] for r in resumed_rows]
     # Started from the checkpoint, not from scratch: the first resumed steps train like the last suspended ones.
     assert np.mean(resumed_losses[:3]) < np.mean(first_losses[:3]) - 0.05
     assert np.mean(resumed_losses[:3]) == pytest.approx(np.mean(first_losses[-3:]), abs=0.05)

@@ -31,6 +31,7 @@ from mlless.training.models import ModelFileError, load_model, model_class
 from mlless.telemetry.report.cli import add_report_parser
 from mlless.runtime.launcher import Launcher
 from mlless.telemetry.record import Progress
+from mlless.runtime.supervisor.failover import ResumeError, resumable
 from mlless.runtime.supervisor.membership import NO_LIVE_WORKERS, SERVICE_LOST, JobFailed
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
@@ -77,7 +78,7 @@ def _add_service_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from mlless.runtime.local import Services, train_local
+    from mlless.runtime.local import Services, resumed_job_id, train_local
 
     # --workers goes through the schema like the manifest's own field, and the defaults that depend on P follow it.
     job = _load_job(args.job, {"workers": args.workers} if args.workers is not None else None)
@@ -86,14 +87,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.job}: spec.model.type {job.model.type} trains on a {wanted} dataset, "
                          f"and {job.dataset_uri} holds {kind} (see `mlless prepare --help`)")
     redis_url, amqp_url = _services(args)
+    if args.resume and not args.out:
+        raise UsageError("--resume continues the job of a run directory: give it with --out RUNDIR")
     run_dir = Path(args.out or f"runs/{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    job_id = resumed_job_id(run_dir) if args.resume else None
     progress = Progress(enabled=not args.quiet)
     progress.message(
-        f"training {job.model.type} with {job.workers} workers on {job.dataset_uri} "
-        f"({'Redis + RabbitMQ' if redis_url else 'embedded transport'}); run directory {run_dir}"
+        f"{f'resuming job {job_id}: ' if job_id else ''}training {job.model.type} with {job.workers} workers on "
+        f"{job.dataset_uri} ({'Redis + RabbitMQ' if redis_url else 'embedded transport'}); run directory {run_dir}"
     )
-    summary = train_local(job, run_dir, Services(redis_url, amqp_url), progress, args.metrics_port)
+    summary = train_local(job, run_dir, Services(redis_url, amqp_url), progress, args.metrics_port, job_id)
     _print_summary(summary, progress)
+    if resumable(summary["stop_reason"]):
+        print(f"mlless: to go on: mlless train {args.job} --out {run_dir} --resume", file=sys.stderr)
     if summary["stop_reason"] == "interrupted":
         return EXIT_INTERRUPTED
     return EXIT_FAILED if _failed(summary) else 0
@@ -232,7 +238,9 @@ def cmd_supervisor(args: argparse.Namespace) -> int:
         raise UsageError(f"MLLESS_JOB_NAME is set, but there is no usable Kubernetes configuration: {exc}") from None
     transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
     progress = Progress(enabled=not args.quiet)
-    summary = supervise(job, job_id, transport, launcher, Path(args.out), progress, args.metrics_port, platform)
+    # The operator restarts a supervisor pod that failed: its successor takes over from the state in Redis.
+    summary = supervise(job, job_id, transport, launcher, Path(args.out), progress, args.metrics_port, platform,
+                        successor=True)
     _print_summary(summary, progress)
     return EXIT_FAILED if _failed(summary) else 0
 
@@ -266,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", metavar="JOB.yaml", help="TrainingJob manifest (the file you would kubectl apply)")
     p.add_argument("--workers", type=int, metavar="N", help="override spec.workers")
     p.add_argument("--out", metavar="RUNDIR", help="run directory (default: runs/NAME-TIMESTAMP)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the job in --out RUNDIR after a crash, a kill or a Ctrl-C: steps, the run record "
+                        "and the cost carry on from its newest checkpoint, or from its surviving workers")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on this port while training")
     _add_service_args(p)
@@ -358,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SpecError, DatasetError, UsageError, ModelFileError) as exc:
         print(f"mlless: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (TransportError, JobFailed) as exc:
+    except (TransportError, JobFailed, ResumeError) as exc:
         print(f"mlless: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:

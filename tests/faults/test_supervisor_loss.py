@@ -53,7 +53,7 @@ def test_workers_of_a_killed_supervisor_stop_within_the_timeout(movielens_dir, t
         stopped_after = time.monotonic() - killed
         assert not any(alive(w) for w in workers), f"workers still running {stopped_after:.0f}s after the kill"
         assert stopped_after <= TIMEOUT + 5.0  # the silence bound, plus one receive poll and the exit
-        assert (run_dir / "metrics.jsonl").exists()  # (the supervisor's own state is lost: failover is to come)
+        assert (run_dir / "metrics.jsonl").exists() and (run_dir / "state.json").exists()  # test_failover.py resumes it
     finally:
         for w in workers:
             if alive(w):

@@ -36,5 +36,16 @@ def checkpoint(rank: int) -> str:
 
 
 def job_checkpoint() -> str:
-    """The averaged model of a suspended job; the supervisor that resumes the job starts from it."""
+    """The model a job resumes from: a suspended job's averaged model, or the newest checkpoint a supervisor
+    wrote for its successor."""
     return "job-checkpoint"
+
+
+def job_state() -> str:
+    """Where the job stands and what it has done, for a successor supervisor (runtime/supervisor/failover.py)."""
+    return "job-state"
+
+
+def job_rows(block: int) -> str:
+    """A block of the run record's rows, for a successor whose run directory died with its predecessor."""
+    return f"job-rows:{block}"

@@ -8,8 +8,9 @@ unsent entries (replica − pending is what every peer shares), which is why
 the pending entries always travel beside the parameters.
 
 A worker checkpoint adds the optimizer's state and where the worker stands
-in the job; the job checkpoint a suspended job resumes from is a replica
-frame with no pending entries and the job's position. Every producer and
+in the job; the job checkpoint a suspended job, or a supervisor's successor,
+resumes from is a replica frame with no pending entries and the job's
+position (a successor's also holds the best snapshot so far). Every producer and
 reader of these frames goes through this module, so a name is written once.
 """
 from __future__ import annotations
@@ -30,6 +31,9 @@ OPTIMIZER_PREFIX = "optimizer."
 POSITION = "position"
 #: A worker checkpoint: the ranks of the last step-close the worker applied.
 LIVE = "live"
+#: A job checkpoint a successor supervisor resumes from: the best snapshot's parameters, and its step and loss.
+BEST = "best"
+BEST_SCORE = "best_score"
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -122,3 +126,18 @@ class JobPosition:
             raise ValueError("the job checkpoint lacks its position")
         steps, cursor = (int(v) for v in position)
         return cls(steps, cursor)
+
+
+def best_arrays(step: int, loss: float, params: np.ndarray) -> dict[str, np.ndarray]:
+    """The best snapshot, as a job checkpoint carries it for a successor supervisor."""
+    return {BEST: params, BEST_SCORE: np.array([step, loss], np.float64)}
+
+
+def read_best(arrays: Arrays, like: np.ndarray) -> tuple[int, float, np.ndarray] | None:
+    """(step, loss, params) of the best snapshot in a job checkpoint, None if it has none; ValueError if malformed."""
+    params, score = arrays.get(BEST), arrays.get(BEST_SCORE)
+    if params is None and score is None:
+        return None
+    if params is None or score is None or score.shape != (2,) or score[0] < 0 or score[0] != int(score[0]):
+        raise ValueError("the job checkpoint's best snapshot is malformed")
+    return int(score[0]), float(score[1]), check_params({PARAMS: params}, like)

@@ -17,6 +17,7 @@ from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.runtime.launcher import Launcher, LocalLauncher
 from mlless.runtime.platform import Platform
 from mlless.telemetry.record import Progress
+from mlless.runtime.supervisor.failover import STATE_FILE, JobState, ResumeError
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.spec import TrainingJob
 from mlless.transport import Transport, connect
@@ -42,11 +43,26 @@ def new_job_id(name: str) -> str:
     return f"{name}-{secrets.token_hex(4)}"
 
 
+def resumed_job_id(run_dir: Path) -> str:
+    """The id of the job whose state `run_dir` holds; ResumeError if it holds none."""
+    path = run_dir / STATE_FILE
+    if not path.exists():
+        raise ResumeError(f"{run_dir}: nothing to resume (no {STATE_FILE}: the job completed, or never ran there)")
+    try:
+        return JobState.from_json(path.read_bytes()).job_id
+    except (OSError, ValueError) as exc:
+        raise ResumeError(f"{path}: not a job state: {exc}") from None
+
+
 def train_local(
-    job: TrainingJob, run_dir: Path, services: Services, progress: Progress, metrics_port: int | None = None
+    job: TrainingJob, run_dir: Path, services: Services, progress: Progress, metrics_port: int | None = None,
+    job_id: str | None = None,
 ) -> dict[str, Any]:
-    """Train `job` here; with `metrics_port`, the supervisor serves Prometheus metrics on it meanwhile."""
-    job_id = new_job_id(job.name)
+    """Train `job` here; with `metrics_port`, the supervisor serves Prometheus metrics on it meanwhile.
+
+    With a `job_id` (`resumed_job_id`), continue that job, which ended on a fault, a Ctrl-C or a kill.
+    """
+    job_id = job_id or new_job_id(job.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
     job_file.write_text(job.to_json())
@@ -71,14 +87,18 @@ def supervise(
     progress: Progress,
     metrics_port: int | None,
     platform: Platform | None = None,
+    successor: bool = False,
 ) -> dict[str, Any]:
-    """Run the supervisor to the end of the job, serving metrics meanwhile; closes the transport."""
+    """Run the supervisor to the end of the job, serving metrics meanwhile; closes the transport.
+
+    With `successor`, a failed supervisor is restarted (Kubernetes): see `Supervisor`."""
     metrics = SupervisorMetrics.for_job(job_id, job.pricing)
     if metrics_port is not None:
         port = metrics.serve(metrics_port)
         progress.message(f"Prometheus metrics on http://localhost:{port}/metrics")
     try:
-        return Supervisor(job, job_id, transport, launcher, run_dir, progress, platform=platform, metrics=metrics).run()
+        return Supervisor(job, job_id, transport, launcher, run_dir, progress, platform=platform, metrics=metrics,
+                          successor=successor).run()
     finally:
         metrics.close()
         transport.close()

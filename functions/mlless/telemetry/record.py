@@ -9,7 +9,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import fsspec
 
@@ -20,13 +20,37 @@ EXPORTED = ("model.npz", "summary.json", "metrics.jsonl")
 
 
 class RunRecord:
-    def __init__(self, run_dir: Path) -> None:
+    """`on_row` sees every row as it is written (a successor supervisor's copy of them)."""
+
+    def __init__(self, run_dir: Path, on_row: Callable[[str], None] | None = None) -> None:
         self.run_dir = run_dir
+        self.on_row = on_row
+        self.rows = 0
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = (run_dir / "metrics.jsonl").open("w", buffering=1)
+        self._metrics: TextIO | None = None  # opened by the first row, or by continue_after
+
+    def continue_after(self, step: int, stored: list[str]) -> list[str]:
+        """A resumed job: keep the rows of steps up to `step` (from the run directory, else `stored`), append after them;
+        returns the rows kept.
+
+        Rows past `step` were trained from a model the job no longer has, so they are trained again.
+        """
+        path = self.run_dir / "metrics.jsonl"
+        lines = path.read_text().splitlines(keepends=True) if path.exists() else stored
+        kept = [line for line in lines if _row_step(line) <= step]
+        path.write_text("".join(kept))
+        self.rows = len(kept)
+        self._metrics = path.open("a", buffering=1)
+        return kept
 
     def step(self, row: StepRow) -> None:
-        self._metrics.write(json.dumps(row.as_dict(), allow_nan=False) + "\n")
+        line = json.dumps(row.as_dict(), allow_nan=False) + "\n"
+        if self._metrics is None:
+            self._metrics = (self.run_dir / "metrics.jsonl").open("w", buffering=1)
+        self._metrics.write(line)
+        self.rows += 1
+        if self.on_row is not None:
+            self.on_row(line)
 
     def summary(self, summary: dict[str, Any]) -> None:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
@@ -36,7 +60,8 @@ class RunRecord:
 
         On Kubernetes the run directory dies with the supervisor pod; this is what outlives it.
         """
-        self._metrics.flush()
+        if self._metrics is not None:
+            self._metrics.flush()
         fs, root = fsspec.core.url_to_fs(uri)
         fs.makedirs(root, exist_ok=True)
         for name in EXPORTED:
@@ -45,7 +70,15 @@ class RunRecord:
         return f"{uri.rstrip('/')}/model.npz"
 
     def close(self) -> None:
-        self._metrics.close()
+        if self._metrics is not None:
+            self._metrics.close()
+
+
+def _row_step(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")  # not a row: dropped
 
 
 def _fmt(value: float | None, spec: str = ".4f") -> str:

@@ -125,6 +125,11 @@ class Transport(ABC):
     def delete_job(self) -> int:
         """Delete every key, queue and exchange of this job; return the number of keys deleted."""
 
+    @abstractmethod
+    def reset(self) -> None:
+        """`delete_job`, then declare this process's queue again: a successor supervisor starts on a clean slate,
+        with nothing its predecessor's run left in a key or a queue."""
+
     # ---------------------------------------------------------------- messages
     @abstractmethod
     def send_to_supervisor(self, body: bytes) -> None:

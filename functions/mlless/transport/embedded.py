@@ -156,6 +156,10 @@ class EmbeddedTransport(Transport):
         _, payload = self._call(OP_DELETE_JOB, b"")
         return U64.unpack(payload)[0]
 
+    def reset(self) -> None:
+        self.delete_job()
+        self._call(OP_DECLARE, I32.pack(self.rank))
+
     # ------------------------------------------------------------------ messages
     def send_to_supervisor(self, body: bytes) -> None:
         self._call(OP_SEND, I32.pack(SUPERVISOR) + pack_blob(check_body(body), U32))

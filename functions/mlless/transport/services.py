@@ -302,6 +302,17 @@ class ServicesTransport(Transport):
         self._inbox.clear()
         return deleted
 
+    def reset(self) -> None:
+        self.delete_job()
+        self._sent.clear()  # a reconnect must not re-publish the predecessor's messages into the clean slate
+
+        def declare() -> None:
+            assert self._sub is not None
+            self._declare_topology()
+            self._consumer_tag = self._sub.basic_consume(self._own_queue, self._on_message, auto_ack=False)
+
+        self._amqp(declare)
+
     # ------------------------------------------------------------------ AMQP plumbing
     def _connect(self) -> None:
         conn = pika.BlockingConnection(self._params)

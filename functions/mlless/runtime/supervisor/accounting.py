@@ -8,6 +8,7 @@ from typing import Any
 from mlless.contract import BARRIER_PHASES, STEP_PHASES
 from mlless.protocol.messages import Report
 from mlless.runtime.supervisor.evaluation import FinalModel
+from mlless.runtime.supervisor.failover import JobState
 from mlless.runtime.supervisor.membership import UNBILLED, Membership
 from mlless.spec import TrainingJob
 from mlless.telemetry.cost import CostBreakdown, job_cost
@@ -62,6 +63,32 @@ class Accounting:
         self.rejected_frames = 0
         self.train_loss = math.nan
         self._row: StepRow | None = None  # the previous step's row, waiting for its barrier timings
+        # What the job's earlier runs took, when this supervisor took over from another (failover.py).
+        self.wall_before = 0.0
+        self.worker_seconds_before: list[float] = []
+
+    def resume(self, state: JobState) -> None:
+        """Continue the totals of the runs before this one."""
+        self.wall_before, self.worker_seconds_before = state.wall_seconds, list(state.worker_seconds)
+        self.samples, self.bytes_sent = state.samples, state.bytes_sent
+        self.compute_seconds, self.rejected_frames = state.compute_seconds, state.rejected_frames
+        self.train_loss = math.nan if state.train_loss is None else state.train_loss
+
+    def totals(self, now: float, members: Membership) -> dict[str, Any]:
+        """The totals as a `JobState` holds them, up to `now` (monotonic)."""
+        return {
+            "wall_seconds": self.elapsed(now),
+            "worker_seconds": self.worker_seconds_before + members.invocation_seconds(now),
+            "samples": self.samples,
+            "bytes_sent": self.bytes_sent,
+            "compute_seconds": self.compute_seconds,
+            "rejected_frames": self.rejected_frames,
+            "train_loss": None if math.isnan(self.train_loss) else self.train_loss,
+        }
+
+    def elapsed(self, now: float) -> float:
+        """Seconds the job has run up to `now` (monotonic), in every run."""
+        return self.wall_before + now - self.started
 
     def add(self, totals: StepTotals, train_loss: float) -> None:
         self.bytes_sent += totals.bytes_sent
@@ -75,7 +102,7 @@ class Accounting:
 
     def cost(self, now: float, members: Membership) -> CostBreakdown:
         """The job's cost up to `now` (monotonic): one instant for the stop rule and the row of a step alike."""
-        return job_cost(self.job.pricing, members.invocation_seconds(now), now - self.started)
+        return job_cost(self.job.pricing, self.worker_seconds_before + members.invocation_seconds(now), self.elapsed(now))
 
     def pod(self, rank: int) -> str:
         """The pod (or local process) a worker runs in, for the billing metrics' `pod` label."""
@@ -90,7 +117,7 @@ class Accounting:
             for phase in BARRIER_PHASES:
                 self._row.phases[phase] = totals.phases[phase]
             self.record.step(self._row)
-        elapsed = now - self.started
+        elapsed = self.elapsed(now)
         breakdown = self.cost(now, members)
         cost = breakdown.total
         self.metrics.step_closed(
@@ -146,14 +173,15 @@ class Accounting:
         final: FinalModel,
         steps: int,
         epochs: float,
-        wall: float,
+        now: float,
         startup: float,
         members: Membership,
         autoscaler: dict[str, Any],
         scaling_events: list[dict[str, Any]],
     ) -> dict[str, Any]:
         """What summary.json holds."""
-        cost = self.cost(self.started + wall, members)
+        wall = self.elapsed(now)  # every run's, when supervisors took over from each other
+        cost = self.cost(now, members)
         best = final.best
         return {
             "job": self.job.name,

@@ -45,6 +45,15 @@ class FinalModel:
     model_path: Path | None
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """An evaluated snapshot: the model after `steps` steps (of every run) and `cursor` mini-batches."""
+
+    steps: int
+    cursor: int
+    params: np.ndarray
+
+
 class Evaluation:
     """One model instance for the supervisor's evaluations; replicas are copied into it."""
 
@@ -62,6 +71,7 @@ class Evaluation:
         self.evaluation_batch = self.validation_batch.head(EVALUATION_ROWS)
         self.validation: tuple[int, float] | None = None  # (step, loss) of the newest evaluation
         self.pending_snapshot: int | None = None
+        self.snapshot_cursor = 0  # the mini-batch cursor at the pending snapshot's step
         self.snapshot_requested = 0.0  # when the pending snapshot was asked for (monotonic)
         self.last_evaluated = 0  # step of the newest snapshot asked for
         self.evaluation_seconds = OnlineEwma(span=5)  # snapshot asked for -> evaluated
@@ -84,27 +94,29 @@ class Evaluation:
             interval = max(interval, math.ceil(self.evaluation_seconds.value / EVALUATION_SHARE / self.step_seconds.value))
         return step - self.last_evaluated >= interval
 
-    def request_snapshot(self, step: int) -> None:
-        """The close of `step` asks its donor for a snapshot."""
+    def request_snapshot(self, step: int, cursor: int) -> None:
+        """The close of `step`, with the mini-batch cursor at `cursor`, asks its donor for a snapshot."""
         self.pending_snapshot = self.last_evaluated = step
+        self.snapshot_cursor = cursor
         self.snapshot_requested = time.monotonic()
 
-    def evaluate_snapshot(self, steps_before: int) -> None:
-        """Evaluate the snapshot asked for, if it has arrived; `steps_before` were closed before a suspend."""
+    def evaluate_snapshot(self, steps_before: int) -> Snapshot | None:
+        """Evaluate the snapshot asked for, if it has arrived; `steps_before` were closed before this run."""
         if self.pending_snapshot is None:
-            return
+            return None
         frame = self.transport.get_many([keys.snapshot()])[0]
         if frame is None:
-            return
+            return None
         tensors = self.decode_replica(frame)
         if tensors is None or tensors.step != self.pending_snapshot:
-            return
+            return None
         params = tensors.arrays[layouts.PARAMS]
         self.validation = (tensors.step, self.evaluate(params, self.evaluation_batch))
         self.watch.observe(steps_before + tensors.step, self.validation[1], params)
         self.evaluation_seconds.update(time.monotonic() - self.snapshot_requested)
         self.on_validation(self.validation[1])
         self.pending_snapshot = None
+        return Snapshot(steps_before + tensors.step, self.snapshot_cursor, params)
 
     def decode_replica(self, frame: bytes) -> Tensors | None:
         """A replica frame whose parameters fit the model, or None (counted as rejected)."""

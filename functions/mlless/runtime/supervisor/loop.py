@@ -15,6 +15,7 @@ composes them, and does the scaling and the platform's requests itself.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -30,14 +31,15 @@ from mlless.data.dataset import Dataset
 from mlless.protocol import keys, layouts
 from mlless.protocol.codec import FrameError, decode, encode
 from mlless.protocol.messages import (
-    CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Left, Report, Tensors,
+    CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Left, Report,
 )
 from mlless.runtime.audit import audit_conservation
 from mlless.runtime.launcher import Launcher
 from mlless.runtime.platform import Platform
 from mlless.runtime.scaling import ReplicaQuality
 from mlless.runtime.supervisor.accounting import Accounting, StepTotals
-from mlless.runtime.supervisor.evaluation import Evaluation
+from mlless.runtime.supervisor.evaluation import Evaluation, Snapshot
+from mlless.runtime.supervisor.failover import Checkpoint, Failover, JobState, merge_survivors, resumable
 from mlless.runtime.supervisor.membership import (
     NO_LIVE_WORKERS,
     SERVICE_LOST,
@@ -77,13 +79,19 @@ class Supervisor:
         progress: Progress | None = None,
         platform: Platform | None = None,
         metrics: SupervisorMetrics | None = None,
+        successor: bool = False,
     ) -> None:
+        """With `successor`, another supervisor takes over if this one fails (the operator restarts a supervisor
+        pod): a job that does not end on a stop rule keeps its state in Redis for it, not only in `run_dir`."""
         self.job = job
+        self.successor = successor
+        self.completed = False  # the job ended on a stop rule or a suspend: nothing is left to resume
         self.job_id = job_id
         self.transport = transport
         self.launcher = launcher
         self.dataset = Dataset.open(job.dataset_uri)
-        self.record = RunRecord(run_dir)
+        self.failover = Failover(transport, run_dir, job_id)
+        self.record = RunRecord(run_dir, on_row=self.failover.row)
         self.progress = progress or Progress(enabled=False)
         self.platform = platform or Platform()
         self.started = time.monotonic()
@@ -98,7 +106,9 @@ class Supervisor:
         self.reports: dict[int, dict[int, Report]] = {}
         self.closed = 0
         self.cursor = 0
-        self.steps_before = 0  # steps closed before a suspend this run resumed from
+        self.steps_before = 0  # steps closed before this run took over (a resumed suspend, a failover)
+        self.runs = 1  # supervisors that have run this job, this one included
+        self.takeovers: list[dict[str, Any]] = []  # where each run after the first continued from
         self.step_opened = self.started
         self.last_close: bytes | None = None  # the newest step-close, and when it was last broadcast
         self.close_sent_at = self.started
@@ -136,7 +146,7 @@ class Supervisor:
         """
         previous = self._catch_signals()
         try:
-            self._resume_from_checkpoint()
+            self._take_over()
             self._start_workers()
             while self.stop_reason is None:
                 self._raise_if_interrupted()
@@ -156,17 +166,24 @@ class Supervisor:
             return self._finish(reachable=False)
         finally:
             self.launcher.stop_all()
-            try:
-                log.info("job %s: deleted %d keys", self.job_id, self.transport.delete_job())
-            except TransportError as exc:  # every key and queue expires by itself (the transport's TTLs)
-                log.warning("job %s: keys and queues left to expire: %s", self.job_id, exc)
-            if self.suspend_checkpoint is not None:
-                # Everything else of the job is gone; the model it resumes from stays, for as long as a job
-                # may reasonably stay suspended (deleting the job deletes it, on a managed or external Redis).
-                self.transport.put(keys.job_checkpoint(), self.suspend_checkpoint, ttl=SUSPEND_CHECKPOINT_TTL)
+            self._clean_up()
             self.record.close()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+    def _clean_up(self) -> None:
+        """Delete the job's keys and queues, unless a successor may still need them."""
+        if self.successor and not self.completed:
+            log.info("job %s: its state stays in Redis for a successor supervisor", self.job_id)
+            return
+        try:
+            log.info("job %s: deleted %d keys", self.job_id, self.transport.delete_job())
+        except TransportError as exc:  # every key and queue expires by itself (the transport's TTLs)
+            log.warning("job %s: keys and queues left to expire: %s", self.job_id, exc)
+        if self.suspend_checkpoint is not None:
+                # Everything else of the job is gone; the model it resumes from stays, for as long as a job
+                # may reasonably stay suspended (deleting the job deletes it, on a managed or external Redis).
+            self.transport.put(keys.job_checkpoint(), self.suspend_checkpoint, ttl=SUSPEND_CHECKPOINT_TTL)
 
     def _catch_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -185,21 +202,41 @@ class Supervisor:
             self._interrupted = False  # taken in: from now on another signal stops the clean shutdown
             raise KeyboardInterrupt
 
-    def _resume_from_checkpoint(self) -> None:
-        """A suspended job resumes from its averaged model: the workers load it, the batch cursor continues."""
-        frame = self.transport.get_many([keys.job_checkpoint()])[0]
-        if frame is None:
+    def _take_over(self) -> None:
+        """Continue the job where an earlier run left it: a suspend, or a supervisor that died (failover.py).
+
+        Its surviving workers hand in their replicas; the job continues from them if they are newer than its
+        checkpoint. Whatever else the earlier run left in Redis and RabbitMQ is cleared before workers start.
+        """
+        takeover = self.failover.load(self.evaluation.model.params)
+        if takeover is None:
             return
-        tensors = self.evaluation.decode_replica(frame)
-        try:
-            if tensors is None:
-                raise ValueError("not a replica")
-            position = layouts.JobPosition.read(tensors.arrays)
-        except ValueError:
-            log.error("job %s: ignoring a malformed suspend checkpoint", self.job_id)
-            return
-        self.steps_before, self.cursor = position.steps, position.cursor
-        self.progress.message(f"job {self.job_id}: resuming from the checkpoint of step {self.steps_before}")
+        state, checkpoint = takeover.state, takeover.checkpoint
+        source = "start" if checkpoint is None else "checkpoint"
+        if takeover.in_redis and not state.ended:  # its workers may have outlived it
+            self.progress.message(f"job {self.job_id}: taking over from a supervisor that stopped at step "
+                                  f"{state.steps}; asking its workers for their replicas")
+            survivors = self.failover.harvest(self.evaluation.decode_replica)
+            ahead = survivors[0].step - state.run_step if survivors else 0
+            if survivors and (checkpoint is None or state.steps + ahead > checkpoint.steps):
+                params = merge_survivors([t.arrays[layouts.PARAMS] for t in survivors],
+                                         [layouts.pending(t.arrays) for t in survivors])
+                checkpoint = Checkpoint(state.steps + ahead, state.cursor + ahead * state.live, params,
+                                        None if checkpoint is None else checkpoint.best)
+                source = f"replicas of {len(survivors)} surviving workers"
+        if takeover.in_redis:
+            self.transport.reset()
+        if checkpoint is not None:
+            self.steps_before, self.cursor = checkpoint.steps, checkpoint.cursor
+            self.stopping.watch.best = checkpoint.best
+            self.transport.put(keys.job_checkpoint(), checkpoint.frame())  # what the workers start from
+        self.runs = state.runs + 1
+        self.accounting.resume(state)
+        self.members.dropped = list(state.dropped_workers)
+        self.scaling_events, self.decisions = list(state.scaling_events), dict(state.decisions)
+        self.takeovers = state.takeovers + [{"run": self.runs, "step": self.steps_before, "from": source}]
+        self.failover.continue_rows(self.record.continue_after(self.steps_before, takeover.rows))
+        self.progress.message(f"job {self.job_id}: run {self.runs} continues at step {self.steps_before}, from the {source}")
 
     def _start_workers(self) -> None:
         for rank in range(self.job.workers):
@@ -282,14 +319,34 @@ class Supervisor:
             joined = self._admit_joiners()
         self._broadcast_close(step, reports, joined)
         self.step_opened = time.monotonic()
-        self.evaluation.evaluate_snapshot(self.steps_before)
-        cost = self.accounting.step_closed(step, totals, self.closed_at, self.cursor / self.dataset.n_batches,
-                                           self.evaluation.validation_loss, self.members)
+        snapshot = self.evaluation.evaluate_snapshot(self.steps_before)
+        cost = self.accounting.step_closed(self.steps_before + step, totals, self.closed_at,
+                                           self.cursor / self.dataset.n_batches, self.evaluation.validation_loss,
+                                           self.members)
+        self._persist(snapshot)
         self._sync_platform(cost)
+
+    def _persist(self, snapshot: Snapshot | None) -> None:
+        """Keep what a successor needs (failover.py): the job state, and a checkpoint of a newly evaluated snapshot."""
+        checkpoint = snapshot is not None and self.failover.checkpoint_due()
+        if checkpoint:
+            self.failover.save_checkpoint(Checkpoint(snapshot.steps, snapshot.cursor, snapshot.params,
+                                                     self.stopping.watch.best))
+        if checkpoint or self.failover.state_due():
+            self.failover.save_state(self._job_state())
+
+    def _job_state(self) -> JobState:
+        return JobState(
+            job_id=self.job_id, runs=self.runs, steps=self.steps_before + self.closed, cursor=self.cursor,
+            run_step=self.closed, live=len(self.live), rows=self.record.rows,
+            dropped_workers=self.members.dropped, scaling_events=self.scaling_events, decisions=self.decisions,
+            takeovers=self.takeovers,
+            **self.accounting.totals(time.monotonic(), self.members),
+        )
 
     def _standing(self) -> Standing:
         return Standing(steps=self.steps_before + self.closed, cursor=self.cursor, n_batches=self.dataset.n_batches,
-                        train_loss=self.accounting.train_loss, elapsed=self.closed_at - self.started)
+                        train_loss=self.accounting.train_loss, elapsed=self.accounting.elapsed(self.closed_at))
 
     def _broadcast_close(self, step: int, reports: list[Report], joined: bool) -> None:
         """Close `step`: final if the job stops, asking for a snapshot if a joiner needs one or an evaluation is due."""
@@ -299,7 +356,7 @@ class Supervisor:
         elif joined or self.evaluation.due(step):
             # A joiner starts from this snapshot; the supervisor evaluates it too.
             flags |= CLOSE_SNAPSHOT
-            self.evaluation.request_snapshot(step)
+            self.evaluation.request_snapshot(step, self.cursor)
         updates = tuple(r.sender for r in reports if r.has_update)
         merges, self.pending_merges = tuple(self.pending_merges), []
         close = Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=updates, merges=merges)
@@ -431,7 +488,7 @@ class Supervisor:
         """The summary and the model; without `reachable` services, from what the supervisor holds itself."""
         finishing = set(self.live) if reachable else set()
         self._await_workers(finishing, WorkerState.LIVE, FINISH_TIMEOUT, "its process ended before publishing its replica")
-        wall = time.monotonic() - self.started
+        now = time.monotonic()
         collect = self.evaluation.collect_replicas
         finals = collect(keys.final_replica, [r for r in finishing if self.workers[r].state == WorkerState.DONE])
         # Workers that left after the last close (stopped together with the supervisor: a deleted job,
@@ -445,9 +502,9 @@ class Supervisor:
             stop_reason=self.stop_reason,
             loss_metric=self.evaluation.model.loss_metric,
             final=final_model,
-            steps=self.closed,
+            steps=self.steps_before + self.closed,
             epochs=self.cursor / self.dataset.n_batches,
-            wall=wall,
+            now=now,
             startup=self.training_started - self.started,
             members=self.members,
             autoscaler={
@@ -457,6 +514,7 @@ class Supervisor:
             },
             scaling_events=self.scaling_events,
         )
+        summary["takeovers"] = self.takeovers
         if self.x0 is not None and reachable:
             leavers = collect(keys.leaver_replica, [r for r, w in self.workers.items() if w.state == WorkerState.LEFT and r not in left_at_end])
             summary["audit"] = audit_conservation(self.x0, finals, leavers) if not self.members.dropped else {
@@ -467,10 +525,18 @@ class Supervisor:
         final = self._status_fields(summary["cost_usd"]) | {"modelURI": self._export(summary["model_path"])}
         # The suspend checkpoint is the average of the final replicas; a best snapshot alone (no replica survived) is not one.
         average = self.evaluation.final_average
-        if self.stop_reason == "suspended" and average is not None:
-            position = layouts.JobPosition(self.steps_before + self.closed, self.cursor)
-            self.suspend_checkpoint = encode(Tensors(sender=0, step=self.closed, arrays=position.checkpoint_arrays(average)))
-            final["checkpointStep"] = position.steps
+        checkpoint = None if average is None else Checkpoint(self.steps_before + self.closed, self.cursor, average)
+        if self.stop_reason == "suspended" and checkpoint is not None:
+            self.suspend_checkpoint = checkpoint.frame()
+            final["checkpointStep"] = checkpoint.steps
+        if resumable(self.stop_reason):
+            # A successor, or `mlless train --resume`, continues from the final replicas, else from the newest checkpoint.
+            best = self.stopping.watch.best
+            self.failover.keep(self._job_state(), checkpoint and dataclasses.replace(checkpoint, best=best),
+                               in_redis=self.successor and reachable)
+        else:
+            self.failover.discard()
+            self.completed = True
         self.platform.publish(final, final=True)
         return summary
 

@@ -1,0 +1,323 @@
+"""Supervisor failover: the job's state, kept where a successor finds it, and the takeover.
+
+The workers' replicas hold the model, but where the job stands (steps, the
+mini-batch cursor), what it has cost, who was dropped and the best model seen
+so far live only in the supervisor, and a supervisor can die: kill -9, a lost
+node, an evicted pod. So as the job runs the supervisor persists
+
+- the job state (`JobState`, JSON), at a step close at most every STATE_SECONDS;
+- a model checkpoint: the newest evaluated snapshot and the best one, as
+  often as CHECKPOINT_SHARE of the job's time allows;
+- the per-step rows, in blocks of ROWS_PER_BLOCK;
+
+in Redis, where the supervisor pod the operator recreates finds them, and in
+the run directory, where `mlless train --out RUNDIR --resume` finds them after
+the embedded transport died with its process.
+
+A successor first asks any surviving workers to hand in their replicas (the
+Finish they would get at a job's end): when they are newer than the
+checkpoint, the job continues from them with every update they hold. Then it
+empties the queues of what the old run left there, and starts its workers
+from that model. Step numbers, the cursor, the cost and the run record
+continue where the job was.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from mlless.protocol import keys, layouts
+from mlless.protocol.codec import FrameError, decode, encode
+from mlless.protocol.messages import Done, Finish, Tensors
+from mlless.runtime.supervisor.membership import NO_LIVE_WORKERS, SERVICE_LOST
+from mlless.runtime.supervisor.stopping import Best
+from mlless.transport import Transport
+
+log = logging.getLogger(__name__)
+
+#: The job state is saved at a step close at most this often: its age bounds what a successor re-counts.
+STATE_SECONDS = 1.0
+#: Model checkpoints take at most this share of the job's time (a checkpoint of a large model takes a while) ...
+CHECKPOINT_SHARE = 0.05
+#: ... and come at most this often.
+CHECKPOINT_SECONDS = 2.0
+#: Rows are stored in Redis in blocks of this many; the newest block is rewritten as it fills.
+ROWS_PER_BLOCK = 64
+#: How long a successor waits for surviving workers to hand in their replicas, and for the next one after one has.
+HARVEST_SECONDS = 5.0
+HARVEST_QUIET_SECONDS = 1.0
+#: The run directory's copies.
+STATE_FILE = "state.json"
+CHECKPOINT_FILE = "checkpoint.bin"
+
+
+class ResumeError(RuntimeError):
+    """There is nothing valid to resume from; the message names the file or key."""
+
+
+def resumable(stop_reason: str | None) -> bool:
+    """A job that ended on a fault or a Ctrl-C, rather than a stop rule or a suspend, may be resumed."""
+    return stop_reason is not None and (stop_reason in (NO_LIVE_WORKERS, "interrupted") or stop_reason.startswith(SERVICE_LOST))
+
+
+@dataclass
+class JobState:
+    """Where a job stands and what it has done, at a step close; JSON in Redis and in the run directory."""
+
+    job_id: str
+    runs: int = 1  # supervisors that have run the job, this one included
+    steps: int = 0  # steps closed, in every run
+    cursor: int = 0  # mini-batches taken
+    run_step: int = 0  # the same step as this run numbers it: what its workers' replicas carry
+    live: int = 0  # workers in that step
+    wall_seconds: float = 0.0  # of every run
+    worker_seconds: list[float] = field(default_factory=list)  # billed seconds of every worker invocation
+    samples: int = 0
+    bytes_sent: int = 0
+    compute_seconds: float = 0.0
+    rejected_frames: int = 0
+    train_loss: float | None = None
+    rows: int = 0  # rows in metrics.jsonl
+    ended: bool = False  # the run ended with its workers: none is left to hand in a replica
+    dropped_workers: list[dict[str, Any]] = field(default_factory=list)
+    scaling_events: list[dict[str, Any]] = field(default_factory=list)
+    decisions: dict[str, int] = field(default_factory=dict)
+    takeovers: list[dict[str, Any]] = field(default_factory=list)  # each run after the first: where it continued from
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), allow_nan=False).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> JobState:
+        """ValueError naming the field when `raw` is not a job state this version wrote."""
+        try:
+            data = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        values = {}
+        for f in fields(cls):
+            if f.name not in data:
+                raise ValueError(f"{f.name}: missing")
+            values[f.name] = _checked(f.name, data[f.name], f.type)
+        return cls(**values)
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "bool": (bool,), "str": (str,), "int": (int,), "float": (int, float), "list[float]": (list,), "list[dict[str, Any]]": (list,),
+    "dict[str, int]": (dict,), "float | None": (int, float, type(None)),
+}
+
+
+def _checked(name: str, value: Any, annotation: str) -> Any:
+    kinds = _TYPES[annotation]
+    if isinstance(value, bool) != (annotation == "bool") or not isinstance(value, kinds):
+        raise ValueError(f"{name}: expected {annotation}, got {type(value).__name__}")
+    if isinstance(value, (int, float)) and value < 0 and name != "train_loss":
+        raise ValueError(f"{name}: negative")
+    if annotation == "list[float]" and not all(isinstance(v, (int, float)) and v >= 0 for v in value):
+        raise ValueError(f"{name}: expected non-negative seconds")
+    return value
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A model to resume from, its parameters at `steps` and `cursor`, and the best snapshot so far."""
+
+    steps: int
+    cursor: int
+    params: np.ndarray
+    best: Best | None = None
+
+    def frame(self) -> bytes:
+        """What workers start from (a job checkpoint, `layouts.JobPosition`), the best snapshot beside it."""
+        arrays = layouts.JobPosition(self.steps, self.cursor).checkpoint_arrays(self.params)
+        if self.best is not None:
+            arrays |= layouts.best_arrays(self.best.step, self.best.loss, self.best.params)
+        return encode(Tensors(sender=0, step=self.steps, arrays=arrays))
+
+    @classmethod
+    def read(cls, frame: bytes, like: np.ndarray) -> Checkpoint:
+        """ValueError unless `frame` is a job checkpoint of a model shaped like `like`."""
+        msg = decode(frame)
+        if not isinstance(msg, Tensors):
+            raise ValueError("not a checkpoint (Tensors frame)")
+        params = layouts.check_params(msg.arrays, like)
+        position = layouts.JobPosition.read(msg.arrays)
+        best = layouts.read_best(msg.arrays, like)
+        return cls(position.steps, position.cursor, params, None if best is None else Best(*best))
+
+
+@dataclass
+class Takeover:
+    """What a successor continues from."""
+
+    state: JobState
+    checkpoint: Checkpoint | None
+    rows: list[str]  # the run record's rows, from Redis, for a run directory that lost them
+    in_redis: bool  # the state was in Redis: the earlier run's workers may still be there, unless it `ended`
+
+
+def merge_survivors(replicas: list[np.ndarray], pending: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """One model holding every update of the survivors: their shared part (a replica minus its unsent entries),
+    averaged, plus every unsent entry once. Averaging the replicas would halve what each still held back."""
+    shared = np.zeros(replicas[0].shape, np.float64)
+    unsent = np.zeros(replicas[0].shape, np.float64)
+    for params, (idx, val) in zip(replicas, pending):
+        own = params.astype(np.float64)
+        own[idx] -= val
+        shared += own
+        np.add.at(unsent, idx, val)
+    return (shared / len(replicas) + unsent).astype(np.float32)
+
+
+class Failover:
+    """Saves the job's state as it runs, and finds it again for a successor."""
+
+    def __init__(self, transport: Transport, run_dir: Path, job_id: str) -> None:
+        self.transport = transport
+        self.run_dir = run_dir
+        self.job_id = job_id
+        self._state_saved = -float("inf")
+        self._checkpoint_due = 0.0  # monotonic time from which the next checkpoint may be written
+        self._rows: list[str] = []  # rows of the newest block
+        self._block = 0
+
+    # ---- as the job runs ---------------------------------------------------------------------------
+
+    def state_due(self) -> bool:
+        return time.monotonic() - self._state_saved >= STATE_SECONDS
+
+    def save_state(self, state: JobState) -> None:
+        raw = state.to_json()
+        self.transport.put(keys.job_rows(self._block), "".join(self._rows).encode())
+        self.transport.put(keys.job_state(), raw)
+        _write_atomically(self.run_dir / STATE_FILE, raw)
+        self._state_saved = time.monotonic()
+
+    def row(self, line: str) -> None:
+        """One more line of metrics.jsonl (stored with the next state)."""
+        if len(self._rows) == ROWS_PER_BLOCK:
+            self.transport.put(keys.job_rows(self._block), "".join(self._rows).encode())
+            self._rows, self._block = [], self._block + 1
+        self._rows.append(line)
+
+    def checkpoint_due(self) -> bool:
+        return time.monotonic() >= self._checkpoint_due
+
+    def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        started = time.monotonic()
+        frame = checkpoint.frame()
+        self.transport.put(keys.job_checkpoint(), frame)
+        _write_atomically(self.run_dir / CHECKPOINT_FILE, frame)
+        took = time.monotonic() - started
+        self._checkpoint_due = time.monotonic() + max(CHECKPOINT_SECONDS, took / CHECKPOINT_SHARE)
+
+    def keep(self, state: JobState, checkpoint: Checkpoint | None, in_redis: bool) -> None:
+        """The job ended on a fault or a signal: the run directory keeps what `mlless train --resume` needs, and
+        with `in_redis` Redis keeps it for a successor; without a newer `checkpoint`, the newest one written stays."""
+        state = replace(state, ended=True)
+        frame = None if checkpoint is None else checkpoint.frame()
+        if frame is not None:
+            _write_atomically(self.run_dir / CHECKPOINT_FILE, frame)
+        _write_atomically(self.run_dir / STATE_FILE, state.to_json())
+        if in_redis:
+            if frame is not None:
+                self.transport.put(keys.job_checkpoint(), frame)
+            self.save_state(state)
+
+    def discard(self) -> None:
+        """The job ended with its model saved: nothing is left to resume (the transport's keys go with the job)."""
+        for name in (STATE_FILE, CHECKPOINT_FILE):
+            (self.run_dir / name).unlink(missing_ok=True)
+
+    # ---- taking over -------------------------------------------------------------------------------
+
+    def load(self, like: np.ndarray) -> Takeover | None:
+        """The newest state of this job in Redis or the run directory (None: the job starts afresh)."""
+        stored = self.transport.get_many([keys.job_state(), keys.job_checkpoint()])
+        found = [(_parse_state(stored[0], f"the job state in Redis ({keys.job_state()})"), stored[1], True)]
+        if (self.run_dir / STATE_FILE).exists():
+            local = _parse_state(_read(self.run_dir / STATE_FILE), str(self.run_dir / STATE_FILE))
+            frame = _read(self.run_dir / CHECKPOINT_FILE) if (self.run_dir / CHECKPOINT_FILE).exists() else None
+            found.append((local, frame, False))
+        found = [(s, f, r) for s, f, r in found if s is not None and s.job_id == self.job_id]
+        if not found:
+            # A suspended job keeps only its checkpoint: it resumes from it, its workers all ended.
+            return None if stored[1] is None else Takeover(JobState(self.job_id), self._read_checkpoint(stored[1], like), [], False)
+        state, frame, in_redis = max(found, key=lambda sfr: sfr[0].steps)
+        checkpoint = None if frame is None else self._read_checkpoint(frame, like)
+        return Takeover(state, checkpoint, self._stored_rows(state.rows), in_redis)
+
+    def _read_checkpoint(self, frame: bytes, like: np.ndarray) -> Checkpoint | None:
+        try:
+            return Checkpoint.read(frame, like)
+        except (FrameError, ValueError) as exc:
+            log.error("job %s: ignoring a malformed model checkpoint: %s", self.job_id, exc)
+            return None
+
+    def continue_rows(self, lines: list[str]) -> None:
+        """Store the rows the job keeps again (a successor's reset cleared Redis), and continue after them."""
+        self._rows, self._block = [], 0
+        for line in lines:
+            self.row(line)
+
+    def _stored_rows(self, n: int) -> list[str]:
+        blocks = self.transport.get_many([keys.job_rows(b) for b in range((n + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK)])
+        rows = [line + "\n" for block in blocks if block for line in block.decode(errors="replace").splitlines()]
+        return rows[:n]
+
+    def harvest(self, decode_replica: Callable[[bytes], Tensors | None], patience: float = HARVEST_SECONDS,
+                ) -> list[Tensors]:
+        """Ask the previous run's surviving workers for their replicas: they write them and end, as at a job's end."""
+        self.transport.broadcast(encode(Finish(sender=-1, step=0)))
+        deadline = time.monotonic() + patience
+        done: dict[int, int] = {}
+        while time.monotonic() < deadline:
+            body = self.transport.receive(timeout=0.2)
+            if body is None:
+                continue
+            try:
+                msg = decode(body)
+            except FrameError:
+                continue  # what else the old run left in the queue is dropped with it
+            if isinstance(msg, Done):
+                done[msg.sender] = msg.step
+                deadline = time.monotonic() + HARVEST_QUIET_SECONDS
+        ranks = sorted(done)
+        frames = self.transport.get_many([keys.final_replica(r) for r in ranks])
+        replicas = [t for t in (decode_replica(f) for f in frames if f is not None) if t is not None]
+        newest = max((t.step for t in replicas), default=None)
+        return [t for t in replicas if t.step == newest]
+
+
+def _parse_state(raw: bytes | None, source: str) -> JobState | None:
+    if raw is None:
+        return None
+    try:
+        return JobState.from_json(raw)
+    except ValueError as exc:
+        raise ResumeError(f"{source}: not a job state: {exc}") from None
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ResumeError(f"{path}: {exc.strerror}") from None
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """A crash mid-write leaves the previous file, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
