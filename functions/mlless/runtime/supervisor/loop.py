@@ -249,6 +249,9 @@ class Supervisor:
             raise JobFailed("no worker started; see the worker logs")
         self.progress.message(f"job {self.job_id}: {len(self.live)} workers, {self.job.sync.protocol.upper()}")
         self.step_opened = self.training_started = time.monotonic()
+        if self.takeovers and "seconds" not in self.takeovers[-1]:
+            # How long the takeover kept the job from training: the survivors' hand-in and the new workers' start.
+            self.takeovers[-1]["seconds"] = round(self.training_started - self.started, 3)
         self.transport.broadcast(encode(Close(sender=-1, step=0, cursor=0, flags=0, live=self.live, updates=())))
 
     def _await_workers(self, ranks: set[int], state: WorkerState, timeout: float, exit_reason: str) -> None:
