@@ -21,7 +21,7 @@ import redis
 
 from mlless.contract import ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE
 from mlless.transport import TransportError, connect
-from mlless.transport.services import CONNECT_SECONDS
+from mlless.transport.services import CONNECT_SECONDS, delete_job_keys
 from mlless.transport.tls import TrustedCA
 
 from faults.conftest import RabbitNode, rabbit_node, redis_server
@@ -174,3 +174,16 @@ def test_an_untrusted_certificate_fails_at_once(host, redis_ca, amqp_ca, expecte
     assert str(failure.value) == expected.format(redis_port=port_of(tls_redis), amqp_port=tls_rabbit.port, ca=pki.ca,
                                                  other_ca=pki.other_ca)
     assert_no_password(str(failure.value))
+
+
+def test_the_operator_deletes_a_jobs_keys_over_tls_with_the_ca_from_a_secret(pki, tls_redis):
+    """The operator has no CA file: it reads spec.redis.caSecretRef's PEM (mlless_operator.reconcile.service_urls)."""
+    client = redis.Redis.from_url(tls_redis, ssl_ca_certs=pki.ca)
+    client.set("mlless:tls-cleanup:a", b"1")
+    client.close()
+    ca = TrustedCA("spec.redis.caSecretRef", pem=Path(pki.ca).read_text())
+    assert delete_job_keys(tls_redis, "tls-cleanup", ca=ca) == 1
+    with pytest.raises(TransportError) as refused:
+        delete_job_keys(tls_redis, "tls-cleanup", ca=TrustedCA("spec.redis.caSecretRef", pem=Path(pki.other_ca).read_text()))
+    assert "CERTIFICATE_VERIFY_FAILED" in str(refused.value)
+    assert_no_password(str(refused.value))
