@@ -228,7 +228,7 @@ class ServicesTransport(Transport):
         self._params.blocked_connection_timeout = blocked_connection_timeout
         self._params.socket_timeout = socket_timeout
         self._params.connection_attempts = 1  # we do our own backoff
-        # pika's own amqps:// context already verifies against the system's CAs; a private CA replaces it.
+        # pika's own amqps:// context verifies against the system's CAs; with a private CA, one that trusts it too.
         if uses_tls("amqp", amqp_url, self._amqp_ca) and self._amqp_ca is not None:
             self._params.ssl_options = pika.SSLOptions(self._amqp_ca.context())
         self._conn: pika.BlockingConnection | None = None
