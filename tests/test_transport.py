@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import statistics
 import struct
 import subprocess
@@ -11,12 +12,14 @@ import textwrap
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import pytest
+import redis
 
-from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_REDIS_URL
+from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE, ENV_REDIS_URL
 from mlless.protocol.codec import decode, encode
 from mlless.protocol.messages import Close, Finish, Hello, Report, Update
 from mlless.transport import (
@@ -28,6 +31,7 @@ from mlless.transport import (
     redact_url,
 )
 from mlless.transport.services import queue_names
+from mlless.transport.tls import TrustedCA, ca_from_env, redis_tls_options, untrusted_certificate
 
 # Same overrides as tests/conftest.py.  Services tests fail (not skip) when the
 # servers are down: passing without them would prove nothing.
@@ -76,8 +80,6 @@ class Backend:
     def ttl_of(self, key: str) -> float | None:
         """Seconds ``key`` has left, read from the store itself: Redis's PTTL, or the in-process broker's table."""
         if self.broker is None:
-            import redis
-
             with redis.Redis.from_url(REDIS_URL) as r:
                 ms = r.pttl(f"mlless:{self.job}:{key}")
             return None if ms == -2 else ms / 1000
@@ -172,8 +174,6 @@ def test_ttl_expires(backend: Backend) -> None:
 
 @pytest.mark.services
 def test_services_keys_are_namespaced_with_redis_ttl() -> None:
-    import redis
-
     job = "test-" + uuid.uuid4().hex[:12]
     t = connect(job, redis_url=REDIS_URL, amqp_url=AMQP_URL, role="supervisor")
     try:
@@ -578,6 +578,45 @@ def test_redact_url() -> None:
     assert redact_url("redis://redis:6379/0") == "redis://redis:6379/0"
     assert "s3cret" not in redact_url("amqp://u:s3cret@[::1]:5672/")
     assert redact_url(None) == "None"
+
+
+def test_tls_options_follow_the_url_and_the_environment() -> None:
+    assert ca_from_env("redis", {}) is None
+    assert ca_from_env("amqp", {ENV_RABBITMQ_CA_FILE: "/x/ca.pem"}) == TrustedCA(ENV_RABBITMQ_CA_FILE, file="/x/ca.pem")
+    assert redis_tls_options("redis://h:6379/0", None) == {}
+    assert redis_tls_options("rediss://h:6380/0", None) == {"ssl_check_hostname": True}  # the system's CAs
+
+
+def test_a_ca_for_a_plain_url_is_an_error() -> None:
+    ca = TrustedCA(ENV_REDIS_CA_FILE, file="/x/ca.pem")
+    with pytest.raises(TransportError) as exc:
+        redis_tls_options("redis://:hunter2@h:6379/0", ca)
+    assert str(exc.value) == (f"{ENV_REDIS_CA_FILE}=/x/ca.pem is set but redis://:***@h:6379/0 does not use TLS: "
+                              f"use rediss:// or drop {ENV_REDIS_CA_FILE}")
+
+
+def test_a_bad_ca_file_is_reported_before_connecting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Named by the environment, as in a pod; nothing listens on port 1, so any connection attempt would fail."""
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    for path, reason in [(tmp_path / "missing.pem", "no such file"),
+                         (not_pem, "not a PEM bundle of CA certificates (NO_CERTIFICATE_OR_CRL_FOUND)")]:
+        monkeypatch.setenv(ENV_REDIS_CA_FILE, str(path))
+        with pytest.raises(TransportError) as exc:
+            connect("test-ca", redis_url="rediss://:hunter2@localhost:1/0", amqp_url="amqps://localhost:1/%2F",
+                    role="supervisor")
+        assert str(exc.value) == f"{ENV_REDIS_CA_FILE}={path}: {reason}"
+
+
+def test_a_certificate_failure_is_found_behind_redis_wrapping() -> None:
+    try:
+        try:
+            raise ssl.SSLCertVerificationError(1, "certificate verify failed")
+        except OSError:
+            raise redis.ConnectionError("Error 1 connecting to h:6380.")  # as redis-py does
+    except redis.ConnectionError as wrapped:
+        assert isinstance(untrusted_certificate(wrapped), ssl.SSLCertVerificationError)
+    assert untrusted_certificate(redis.ConnectionError("Connection refused")) is None
 
 
 @pytest.mark.services

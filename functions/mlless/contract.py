@@ -33,6 +33,9 @@ ENV_REDIS_URL = "REDIS_URL"
 ENV_AMQP_URL = "AMQP_URL"
 ENV_REDIS_PASSWORD = "REDIS_PASSWORD"
 ENV_RABBITMQ_PASSWORD = "RABBITMQ_PASSWORD"
+#: PEM bundle of the CA that signs a TLS service's certificate (rediss://, amqps://), trusted besides the system's.
+ENV_REDIS_CA_FILE = "MLLESS_REDIS_CA_FILE"
+ENV_RABBITMQ_CA_FILE = "MLLESS_RABBITMQ_CA_FILE"
 #: The embedded broker's address, for a laptop run's worker processes.
 ENV_EMBEDDED_ADDRESS = "MLLESS_EMBEDDED_ADDRESS"
 #: Which job and which replica a process is.

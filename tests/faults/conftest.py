@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +57,8 @@ class RabbitNode:
         deadline = time.monotonic() + timeout
         while not _accepts(self.port):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the private RabbitMQ node did not listen on {self.port} in {timeout:g}s")
+                logs = "".join(p.read_text(errors="replace")[-2000:] for p in Path(self.env["RABBITMQ_LOG_BASE"]).glob("*.log"))
+                raise RuntimeError(f"the private RabbitMQ node did not listen on {self.port} in {timeout:g}s:\n{logs}")
             time.sleep(0.2)
 
     def queues(self) -> list[str]:
@@ -63,8 +66,10 @@ class RabbitNode:
         return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-@pytest.fixture(scope="module")
-def rabbit() -> Iterator[RabbitNode]:
+@contextmanager
+def rabbit_node(conf: str = "listeners.tcp.local = 127.0.0.1:{port}") -> Iterator[RabbitNode]:
+    """A private node whose rabbitmq.conf is `conf` with its port filled in (e.g. a TLS listener and its
+    ssl_options); stopped and removed on exit."""
     server = shutil.which("rabbitmq-server", path=f"{SBIN}:{os.environ['PATH']}")
     if server is None:
         pytest.fail("rabbitmq-server is not installed (.ci/run installs it)")
@@ -72,7 +77,7 @@ def rabbit() -> Iterator[RabbitNode]:
     base = Path(tempfile.mkdtemp(prefix="mlless-rabbitmq-"))
     base.chmod(0o755)
     port, dist = free_port(), free_port()
-    (base / "rabbitmq.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{port}\n")
+    (base / "rabbitmq.conf").write_text(conf.format(port=port) + "\n")
     (base / "enabled_plugins").write_text("[].\n")
     for sub in ("mnesia", "log"):
         (base / sub).mkdir()
@@ -96,20 +101,44 @@ def rabbit() -> Iterator[RabbitNode]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture
-def private_redis() -> Iterator[str]:
-    """A Redis of this test's own, without persistence, on a free port; yields its URL. The test may shut it down."""
+@pytest.fixture(scope="module")
+def rabbit() -> Iterator[RabbitNode]:
+    with rabbit_node() as node:
+        yield node
+
+
+@contextmanager
+def redis_server(*args: str, port_option: str = "--port") -> Iterator[int]:
+    """A Redis without persistence listening on a free port given with `port_option` (`--tls-port` for TLS, with
+    `--port 0` in `args`), started with `args` besides; yields the port. Stopped through its pid file, as the
+    caller may have shut it down already."""
     port = free_port()
     base = Path(tempfile.mkdtemp(prefix="mlless-redis-"))
-    subprocess.run(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                    "--daemonize", "yes", "--dir", str(base), "--pidfile", str(base / "redis.pid"),
-                    "--logfile", str(base / "redis.log")], check=True, timeout=30)
+    pidfile = base / "redis.pid"
+    subprocess.run(["redis-server", port_option, str(port), "--bind", "127.0.0.1", "--save", "",
+                    "--appendonly", "no", "--daemonize", "yes", "--dir", str(base), "--pidfile", str(pidfile),
+                    "--logfile", str(base / "redis.log"), *args], check=True, timeout=30)
     deadline = time.monotonic() + 30
     while not _accepts(port):
         assert time.monotonic() < deadline, f"the private Redis did not listen on {port}"
         time.sleep(0.05)
+    pid = int(pidfile.read_text())
     try:
-        yield f"redis://127.0.0.1:{port}/0"
+        yield port
     finally:
-        subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True, timeout=30)
+        try:
+            if "redis-server" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):  # not a reused pid
+                os.kill(pid, signal.SIGTERM)
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # shut down by the test already
+        stop_by = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < stop_by:
+            time.sleep(0.05)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def private_redis() -> Iterator[str]:
+    """A Redis of this test's own, without persistence, on a free port; yields its URL. The test may shut it down."""
+    with redis_server() as port:
+        yield f"redis://127.0.0.1:{port}/0"

@@ -44,10 +44,11 @@ def wait_for_steps(run_dir: Path, proc: subprocess.Popen, steps: int, timeout: f
         time.sleep(0.1)
 
 
-def finish(proc: subprocess.Popen, run_dir: Path) -> dict:
+def finish(proc: subprocess.Popen, run_dir: Path) -> tuple[dict, str]:
+    """The summary of a job that succeeded, and its stderr."""
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
-    return json.loads((run_dir / "summary.json").read_text())
+    return json.loads((run_dir / "summary.json").read_text()), err
 
 
 def assert_nothing_lost(summary: dict, rabbit) -> None:
@@ -65,7 +66,7 @@ def test_a_forced_close_of_every_connection_is_a_reconnect(rabbit, movielens_dir
     proc = start_job(movielens_dir, run_dir, redis_url, rabbit.url)
     wait_for_steps(run_dir, proc, 30)
     rabbit.ctl("close_all_connections", "fault test")
-    assert_nothing_lost(finish(proc, run_dir), rabbit)
+    assert_nothing_lost(finish(proc, run_dir)[0], rabbit)
 
 
 def test_a_broker_restart_loses_its_queues_and_the_job_goes_on(rabbit, movielens_dir, tmp_path, redis_url):
@@ -76,7 +77,7 @@ def test_a_broker_restart_loses_its_queues_and_the_job_goes_on(rabbit, movielens
     rabbit.ctl("stop_app")
     time.sleep(3)
     rabbit.ctl("start_app")
-    assert_nothing_lost(finish(proc, run_dir), rabbit)
+    assert_nothing_lost(finish(proc, run_dir)[0], rabbit)
 
 
 def assert_failed_cleanly_with_the_best_snapshot(proc: subprocess.Popen, run_dir: Path, reason: str) -> dict:

@@ -107,6 +107,33 @@ def test_external_services_and_persistent_storage_are_valid():
     assert "--appendonly" in containers(sts)[0]["args"] and "yes" in containers(sts)[0]["args"]
 
 
+TLS_SPEC = {**SPEC, "redis": {"url": "rediss://cache.example:6380/2", "caSecretRef": {"name": "cache-tls", "key": "ca.crt"}},
+            "rabbitmq": {"url": "amqps://ml@mq.example:5671/%2F", "passwordSecretRef": {"name": "mq", "key": "pw"},
+                         "caSecretRef": {"name": "mq-tls", "key": "ca.crt"}}}
+
+
+def test_an_external_services_ca_bundle_reaches_every_runtime_container():
+    """spec.<service>.caSecretRef: that one key of the Secret, mounted read-only, and the variable naming it."""
+    for backend in ("pod", "knative"):
+        j = job(backend, TLS_SPEC)
+        pods = [build_supervisor_pod(j), build_worker_pod(j, 0) if backend == "pod" else build_knative_service(j)]
+        for obj in pods:
+            spec = obj["spec"]["template"]["spec"] if obj["kind"] == "Service" else obj["spec"]
+            validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"},
+                      "spec": {k: v for k, v in spec.items() if k not in ("containerConcurrency", "timeoutSeconds")}})
+            container = spec["containers"][0]
+            env = env_of(container)
+            assert env["MLLESS_REDIS_CA_FILE"]["value"] == "/etc/mlless/ca/redis/ca.pem"
+            assert env["MLLESS_RABBITMQ_CA_FILE"]["value"] == "/etc/mlless/ca/rabbitmq/ca.pem"
+            assert env["AMQP_URL"]["value"] == "amqps://ml@mq.example:5671/%2F"
+            volumes = {v["name"]: v for v in spec["volumes"]}
+            assert volumes["redis-ca"]["secret"] == {"secretName": "cache-tls", "items": [{"key": "ca.crt", "path": "ca.pem"}]}
+            assert volumes["rabbitmq-ca"]["secret"]["secretName"] == "mq-tls"
+            assert {"name": "redis-ca", "mountPath": "/etc/mlless/ca/redis", "readOnly": True} in container["volumeMounts"]
+    plain = env_of(containers(build_worker_pod(job(), 0))[0])  # managed services: no TLS, no CA
+    assert "MLLESS_REDIS_CA_FILE" not in plain and "MLLESS_RABBITMQ_CA_FILE" not in plain
+
+
 def test_secret_holds_generated_credentials_and_urls():
     j = job()
     secret = build_secret(j)
@@ -461,6 +488,17 @@ def test_openfaas_copy_holds_full_urls_and_the_invocation_token():
     cache = {"data": {"pw": base64.b64encode(b"s3cr/t").decode()}}
     urls = asyncio.run(openfaas_secrets(FakeAPI({"ml-credentials": {"data": {}}, "cache": cache}), job("openfaas", spec)))
     assert urls == {"redis-url": "redis://:s3cr%2Ft@cache.example:6380/2", "amqp-url": "amqp://ml:open@mq.example:5672/%2F"}
+    # With TLS, the CA bundles too, as files the Function's environment names (OpenFaaS has no Secret volumes of ours).
+    tls = {name: {"data": {key: base64.b64encode(value.encode()).decode()}} for name, key, value in
+           [("cache-tls", "ca.crt", "PEM 1"), ("mq", "pw", "pw"), ("mq-tls", "ca.crt", "PEM 2")]}
+    values = asyncio.run(openfaas_secrets(FakeAPI({"ml-credentials": {"data": {}}, **tls}), job("openfaas", TLS_SPEC)))
+    assert values == {"redis-url": "rediss://cache.example:6380/2", "amqp-url": "amqps://ml:pw@mq.example:5671/%2F",
+                      "redis-ca": "PEM 1", "rabbitmq-ca": "PEM 2"}
+    assert set(build_openfaas_secret(job("openfaas", TLS_SPEC), values)["data"]) == set(values)
+    environment = build_openfaas_function(job("openfaas", TLS_SPEC))["spec"]["environment"]
+    assert environment["MLLESS_REDIS_CA_FILE"] == "/var/openfaas/secrets/redis-ca"
+    assert environment["MLLESS_RABBITMQ_CA_FILE"] == "/var/openfaas/secrets/rabbitmq-ca"
+    assert "MLLESS_REDIS_CA_FILE" not in build_openfaas_function(job("openfaas"))["spec"]["environment"]
 
 
 # ---- spec validation -----------------------------------------------------------------------------

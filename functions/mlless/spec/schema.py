@@ -242,16 +242,21 @@ _RESOURCES: Schema = {
 }
 
 
-def _service(name: str) -> Schema:
+def _secret_key_ref(description: str) -> Schema:
+    return _obj(description, {"name": _str("Secret name."), "key": _str("Key in the Secret.")}, ["name", "key"])
+
+
+def _service(name: str, tls_scheme: str) -> Schema:
     """A backing service that is either managed by the operator (a StatefulSet) or external."""
     return _obj(
         f"{name}: managed by the operator (default), or an existing one given by URL.",
         {
-            "url": _str(f"External {name} URL without the password; the operator then creates no {name}."),
-            "passwordSecretRef": _obj(
-                "Secret key holding the external instance's password.",
-                {"name": _str("Secret name."), "key": _str("Key in the Secret.")},
-                ["name", "key"],
+            "url": _str(f"External {name} URL without the password ({tls_scheme}:// for TLS); the operator then "
+                        f"creates no {name}."),
+            "passwordSecretRef": _secret_key_ref("Secret key holding the external instance's password."),
+            "caSecretRef": _secret_key_ref(
+                f"Secret key holding the PEM bundle of the CA that signs the external instance's TLS certificate "
+                f"({tls_scheme}://), trusted besides the system's CAs. Certificates and hostnames are always verified."
             ),
             "image": _str(f"Image of the managed {name}."),
             "storage": _str("Volume size of the managed instance, e.g. 1Gi; empty for none."),
@@ -278,8 +283,8 @@ CLUSTER_SPEC: dict[str, Schema] = {
             },
         },
     ),
-    "redis": _service("Redis"),
-    "rabbitmq": _service("RabbitMQ"),
+    "redis": _service("Redis", "rediss"),
+    "rabbitmq": _service("RabbitMQ", "amqps"),
     "supervisor": _obj("The supervisor pod.", {"resources": _RESOURCES}),
     "suspend": {"type": "boolean", "description": "Checkpoint and scale to zero; unset to resume from the checkpoint."},
     "ttlSecondsAfterFinished": _int("Delete the job this long after it succeeds or fails.", 0),

@@ -25,7 +25,9 @@ wrong URL is reported at once.  For Redis that covers a restart (redis-py's
 own retries cover a blip); a command Redis refuses is an error at once.  For
 RabbitMQ it covers a lost connection, a broker restart and a forced close (320
 CONNECTION_FORCED, e.g. ``rabbitmqctl close_all_connections``): the connection
-is made again and the topology declared again.  A refused login fails at once.
+is made again and the topology declared again.  A refused login fails at once,
+and so does a TLS certificate the client does not trust (``rediss://`` and
+``amqps://``; which CAs it trusts is in ``mlless.transport.tls``).
 Queues are not durable, so a broker restart loses what they held; each
 transport therefore re-publishes its last ``RESEND_DEPTH`` messages after a
 reconnect.  That is safe because every receiver ignores what it has already
@@ -79,6 +81,7 @@ from .base import (
     key_prefix,
     redact_url,
 )
+from .tls import TrustedCA, ca_from_env, redis_tls_options, untrusted_certificate, untrusted_error, uses_tls
 
 __all__ = ["ServicesTransport", "queue_names"]
 
@@ -115,9 +118,11 @@ def unlink_prefix(client: redis.Redis, prefix: str) -> int:
     return deleted
 
 
-def delete_job_keys(redis_url: str, job_id: str, timeout: float = 10.0) -> int:
-    """Delete every key of `job_id` from the Redis at `redis_url` (no queue is touched; they expire on their own)."""
-    client = redis.Redis.from_url(redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
+def delete_job_keys(redis_url: str, job_id: str, timeout: float = 10.0, ca: TrustedCA | None = None) -> int:
+    """Delete every key of `job_id` from the Redis at `redis_url`, trusting `ca` for TLS (no queue is touched;
+    they expire on their own)."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                  **redis_tls_options(redis_url, ca))
     try:
         return unlink_prefix(client, key_prefix(check_job_id(job_id)))
     except (redis.RedisError, OSError) as exc:
@@ -175,6 +180,8 @@ class ServicesTransport(Transport):
         health_check_interval: int = 30,
         redis_retries: int = 5,
         outage_seconds: float | None = None,
+        redis_ca: TrustedCA | None = None,
+        amqp_ca: TrustedCA | None = None,
     ) -> None:
         self.job_id = check_job_id(job_id)
         self.role = role
@@ -192,6 +199,9 @@ class ServicesTransport(Transport):
         self._outage_seconds = outage_seconds
         self._redis_desc = redact_url(redis_url)
         self._amqp_desc = redact_url(amqp_url)
+        # TLS (rediss://, amqps://): the system's CAs, plus a private CA's bundle if one is named; see .tls.
+        self._redis_ca = redis_ca or ca_from_env("redis")
+        self._amqp_ca = amqp_ca or ca_from_env("amqp")
 
         # ---- Redis: one pool per process, explicit retries, health checks.
         try:
@@ -203,6 +213,7 @@ class ServicesTransport(Transport):
                 health_check_interval=health_check_interval,
                 retry=Retry(ExponentialBackoff(cap=2.0, base=0.01), redis_retries),
                 retry_on_error=[redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError],
+                **redis_tls_options(redis_url, self._redis_ca),
             )
         except ValueError as exc:
             raise TransportError(f"bad redis url {self._redis_desc}: {exc}") from None
@@ -217,6 +228,9 @@ class ServicesTransport(Transport):
         self._params.blocked_connection_timeout = blocked_connection_timeout
         self._params.socket_timeout = socket_timeout
         self._params.connection_attempts = 1  # we do our own backoff
+        # pika's own amqps:// context verifies against the system's CAs; with a private CA, one that trusts it too.
+        if uses_tls("amqp", amqp_url, self._amqp_ca) and self._amqp_ca is not None:
+            self._params.ssl_options = pika.SSLOptions(self._amqp_ca.context())
         self._conn: pika.BlockingConnection | None = None
         self._pub: pika.adapters.blocking_connection.BlockingChannel | None = None
         self._sub: pika.adapters.blocking_connection.BlockingChannel | None = None
@@ -249,6 +263,8 @@ class ServicesTransport(Transport):
             try:
                 return fn()
             except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if (untrusted := untrusted_certificate(exc)) is not None:
+                    raise untrusted_error("redis", self._redis_desc, untrusted, self._redis_ca) from None
                 reason = f"{type(exc).__name__}: {exc}"
             except redis.RedisError as exc:
                 raise TransportError(f"redis {self._redis_desc}: {type(exc).__name__}: {exc}") from None
@@ -374,6 +390,9 @@ class ServicesTransport(Transport):
                     raise TransportError(f"amqp {self._amqp_desc}: refused by the broker: {exc}") from None
                 reason = f"closed by the broker ({exc.reply_code} {exc.reply_text})"
             except (pe.AMQPConnectionError, pe.ChannelWrongStateError, OSError) as exc:
+                if (untrusted := untrusted_certificate(exc)) is not None:
+                    self._drop_connection()
+                    raise untrusted_error("amqp", self._amqp_desc, untrusted, self._amqp_ca) from None
                 if isinstance(exc, pe.ChannelWrongStateError) and self._conn is not None and self._conn.is_open:
                     raise TransportError(f"amqp {self._amqp_desc}: channel closed: {exc}") from None
                 self._drop_connection()

@@ -1,11 +1,12 @@
-"""The job's Secret (generated passwords, service URLs, invocation token), its OpenFaaS copy, and the env vars that read it."""
+"""The job's Secret (generated passwords, service URLs, invocation token), its OpenFaaS copy, and the env vars that
+read it; and the volumes that bring an external service's CA bundle (spec.<service>.caSecretRef) to the runtime."""
 from __future__ import annotations
 
 import base64
 import secrets
 from typing import Mapping
 
-from mlless.contract import ENV_AMQP_URL, ENV_REDIS_URL
+from mlless.contract import ENV_AMQP_URL, ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE, ENV_REDIS_URL
 from mlless.transport.env import PASSWORD_VARS
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import (
@@ -28,9 +29,16 @@ REDIS_URL_KEY = "redis-url"
 RABBITMQ_USER_KEY = "rabbitmq-username"
 RABBITMQ_PASSWORD_KEY = "rabbitmq-password"
 AMQP_URL_KEY = "amqp-url"
-#: What the OpenFaaS copy holds: the URLs only, never the bare passwords.
 INVOKE_TOKEN_KEY = "invoke-token"
-OPENFAAS_SECRET_KEYS = (REDIS_URL_KEY, AMQP_URL_KEY, INVOKE_TOKEN_KEY)
+#: An external service's CA bundle in the OpenFaaS copy, per service.
+CA_KEYS = {"redis": "redis-ca", "rabbitmq": "rabbitmq-ca"}
+#: What the OpenFaaS copy holds: the URLs only, never the bare passwords.
+OPENFAAS_SECRET_KEYS = (REDIS_URL_KEY, AMQP_URL_KEY, INVOKE_TOKEN_KEY, *CA_KEYS.values())
+#: The variable naming a service's CA bundle, and where a runtime container finds it: one folder per service,
+#: holding only the caSecretRef's key, as CA_FILE.
+CA_FILE_VARS = {"redis": ENV_REDIS_CA_FILE, "rabbitmq": ENV_RABBITMQ_CA_FILE}
+CA_DIR = "/etc/mlless/ca"
+CA_FILE = "ca.pem"
 
 
 def _b64(text: str) -> str:
@@ -94,7 +102,8 @@ def secret_env(name: str, secret: str, key: str) -> Manifest:
 
 
 def service_env(job: JobRef) -> list[Manifest]:
-    """REDIS_URL and AMQP_URL for a runtime container: from the job Secret, or the external URL + its password Secret."""
+    """REDIS_URL and AMQP_URL for a runtime container: from the job Secret, or the external URL + its password Secret
+    (and where its CA bundle is mounted, see ca_volumes)."""
     env: list[Manifest] = []
     for service, url_var, pw_var, url_key in (
         ("redis", ENV_REDIS_URL, PASSWORD_VARS[ENV_REDIS_URL], REDIS_URL_KEY),
@@ -109,4 +118,22 @@ def service_env(job: JobRef) -> list[Manifest]:
                 # The runtime percent-encodes it into the URL (mlless.transport.env); `$(VAR)` would paste it raw.
                 ref = ext["passwordSecretRef"]
                 env.append(secret_env(pw_var, ref["name"], ref["key"]))
+    env += [{"name": CA_FILE_VARS[service], "value": f"{CA_DIR}/{service}/{CA_FILE}"} for service, _ in ca_refs(job)]
     return env
+
+
+def ca_refs(job: JobRef) -> list[tuple[str, Mapping[str, str]]]:
+    """(service, caSecretRef) of each external service whose CA bundle is given."""
+    return [(service, ext["caSecretRef"]) for service in CA_FILE_VARS
+            if (ext := job.external(service)) is not None and ext.get("caSecretRef")]
+
+
+def ca_volumes(job: JobRef) -> list[Manifest]:
+    """A Secret volume per external service with a caSecretRef, holding that one key as CA_FILE."""
+    return [{"name": f"{service}-ca", "secret": {"secretName": ref["name"], "items": [{"key": ref["key"], "path": CA_FILE}]}}
+            for service, ref in ca_refs(job)]
+
+
+def ca_mounts(job: JobRef) -> list[Manifest]:
+    """Where ca_volumes go in a runtime container, read-only."""
+    return [{"name": f"{service}-ca", "mountPath": f"{CA_DIR}/{service}", "readOnly": True} for service, _ in ca_refs(job)]

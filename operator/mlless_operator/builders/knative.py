@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from mlless.contract import ENV_FUNCTION_TIMEOUT_SECONDS
-from mlless_operator.builders.credentials import service_env
+from mlless_operator.builders.credentials import ca_mounts, ca_volumes, service_env
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import knative_service_name, labels, metadata
 from mlless_operator.builders.podspec import container_security_context, pod_security_context
@@ -53,10 +53,10 @@ def build_knative_service(job: JobRef) -> Manifest:
                             "env": env,
                             "resources": function_resources(job),
                             "securityContext": container_security_context(),
-                            "volumeMounts": [TMP_VOLUME],
+                            "volumeMounts": [TMP_VOLUME, *ca_mounts(job)],
                         }
                     ],
-                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}, *ca_volumes(job)],
                 },
             }
         },

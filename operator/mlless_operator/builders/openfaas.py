@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from mlless.contract import ENV_FUNCTION_TIMEOUT_SECONDS, ENV_JOB_ID, ENV_SECRETS_DIR
+from mlless_operator.builders.credentials import CA_FILE_VARS, CA_KEYS, ca_refs
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import cross_namespace_owner, labels, openfaas_function_name, openfaas_secret_name, selector_labels
 from mlless_operator.builders.runtime import function_resources, user_env
@@ -41,8 +42,9 @@ def build_openfaas_function(job: JobRef) -> Manifest:
             "environment": {
                 ENV_JOB_ID: job.job_id,
                 ENV_FUNCTION_TIMEOUT_SECONDS: str(job.timeout_seconds),
-                # OpenFaaS has no secretKeyRef: the service URLs are files under this directory.
+                # OpenFaaS has no secretKeyRef: the service URLs, and CA bundles, are files under this directory.
                 ENV_SECRETS_DIR: OPENFAAS_SECRETS_DIR,
+                **{CA_FILE_VARS[service]: f"{OPENFAAS_SECRETS_DIR}/{CA_KEYS[service]}" for service, _ in ca_refs(job)},
                 "HOME": "/tmp",
                 "read_timeout": timeout,
                 "write_timeout": timeout,

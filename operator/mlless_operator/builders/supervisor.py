@@ -12,7 +12,7 @@ from mlless.contract import (
     GROUP,
     PLURAL,
 )
-from mlless_operator.builders.credentials import service_env
+from mlless_operator.builders.credentials import ca_mounts, ca_volumes, service_env
 from mlless_operator.builders.jobfile import JOB_FILE
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import knative_service_name, metadata, openfaas_function_name, supervisor_name
@@ -100,10 +100,10 @@ def build_supervisor_pod(job: JobRef) -> Manifest:
                     "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
                     "resources": resources(job.spec.get("supervisor"), {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}),
                     "securityContext": container_security_context(),
-                    "volumeMounts": [JOB_VOLUME, TMP_VOLUME, {"name": "run", "mountPath": "/var/lib/mlless"}],
+                    "volumeMounts": [JOB_VOLUME, TMP_VOLUME, {"name": "run", "mountPath": "/var/lib/mlless"}, *ca_mounts(job)],
                 }
             ],
-            "volumes": runtime_volumes(job, {"name": "run", "emptyDir": {}}),
+            "volumes": runtime_volumes(job, {"name": "run", "emptyDir": {}}, *ca_volumes(job)),
         },
     }
 

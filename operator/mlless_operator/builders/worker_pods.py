@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from mlless.contract import ENV_JOB_FILE, ENV_RANK, LABEL_RANK
-from mlless_operator.builders.credentials import service_env
+from mlless_operator.builders.credentials import ca_mounts, ca_volumes, service_env
 from mlless_operator.builders.jobfile import JOB_FILE
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import metadata, worker_pod_name
@@ -37,9 +37,9 @@ def build_worker_pod(job: JobRef, rank: int) -> Manifest:
                     "env": env,
                     "resources": function_resources(job),
                     "securityContext": container_security_context(),
-                    "volumeMounts": [JOB_VOLUME, TMP_VOLUME],
+                    "volumeMounts": [JOB_VOLUME, TMP_VOLUME, *ca_mounts(job)],
                 }
             ],
-            "volumes": runtime_volumes(job),
+            "volumes": runtime_volumes(job, *ca_volumes(job)),
         },
     }

@@ -24,7 +24,7 @@ from mlless_operator.builders.jobref import JobRef
 from mlless_operator.builders.names import openfaas_function_name, openfaas_secret_name
 from mlless_operator.config import Config
 from mlless_operator.kubeapi import KubeAPI
-from mlless_operator.reconcile.service_urls import external_url
+from mlless_operator.reconcile.service_urls import external_ca, external_url
 
 
 async def cleanup(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger | logging.LoggerAdapter, **_: Any) -> None:
@@ -50,8 +50,8 @@ async def cleanup(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger | log
 async def delete_external_keys(api: KubeAPI, job: JobRef, logger: logging.Logger | logging.LoggerAdapter) -> None:
     """Best effort: a Redis the operator cannot reach keeps the keys until their TTL, which must not block deletion."""
     try:
-        url = await external_url(api, job, "redis")
-        deleted = await asyncio.to_thread(delete_job_keys, url, job.job_id)
+        url, ca = await external_url(api, job, "redis"), await external_ca(api, job, "redis")
+        deleted = await asyncio.to_thread(delete_job_keys, url, job.job_id, ca=ca)
     except (kopf.TemporaryError, TransportError) as exc:
         logger.warning("%s: the job's keys stay on the external Redis until their TTL: %s", job.name, exc)
         return

@@ -1,5 +1,5 @@
-"""Service URLs with their passwords, and the invocation token, read from Secrets: for the OpenFaaS copy, and to clean
-up an external Redis."""
+"""Service URLs with their passwords, CA bundles, and the invocation token, read from Secrets: for the OpenFaaS copy,
+and to clean up an external Redis."""
 from __future__ import annotations
 
 import base64
@@ -9,7 +9,8 @@ from typing import Any, Mapping
 import kopf
 
 from mlless.transport.env import with_password
-from mlless_operator.builders.credentials import AMQP_URL_KEY, INVOKE_TOKEN_KEY, REDIS_URL_KEY
+from mlless.transport.tls import TrustedCA
+from mlless_operator.builders.credentials import AMQP_URL_KEY, CA_KEYS, INVOKE_TOKEN_KEY, REDIS_URL_KEY, ca_refs
 from mlless_operator.builders.jobref import JobRef
 from mlless_operator.builders.names import secret_name
 from mlless_operator.kubeapi import KubeAPI
@@ -30,23 +31,35 @@ def secret_value(secret: Mapping[str, Any] | None, key: str) -> str | None:
     return None if value is None else str(value)
 
 
-async def external_url(api: KubeAPI, job: JobRef, service: str) -> str:
-    """spec.<service>.url with the password from its passwordSecretRef, percent-encoded."""
+async def _referenced(api: KubeAPI, job: JobRef, service: str, field: str) -> str | None:
+    """The value spec.<service>.<field> (a Secret key reference) points to; None without the reference."""
     ext = job.external(service)
     assert ext is not None, f"spec.{service} is managed, not external"
-    password = None
-    ref = ext.get("passwordSecretRef")
-    if ref:
-        password = secret_value(await api.get("v1", "Secret", job.namespace, ref["name"]), ref["key"])
-        if password is None:
-            raise kopf.TemporaryError(f"spec.{service}.passwordSecretRef: Secret {ref['name']} has no key {ref['key']} (yet)", delay=30)
-    return with_password(ext["url"], password)
+    ref = ext.get(field)
+    if not ref:
+        return None
+    value = secret_value(await api.get("v1", "Secret", job.namespace, ref["name"]), ref["key"])
+    if value is None:
+        raise kopf.TemporaryError(f"spec.{service}.{field}: Secret {ref['name']} has no key {ref['key']} (yet)", delay=30)
+    return value
+
+
+async def external_url(api: KubeAPI, job: JobRef, service: str) -> str:
+    """spec.<service>.url with the password from its passwordSecretRef, percent-encoded."""
+    password = await _referenced(api, job, service, "passwordSecretRef")  # (asserts that the service is external)
+    return with_password(job.external(service)["url"], password)
+
+
+async def external_ca(api: KubeAPI, job: JobRef, service: str) -> TrustedCA | None:
+    """The CA bundle from spec.<service>.caSecretRef; None for the system's CAs only."""
+    pem = await _referenced(api, job, service, "caSecretRef")
+    return None if pem is None else TrustedCA(f"spec.{service}.caSecretRef", pem=pem)
 
 
 async def openfaas_secrets(api: KubeAPI, job: JobRef) -> dict[str, str]:
     """What the OpenFaaS copy holds: the full Redis and AMQP URLs (managed ones from the job Secret, external ones
     with the password from their passwordSecretRef; OpenFaaS can only mount whole values, it cannot assemble a URL),
-    and the invocation token."""
+    external services' CA bundles, and the invocation token."""
     values: dict[str, str] = {}
     job_secret = await api.get("v1", "Secret", job.namespace, secret_name(job)) or {}
     for service, key in (("redis", REDIS_URL_KEY), ("rabbitmq", AMQP_URL_KEY)):
@@ -57,6 +70,8 @@ async def openfaas_secrets(api: KubeAPI, job: JobRef) -> dict[str, str]:
         if value is None:
             raise kopf.TemporaryError(f"Secret {secret_name(job)} has no {key} yet", delay=5)
         values[key] = value
+    for service, _ in ca_refs(job):
+        values[CA_KEYS[service]] = await _referenced(api, job, service, "caSecretRef")
     token = secret_value(job_secret, INVOKE_TOKEN_KEY)
     if token is not None:  # a Secret made before tokens has none; its functions then accept any caller
         values[INVOKE_TOKEN_KEY] = token
