@@ -160,8 +160,8 @@ async def test_suspend_checkpoints_to_redis_and_resume_continues_to_succeeded(cl
         assert resumed["status"] == "False" and resumed["reason"] == "Resumed", resumed
         second, log = supervisors(kubelet, name)[1], log_text(kubelet, f"{name}-supervisor", "supervisor")
         summary, after = summary_of(second), metrics_rows(second)
-        assert f"resuming from the checkpoint of step {checkpoint_step}" in log
-        assert summary["stop_reason"] == "max steps" and summary["steps"] == RESUME_STEPS
+        assert f"run 2 continues at step {checkpoint_step}, from the checkpoint" in log
+        assert summary["stop_reason"] == "max steps" and summary["steps"] == max_steps  # the whole job's
         # It started from the suspended model, not from scratch: its first losses are those of the suspend.
         initial, at_suspend, resumed_at = (fmean(r["loss"] for r in rows) for rows in (before[:5], before[-5:], after[:5]))
         assert abs(resumed_at - at_suspend) < abs(resumed_at - initial), (initial, at_suspend, resumed_at)
@@ -186,7 +186,7 @@ async def test_a_job_recreated_after_deleting_a_suspended_one_starts_afresh(clus
         log = log_text(kubelet, f"{name}-supervisor", "supervisor")
         new_session = log.split("start #0 of pod")[-1]  # the second pod's part of the log
         assert final["phase"] == "Succeeded" and final["step"] == 30, (final, new_session)
-        assert "resuming from the checkpoint" not in new_session, new_session
+        assert "continues at step" not in new_session, new_session
 
 
 # ---- 3. spec.activeDeadlineSeconds ---------------------------------------------------------------
