@@ -57,6 +57,7 @@ VARIATIONS: dict[str, dict[str, Any]] = {
     "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}, "scrapeTimeout": "10s"}}},
     "supervisor-pod-monitor": {"metrics": {"supervisorPodMonitor": {"enabled": True}}},
     "dashboard-off": {"grafana": {"dashboard": {"enabled": False}}},
+    "network-policy-off": {"networkPolicy": {"enabled": False}},
     "image-tag": {"image": {"repository": "registry.example.com/ml/mlless", "tag": "0.1.1", "pullPolicy": "Always"},
                   "imagePullSecrets": [{"name": "regcred"}, {"name": "mirror"}]},
     "watch-namespaces": {"operator": {"watchNamespaces": ["team-a", "team-b"], "logLevel": "debug", "logFormat": "json"},
@@ -97,10 +98,12 @@ OPERATOR_NEEDS: dict[tuple[str, str], set[str]] = {
     # garbage collector delete them; the operator deletes only Secrets (the OpenFaaS copy) and pods.
     ("", "secrets"): {"create", "get", "patch", "delete"},
     **{("", r): {"create", "get", "patch"} for r in ("services", "serviceaccounts", "configmaps")},
-    # Created once, never patched; scale-in lists a job's worker pods and deletes them by rank, and
-    # suspension and activeDeadlineSeconds delete the supervisor and the workers.
+    # Created once, never patched; scale-in lists a job's worker pods and deletes them by rank,
+    # suspension and activeDeadlineSeconds delete the supervisor and the workers, a failed supervisor
+    # makes way for its successor, and the status timer lists a job's pods (PodsHealthy).
     ("", "pods"): {"create", "get", "list", "delete"},
     ("apps", "statefulsets"): {"create", "get", "patch"},
+    ("networking.k8s.io", "networkpolicies"): {"create", "get", "patch"},
     ("rbac.authorization.k8s.io", "roles"): {"create", "get", "patch"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"create", "get", "patch"},
     ("serving.knative.dev", "services"): {"create", "get", "patch"},
@@ -350,6 +353,7 @@ class TestValues:
             ({"metrics": {"serviceMonitor": {"interval": "30"}}}, "/metrics/serviceMonitor/interval"),
             ({"grafana": {"dashboard": {"labels": {"grafana_dashboard": 1}}}}, "grafana_dashboard"),
             ({"fullnameOverride": "Not_A_Name"}, "/fullnameOverride"),
+            ({"networkPolicy": {"enabled": "no"}}, "/networkPolicy/enabled"),
         ],
         ids=lambda v: json.dumps(v) if isinstance(v, dict) else None,
     )
@@ -496,6 +500,20 @@ class TestDeployment:
         assert env["MLLESS_OPERATOR_STATUS_INTERVAL"] == "5"  # extraEnv
         assert all(name.startswith("MLLESS_OPERATOR_") for name in env)
         assert "MLLESS_OPERATOR_NAMESPACES" not in env  # all namespaces
+
+    def test_network_policy_setting_and_the_pod_it_lets_in(self, render):
+        """networkPolicy.enabled reaches the operator, and so do the namespace and labels its own pod has."""
+        from mlless_operator import config as operator_config
+
+        for values, enabled in (({}, True), (VARIATIONS["network-policy-off"], False)):
+            rendered = render(values)
+            cfg = operator_config.load({e["name"]: e["value"] for e in container(rendered)["env"]})
+            assert cfg.network_policy is enabled
+            assert cfg.pod_namespace == NAMESPACE
+            pod_labels = one(rendered, "deployment.yaml")["spec"]["template"]["metadata"]["labels"]
+            assert dict(cfg.pod_labels).items() <= pod_labels.items()
+            assert dict(cfg.pod_labels) == {"app.kubernetes.io/name": "mlless", "app.kubernetes.io/instance": RELEASE,
+                                            "app.kubernetes.io/component": "operator"}
 
     def test_metrics_port_is_exposed(self, render):
         c = container(render({"metrics": {"port": 9191}}))

@@ -54,7 +54,8 @@ def test_scale_subresource_and_printer_columns_point_at_real_fields(crd):
     assert fields[scale["labelSelectorPath"]] == "string"
     assert "status" in version["subresources"]
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["State", "Workers", "Step", "Loss", "Cost", "Age"]
+    assert list(columns) == ["State", "Workers", "Step", "Loss", "Cost", "Age", "Restarts"]
+    assert [name for name, c in columns.items() if c.get("priority")] == ["Restarts"]  # -o wide only
     for column in columns.values():
         if column["jsonPath"] != ".metadata.creationTimestamp":
             assert column["jsonPath"] in fields, column
@@ -66,7 +67,7 @@ def test_condition_items_have_the_metav1_condition_shape(crd):
     item = status["properties"]["conditions"]["items"]
     assert set(item["properties"]) == {"type", "status", "reason", "message", "lastTransitionTime", "observedGeneration"}
     assert set(item["required"]) == {"type", "status", "reason", "message", "lastTransitionTime"}
-    assert item["properties"]["type"]["enum"] == ["Created", "Running", "Suspended", "Succeeded", "Failed"]
+    assert item["properties"]["type"]["enum"] == ["Created", "Running", "Suspended", "Succeeded", "Failed", "SupervisorRestarted", "PodsHealthy"]
 
 
 @pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
@@ -91,3 +92,17 @@ def test_crd_manifest_matches_the_cli_spec_schema():
     from mlless.spec import SPEC_SCHEMA
 
     assert crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"] == SPEC_SCHEMA
+
+
+def test_backoff_limit_defaults_to_three_and_both_reject_a_negative_one(crd):
+    """spec.backoffLimit, as a batch Job's: how often the operator recreates a failed supervisor pod."""
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    field = schema["properties"]["spec"]["properties"]["backoffLimit"]
+    assert (field["type"], field["default"], field["minimum"]) == ("integer", 3, 0)
+    assert schema["properties"]["status"]["properties"]["supervisorRestarts"]["type"] == "integer"
+    doc = yaml.safe_load((ROOT / "examples" / "movielens.yaml").read_text())
+    doc["spec"]["backoffLimit"] = -1
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft4Validator(schema).validate(doc)
+    with pytest.raises(SpecError, match="spec.backoffLimit"):
+        from_manifest(doc)

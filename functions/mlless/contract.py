@@ -26,6 +26,9 @@ ANNOTATION_OWNER_UID = f"{GROUP}/owner-uid"
 #: On a TrainingJob (pod backend): the highest worker rank created in the current session, so that no rank is
 #: ever reused even after its pod is gone without a trace in status.removedRanks (a user's scale-in).
 ANNOTATION_HIGHEST_RANK = f"{GROUP}/highest-rank"
+#: On a supervisor pod: how many restarts (spec.backoffLimit) came before it, 0 for the first; the live pod carries the
+#: count even if the operator stopped before writing it into status.supervisorRestarts.
+ANNOTATION_SUPERVISOR_RESTART = f"{GROUP}/supervisor-restart"
 
 # --- Environment variables: one name per setting ----------------------------------------------------------------
 #: Service URLs (a password may come separately, see the *_PASSWORD names).

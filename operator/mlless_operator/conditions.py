@@ -80,6 +80,11 @@ def is_true(status: Mapping[str, Any] | None, type_: str) -> bool:
     return bool(condition and condition.get("status") == "True")
 
 
+def supervisor_restarts(status: Mapping[str, Any] | None) -> int:
+    """status.supervisorRestarts: how many times the supervisor pod has been recreated (0 if never)."""
+    return int((status or {}).get("supervisorRestarts") or 0)
+
+
 def is_invalid(status: Mapping[str, Any] | None) -> bool:
     failed = get_condition(status, "Failed")
     return bool(failed and failed.get("status") == "True" and failed.get("reason") == "InvalidSpec")

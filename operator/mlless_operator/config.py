@@ -49,10 +49,31 @@ class Config:
     annotations_prefix: str = f"operator.{GROUP}"
     #: Finalizer Kopf puts on TrainingJobs (it blocks deletion until the cleanup handler ran).
     finalizer: str = f"{GROUP}/finalizer"
+    #: Give each job a NetworkPolicy: its managed Redis and RabbitMQ accept only its supervisor, its workers and the
+    #: operator. Off for clusters without a policy controller (where it would do nothing).
+    network_policy: bool = True
+    #: The operator's own pod, which those policies let in: its namespace (empty: the job's own) and labels
+    #: (`k=v,k=v`; the chart passes its Deployment's selector labels).
+    pod_namespace: str = ""
+    pod_labels: tuple[tuple[str, str], ...] = (("app.kubernetes.io/name", "mlless"), ("app.kubernetes.io/component", "operator"))
 
     def __post_init__(self) -> None:
         if self.default_backend not in ("auto", *choices("function.backend")):
             raise ValueError(f"{ENV_OPERATOR_PREFIX}DEFAULT_BACKEND: {self.default_backend!r} is not auto, knative, openfaas or pod")
+
+
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _labels(raw: str) -> tuple[tuple[str, str], ...]:
+    """`k=v,k=v` as pairs; a pair without `=` or with an empty key is an error."""
+    pairs = []
+    for item in (i.strip() for i in raw.split(",") if i.strip()):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(item)
+        pairs.append((key.strip(), value.strip()))
+    return tuple(pairs)
 
 
 def load(env: Mapping[str, str] | None = None) -> Config:
@@ -66,12 +87,16 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         try:
             if f.name == "namespaces":
                 values[f.name] = tuple(ns.strip() for ns in raw.split(",") if ns.strip())
+            elif f.name == "pod_labels":
+                values[f.name] = _labels(raw)
+            elif f.type in ("bool", bool):
+                values[f.name] = _BOOLS[raw.strip().lower()]
             elif f.type in ("int", int):
                 values[f.name] = int(raw)
             elif f.type in ("float", float):
                 values[f.name] = float(raw)
             else:
                 values[f.name] = raw
-        except ValueError:
+        except (ValueError, KeyError):
             raise ValueError(f"{ENV_OPERATOR_PREFIX}{f.name.upper()}: cannot parse {raw!r}") from None
     return Config(**values)  # type: ignore[arg-type]

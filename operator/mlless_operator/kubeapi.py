@@ -32,6 +32,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "Pod"): "pods",
     ("apps/v1", "StatefulSet"): "statefulsets",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("serving.knative.dev/v1", "Service"): "services",
@@ -49,9 +50,11 @@ VERBS: dict[tuple[str, str], frozenset[str]] = {
     ("v1", "ConfigMap"): _ENSURED,
     ("v1", "Service"): _ENSURED,
     ("v1", "ServiceAccount"): _ENSURED,
-    # Created once (a Pod's spec is immutable), listed and deleted by scale-in, suspension and the deadline.
+    # Created once (a Pod's spec is immutable); listed by scale-in and the PodsHealthy check; deleted by scale-in,
+    # suspension, the deadline and a supervisor's restart.
     ("v1", "Pod"): frozenset({"create", "get", "list", "delete"}),
     ("apps/v1", "StatefulSet"): _ENSURED,
+    ("networking.k8s.io/v1", "NetworkPolicy"): _ENSURED,
     ("rbac.authorization.k8s.io/v1", "Role"): _ENSURED,
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): _ENSURED,
     ("serving.knative.dev/v1", "Service"): _ENSURED,

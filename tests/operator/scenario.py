@@ -49,6 +49,7 @@ TERMINAL = ("Succeeded", "Failed")
 STATE_CHILDREN = {
     ("/v1/secrets", "ml-credentials"), ("/v1/configmaps", "ml-job"), ("apps/v1/statefulsets", "ml-redis"),
     ("apps/v1/statefulsets", "ml-rabbitmq"), ("/v1/services", "ml-redis"), ("/v1/services", "ml-rabbitmq"),
+    ("networking.k8s.io/v1/networkpolicies", "ml-services"),
 }
 POD_JOB_CHILDREN = STATE_CHILDREN | {
     ("/v1/serviceaccounts", "ml-supervisor"), ("rbac.authorization.k8s.io/v1/roles", "ml-supervisor"),
@@ -158,7 +159,11 @@ class Cluster:
 
     def set_pod_phase(self, name: str, phase: str) -> None:
         """What the kubelet would report."""
-        self.emu.objects[PODS, NS, name].patch({"status": {"phase": phase}})
+        self.set_pod_status(name, {"phase": phase})
+
+    def set_pod_status(self, name: str, status: dict[str, Any]) -> None:
+        """What the kubelet (or the scheduler) would report: merged into the pod's status, lists replaced whole."""
+        self.emu.objects[PODS, NS, name].patch({"status": status})
 
     # ---- the steps of a scenario ----
 

@@ -16,6 +16,7 @@ from mlless_operator.builders.credentials import build_openfaas_secret, build_se
 from mlless_operator.builders.jobfile import JOB_FILE, build_job_configmap
 from mlless_operator.builders.jobref import JobRef
 from mlless_operator.builders.knative import build_knative_service, knative_scale_annotations
+from mlless_operator.builders.network import build_network_policy
 from mlless_operator.builders.names import rabbitmq_name, redis_name, secret_name, supervisor_name, worker_pod_name, worker_selector
 from mlless_operator.builders.openfaas import build_openfaas_function, openfaas_scale_labels
 from mlless_operator.builders.podspec import SERVICE_UID
@@ -34,6 +35,8 @@ from mlless_operator.config import Config, load
 from mlless_operator.handlers.ttl import applies as ttl_applies
 from mlless_operator.kubeapi import PLURALS, VERBS, KubeAPIRejected, check_verb, is_subset
 from mlless_operator.ranks import plan_pod_scale, pod_rank
+from mlless_operator.reconcile.pod_health import health, pod_problem
+from mlless_operator.reconcile.restarts import failure, pod_restarts
 
 SPEC = {"workers": 3, "model": {"type": "pmf"}, "dataset": {"uri": "s3://bucket/ml"}, "function": {"memory": "1Gi", "cpu": "500m", "timeoutSeconds": 600, "env": [{"name": "EXTRA", "value": "1"}]}}
 UID = "0a1b2c3d-0000-4000-8000-000000000001"
@@ -48,7 +51,8 @@ def validate(obj: dict) -> None:
 
 
 def built_ins(j: JobRef) -> list[dict]:
-    return [
+    policy = build_network_policy(j)  # none when both services are external
+    return [*([policy] if policy else []),
         build_secret(j),
         build_job_configmap(j),
         build_redis_service(j),
@@ -355,6 +359,11 @@ def test_config_reads_prefixed_environment():
         load({"MLLESS_OPERATOR_METRICS_PORT": "x"})
     with pytest.raises(ValueError, match="DEFAULT_BACKEND"):
         load({"MLLESS_OPERATOR_DEFAULT_BACKEND": "lambda"})
+    cfg = load({"MLLESS_OPERATOR_NETWORK_POLICY": "False", "MLLESS_OPERATOR_POD_LABELS": "a=1, b = 2"})
+    assert cfg.network_policy is False and cfg.pod_labels == (("a", "1"), ("b", "2")) and Config().network_policy is True
+    for name, raw in (("NETWORK_POLICY", "maybe"), ("POD_LABELS", "a=1,b"), ("POD_LABELS", "=1")):
+        with pytest.raises(ValueError, match=f"MLLESS_OPERATOR_{name}: cannot parse"):
+            load({f"MLLESS_OPERATOR_{name}": raw})
 
 
 def test_subset_comparison_tolerates_server_defaults():
@@ -555,3 +564,52 @@ def test_workers_run_the_worker_image_and_the_supervisor_keeps_the_full_one():
     own = job("pod", spec={**SPEC, "function": {"image": "mine:2"}}, config=config)
     assert build_worker_pod(own, 0)["spec"]["containers"][0]["image"] == build_supervisor_pod(own)["spec"]["containers"][0]["image"] == "mine:2"
     assert job("pod").worker_image == job("pod").image  # without a worker image, one image for all
+
+
+def test_network_policy_guards_only_the_managed_services_and_lets_openfaas_workers_in():
+    external_redis = {**SPEC, "redis": {"url": "redis://cache.example:6380/2"}}
+    policy = build_network_policy(job(spec=external_redis))
+    validate(policy)
+    assert policy["spec"]["podSelector"]["matchExpressions"][0]["values"] == ["rabbitmq"]
+    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 5672}]
+    # No namespace known for the operator: a bare pod selector, which looks in the job's own namespace.
+    assert {"podSelector": {"matchLabels": dict(Config().pod_labels)}} in policy["spec"]["ingress"][0]["from"]
+    both_external = {**external_redis, "rabbitmq": {"url": "amqp://ml@mq.example:5672/%2F"}}
+    assert build_network_policy(job(spec=both_external)) is None
+
+    peers = build_network_policy(job("openfaas", config=Config(openfaas_namespace="fn")))["spec"]["ingress"][0]["from"]
+    assert peers[-1] == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "fn"}},
+                         "podSelector": {"matchLabels": {"faas_function": "mlless-team-ml"}}}
+
+
+def _container_status(state: dict) -> dict:
+    return {"status": {"phase": "Pending", "containerStatuses": [{"name": "worker", "state": state}]}, "metadata": {"name": "p"}}
+
+
+def test_pod_problems_are_stuck_waits_and_unschedulable_pods_only():
+    pulling = _container_status({"waiting": {"reason": "ErrImagePull", "message": "not found"}})
+    assert pod_problem(pulling) == ("ErrImagePull", "container worker: not found")
+    assert pod_problem(_container_status({"waiting": {"reason": "ContainerCreating"}})) is None  # on its way
+    assert pod_problem(_container_status({"running": {}})) is None
+    config = {"metadata": {"name": "q"}, "status": {"initContainerStatuses": [
+        {"name": "init", "state": {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "x" not found'}}}]}}
+    assert pod_problem(config) == ("CreateContainerConfigError", 'container init: secret "x" not found')
+    unschedulable = {"metadata": {"name": "r"}, "status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes are available"}]}}
+    assert pod_problem(unschedulable) == ("Unschedulable", "0/1 nodes are available")
+    going = {**pulling, "metadata": {"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    assert pod_problem(going) is None and pod_problem({**pulling, "status": {**pulling["status"], "phase": "Failed"}}) is None
+    assert health([]) == ("True", "PodsHealthy", "no pod of the job is stuck")
+    status, reason, message = health([unschedulable, pulling] * 100)
+    assert (status, reason) == ("False", "ErrImagePull") and len(message) == 1024 and message.startswith("pod p: ErrImagePull")
+
+
+def test_supervisor_restart_count_and_failure_cause():
+    pod = {"metadata": {"annotations": {"mlless.io/supervisor-restart": "2"}}, "status": {"phase": "Failed", "containerStatuses": [
+        {"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}}
+    assert pod_restarts(pod, {}) == 2 and pod_restarts(pod, {"supervisorRestarts": 3}) == 3 and pod_restarts(None, {}) == 0
+    assert failure(pod) == ("OOMKilled", "exit code 137: OOMKilled")
+    assert failure(None) == ("SupervisorDeleted", "the supervisor pod was deleted")
+    assert failure({"status": {"phase": "Failed", "reason": "node lost!"}}) == ("SupervisorFailed", "the supervisor pod failed")
+    assert build_supervisor_pod(job(), 2)["metadata"]["annotations"] == {"mlless.io/supervisor-restart": "2"}
+    assert job().backoff_limit == 3 and job(spec={**SPEC, "backoffLimit": 0}).backoff_limit == 0

@@ -22,6 +22,9 @@ PRINTER_COLUMNS = [
     {"name": "Loss", "type": "number", "jsonPath": ".status.trainLoss", "description": "Training loss (RMSE or BCE)"},
     {"name": "Cost", "type": "number", "jsonPath": ".status.costUSD", "description": "Serverless cost so far, USD"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # Shown by `kubectl get tj -o wide` only: most jobs never restart their supervisor.
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.supervisorRestarts", "priority": 1,
+     "description": "Times the supervisor pod was recreated (spec.backoffLimit)"},
 ]
 
 

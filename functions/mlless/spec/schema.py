@@ -289,10 +289,13 @@ CLUSTER_SPEC: dict[str, Schema] = {
     "suspend": {"type": "boolean", "description": "Checkpoint and scale to zero; unset to resume from the checkpoint."},
     "ttlSecondsAfterFinished": _int("Delete the job this long after it succeeds or fails.", 0),
     "activeDeadlineSeconds": _int("Fail the job once it has run this long.", 1),
+    "backoffLimit": _int("How many times the operator recreates a supervisor pod that failed or was evicted or deleted before "
+                         "the job fails (as a batch Job's, or KubeRay's RayJob's); the new supervisor resumes the job from Redis.",
+                         0, default=3),
 }
 SPEC_SCHEMA["properties"].update(CLUSTER_SPEC)
 
-CONDITION_TYPES = ["Created", "Running", "Suspended", "Succeeded", "Failed"]
+CONDITION_TYPES = ["Created", "Running", "Suspended", "Succeeded", "Failed", "SupervisorRestarted", "PodsHealthy"]
 
 STATUS_SCHEMA: Schema = _obj(
     "Observed state, written by the operator and the supervisor.",
@@ -332,6 +335,7 @@ STATUS_SCHEMA: Schema = _obj(
             "items": {"type": "integer", "minimum": 0},
         },
         "checkpointStep": _int("Step of the checkpoint a suspended job resumes from.", 0),
+        "supervisorRestarts": _int("Times the operator recreated the supervisor pod (at most spec.backoffLimit).", 0),
     },
 )
 

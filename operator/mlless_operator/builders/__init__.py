@@ -13,6 +13,8 @@ Children of job NAME in namespace NS (the workers depend on the backend), by mod
   worker pods read (MLLESS_JOB_FILE);
 - `services`: Redis and RabbitMQ, StatefulSet + Service `NAME-redis` /
   `NAME-rabbitmq` (unless `spec.redis.url` / `spec.rabbitmq.url` names an external one);
+- `network`: NetworkPolicy `NAME-services`, letting only the job's pods and the
+  operator reach its managed Redis and RabbitMQ (unless the chart turns it off);
 - `supervisor`: ServiceAccount, Role, RoleBinding, Pod and metrics Service `NAME-supervisor`;
 - workers: Pods `NAME-worker-RANK` (`worker_pods`), a Knative Service
   `NAME-worker` (`knative`), or an OpenFaaS Function in the OpenFaaS namespace (`openfaas`).

@@ -40,6 +40,11 @@ class JobRef:
         return int(self.spec.get("workers", default("workers")))
 
     @property
+    def backoff_limit(self) -> int:
+        """How many times a failed, evicted or deleted supervisor pod is recreated before the job fails."""
+        return int(self.spec.get("backoffLimit", default("backoffLimit")))
+
+    @property
     def suspended(self) -> bool:
         return bool(self.spec.get("suspend"))
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from mlless.contract import (
+    ANNOTATION_SUPERVISOR_RESTART,
     ENV_FUNCTION_TIMEOUT_SECONDS,
     ENV_JOB_FILE,
     ENV_JOB_NAME,
@@ -64,7 +65,9 @@ def worker_endpoint(job: JobRef) -> str:
     return ""
 
 
-def build_supervisor_pod(job: JobRef) -> Manifest:
+def build_supervisor_pod(job: JobRef, restart: int = 0) -> Manifest:
+    """The supervisor pod; `restart` counts the pods before it (spec.backoffLimit), and only its annotation differs:
+    a successor runs with the same job id, Secret, Redis and RabbitMQ, and resumes the job from Redis by itself."""
     name = supervisor_name(job)
     env = [
         {"name": ENV_JOB_FILE, "value": JOB_FILE},
@@ -83,7 +86,7 @@ def build_supervisor_pod(job: JobRef) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": metadata(job, name, "supervisor"),
+        "metadata": {**metadata(job, name, "supervisor"), "annotations": {ANNOTATION_SUPERVISOR_RESTART: str(restart)}},
         "spec": {
             "serviceAccountName": name,
             "restartPolicy": "Never",

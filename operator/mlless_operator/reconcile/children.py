@@ -10,7 +10,8 @@ The runtime (supervisor pod and workers) comes in one of three ways:
 - `continue`: the operator restarted mid-session: a missing worker is replaced
   by a new rank, never re-created under its old one (`reconcile.replicas`);
 - `none`: the job is suspended, or suspending, and `reconcile.suspension` owns
-  the runtime; only the state (Secret, ConfigMap, Redis, RabbitMQ, RBAC) is ensured.
+  the runtime; only the state (Secret, ConfigMap, Redis, RabbitMQ and their
+  NetworkPolicy, RBAC) is ensured.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from mlless_operator.builders.credentials import build_openfaas_secret, build_se
 from mlless_operator.builders.jobfile import build_job_configmap
 from mlless_operator.builders.jobref import JobRef
 from mlless_operator.builders.knative import build_knative_service
+from mlless_operator.builders.network import build_network_policy
 from mlless_operator.builders.openfaas import build_openfaas_function
 from mlless_operator.builders.services import (
     build_rabbitmq_service,
@@ -38,6 +40,7 @@ from mlless_operator.builders.supervisor import (
     build_supervisor_service_account,
 )
 from mlless_operator.builders.worker_pods import build_worker_pod
+from mlless_operator.conditions import supervisor_restarts
 from mlless_operator.kubeapi import KubeAPI
 from mlless_operator.reconcile.replicas import removed_ranks, scale_pods
 from mlless_operator.reconcile.service_urls import openfaas_secrets
@@ -77,13 +80,16 @@ async def ensure_children(api: KubeAPI, job: JobRef, runtime: Runtime = "start",
     if job.external("rabbitmq") is None:
         await ensure(build_rabbitmq_service(job))
         await ensure(build_rabbitmq_statefulset(job))
+    policy = build_network_policy(job) if job.config.network_policy else None
+    if policy is not None:
+        await ensure(policy)
     await ensure(build_supervisor_service_account(job))
     await ensure(build_supervisor_role(job))
     await ensure(build_supervisor_role_binding(job))
     await ensure(build_supervisor_service(job))
     if runtime == "none":
         return ensured
-    supervisor = build_supervisor_pod(job)
+    supervisor = build_supervisor_pod(job, supervisor_restarts(status))
     ensured.results[f"Pod/{supervisor['metadata']['name']}"] = await ensure_pod(api, supervisor)
     if job.backend == "pod":
         if runtime == "start":

@@ -131,7 +131,7 @@ async def _resume(body: kopf.Body, status: dict[str, Any], patch: kopf.Patch, me
         await api.delete("v1", "Pod", job.namespace, supervisor_name(job), uid=pod["metadata"].get("uid"))
         raise kopf.TemporaryError("the suspended supervisor pod is being deleted", delay=2)
     # (A pending or running one was created by an earlier attempt of this resume; ensure_children keeps it.)
-    ensured = await ensure_children(api, job, "start")
+    ensured = await ensure_children(api, job, "start", status)  # status: the successor keeps the restart count
     generation = body["metadata"].get("generation")
     step = status.get("checkpointStep")
     message = f"resuming from the checkpoint of step {step}" if step is not None else "resuming; no checkpoint was recorded"

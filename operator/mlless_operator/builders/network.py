@@ -1,0 +1,56 @@
+"""NetworkPolicy `NAME-services`: the job's managed Redis and RabbitMQ accept connections only from its own pods.
+
+Allowed in: the job's supervisor and workers (by the job's labels; an OpenFaaS
+Function's pods, in the OpenFaaS namespace, by the label faas-netes gives them)
+and the operator's own pod (`Config.pod_namespace`, `Config.pod_labels`). The
+passwords in the job's Secret still guard both services; this keeps every other
+pod of the cluster from even reaching them. Not built when both are external.
+"""
+from __future__ import annotations
+
+from mlless.contract import LABEL_JOB, LABEL_ROLE
+from mlless_operator.builders.jobref import JobRef, Manifest
+from mlless_operator.builders.names import AMQP_PORT, REDIS_PORT, child_name, metadata, openfaas_function_name
+
+#: The label faas-netes puts on the pods of an OpenFaaS Function (its name).
+OPENFAAS_FUNCTION_LABEL = "faas_function"
+#: The label the API server puts on every namespace (Kubernetes 1.21+), holding its name.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def network_policy_name(job: JobRef) -> str:
+    return child_name(job, "services")
+
+
+def _roles(job: JobRef, *roles: str) -> Manifest:
+    """A selector of the job's pods of these roles."""
+    return {"matchLabels": {LABEL_JOB: job.name}, "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": list(roles)}]}
+
+
+def _in_namespace(namespace: str, pods: Manifest) -> Manifest:
+    return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}}, "podSelector": pods}
+
+
+def build_network_policy(job: JobRef) -> Manifest | None:
+    """The policy, or None when neither Redis nor RabbitMQ is managed (nothing of the job's to guard)."""
+    managed = [(role, port) for role, port in (("redis", REDIS_PORT), ("rabbitmq", AMQP_PORT)) if job.external(role) is None]
+    if not managed:
+        return None
+    operator_pods: Manifest = {"matchLabels": dict(job.config.pod_labels)}
+    peers: list[Manifest] = [
+        {"podSelector": _roles(job, "supervisor", "worker")},
+        # No namespace given: the operator runs in the job's namespace, where a bare podSelector looks.
+        _in_namespace(job.config.pod_namespace, operator_pods) if job.config.pod_namespace else {"podSelector": operator_pods},
+    ]
+    if job.backend == "openfaas":
+        peers.append(_in_namespace(job.config.openfaas_namespace, {"matchLabels": {OPENFAAS_FUNCTION_LABEL: openfaas_function_name(job)}}))
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(job, network_policy_name(job), "network-policy"),
+        "spec": {
+            "podSelector": _roles(job, *(role for role, _ in managed)),
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": port} for _, port in managed]}],
+        },
+    }
