@@ -2,7 +2,8 @@
 
 With Redis and RabbitMQ URLs the job runs over those services; without them
 the supervisor hosts the embedded broker and the workers connect to it. The
-protocol code is the same either way.
+protocol code is the same either way. Each run makes its own job key, which
+the workers get in their environment.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_REDIS_URL
+from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_JOB_KEY, ENV_REDIS_URL
 from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.runtime.launcher import Launcher, LocalLauncher
 from mlless.runtime.platform import Platform
@@ -21,6 +22,7 @@ from mlless.runtime.supervisor.loop import Supervisor
 from mlless.spec import TrainingJob
 from mlless.transport import Transport, connect
 from mlless.transport.embedded_broker import EmbeddedBroker
+from mlless.transport.env import new_job_key, parse_job_key
 
 
 @dataclass(frozen=True)
@@ -50,14 +52,16 @@ def train_local(
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
     job_file.write_text(job.to_json())
-    env = {ENV_JOB_ID: job_id}
+    job_key = new_job_key()
+    env = {ENV_JOB_ID: job_id, ENV_JOB_KEY: job_key}
+    key = parse_job_key(job_key)
     if services.external:
         env |= services.worker_env()
-        transport = connect(job_id, role="supervisor", redis_url=services.redis_url, amqp_url=services.amqp_url)
+        transport = connect(job_id, role="supervisor", redis_url=services.redis_url, amqp_url=services.amqp_url, key=key)
         return supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs"), run_dir, progress, metrics_port)
     with tempfile.TemporaryDirectory(prefix="mlless-") as tmp, EmbeddedBroker(str(Path(tmp) / "broker.sock")) as broker:
         env[ENV_EMBEDDED_ADDRESS] = broker.address
-        transport = connect(job_id, role="supervisor", embedded_address=broker.address)
+        transport = connect(job_id, role="supervisor", embedded_address=broker.address, key=key)
         launcher = LocalLauncher(job_file, env, run_dir / "logs")
         return supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port)
 
