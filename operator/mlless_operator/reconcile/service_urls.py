@@ -1,5 +1,5 @@
-"""Service URLs with their passwords, and the invocation token, read from Secrets: for the OpenFaaS copy, and to clean
-up an external Redis."""
+"""Service URLs with their passwords, the invocation token and the job key, read from Secrets: for the OpenFaaS copy, and
+to clean up an external Redis."""
 from __future__ import annotations
 
 import base64
@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import kopf
 
 from mlless.transport.env import with_password
-from mlless_operator.builders.credentials import AMQP_URL_KEY, INVOKE_TOKEN_KEY, REDIS_URL_KEY
+from mlless_operator.builders.credentials import AMQP_URL_KEY, INVOKE_TOKEN_KEY, JOB_KEY_KEY, REDIS_URL_KEY
 from mlless_operator.builders.jobref import JobRef
 from mlless_operator.builders.names import secret_name
 from mlless_operator.kubeapi import KubeAPI
@@ -46,7 +46,7 @@ async def external_url(api: KubeAPI, job: JobRef, service: str) -> str:
 async def openfaas_secrets(api: KubeAPI, job: JobRef) -> dict[str, str]:
     """What the OpenFaaS copy holds: the full Redis and AMQP URLs (managed ones from the job Secret, external ones
     with the password from their passwordSecretRef; OpenFaaS can only mount whole values, it cannot assemble a URL),
-    and the invocation token."""
+    the invocation token and the job key."""
     values: dict[str, str] = {}
     job_secret = await api.get("v1", "Secret", job.namespace, secret_name(job)) or {}
     for service, key in (("redis", REDIS_URL_KEY), ("rabbitmq", AMQP_URL_KEY)):
@@ -57,7 +57,10 @@ async def openfaas_secrets(api: KubeAPI, job: JobRef) -> dict[str, str]:
         if value is None:
             raise kopf.TemporaryError(f"Secret {secret_name(job)} has no {key} yet", delay=5)
         values[key] = value
-    token = secret_value(job_secret, INVOKE_TOKEN_KEY)
-    if token is not None:  # a Secret made before tokens has none; its functions then accept any caller
-        values[INVOKE_TOKEN_KEY] = token
+    # A Secret made by an older operator lacks these: without a token its functions accept any caller, without a
+    # key they refuse to start.
+    for key in (INVOKE_TOKEN_KEY, JOB_KEY_KEY):
+        value = secret_value(job_secret, key)
+        if value is not None:
+            values[key] = value
     return values
