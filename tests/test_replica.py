@@ -106,6 +106,14 @@ def test_a_diverging_step_is_reported_not_published():
             replica.step(batch(np.random.default_rng(t)), 1, t)
 
 
+def test_an_update_beyond_the_frame_bound_is_reported_as_divergence():
+    """Finite, but more than a frame may carry: the sender stops with the advice, instead of its peers rejecting it."""
+    replica = replicas(1, 0.0, default_optimizer("pmf").replace(type="sgd", learning_rate=1e7))[0]
+    with pytest.raises(TrainingDiverged, match=r"^the update's values reach .*, beyond the bound of \+-1e\+06 at step 1; "
+                                               r"lower spec.optimizer.learningRate$"):
+        replica.step(batch(np.random.default_rng(1)), 1, 1)
+
+
 def test_a_bad_peer_update_changes_nothing():
     replica = replicas(1, v=0.7)[0]
     before = replica.params.copy()

@@ -19,8 +19,10 @@ import numpy as np
 import pytest
 import redis
 
-from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE, ENV_REDIS_URL
-from mlless.protocol.codec import decode, encode
+from mlless.contract import (
+    ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_JOB_KEY, ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE, ENV_REDIS_URL, ENV_SECRETS_DIR,
+)
+from mlless.protocol.codec import FrameError, Rejected, decode, encode, seal
 from mlless.protocol.messages import Close, Finish, Hello, Report, Update
 from mlless.transport import (
     EmbeddedBroker,
@@ -30,6 +32,8 @@ from mlless.transport import (
     connect,
     redact_url,
 )
+from mlless.transport.base import MESSAGE_CONTEXT, value_context
+from mlless.transport.env import job_key
 from mlless.transport.services import queue_names
 from mlless.transport.tls import TrustedCA, ca_from_env, redis_tls_options, untrusted_certificate
 
@@ -37,11 +41,16 @@ from mlless.transport.tls import TrustedCA, ca_from_env, redis_tls_options, untr
 # servers are down: passing without them would prove nothing.
 REDIS_URL = os.environ.get("MLLESS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 AMQP_URL = os.environ.get("MLLESS_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+#: The session's job key (tests/conftest.py), which connect() reads from the environment.
+JOB_KEY = job_key(os.environ)
 
 
-def send_to_worker(env: dict[str, str], job: str, rank: int, body: bytes) -> None:
+def send_to_worker(env: dict[str, str], job: str, rank: int, body: bytes, key: bytes | None = JOB_KEY) -> None:
     """Queue ``body`` for one worker through the backend's own protocol (the broker's SEND op, or pika): the
-    runtime only ever broadcasts to workers, so a transport has no such call."""
+    runtime only ever broadcasts to workers, so a transport has no such call.  Sealed with ``key`` as a transport
+    would, unless it is None."""
+    if key is not None:
+        body = seal(body, key, MESSAGE_CONTEXT)
     address = env.get(ENV_EMBEDDED_ADDRESS)
     if address is not None:
         request = struct.pack("<BH", 6, len(job)) + job.encode() + struct.pack("<iI", rank, len(body)) + body
@@ -74,8 +83,8 @@ class Backend:
         self.job = "test-" + uuid.uuid4().hex[:12]
         self.opened: list[Transport] = []
 
-    def send_to_worker(self, rank: int, body: bytes) -> None:
-        send_to_worker(self.env, self.job, rank, body)
+    def send_to_worker(self, rank: int, body: bytes, key: bytes | None = JOB_KEY) -> None:
+        send_to_worker(self.env, self.job, rank, body, key)
 
     def ttl_of(self, key: str) -> float | None:
         """Seconds ``key`` has left, read from the store itself: Redis's PTTL, or the in-process broker's table."""
@@ -179,7 +188,7 @@ def test_services_keys_are_namespaced_with_redis_ttl() -> None:
     try:
         t.put("x", b"1")
         r = redis.Redis.from_url(REDIS_URL)
-        assert r.get(f"mlless:{job}:x") == b"1"
+        assert r.get(f"mlless:{job}:x") == seal(b"1", JOB_KEY, value_context("x"))
         assert r.ttl(f"mlless:{job}:x") > 0
     finally:
         t.delete_job()
@@ -217,6 +226,55 @@ def test_invalid_names() -> None:
         connect("job", embedded_address="unix:/nonexistent", role="worker")  # no rank
     with pytest.raises(ValueError):
         connect("job", embedded_address="x", redis_url="redis://h", role="supervisor")
+
+
+def test_values_and_messages_not_sealed_with_the_job_key_come_back_rejected(backend: Backend) -> None:
+    """An outsider (another key, or none) can write into the job's keys and queues, but what it wrote never reads
+    back as a frame: the reader gets a Rejected, which decode refuses with the reason."""
+    sup = backend.connect("supervisor")
+    w = backend.connect("worker", rank=0)
+    outsider = backend.connect("worker", rank=1, key=bytes(32))
+    frame = encode(Update(0, 3, np.array([1]), np.array([0.5], np.float32)))
+    outsider.put("update:0:3", frame)
+    outsider.send_to_supervisor(frame)
+    outsider.broadcast(frame)
+    backend.send_to_worker(0, frame, key=None)
+    got = sup.get_many(["update:0:3"])[0]
+    assert isinstance(got, Rejected)
+    with pytest.raises(FrameError, match="^value update:0:3: bad or missing MAC: not written by a member of this job$"):
+        decode(got)
+    for receiver in (sup, w, w):
+        with pytest.raises(FrameError, match="^message: bad or missing MAC"):
+            decode(receiver.receive(5.0))
+    w.put("update:0:3", frame)  # a member's frame reads back as written, and only under its own key
+    assert sup.get_many(["update:0:3"]) == [frame]
+    if backend.kind == "services":
+        import redis
+
+        with redis.Redis.from_url(REDIS_URL) as r:
+            r.copy(f"mlless:{backend.job}:update:0:3", f"mlless:{backend.job}:update:0:4")
+            r.set(f"mlless:{backend.job}:update:0:5", frame)  # no MAC at all
+        assert [isinstance(v, Rejected) for v in sup.get_many(["update:0:4", "update:0:5"])] == [True, True]
+
+
+def test_no_transport_without_a_valid_job_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(ENV_JOB_KEY)
+    with pytest.raises(TransportError, match=f"^no job key: set {ENV_JOB_KEY}, or the file job-key under"):
+        connect("test-nokey", embedded_address="unix:/nonexistent", role="supervisor")
+    monkeypatch.setenv(ENV_JOB_KEY, "not-hex-" + JOB_KEY.hex())
+    with pytest.raises(TransportError, match=f"^{ENV_JOB_KEY}: a job key must be 64 hex digits$"):
+        connect("test-nokey", embedded_address="unix:/nonexistent", role="supervisor")
+    monkeypatch.delenv(ENV_JOB_KEY)
+    (tmp_path / "job-key").write_text(JOB_KEY.hex()[:-2] + "\n")
+    with pytest.raises(TransportError, match=f"^{tmp_path / 'job-key'}: a job key must be 64 hex digits$"):
+        job_key({ENV_SECRETS_DIR: str(tmp_path)})
+    (tmp_path / "job-key").write_text(JOB_KEY.hex() + "\n")  # as OpenFaaS mounts it
+    assert job_key({ENV_SECRETS_DIR: str(tmp_path)}) == JOB_KEY
+
+
+def test_the_key_is_never_shown(backend: Backend) -> None:
+    t = backend.connect("supervisor")
+    assert JOB_KEY.hex() not in repr(t) and repr(JOB_KEY) not in repr(t)
 
 
 def test_invalid_keys(backend: Backend) -> None:

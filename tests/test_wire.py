@@ -11,18 +11,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from mlless.protocol import layouts
 from mlless.protocol.codec import (
     FLAG_COMPRESSED,
     HEADER,
+    MAC_BYTES,
     MAGIC,
     VERSION,
     FrameError,
     FrameType,
     Message,
+    Rejected,
     decode,
     encode,
+    seal,
+    unseal,
 )
 from mlless.protocol.messages import (
+    MAX_MAGNITUDE,
     CLOSE_FINAL,
     CLOSE_SNAPSHOT,
     Close,
@@ -49,7 +55,7 @@ rank_lists = st.lists(ranks, max_size=20, unique=True).map(tuple)
 def updates(draw: st.DrawFn) -> Update:
     n = draw(st.integers(0, 200))
     idx = draw(hnp.arrays(np.int32, n, elements=st.integers(0, 2**31 - 1), unique=True))
-    val = draw(hnp.arrays(np.float32, n, elements=st.floats(width=32, allow_nan=False, allow_infinity=False)))
+    val = draw(hnp.arrays(np.float32, n, elements=st.floats(-MAX_MAGNITUDE, MAX_MAGNITUDE, width=32)))
     return Update(draw(ranks), draw(steps), idx, val)
 
 
@@ -225,6 +231,28 @@ def test_nan_smuggled_past_encoder_is_rejected() -> None:
     raw[-8:] = np.array([np.nan]).tobytes()
     with pytest.raises(FrameError, match="NaN"):
         decode(_frame(FrameType.TENSORS, bytes(raw)))
+
+
+def test_update_values_are_bounded() -> None:
+    """1e30 is finite in float32, and one such value makes every replica's loss overflow; the bound stops it."""
+    edge = np.float32(MAX_MAGNITUDE)
+    assert decode(encode(Update(0, 1, np.array([1, 2]), np.array([edge, -edge])))).values.tolist() == [edge, -edge]
+    for bad in (1e30, -1e30, 2 * MAX_MAGNITUDE):
+        with pytest.raises(FrameError, match="beyond the bound"):
+            Update(0, 1, np.array([1, 2]), np.array([0.5, bad]))
+    payload = struct.pack("<I", 1) + np.array([0], np.int32).tobytes() + np.array([1e30], np.float32).tobytes()
+    with pytest.raises(FrameError, match=r"values reach 1e\+30, beyond the bound of \+-1e\+06"):
+        decode(_frame(FrameType.UPDATE, payload))
+
+
+def test_replica_params_are_bounded() -> None:
+    """A replica frame's parameters get the update's bound (optimizer state is only finite: AdaGrad's grows)."""
+    like = np.zeros(3, np.float32)
+    good = {layouts.PARAMS: np.full(3, MAX_MAGNITUDE, np.float32), "optimizer.g2": np.full(3, 1e12, np.float32)}
+    assert layouts.check_params(decode(encode(Tensors(0, 0, good))).arrays, like) is not None
+    forged = decode(encode(Tensors(0, 0, {layouts.PARAMS: np.array([0, 1e30, 0], np.float32)})))
+    with pytest.raises(FrameError, match="params reach 1e\\+30"):
+        layouts.check_params(forged.arrays, like)
 
 
 def test_update_length_mismatch() -> None:
@@ -492,3 +520,37 @@ def test_field_tables_match_the_dataclasses() -> None:
     for cls in (Hello, Report, Close, Leave, Left, Finish, Done, Failed):
         names = [f.name for f in dataclasses.fields(cls)]
         assert names == ["sender", "step", *(name for name, _ in cls.FIELDS)], cls.__name__
+
+
+# --------------------------------------------------------------------------- sealing
+
+KEY = bytes(range(32))
+
+
+def test_seal_roundtrip_and_every_forgery_is_rejected() -> None:
+    frame = encode(Update(3, 7, np.array([0, 5]), np.array([1.5, -2.0], np.float32)))
+    sealed = seal(frame, KEY, "value update:3:7")
+    assert len(sealed) == len(frame) + MAC_BYTES
+    opened = unseal(sealed, KEY, "value update:3:7")
+    assert opened == frame and not isinstance(opened, Rejected)
+    flipped = bytearray(sealed)
+    flipped[40] ^= 1
+    forgeries = {
+        "no MAC": frame,
+        "another key": seal(frame, bytes(32), "value update:3:7"),
+        "another key name": seal(frame, KEY, "value update:3:8"),
+        "a flipped bit": bytes(flipped),
+        "shorter than a MAC": sealed[:MAC_BYTES - 1],
+        "empty": b"",
+    }
+    for what, forged in forgeries.items():
+        rejected = unseal(forged, KEY, "value update:3:7")
+        assert isinstance(rejected, Rejected) and rejected == b"", what
+        with pytest.raises(FrameError, match="^value update:3:7: bad or missing MAC: not written by a member of this job$"):
+            decode(rejected)
+
+
+def test_golden_sealed_frame() -> None:
+    """The MAC (HMAC-SHA256 over context, a zero byte and the frame, first 16 bytes) is wire format too."""
+    frame = bytes.fromhex(GOLDEN[0][3])
+    assert seal(frame, KEY, "value update:3:7") == frame + bytes.fromhex("062d517e42129ccb3ee4b245a4a6e6c0")

@@ -100,7 +100,8 @@ async def test_openfaas_backend_function_scaled_and_cleaned_up_on_delete(cluster
         assert copy_["data"]["redis-url"] == original["data"]["redis-url"]
         assert copy_["data"]["amqp-url"] == original["data"]["amqp-url"]
         assert copy_["data"]["invoke-token"] == original["data"]["invoke-token"]
-        assert set(copy_["data"]) == {"redis-url", "amqp-url", "invoke-token"}  # never the bare passwords
+        assert copy_["data"]["job-key"] == original["data"]["job-key"]
+        assert set(copy_["data"]) == {"redis-url", "amqp-url", "invoke-token", "job-key"}  # never the bare passwords
         supervisor_env = env(c.get(PODS, "ml-supervisor"))
         assert supervisor_env["MLLESS_WORKER_BACKEND"]["value"] == "openfaas"
         assert supervisor_env["MLLESS_WORKER_URL"]["value"] == f"http://gateway.openfaas:8080/function/mlless-team-ml.{FN_NS}"

@@ -30,10 +30,25 @@ a ``FrameError`` and nothing else, so a receiver can count and drop a bad frame
 without a corrupt update ever reaching a replica.
 
 Decoded numpy arrays are fresh, aligned, writable copies: the caller owns them.
+
+Sealing.  What crosses a process boundary is a *sealed* frame: the frame, then
+``MAC_BYTES`` of HMAC-SHA256 (truncated) keyed with the job's key, over a
+context string, a zero byte and the frame.  The transports seal what they write
+and unseal what they read (``seal`` / ``unseal``), so a frame that no member of
+the job wrote (no key, another job's key, or a valid frame moved to another
+Redis key: the key name is the context) never reaches ``decode`` as a frame:
+``unseal`` hands back a ``Rejected`` in its place, which ``decode`` turns into a
+``FrameError`` with the reason.  The receiver therefore counts and drops it on
+the same path as any malformed frame.  HMAC-SHA256 rather than keyed BLAKE2b:
+OpenSSL's SHA-256 runs on the CPU's SHA extensions, 0.58 ms per MB against
+keyed BLAKE2b's 1.1 on the 2-core development machine (Python 3.11, OpenSSL
+3.0); sealing or unsealing a frame costs that plus a copy of it (0.02-0.09 ms
+per MB), about twice what encoding or decoding it costs.
 """
 from __future__ import annotations
 
 import enum
+import hmac
 import math
 import struct
 import zlib
@@ -51,6 +66,7 @@ __all__ = [
     "HEADER",
     "FLAG_COMPRESSED",
     "MAX_PAYLOAD",
+    "MAC_BYTES",
     "I32_MAX",
     "U32_MAX",
     "U8",
@@ -84,6 +100,9 @@ __all__ = [
     "encode",
     "decode",
     "peek_header",
+    "Rejected",
+    "seal",
+    "unseal",
 ]
 
 MAGIC = b"MLs"
@@ -477,6 +496,8 @@ def encode(msg: Message, *, compress: bool = False) -> bytes:
 
 def peek_header(data: bytes) -> Header:
     """Parse and check the fixed header only (magic, version, type, flags, length)."""
+    if isinstance(data, Rejected):
+        raise FrameError(data.reason)
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise FrameError(f"frame must be bytes, got {type(data).__name__}")
     if len(data) < HEADER.size:
@@ -531,3 +552,42 @@ def decode(data: bytes, *, size: int | None = None) -> Message:
         raise FrameError(f"{cls.__name__} frame from sender {h.sender} step {h.step}: {exc}") from None
     except (ValueError, TypeError, OverflowError, MemoryError, struct.error) as exc:  # defensive: never leak others
         raise FrameError(f"{cls.__name__} frame: {type(exc).__name__}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- sealing
+
+#: Bytes of the MAC after a sealed frame: HMAC-SHA256 truncated to 128 bits, as RFC 2104 allows (at least half
+#: the hash, and 80 bits); forging one takes 2**128 tries, each a write the receivers count.
+MAC_BYTES = 16
+
+
+class Rejected(bytes):
+    """Stands in for a value or message whose MAC did not verify: empty bytes, so nothing can be read from it, and
+    ``decode`` raises ``FrameError(reason)`` for it.  It never leaves the process that made it."""
+
+    reason: str
+
+    def __new__(cls, reason: str) -> "Rejected":
+        obj = super().__new__(cls)
+        obj.reason = reason
+        return obj
+
+
+def _mac(key: bytes, context: str, frame: bytes | memoryview) -> bytes:
+    h = hmac.new(key, context.encode("utf-8") + b"\0", "sha256")
+    h.update(frame)
+    return h.digest()[:MAC_BYTES]
+
+
+def seal(frame: bytes, key: bytes, context: str) -> bytes:
+    """``frame`` followed by its MAC under ``key``; ``context`` (a Redis key's name, or the message channel) is
+    authenticated with it, so the frame is valid nowhere else."""
+    return frame + _mac(key, context, frame)
+
+
+def unseal(sealed: bytes, key: bytes, context: str) -> bytes:
+    """The frame inside ``sealed`` if its MAC verifies under ``key`` and ``context``; otherwise a ``Rejected``."""
+    view = memoryview(sealed)
+    if len(view) < MAC_BYTES or not hmac.compare_digest(view[-MAC_BYTES:], _mac(key, context, view[:-MAC_BYTES])):
+        return Rejected(f"{context}: bad or missing MAC: not written by a member of this job")
+    return bytes(view[:-MAC_BYTES])

@@ -20,6 +20,8 @@ from typing import Mapping
 
 import numpy as np
 
+from mlless.protocol.messages import check_bounded
+
 PARAMS = "params"
 PENDING_INDICES = "pending_indices"
 PENDING_VALUES = "pending_values"
@@ -72,12 +74,14 @@ def optimizer_state(arrays: Arrays) -> dict[str, np.ndarray]:
 
 
 def check_params(arrays: Arrays, like: np.ndarray) -> np.ndarray:
-    """The frame's parameters; ValueError unless they have the shape and dtype of the model's `like`."""
+    """The frame's parameters; ValueError unless they have the shape and dtype of the model's `like` and are within
+    `messages.MAX_MAGNITUDE` (a FrameError, which is a ValueError)."""
     params = arrays.get(PARAMS)
     if params is None:
         raise ValueError(f"expected a replica (arrays with {PARAMS!r})")
     if params.shape != like.shape or params.dtype != like.dtype:
         raise ValueError(f"replica is {params.dtype}{params.shape}, the model is {like.dtype}{like.shape}")
+    check_bounded(PARAMS, params)
     return params
 
 

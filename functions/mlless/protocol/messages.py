@@ -40,6 +40,8 @@ from mlless.protocol.codec import (
 
 __all__ = [
     "MAX_REASON_BYTES",
+    "MAX_MAGNITUDE",
+    "check_bounded",
     "CLOSE_SNAPSHOT",
     "CLOSE_FINAL",
     "Update",
@@ -69,9 +71,32 @@ _I32_MIN = -(2**31)
 _F4 = np.dtype("<f4")
 
 
+#: Largest magnitude of a model value a frame may carry: an update's values and a replica's parameters.  The
+#: models predict ratings (PMF: a sum of k products of factors, which settle near sqrt(rating / k), below 2) or
+#: click probabilities (LR: a sigmoid, saturated in float32 beyond |w.x| ~ 88), so trained values stay below a
+#: few tens.  Within 1e6, a PMF prediction is at most k * 1e12 and its squared error finite in float32 for any
+#: rank k < 1e7, so no accepted frame can by itself make a replica's loss overflow; 1e30, say, does at the first
+#: square.  Optimizer state is not bounded, only finite: AdaGrad's accumulators sum squared gradients over the
+#: whole job.
+MAX_MAGNITUDE = 1e6
+
+
 def _check_array_finite(name: str, arr: np.ndarray) -> None:
     if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
         raise FrameError(f"{name} contains NaN or inf")
+
+
+def check_bounded(name: str, arr: np.ndarray) -> None:
+    """FrameError unless every value of the float array ``arr`` is finite and within ``MAX_MAGNITUDE``: min and max
+    are two reductions without a temporary, and NaN propagates through both."""
+    if not arr.size:
+        return
+    lo, hi = float(arr.min()), float(arr.max())
+    if -MAX_MAGNITUDE <= lo and hi <= MAX_MAGNITUDE:
+        return
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise FrameError(f"{name} contains NaN or inf")
+    raise FrameError(f"{name} reach {hi if hi > -lo else lo:.7g}, beyond the bound of +-{MAX_MAGNITUDE:g}")
 
 
 def _arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
@@ -85,8 +110,8 @@ def _arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
 class Update(Message):
     """A worker's significant update for one step: sparse (indices, values).
 
-    Payload: ``n`` u32, ``n`` int32 indices, ``n`` float32 values.  Indices are
-    never negative; with ``decode(..., size=N)`` they must also be < N and
+    Payload: ``n`` u32, ``n`` int32 indices, ``n`` float32 values (finite, within
+    ``MAX_MAGNITUDE``).  Indices are never negative; with ``decode(..., size=N)`` they must also be < N and
     unique, which is what a receiver applying the update into a replica of N
     parameters needs to trust.
     """
@@ -124,7 +149,7 @@ class Update(Message):
         val = np.ascontiguousarray(val)
         if idx.size and int(idx.min()) < 0:
             raise FrameError("negative index in update")
-        _check_array_finite("values", val)
+        check_bounded("values", val)
         set_field(self, "indices", idx)
         set_field(self, "values", val)
 

@@ -2,26 +2,29 @@
 
 With Redis and RabbitMQ URLs the job runs over those services; without them
 the supervisor hosts the embedded broker and the workers connect to it. The
-protocol code is the same either way.
+protocol code is the same either way. Each run makes its own job key, which
+the workers get in their environment.
 """
 from __future__ import annotations
 
+import os
 import secrets
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_REDIS_URL
+from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_JOB_KEY, ENV_REDIS_URL
 from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.runtime.launcher import Launcher, LocalLauncher
 from mlless.runtime.platform import Platform
 from mlless.telemetry.record import Progress
-from mlless.runtime.supervisor.failover import STATE_FILE, JobState, ResumeError
+from mlless.runtime.supervisor.failover import STATE_FILE, JobState, ResumeError, resumable
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.spec import TrainingJob
 from mlless.transport import Transport, connect
 from mlless.transport.embedded_broker import EmbeddedBroker
+from mlless.transport.env import JOB_KEY_FILE, new_job_key, parse_job_key
 
 
 @dataclass(frozen=True)
@@ -62,20 +65,43 @@ def train_local(
 
     With a `job_id` (`resumed_job_id`), continue that job, which ended on a fault, a Ctrl-C or a kill.
     """
-    job_id = job_id or new_job_id(job.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
     job_file.write_text(job.to_json())
-    env = {ENV_JOB_ID: job_id}
+    job_key = run_job_key(run_dir, resume=job_id is not None)
+    job_id = job_id or new_job_id(job.name)
+    env = {ENV_JOB_ID: job_id, ENV_JOB_KEY: job_key}
+    key = parse_job_key(job_key)
     if services.external:
         env |= services.worker_env()
-        transport = connect(job_id, role="supervisor", redis_url=services.redis_url, amqp_url=services.amqp_url)
-        return supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs"), run_dir, progress, metrics_port)
-    with tempfile.TemporaryDirectory(prefix="mlless-") as tmp, EmbeddedBroker(str(Path(tmp) / "broker.sock")) as broker:
-        env[ENV_EMBEDDED_ADDRESS] = broker.address
-        transport = connect(job_id, role="supervisor", embedded_address=broker.address)
-        launcher = LocalLauncher(job_file, env, run_dir / "logs")
-        return supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port)
+        transport = connect(job_id, role="supervisor", redis_url=services.redis_url, amqp_url=services.amqp_url, key=key)
+        summary = supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs"), run_dir, progress,
+                            metrics_port)
+    else:
+        with tempfile.TemporaryDirectory(prefix="mlless-") as tmp, EmbeddedBroker(str(Path(tmp) / "broker.sock")) as broker:
+            env[ENV_EMBEDDED_ADDRESS] = broker.address
+            transport = connect(job_id, role="supervisor", embedded_address=broker.address, key=key)
+            launcher = LocalLauncher(job_file, env, run_dir / "logs")
+            summary = supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port)
+    if not resumable(summary["stop_reason"]):
+        (run_dir / JOB_KEY_FILE).unlink(missing_ok=True)
+    return summary
+
+
+def run_job_key(run_dir: Path, resume: bool) -> str:
+    """The job's key (hex): a new one, kept in `run_dir` (owner-only) while the job may be resumed, or, to `resume`,
+    that one: what the job's surviving workers sealed their frames with, and Redis its state."""
+    path = run_dir / JOB_KEY_FILE
+    if resume:
+        try:
+            return path.read_text()
+        except OSError as exc:
+            raise ResumeError(f"{path}: cannot read the job's key: {exc.strerror}") from None
+    key = new_job_key()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key)
+    return key
 
 
 def supervise(

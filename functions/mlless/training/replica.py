@@ -22,6 +22,8 @@ import numpy as np
 
 from mlless.data.batches import Batch
 from mlless.protocol import layouts
+from mlless.protocol.codec import FrameError
+from mlless.protocol.messages import check_bounded
 from mlless.training.models import Model
 from mlless.spec.config import OptimizerConfig
 from mlless.training.optim import make_optimizer
@@ -29,7 +31,8 @@ from mlless.training.significance import SignificanceFilter
 
 
 class TrainingDiverged(ArithmeticError):
-    """The replica's loss stopped being finite; continuing would only publish garbage."""
+    """The replica's loss stopped being finite, or its update left the bound frames carry; continuing would only
+    publish garbage."""
 
 
 
@@ -80,6 +83,10 @@ class Replica:
         selected = layouts.no_pending()
         if share:
             selected = self.filter.step(idx, delta, t)
+            try:  # peers would reject the frame; say why here, where the advice is known
+                check_bounded("the update's values", selected[1])
+            except FrameError as exc:
+                raise TrainingDiverged(f"{exc} at step {t}; lower spec.optimizer.learningRate") from None
         return StepResult(*selected, float(loss_sum), int(samples), computed - started, time.perf_counter() - computed)
 
     def apply(self, indices: np.ndarray, values: np.ndarray) -> None:

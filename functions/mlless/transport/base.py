@@ -10,6 +10,14 @@ unchanged on a cluster (``ServicesTransport``) or on a laptop
 Every key and queue is namespaced by job id, so two jobs sharing one Redis or
 RabbitMQ never see each other's data, and ``delete_job`` removes exactly one
 job.  Every write carries a TTL so a crashed job cannot leak.
+
+Every value and message is sealed with the job's key on the way out and
+unsealed on the way in (``mlless.protocol.codec.seal``), here rather than in the
+protocol code, so no write can skip it.  A value or message whose MAC does not
+verify comes back as a ``codec.Rejected``, which ``decode`` rejects with the
+reason: the receiver counts it where it counts any malformed frame.  A
+transport cannot be opened without the key; ``connect`` reads it from the
+environment (``mlless.transport.env.job_key``).
 """
 from __future__ import annotations
 
@@ -17,6 +25,8 @@ import re
 from abc import ABC, abstractmethod
 from typing import Literal, Sequence
 from urllib.parse import urlsplit, urlunsplit
+
+from mlless.protocol.codec import seal, unseal
 
 __all__ = [
     "Role",
@@ -29,6 +39,10 @@ __all__ = [
     "check_job_id",
     "check_key",
     "key_prefix",
+    "JOB_KEY_BYTES",
+    "check_job_key",
+    "MESSAGE_CONTEXT",
+    "value_context",
 ]
 
 Role = Literal["supervisor", "worker"]
@@ -36,6 +50,11 @@ Role = Literal["supervisor", "worker"]
 DEFAULT_TTL = 24 * 3600
 #: The sender/queue id used for the supervisor (workers are ranks >= 0).
 SUPERVISOR = -1
+
+#: Bytes of a job key: SHA-256's output size, the least RFC 2104 recommends for HMAC-SHA256.
+JOB_KEY_BYTES = 32
+#: What a message's MAC is bound to besides the frame (a value's: `value_context`).
+MESSAGE_CONTEXT = "message"
 
 _JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _MAX_KEY = 512
@@ -91,6 +110,18 @@ def check_key(key: str) -> str:
     return key
 
 
+def check_job_key(key: bytes) -> bytes:
+    """ValueError unless `key` is a job key (never shows it)."""
+    if not isinstance(key, bytes) or len(key) != JOB_KEY_BYTES:
+        raise ValueError(f"a job key is {JOB_KEY_BYTES} bytes")
+    return key
+
+
+def value_context(key: str) -> str:
+    """What the MAC of the value under `key` is bound to besides the frame: a value is valid under its key only."""
+    return f"value {key}"
+
+
 def key_prefix(job_id: str) -> str:
     """All keys of a job start with this."""
     return f"mlless:{job_id}:"
@@ -111,6 +142,21 @@ class Transport(ABC):
     #: When (monotonic) the transport last reconnected after an outage: the time before it heard nothing, through
     #: no fault of the other side.
     reconnected_at: float = -float("inf")
+    #: The job's key (`check_job_key`); a backend sets it before its first write, and never shows it.
+    _job_key: bytes
+
+    # ---------------------------------------------------------------- sealing, for the backends
+    def _seal_value(self, key: str, value: bytes) -> bytes:
+        return seal(check_body(value), self._job_key, value_context(key))
+
+    def _unseal_value(self, key: str, value: bytes | None) -> bytes | None:
+        return None if value is None else unseal(value, self._job_key, value_context(key))
+
+    def _seal_message(self, body: bytes) -> bytes:
+        return seal(check_body(body), self._job_key, MESSAGE_CONTEXT)
+
+    def _unseal_message(self, body: bytes | None) -> bytes | None:
+        return None if body is None else unseal(body, self._job_key, MESSAGE_CONTEXT)
 
     # ---------------------------------------------------------------- key-value
     @abstractmethod

@@ -20,8 +20,8 @@ from .base import (
     Transport,
     TransportError,
     UnroutableError,
-    check_body,
     check_job_id,
+    check_job_key,
     check_key,
     check_role,
 )
@@ -68,12 +68,14 @@ class EmbeddedTransport(Transport):
         *,
         role: Role,
         rank: int | None = None,
+        key: bytes,
         ttl: int = DEFAULT_TTL,
         timeout: float = 30.0,
     ) -> None:
         self.job_id = check_job_id(job_id)
         self.role = role
         self.rank = check_role(role, rank)
+        self._job_key = check_job_key(key)
         if ttl <= 0:
             raise ValueError("ttl must be > 0 seconds")
         self.ttl = int(ttl)
@@ -133,7 +135,7 @@ class EmbeddedTransport(Transport):
     # ------------------------------------------------------------------ key-value
     def put(self, key: str, value: bytes, ttl: int | None = None) -> None:
         ttl_ms = U64.pack(int(ttl or self.ttl) * 1000)
-        item = pack_text(check_key(key), U16) + pack_blob(check_body(value), U32)
+        item = pack_text(check_key(key), U16) + pack_blob(self._seal_value(key, value), U32)
         self._call(OP_PUT_MANY, ttl_ms + U32.pack(1) + item)
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
@@ -150,7 +152,7 @@ class EmbeddedTransport(Transport):
             r.end()
         except FrameError as exc:
             raise TransportError(f"bad response from embedded broker: {exc}") from None
-        return out
+        return [self._unseal_value(k, v) for k, v in zip(keys, out)]
 
     def delete_job(self) -> int:
         _, payload = self._call(OP_DELETE_JOB, b"")
@@ -162,14 +164,14 @@ class EmbeddedTransport(Transport):
 
     # ------------------------------------------------------------------ messages
     def send_to_supervisor(self, body: bytes) -> None:
-        self._call(OP_SEND, I32.pack(SUPERVISOR) + pack_blob(check_body(body), U32))
+        self._call(OP_SEND, I32.pack(SUPERVISOR) + pack_blob(self._seal_message(body), U32))
 
     def post_to_supervisor(self, body: bytes) -> None:
         # The answer is read, and any error raised, by the next call: a report's round trip is off the step.
-        self._call(OP_SEND, I32.pack(SUPERVISOR) + pack_blob(check_body(body), U32), post=True)
+        self._call(OP_SEND, I32.pack(SUPERVISOR) + pack_blob(self._seal_message(body), U32), post=True)
 
     def broadcast(self, body: bytes) -> None:
-        self._call(OP_BROADCAST, pack_blob(check_body(body), U32))
+        self._call(OP_BROADCAST, pack_blob(self._seal_message(body), U32))
 
     def receive(self, timeout: float | None) -> bytes | None:
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
@@ -177,7 +179,7 @@ class EmbeddedTransport(Transport):
             left = MAX_WAIT if deadline is None else max(0.0, min(deadline - time.monotonic(), MAX_WAIT))
             _, payload = self._call(OP_RECEIVE, I32.pack(self.rank) + U32.pack(int(left * 1000)))
             if payload[:1] == b"\x01":
-                return payload[1:]
+                return self._unseal_message(payload[1:])
             if deadline is not None and time.monotonic() >= deadline:
                 return None
 

@@ -11,9 +11,16 @@
 The invocation token (`MLLESS_INVOKE_TOKEN`, or the file `invoke-token`) is the
 job's shared secret between the supervisor and its worker functions, whose URL
 any pod in the cluster can reach.
+
+The job key (`MLLESS_JOB_KEY`, or the file `job-key`) authenticates every frame
+the job's processes exchange (`mlless.protocol.codec.seal`): whoever starts a job
+makes one with `new_job_key` (`mlless train` in memory, the operator in the job's
+Secret) and hands it to the processes in their environment, never on a command
+line. Neither secret is ever logged.
 """
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Mapping
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -21,12 +28,13 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from mlless.contract import (
     ENV_AMQP_URL,
     ENV_INVOKE_TOKEN,
+    ENV_JOB_KEY,
     ENV_RABBITMQ_PASSWORD,
     ENV_REDIS_PASSWORD,
     ENV_REDIS_URL,
     ENV_SECRETS_DIR,
 )
-from mlless.transport.base import TransportError
+from mlless.transport.base import JOB_KEY_BYTES, TransportError
 
 PASSWORD_VARS = {ENV_REDIS_URL: ENV_REDIS_PASSWORD, ENV_AMQP_URL: ENV_RABBITMQ_PASSWORD}
 SECRET_FILES = {ENV_REDIS_URL: "redis-url", ENV_AMQP_URL: "amqp-url"}
@@ -60,12 +68,46 @@ def service_urls(environ: Mapping[str, str]) -> dict[str, str]:
     return urls
 
 
+def _secret(environ: Mapping[str, str], name: str, filename: str) -> tuple[str, str] | None:
+    """(secret, where it came from) from the variable `name`, or else the file `filename` under MLLESS_SECRETS_DIR;
+    None if neither has it."""
+    if environ.get(name):
+        return environ[name], name
+    secrets_dir = environ.get(ENV_SECRETS_DIR)
+    path = Path(secrets_dir) / filename if secrets_dir else None
+    if path is not None and path.exists():
+        text = path.read_text().strip()
+        return (text, str(path)) if text else None
+    return None
+
+
 def invoke_token(environ: Mapping[str, str]) -> str | None:
     """The job's invocation token, or None when the operator gave none."""
-    if environ.get(ENV_INVOKE_TOKEN):
-        return environ[ENV_INVOKE_TOKEN]
-    secrets_dir = environ.get(ENV_SECRETS_DIR)
-    path = Path(secrets_dir) / "invoke-token" if secrets_dir else None
-    if path is not None and path.exists():
-        return path.read_text().strip() or None
-    return None
+    found = _secret(environ, ENV_INVOKE_TOKEN, "invoke-token")
+    return None if found is None else found[0]
+
+
+#: The job key's file under MLLESS_SECRETS_DIR (OpenFaaS mounts each key of a Secret as a file of its name).
+JOB_KEY_FILE = "job-key"
+
+
+def new_job_key() -> str:
+    """A fresh job key, as its text form (hex)."""
+    return secrets.token_hex(JOB_KEY_BYTES)
+
+
+def parse_job_key(text: str, where: str = ENV_JOB_KEY) -> bytes:
+    """The key of `new_job_key`'s text; TransportError naming `where` (never the text) unless it is 64 hex digits."""
+    try:
+        key = bytes.fromhex(text.strip())
+    except ValueError:
+        key = b""
+    if len(key) != JOB_KEY_BYTES:
+        raise TransportError(f"{where}: a job key must be {2 * JOB_KEY_BYTES} hex digits")
+    return key
+
+
+def job_key(environ: Mapping[str, str]) -> bytes | None:
+    """The job key from the environment (or the file `job-key` under MLLESS_SECRETS_DIR); None if neither has one."""
+    found = _secret(environ, ENV_JOB_KEY, JOB_KEY_FILE)
+    return None if found is None else parse_job_key(*found)

@@ -74,8 +74,8 @@ from .base import (
     Transport,
     TransportError,
     UnroutableError,
-    check_body,
     check_job_id,
+    check_job_key,
     check_key,
     check_role,
     key_prefix,
@@ -171,6 +171,7 @@ class ServicesTransport(Transport):
         amqp_url: str,
         role: Role,
         rank: int | None = None,
+        key: bytes,
         ttl: int = DEFAULT_TTL,
         queue_expires: float = 600.0,
         prefetch: int = 256,
@@ -186,6 +187,7 @@ class ServicesTransport(Transport):
         self.job_id = check_job_id(job_id)
         self.role = role
         self.rank = check_role(role, rank)
+        self._job_key = check_job_key(key)
         if ttl <= 0:
             raise ValueError("ttl must be > 0 seconds")
         self.ttl = int(ttl)
@@ -279,14 +281,15 @@ class ServicesTransport(Transport):
 
     # ------------------------------------------------------------------ key-value
     def put(self, key: str, value: bytes, ttl: int | None = None) -> None:
-        k, v = self._key(key), check_body(value)
+        k, v = self._key(key), self._seal_value(key, value)
         self._redis_call(lambda: self.redis.set(k, v, ex=int(ttl or self.ttl)))
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         ks = [self._key(k) for k in keys]
         if not ks:
             return []
-        return self._redis_call(lambda: self.redis.mget(ks))  # one command, one round trip
+        values = self._redis_call(lambda: self.redis.mget(ks))  # one command, one round trip
+        return [self._unseal_value(k, v) for k, v in zip(keys, values)]
 
     def delete_job(self) -> int:
         """SCAN the job prefix and UNLINK in batches; then delete the job's queues and exchange."""
@@ -454,11 +457,11 @@ class ServicesTransport(Transport):
 
     # ------------------------------------------------------------------ messages
     def send_to_supervisor(self, body: bytes) -> None:
-        self._publish("", self._names["supervisor"], check_body(body), mandatory=True)
+        self._publish("", self._names["supervisor"], self._seal_message(body), mandatory=True)
 
     def broadcast(self, body: bytes) -> None:
         # Not mandatory: the sink queue makes every publish routable, and zero workers is legal.
-        self._publish(self._names["exchange"], "", check_body(body), mandatory=False)
+        self._publish(self._names["exchange"], "", self._seal_message(body), mandatory=False)
 
     def receive(self, timeout: float | None) -> bytes | None:
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
@@ -469,7 +472,7 @@ class ServicesTransport(Transport):
                     tag, body = self._inbox.popleft()
                     assert self._sub is not None
                     self._sub.basic_ack(tag)  # receipt is handling
-                    return body
+                    return self._unseal_message(body)
                 remaining = 1.0 if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:
                     assert self._conn is not None

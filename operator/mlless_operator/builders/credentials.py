@@ -1,5 +1,5 @@
-"""The job's Secret (generated passwords, service URLs, invocation token), its OpenFaaS copy, and the env vars that
-read it; and the volumes that bring an external service's CA bundle (spec.<service>.caSecretRef) to the runtime."""
+"""The job's Secret (generated passwords, service URLs, invocation token, job key), its OpenFaaS copy, and the env vars
+that read it; and the volumes that bring an external service's CA bundle (spec.<service>.caSecretRef) to the runtime."""
 from __future__ import annotations
 
 import base64
@@ -7,7 +7,7 @@ import secrets
 from typing import Mapping
 
 from mlless.contract import ENV_AMQP_URL, ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE, ENV_REDIS_URL
-from mlless.transport.env import PASSWORD_VARS
+from mlless.transport.env import JOB_KEY_FILE, PASSWORD_VARS, new_job_key
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import (
     AMQP_PORT,
@@ -30,10 +30,12 @@ RABBITMQ_USER_KEY = "rabbitmq-username"
 RABBITMQ_PASSWORD_KEY = "rabbitmq-password"
 AMQP_URL_KEY = "amqp-url"
 INVOKE_TOKEN_KEY = "invoke-token"
+#: The key every frame of the job is sealed with; named as the runtime reads it from a mounted Secret.
+JOB_KEY_KEY = JOB_KEY_FILE
 #: An external service's CA bundle in the OpenFaaS copy, per service.
 CA_KEYS = {"redis": "redis-ca", "rabbitmq": "rabbitmq-ca"}
 #: What the OpenFaaS copy holds: the URLs only, never the bare passwords.
-OPENFAAS_SECRET_KEYS = (REDIS_URL_KEY, AMQP_URL_KEY, INVOKE_TOKEN_KEY, *CA_KEYS.values())
+OPENFAAS_SECRET_KEYS = (REDIS_URL_KEY, AMQP_URL_KEY, INVOKE_TOKEN_KEY, JOB_KEY_KEY, *CA_KEYS.values())
 #: The variable naming a service's CA bundle, and where a runtime container finds it: one folder per service,
 #: holding only the caSecretRef's key, as CA_FILE.
 CA_FILE_VARS = {"redis": ENV_REDIS_CA_FILE, "rabbitmq": ENV_RABBITMQ_CA_FILE}
@@ -46,9 +48,10 @@ def _b64(text: str) -> str:
 
 
 def generate_credentials(job: JobRef) -> dict[str, str]:
-    """Fresh passwords (URL-safe, so they can sit in a URL unescaped) for the managed services, and the token
-    the supervisor invokes worker functions with (a Knative or OpenFaaS URL is reachable from the whole cluster)."""
-    creds: dict[str, str] = {INVOKE_TOKEN_KEY: secrets.token_urlsafe(32)}
+    """Fresh passwords (URL-safe, so they can sit in a URL unescaped) for the managed services, the token the
+    supervisor invokes worker functions with (a Knative or OpenFaaS URL is reachable from the whole cluster), and
+    the job key its processes seal every frame with (anyone who reaches Redis must not be able to feed them one)."""
+    creds: dict[str, str] = {INVOKE_TOKEN_KEY: secrets.token_urlsafe(32), JOB_KEY_KEY: new_job_key()}
     if job.external("redis") is None:
         pw = secrets.token_urlsafe(24)
         creds[REDIS_PASSWORD_KEY] = pw
@@ -77,8 +80,8 @@ def build_openfaas_secret(job: JobRef, urls: Mapping[str, str]) -> Manifest:
     """The job's service URLs in the OpenFaaS namespace, where the Function mounts them.
 
     `urls` maps `redis-url` and `amqp-url` to the full URLs, passwords included
-    (OpenFaaS has no secretKeyRef, so nothing can be assembled at start), and
-    `invoke-token` to the job's invocation token. The
+    (OpenFaaS has no secretKeyRef, so nothing can be assembled at start),
+    `invoke-token` to the job's invocation token and `job-key` to its key. The
     Function sees each key as a file of that name under OPENFAAS_SECRETS_DIR.
     No owner reference can cross namespaces: the delete handler removes it.
     """

@@ -6,7 +6,7 @@ from mlless_operator.builders.credentials import ca_mounts, ca_volumes, service_
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import knative_service_name, labels, metadata
 from mlless_operator.builders.podspec import container_security_context, pod_security_context
-from mlless_operator.builders.runtime import TMP_VOLUME, common_env, function_resources, invoke_token_env, user_env
+from mlless_operator.builders.runtime import TMP_VOLUME, common_env, function_resources, invoke_token_env, job_key_env, user_env
 
 FUNCTION_PORT = 8080
 #: What a Knative worker container runs: the HTTP function server that runs one rank per invocation.
@@ -30,6 +30,7 @@ def build_knative_service(job: JobRef) -> Manifest:
         *common_env(job),
         {"name": ENV_FUNCTION_TIMEOUT_SECONDS, "value": str(job.timeout_seconds)},
         invoke_token_env(job),
+        job_key_env(job),
         *service_env(job),
         *user_env(job),
     ]

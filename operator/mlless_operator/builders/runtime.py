@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import copy
 
-from mlless.contract import ENV_INVOKE_TOKEN, ENV_JOB_ID
-from mlless_operator.builders.credentials import INVOKE_TOKEN_KEY
+from mlless.contract import ENV_INVOKE_TOKEN, ENV_JOB_ID, ENV_JOB_KEY
+from mlless_operator.builders.credentials import INVOKE_TOKEN_KEY, JOB_KEY_KEY
 from mlless_operator.builders.jobfile import JOB_DIR
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import configmap_name, secret_name
@@ -28,12 +28,21 @@ def common_env(job: JobRef) -> list[Manifest]:
     ]
 
 
+def _job_secret_env(job: JobRef, name: str, key: str) -> Manifest:
+    """Env var `name` from `key` of the job Secret, optional: a Secret made by an older operator lacks the newer keys,
+    and a job that runs an older image must still start its pods."""
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret_name(job), "key": key, "optional": True}}}
+
+
 def invoke_token_env(job: JobRef) -> Manifest:
-    """MLLESS_INVOKE_TOKEN from the job Secret (optional: a Secret made by an operator before tokens has none)."""
-    return {
-        "name": ENV_INVOKE_TOKEN,
-        "valueFrom": {"secretKeyRef": {"name": secret_name(job), "key": INVOKE_TOKEN_KEY, "optional": True}},
-    }
+    """MLLESS_INVOKE_TOKEN from the job Secret (a Secret made before tokens has none: its functions accept anyone)."""
+    return _job_secret_env(job, ENV_INVOKE_TOKEN, INVOKE_TOKEN_KEY)
+
+
+def job_key_env(job: JobRef) -> Manifest:
+    """MLLESS_JOB_KEY from the job Secret (a Secret made before job keys has none: the runtime then refuses to start,
+    in one line naming the variable)."""
+    return _job_secret_env(job, ENV_JOB_KEY, JOB_KEY_KEY)
 
 
 def user_env(job: JobRef) -> list[Manifest]:

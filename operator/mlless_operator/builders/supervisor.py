@@ -18,7 +18,7 @@ from mlless_operator.builders.jobfile import JOB_FILE
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import knative_service_name, metadata, openfaas_function_name, supervisor_name
 from mlless_operator.builders.podspec import container_security_context, pod_security_context, resources
-from mlless_operator.builders.runtime import JOB_VOLUME, TMP_VOLUME, common_env, invoke_token_env, runtime_volumes, user_env
+from mlless_operator.builders.runtime import JOB_VOLUME, TMP_VOLUME, common_env, invoke_token_env, job_key_env, runtime_volumes, user_env
 from mlless_operator.builders.services import cluster_ip_service
 
 METRICS_PORT = 9090
@@ -80,6 +80,7 @@ def build_supervisor_pod(job: JobRef, restart: int = 0) -> Manifest:
         {"name": ENV_FUNCTION_TIMEOUT_SECONDS, "value": str(job.timeout_seconds)},
         {"name": "MPLCONFIGDIR", "value": "/tmp"},
         invoke_token_env(job),
+        job_key_env(job),
         *service_env(job),
         *user_env(job),  # object-store credentials: the supervisor reads the dataset too, and writes output.uri
     ]

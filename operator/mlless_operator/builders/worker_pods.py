@@ -7,7 +7,7 @@ from mlless_operator.builders.jobfile import JOB_FILE
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import metadata, worker_pod_name
 from mlless_operator.builders.podspec import container_security_context, pod_security_context
-from mlless_operator.builders.runtime import JOB_VOLUME, TMP_VOLUME, common_env, function_resources, runtime_volumes, user_env
+from mlless_operator.builders.runtime import JOB_VOLUME, TMP_VOLUME, common_env, function_resources, job_key_env, runtime_volumes, user_env
 
 
 def build_worker_pod(job: JobRef, rank: int) -> Manifest:
@@ -16,6 +16,7 @@ def build_worker_pod(job: JobRef, rank: int) -> Manifest:
         {"name": ENV_JOB_FILE, "value": JOB_FILE},
         *common_env(job),
         {"name": ENV_RANK, "value": str(rank)},
+        job_key_env(job),
         *service_env(job),
         *user_env(job),
     ]

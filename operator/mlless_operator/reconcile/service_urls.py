@@ -1,5 +1,5 @@
-"""Service URLs with their passwords, CA bundles, and the invocation token, read from Secrets: for the OpenFaaS copy,
-and to clean up an external Redis."""
+"""Service URLs with their passwords, CA bundles, the invocation token and the job key, read from Secrets: for the
+OpenFaaS copy, and to clean up an external Redis."""
 from __future__ import annotations
 
 import base64
@@ -10,7 +10,7 @@ import kopf
 
 from mlless.transport.env import with_password
 from mlless.transport.tls import TrustedCA
-from mlless_operator.builders.credentials import AMQP_URL_KEY, CA_KEYS, INVOKE_TOKEN_KEY, REDIS_URL_KEY, ca_refs
+from mlless_operator.builders.credentials import AMQP_URL_KEY, CA_KEYS, INVOKE_TOKEN_KEY, JOB_KEY_KEY, REDIS_URL_KEY, ca_refs
 from mlless_operator.builders.jobref import JobRef
 from mlless_operator.builders.names import secret_name
 from mlless_operator.kubeapi import KubeAPI
@@ -59,7 +59,7 @@ async def external_ca(api: KubeAPI, job: JobRef, service: str) -> TrustedCA | No
 async def openfaas_secrets(api: KubeAPI, job: JobRef) -> dict[str, str]:
     """What the OpenFaaS copy holds: the full Redis and AMQP URLs (managed ones from the job Secret, external ones
     with the password from their passwordSecretRef; OpenFaaS can only mount whole values, it cannot assemble a URL),
-    external services' CA bundles, and the invocation token."""
+    external services' CA bundles, the invocation token and the job key."""
     values: dict[str, str] = {}
     job_secret = await api.get("v1", "Secret", job.namespace, secret_name(job)) or {}
     for service, key in (("redis", REDIS_URL_KEY), ("rabbitmq", AMQP_URL_KEY)):
@@ -72,7 +72,10 @@ async def openfaas_secrets(api: KubeAPI, job: JobRef) -> dict[str, str]:
         values[key] = value
     for service, _ in ca_refs(job):
         values[CA_KEYS[service]] = await _referenced(api, job, service, "caSecretRef")
-    token = secret_value(job_secret, INVOKE_TOKEN_KEY)
-    if token is not None:  # a Secret made before tokens has none; its functions then accept any caller
-        values[INVOKE_TOKEN_KEY] = token
+    # A Secret made by an older operator lacks these: without a token its functions accept any caller, without a
+    # key they refuse to start.
+    for key in (INVOKE_TOKEN_KEY, JOB_KEY_KEY):
+        value = secret_value(job_secret, key)
+        if value is not None:
+            values[key] = value
     return values

@@ -1,0 +1,134 @@
+"""Frames written into a running job's Redis keys and RabbitMQ queues by someone else are rejected and counted.
+
+Before, a well-formed update frame with 1e30 values written into Redis was applied: every worker hit NaN and the
+job failed. Now every frame carries a MAC made with the job's key (`mlless.protocol.codec.seal`), and update and
+replica values are bounded (`mlless.protocol.messages.MAX_MAGNITUDE`). The job runs as `mlless train` over a Redis
+of the test's own and this module's RabbitMQ node; the forger writes while it trains: frames without a MAC, with
+another key's, and, as a member gone wrong would (the key read from a worker's environment, as only a process of
+the same user can), with the job's own MAC around 1e30 or NaN values.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import threading
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pika
+import pytest
+import redis
+
+from mlless.contract import ENV_JOB_ID, ENV_JOB_KEY
+from mlless.protocol import keys, layouts
+from mlless.protocol.codec import HEADER, MAGIC, U32, VERSION, FrameType, Rejected, decode, encode, seal, unseal
+from mlless.protocol.messages import Failed, Finish, Tensors
+from mlless.transport.base import MESSAGE_CONTEXT, key_prefix, value_context
+from mlless.transport.env import parse_job_key
+from mlless.transport.services import queue_names
+
+from faults.test_outages import STEPS, start_job, wait_for_steps
+from faults.test_supervisor_loss import children
+
+pytestmark = [pytest.mark.slow, pytest.mark.services]
+
+
+def environ(pid: int) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in line)
+
+
+def frame(ftype: FrameType, sender: int, step: int, payload: bytes) -> bytes:
+    """A well-formed frame around `payload`, which the message classes would refuse to build."""
+    return HEADER.pack(MAGIC, VERSION, ftype, 0, sender, step, len(payload), zlib.crc32(payload)) + payload
+
+
+def update_frame(sender: int, step: int, value: float) -> bytes:
+    n = 16
+    return frame(FrameType.UPDATE, sender, step,
+                 U32.pack(n) + np.arange(n, dtype="<i4").tobytes() + np.full(n, value, "<f4").tobytes())
+
+
+def snapshot_frame(step: int, size: int) -> bytes:
+    """A replica of `size` parameters, all 1e30 (finite in float32, so only the bound stops it)."""
+    payload = encode(Tensors(0, step, {layouts.PARAMS: np.zeros(size, np.float32)}))[HEADER.size:]
+    return frame(FrameType.TENSORS, 0, step, payload[:-4 * size] + np.full(size, 1e30, "<f4").tobytes())
+
+
+class Forger(threading.Thread):
+    """Overwrites the job's update slots and its snapshot, round after round, until stopped."""
+
+    def __init__(self, redis_url: str, job_id: str, key: bytes) -> None:
+        super().__init__(daemon=True)
+        self.r, self.prefix, self.key = redis.Redis.from_url(redis_url), key_prefix(job_id), key
+        self.stop, self.written = threading.Event(), 0
+
+    def sealed(self, name: str, forged: bytes) -> bytes:
+        return seal(forged, self.key, value_context(name))
+
+    def forgeries(self, name: str, sender: int, step: int) -> list[bytes]:
+        """The four kinds, for the slot `name` now holding `sender`'s update for `step` (so that only the MAC or the
+        values give them away)."""
+        forged = update_frame(sender, step, 1e30)
+        return [forged, seal(forged, bytes(32), value_context(name)), self.sealed(name, forged),
+                self.sealed(name, update_frame(sender, step, float("nan")))]
+
+    def run(self) -> None:
+        while not self.stop.wait(0.005):
+            for full in self.r.scan_iter(match=self.prefix + "update:*"):
+                name = full.decode().removeprefix(self.prefix)
+                current = self.r.get(full)
+                if current is None or len(current) < HEADER.size:
+                    continue
+                _, _, _, _, sender, step, _, _ = HEADER.unpack_from(current)
+                self.r.set(full, self.forgeries(name, sender, step)[self.written % 4])
+                self.written += 1
+            snapshot = unseal(self.r.get(self.prefix + keys.snapshot()) or b"", self.key, value_context(keys.snapshot()))
+            if not isinstance(snapshot, Rejected):
+                replica = decode(snapshot)
+                size = replica.arrays[layouts.PARAMS].size
+                self.r.set(self.prefix + keys.snapshot(), self.sealed(keys.snapshot(), snapshot_frame(replica.step, size)))
+
+
+def test_forged_frames_are_rejected_counted_and_never_applied(rabbit, private_redis, movielens_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start_job(movielens_dir, run_dir, private_redis, rabbit.url)
+    wait_for_steps(run_dir, proc, 20)
+    workers = children(proc.pid)
+    job_id, key_text = (environ(workers[0])[name] for name in (ENV_JOB_ID, ENV_JOB_KEY))
+    key = parse_job_key(key_text)
+    assert key_text != environ(proc.pid).get(ENV_JOB_KEY)  # `mlless train` made the job's own key
+    assert key_text not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+    forger = Forger(private_redis, job_id, key)
+    forger.start()
+    # Control frames too: a Failed from worker 0 would drop it, a Finish would end the job early.
+    names = queue_names(job_id)
+    with pika.BlockingConnection(pika.URLParameters(rabbit.url)) as conn:
+        channel = conn.channel()
+        failed = encode(Failed(sender=0, step=0, reason="forged"))
+        for body in (failed, seal(failed, bytes(32), MESSAGE_CONTEXT)):
+            channel.basic_publish("", names["supervisor"], body)
+        channel.basic_publish(names["exchange"], "", encode(Finish(sender=-1, step=0)))
+    wait_for_steps(run_dir, proc, STEPS * 2 // 3)
+    forger.stop.set()
+    forger.join(timeout=10)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+
+    assert forger.written > 20
+    assert summary["stop_reason"] == "max steps" and summary["steps"] == STEPS
+    assert summary["dropped_workers"] == [] and summary["workers_final"] == 2
+    assert summary["rejected_frames"] >= 5  # the four messages, and update forgeries
+    assert summary["validation_loss"] is not None and math.isfinite(summary["validation_loss"])
+    with np.load(run_dir / "model.npz") as model:
+        assert np.isfinite(model["params"]).all() and np.abs(model["params"]).max() < 100
+    logs = out + err + "".join(p.read_text() for p in run_dir.rglob("*") if p.is_file() and p.suffix != ".npz")
+    for reason in ("rejected frame: message: bad or missing MAC: not written by a member of this job",
+                   "rejected control frame: message: bad or missing MAC",
+                   "bad or missing MAC: not written by a member of this job", "values reach 1e+30, beyond the bound",
+                   "values contains NaN or inf", "rejected replica: params reach 1e+30, beyond the bound"):
+        assert reason in logs, reason
+    assert key_text not in logs
