@@ -96,7 +96,8 @@ def assert_whole_job(run_dir: Path, reference: dict, gaps_allowed: int) -> dict:
     assert len(steps) >= STEPS - gaps_allowed
     assert abs(summary["validation_loss"] - reference["validation_loss"]) < 0.01
     assert summary["replica_spread"] < 1e-4  # BSP: the replicas agree, as in an undisturbed run
-    assert not (run_dir / STATE_FILE).exists() and not (run_dir / CHECKPOINT_FILE).exists()  # nothing left to resume
+    for name in (STATE_FILE, CHECKPOINT_FILE, "job-key"):  # nothing is left to resume
+        assert not (run_dir / name).exists(), name
     return summary
 
 
@@ -153,6 +154,7 @@ def test_ctrl_c_then_resume_continues_from_the_final_replicas(movielens_dir, tmp
     assert proc.returncode == 130, err
     interrupted = summary_of(run_dir)
     assert interrupted["stop_reason"] == "interrupted"
+    assert (run_dir / "job-key").stat().st_mode & 0o077 == 0  # kept for --resume, readable by its owner only
     assert f"--out {run_dir} --resume" in err  # it says how to go on
     finish(train(job, run_dir, "--resume"))
     summary = assert_whole_job(run_dir, reference, gaps_allowed=0)
