@@ -86,7 +86,7 @@ messages = st.one_of(
     st.builds(Leave, st.just(-1), steps, ranks),
     st.builds(Left, ranks, steps, st.booleans()),
     st.builds(Finish, st.just(-1), steps),
-    st.builds(Done, ranks, steps, nonneg, st.integers(0, 2**64 - 1)),
+    st.builds(Done, ranks, steps, nonneg, st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
     st.builds(Failed, ranks, steps, st.text(max_size=300)),
 )
 
@@ -477,16 +477,16 @@ GOLDEN: list[tuple[str, Message, bool, str]] = [
         "4d4c73011500ffffffff0c000000000000000000000000000000"
     ),
     (
-        "done",
-        Done(1, 12, 45.5, 3),
+        "done",  # with repaired_frames (docs/reliability.md), which followed rejected_frames
+        Done(1, 12, 45.5, 3, 2),
         False,
-        "4d4c73011600010000000c00000000000000100000002614ab8e0000000000c046400300000000000000"
+        "4d4c73011600010000000c0000000000000018000000c6e482f60000000000c0464003000000000000000200000000000000"
     ),
     (
         "done_default",
         Done(0, 2, 0.0),
         False,
-        "4d4c7301160000000000020000000000000010000000554bbbec00000000000000000000000000000000"
+        "4d4c730116000000000002000000000000001800000020cac1a3000000000000000000000000000000000000000000000000"
     ),
     (
         "failed",

@@ -127,6 +127,10 @@ def _print_summary(summary: dict[str, Any], progress: Progress) -> None:
     )
     for drop in summary["dropped_workers"]:
         progress.message(f"  worker {drop['rank']} was dropped at step {drop['step']}: {drop['reason']}")
+    if summary["repaired_frames"]:
+        progress.message(f"  {summary['repaired_frames']} update frames Redis lost were published again and applied")
+    if summary["rejected_frames"]:
+        progress.message(f"  {summary['rejected_frames']} frames were rejected (see the logs)")
 
 
 def _model_origin(summary: dict[str, Any]) -> str:

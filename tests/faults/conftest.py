@@ -108,11 +108,11 @@ def rabbit() -> Iterator[RabbitNode]:
 
 
 @contextmanager
-def redis_server(*args: str, port_option: str = "--port") -> Iterator[int]:
-    """A Redis without persistence listening on a free port given with `port_option` (`--tls-port` for TLS, with
-    `--port 0` in `args`), started with `args` besides; yields the port. Stopped through its pid file, as the
-    caller may have shut it down already."""
-    port = free_port()
+def redis_server(*args: str, port_option: str = "--port", port: int | None = None) -> Iterator[int]:
+    """A Redis without persistence listening on `port` (default: a free one) given with `port_option` (`--tls-port`
+    for TLS, with `--port 0` in `args`), started with `args` besides; yields the port. Stopped through its pid file,
+    as the caller may have shut it down already."""
+    port = port or free_port()
     base = Path(tempfile.mkdtemp(prefix="mlless-redis-"))
     pidfile = base / "redis.pid"
     subprocess.run(["redis-server", port_option, str(port), "--bind", "127.0.0.1", "--save", "",

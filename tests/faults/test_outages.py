@@ -13,9 +13,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+import redis
 import yaml
+
+from faults.conftest import redis_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 
@@ -78,6 +82,22 @@ def test_a_broker_restart_loses_its_queues_and_the_job_goes_on(rabbit, movielens
     time.sleep(3)
     rabbit.ctl("start_app")
     assert_nothing_lost(finish(proc, run_dir)[0], rabbit)
+
+
+def test_a_redis_restarted_without_persistence_loses_no_update(private_redis, rabbit, movielens_dir, tmp_path):
+    """Redis shut down mid-job and started again empty: the update frames it held are published again by their
+    senders, so every replica applies every update (BSP: they agree as in an undisturbed run), and the summary
+    says what was repaired. The rank registry went with it too, yet no queue is left behind."""
+    run_dir = tmp_path / "run"
+    proc = start_job(movielens_dir, run_dir, private_redis, rabbit.url)
+    wait_for_steps(run_dir, proc, 30)
+    subprocess.run(["redis-cli", "-u", private_redis, "shutdown", "nosave"], capture_output=True, timeout=30)
+    time.sleep(2)
+    with redis_server(port=urlsplit(private_redis).port):
+        summary = finish(proc, run_dir)[0]
+        assert_nothing_lost(summary, rabbit)
+        assert summary["repaired_frames"] > 0
+        assert redis.Redis.from_url(private_redis).keys("*") == []
 
 
 def assert_failed_cleanly_with_the_best_snapshot(proc: subprocess.Popen, run_dir: Path, reason: str) -> dict:

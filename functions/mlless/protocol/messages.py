@@ -413,16 +413,21 @@ class Done(Message):
     """Worker → supervisor: final replica written after ``seconds`` of billed work.
 
     ``rejected_frames`` counts the inbound frames this worker refused, so the
-    job's summary accounts for every malformed frame, not only the supervisor's.
+    job's summary accounts for every malformed frame, not only the supervisor's;
+    ``repaired_frames`` the peers' update frames the store lost that it read
+    again once their senders had published them anew.
     """
 
     TYPE: ClassVar[FrameType] = FrameType.DONE
-    FIELDS: ClassVar[tuple[tuple[str, Field], ...]] = (("seconds", NONNEG_FLOAT64), ("rejected_frames", UINT64))
+    FIELDS: ClassVar[tuple[tuple[str, Field], ...]] = (
+        ("seconds", NONNEG_FLOAT64), ("rejected_frames", UINT64), ("repaired_frames", UINT64),
+    )
 
     sender: int
     step: int
     seconds: float
     rejected_frames: int = 0
+    repaired_frames: int = 0
 
 
 @dataclass(frozen=True)

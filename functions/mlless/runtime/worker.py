@@ -10,6 +10,7 @@ round trip. Under SSP the wait only blocks once the worker is more than
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import signal
@@ -41,6 +42,9 @@ class SupervisorLost(RuntimeError):
 
 #: A worker gives up after this many worker timeouts without any message from the supervisor.
 SUPERVISOR_SILENCE_FACTOR = 3
+#: A worker waiting for a step-close looks this often whether the store lost the job's keys: a peer may be waiting
+#: for an update frame of this worker's that went with them.
+STORE_PROBE_SECONDS = 1.0
 
 
 class WorkerExit(Exception):
@@ -82,6 +86,10 @@ class Worker:
         self.step = 0
         self.started = time.monotonic()
         self.rejected_frames = 0
+        self.repaired_frames = 0  # peers' update frames the store lost, read again once their senders re-published
+        # This worker's newest update frames, as many as can still be read: re-published if the store loses them.
+        self.published: collections.deque[tuple[str, bytes]] = collections.deque(maxlen=keys.update_slots(self.sync.staleness))
+        self.store_epoch = transport.store_epoch
         self.leave_requested = False
         # A function invocation must return before the platform kills it (monotonic time; None = no limit).
         self.deadline = deadline
@@ -183,7 +191,10 @@ class Worker:
         bytes_sent = 0
         if len(sent_idx):
             frame = encode(Update(sender=self.rank, step=self.step, indices=sent_idx, values=sent_val))
-            self.transport.put(self.sync.update_key(self.rank, self.step), frame)
+            key = self.sync.update_key(self.rank, self.step)
+            self.transport.put(key, frame)
+            self.published.append((key, frame))
+            self._republish_if_store_lost()
             bytes_sent = len(frame)
         timer.lap("write")
 
@@ -213,7 +224,7 @@ class Worker:
         self._barrier = dict.fromkeys(BARRIER_PHASES, 0.0)
         blocking = self.view.closed < step
         awaited = blocking
-        silent_since = time.monotonic()
+        silent_since = probed = time.monotonic()
         # A supervisor that waits repeats its newest close, so once the job runs, silence means it is gone, and a
         # function must not keep billing while it waits for nobody. Before the first close it may still be
         # waiting for every worker to start.
@@ -225,6 +236,10 @@ class Worker:
                 if not blocking or self.leave_requested:
                     break
                 silent_since = max(silent_since, self.transport.reconnected_at)  # an outage is not the supervisor's
+                if time.monotonic() - probed > STORE_PROBE_SECONDS:
+                    self.transport.probe_store()
+                    self._republish_if_store_lost()
+                    probed = time.monotonic()
                 if time.monotonic() - silent_since > patience:
                     raise SupervisorLost(f"no message from the supervisor for {time.monotonic() - silent_since:.0f}s")
                 continue
@@ -264,7 +279,7 @@ class Worker:
             self._leave()
         started = time.perf_counter()
         peers = [r for r in close.updates if r != self.rank]
-        frames = self.transport.get_many([self.sync.update_key(r, close.step) for r in peers])
+        frames = self._fetch_updates(peers, close.step)
         read_done = time.perf_counter()
         for rank, frame in zip(peers, frames):
             self._apply_update(rank, close.step, frame)
@@ -277,6 +292,36 @@ class Worker:
         self._barrier["apply"] += time.perf_counter() - read_done
         if close.flags & CLOSE_FINAL:
             self._finish()
+
+    def _fetch_updates(self, peers: list[int], step: int) -> list[bytes | None]:
+        """The peers' update frames of `step`, each announced by a report, so it was written.
+
+        One that is missing was lost with the store (a Redis restarted without persistence): its sender still
+        holds it and re-publishes it once its own transport notices the loss, as this worker does its own first.
+        It is waited for, for at most half the worker timeout (the supervisor's patience with this worker).
+        """
+        names = [self.sync.update_key(r, step) for r in peers]
+        frames = self.transport.get_many(names)
+        deadline = time.monotonic() + self.job.worker_timeout_seconds / 2
+        delay = 0.01
+        while None in frames and time.monotonic() < deadline:
+            self._republish_if_store_lost()
+            time.sleep(delay)
+            delay = min(2 * delay, 0.5)
+            missing = [i for i, f in enumerate(frames) if f is None]
+            for i, frame in zip(missing, self.transport.get_many([names[i] for i in missing])):
+                frames[i] = frame
+                self.repaired_frames += frame is not None
+        return frames
+
+    def _republish_if_store_lost(self) -> None:
+        """Put this worker's readable update frames back if the store lost the job's keys since it last looked."""
+        if self.transport.store_epoch == self.store_epoch:
+            return
+        self.store_epoch = self.transport.store_epoch
+        for key, frame in self.published:
+            self.transport.put(key, frame)
+        log.warning("worker %d: the store lost the job's keys; re-published %d update frames", self.rank, len(self.published))
 
     def _apply_update(self, rank: int, step: int, frame: bytes | None) -> None:
         if frame is None:
@@ -351,7 +396,8 @@ class Worker:
     def _finish(self) -> None:
         self.transport.put(keys.final_replica(self.rank), self._replica_frame())
         seconds = time.monotonic() - self.started
-        done = Done(sender=self.rank, step=self.view.closed, seconds=seconds, rejected_frames=self.rejected_frames)
+        done = Done(sender=self.rank, step=self.view.closed, seconds=seconds, rejected_frames=self.rejected_frames,
+                    repaired_frames=self.repaired_frames)
         self.transport.send_to_supervisor(encode(done))
         raise WorkerExit
 

@@ -142,6 +142,9 @@ class Transport(ABC):
     #: When (monotonic) the transport last reconnected after an outage: the time before it heard nothing, through
     #: no fault of the other side.
     reconnected_at: float = -float("inf")
+    #: How many times the key-value store was found to have lost the job's keys (a Redis restarted without
+    #: persistence); a process that sees it grow publishes again what its peers may still read.
+    store_epoch: int = 0
     #: The job's key (`check_job_key`); a backend sets it before its first write, and never shows it.
     _job_key: bytes
 
@@ -170,6 +173,10 @@ class Transport(ABC):
     @abstractmethod
     def delete_job(self) -> int:
         """Delete every key, queue and exchange of this job; return the number of keys deleted."""
+
+    def probe_store(self) -> None:
+        """Look whether the key-value store has lost the job's keys (`store_epoch`), between other calls, which look
+        on their own. The embedded broker's store can only go with everything else, so it has nothing to look at."""
 
     @abstractmethod
     def reset(self) -> None:

@@ -57,7 +57,7 @@ import logging
 import os
 import random
 import time
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import pika
 import pika.exceptions as pe
@@ -92,6 +92,10 @@ logging.getLogger("pika").setLevel(logging.CRITICAL)
 T = TypeVar("T")
 
 _RANKS_KEY = "_ranks"
+#: Set by each transport of a job, per process (`_alive:RANK`): when its own is gone, the store lost the job's keys
+#: (a Redis restarted without persistence), and `store_epoch` tells the process, which then publishes its frames
+#: again. Per process, because the first process to notice sets its mark again, and the others must notice too.
+_ALIVE_KEY = "_alive:{rank}"
 
 
 def queue_names(job_id: str) -> dict[str, str]:
@@ -194,6 +198,7 @@ class ServicesTransport(Transport):
         self._prefix = key_prefix(job_id)
         self._names = queue_names(job_id)
         self._own_queue = self._queue_of(self.rank)
+        self._alive = self._prefix + _ALIVE_KEY.format(rank=self.rank)
         self._queue_args = {"x-expires": max(1000, int(queue_expires * 1000))}
         self._prefetch = prefetch
         if outage_seconds is None:
@@ -247,7 +252,7 @@ class ServicesTransport(Transport):
         self.reconnected_at = -float("inf")
 
         # Connect now (connect() is synchronous), and fail at connect rather than at the first step.
-        self._redis_call(self._register_rank if role == "worker" else self.redis.ping, window=CONNECT_SECONDS)
+        self._redis_call(self._mark_store, window=CONNECT_SECONDS)
         self._amqp(lambda: None, window=CONNECT_SECONDS)
 
     # ------------------------------------------------------------------ helpers
@@ -272,23 +277,42 @@ class ServicesTransport(Transport):
                 raise TransportError(f"redis {self._redis_desc}: {type(exc).__name__}: {exc}") from None
             outage.wait(f"redis {self._redis_desc}", reason)
 
-    def _register_rank(self) -> None:
-        k = self._prefix + _RANKS_KEY
+    def _mark_store(self) -> None:
+        """Mark the store as holding this job's keys, and register a worker's rank (the queues delete_job deletes)."""
         with self.redis.pipeline(transaction=False) as p:
-            p.sadd(k, self.rank)
-            p.expire(k, self.ttl)
+            p.set(self._alive, b"1", ex=self.ttl)
+            if self.role == "worker":
+                p.sadd(self._prefix + _RANKS_KEY, self.rank)
+                p.expire(self._prefix + _RANKS_KEY, self.ttl)
             p.execute()
+
+    def _check_store(self, alive: bool) -> None:
+        if not alive:
+            self.store_epoch += 1
+            log.warning("redis %s lost the keys of job %s (restarted without persistence?)", self._redis_desc, self.job_id)
+            self._redis_call(self._mark_store)
+
+    def probe_store(self) -> None:
+        self._check_store(bool(self._redis_call(lambda: self.redis.exists(self._alive))))
 
     # ------------------------------------------------------------------ key-value
     def put(self, key: str, value: bytes, ttl: int | None = None) -> None:
         k, v = self._key(key), self._seal_value(key, value)
-        self._redis_call(lambda: self.redis.set(k, v, ex=int(ttl or self.ttl)))
+
+        def run() -> list[Any]:
+            with self.redis.pipeline(transaction=False) as p:  # one round trip: the write, and the store's mark
+                p.set(k, v, ex=int(ttl or self.ttl))
+                p.exists(self._alive)
+                return p.execute()
+
+        self._check_store(bool(self._redis_call(run)[1]))
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         ks = [self._key(k) for k in keys]
         if not ks:
             return []
-        values = self._redis_call(lambda: self.redis.mget(ks))  # one command, one round trip
+        *values, alive = self._redis_call(lambda: self.redis.mget(ks + [self._alive]))  # one round trip
+        self._check_store(alive is not None)
         return [self._unseal_value(k, v) for k, v in zip(keys, values)]
 
     def delete_job(self) -> int:
@@ -297,7 +321,8 @@ class ServicesTransport(Transport):
         def run() -> tuple[int, list[int]]:
             rk = self._prefix + _RANKS_KEY
             ranks = sorted(int(r) for r in self.redis.smembers(rk))
-            self.redis.unlink(rk)  # the internal rank registry is not one of the caller's keys
+            # The transport's own keys are not the caller's.
+            self.redis.unlink(rk, *(self._prefix + _ALIVE_KEY.format(rank=r) for r in {*ranks, self.rank, SUPERVISOR}))
             return unlink_prefix(self.redis, self._prefix), ranks
 
         deleted, ranks = self._redis_call(run)
@@ -331,6 +356,7 @@ class ServicesTransport(Transport):
             self._consumer_tag = self._sub.basic_consume(self._own_queue, self._on_message, auto_ack=False)
 
         self._amqp(declare)
+        self._redis_call(self._mark_store)
 
     # ------------------------------------------------------------------ AMQP plumbing
     def _connect(self) -> None:

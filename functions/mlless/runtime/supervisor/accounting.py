@@ -61,6 +61,7 @@ class Accounting:
         self.samples = 0
         self.compute_seconds = 0.0
         self.rejected_frames = 0
+        self.repaired_frames = 0  # update frames the store lost, published again by their senders and read
         self.train_loss = math.nan
         self._row: StepRow | None = None  # the previous step's row, waiting for its barrier timings
         # What the job's earlier runs took, when this supervisor took over from another (failover.py).
@@ -72,6 +73,7 @@ class Accounting:
         self.wall_before, self.worker_seconds_before = state.wall_seconds, list(state.worker_seconds)
         self.samples, self.bytes_sent = state.samples, state.bytes_sent
         self.compute_seconds, self.rejected_frames = state.compute_seconds, state.rejected_frames
+        self.repaired_frames = state.repaired_frames
         self.train_loss = math.nan if state.train_loss is None else state.train_loss
 
     def totals(self, now: float, members: Membership) -> dict[str, Any]:
@@ -83,6 +85,7 @@ class Accounting:
             "bytes_sent": self.bytes_sent,
             "compute_seconds": self.compute_seconds,
             "rejected_frames": self.rejected_frames,
+            "repaired_frames": self.repaired_frames,
             "train_loss": None if math.isnan(self.train_loss) else self.train_loss,
         }
 
@@ -207,6 +210,7 @@ class Accounting:
             "dropped_workers": members.dropped,
             "replica_spread": final.spread,
             "rejected_frames": self.rejected_frames,
+            "repaired_frames": self.repaired_frames,
             "cost_usd": cost.total,
             "cost_breakdown_usd": cost.as_dict(),
             "perf_per_dollar": 1.0 / (wall * cost.total) if wall > 0 and cost.total > 0 else None,

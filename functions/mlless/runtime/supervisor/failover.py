@@ -83,6 +83,7 @@ class JobState:
     bytes_sent: int = 0
     compute_seconds: float = 0.0
     rejected_frames: int = 0
+    repaired_frames: int = 0
     train_loss: float | None = None
     rows: int = 0  # rows in metrics.jsonl
     ended: bool = False  # the run ended with its workers: none is left to hand in a replica

@@ -294,6 +294,7 @@ class Supervisor:
         elif isinstance(msg, Done):
             self.members.done(worker)
             self.accounting.count_rejected(msg.rejected_frames)
+            self.accounting.repaired_frames += msg.repaired_frames
         elif isinstance(msg, Left):
             self._left(worker, msg)
         elif isinstance(msg, Failed):
