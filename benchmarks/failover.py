@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +53,7 @@ def summary(run: Path) -> dict:
 
 def case(job: Path, work: Path, services: bool, kill_at: int) -> dict:
     run = work / f"killed-{'services' if services else 'embedded'}-{kill_at}"
+    shutil.rmtree(run, ignore_errors=True)  # the kill is timed by the rows of this run's metrics.jsonl
     proc = train(job, run, services)
     while rows(run) < kill_at:
         if proc.poll() is not None:

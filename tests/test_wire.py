@@ -39,6 +39,7 @@ from mlless.protocol.messages import (
     Leave,
     Left,
     Report,
+    Takeover,
     Tensors,
     Update,
 )
@@ -86,6 +87,7 @@ messages = st.one_of(
     st.builds(Leave, st.just(-1), steps, ranks),
     st.builds(Left, ranks, steps, st.booleans()),
     st.builds(Finish, st.just(-1), steps),
+    st.builds(Takeover, st.just(-1), steps),
     st.builds(Done, ranks, steps, nonneg, st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
     st.builds(Failed, ranks, steps, st.text(max_size=300)),
 )
@@ -477,6 +479,12 @@ GOLDEN: list[tuple[str, Message, bool, str]] = [
         "4d4c73011500ffffffff0c000000000000000000000000000000"
     ),
     (
+        "takeover",  # a message added later (runtime/supervisor/failover.py)
+        Takeover(-1, 0),
+        False,
+        "4d4c73011800ffffffff00000000000000000000000000000000"
+    ),
+    (
         "done",  # with repaired_frames (docs/reliability.md), which followed rejected_frames
         Done(1, 12, 45.5, 3, 2),
         False,
@@ -517,7 +525,7 @@ def test_golden_frames(name: str, msg: Message, compressed: bool, golden: str) -
 
 def test_field_tables_match_the_dataclasses() -> None:
     """A control message is packed from FIELDS alone: a field missing there would silently not be sent."""
-    for cls in (Hello, Report, Close, Leave, Left, Finish, Done, Failed):
+    for cls in (Hello, Report, Close, Leave, Left, Finish, Takeover, Done, Failed):
         names = [f.name for f in dataclasses.fields(cls)]
         assert names == ["sender", "step", *(name for name, _ in cls.FIELDS)], cls.__name__
 

@@ -144,6 +144,7 @@ class FrameType(enum.IntEnum):
     FINISH = 21
     DONE = 22
     FAILED = 23
+    TAKEOVER = 24
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ __all__ = [
     "Leave",
     "Left",
     "Finish",
+    "Takeover",
     "Done",
     "Failed",
 ]
@@ -402,6 +403,21 @@ class Finish(Message):
     """Supervisor → all workers: write your final replica and stop."""
 
     TYPE: ClassVar[FrameType] = FrameType.FINISH
+    FROM_SUPERVISOR: ClassVar[bool] = True
+
+    sender: int
+    step: int
+
+
+@dataclass(frozen=True)
+class Takeover(Message):
+    """A new supervisor → all workers: it took over the job (runtime/supervisor/failover.py).
+
+    A worker of the previous run writes its final replica, says done, and starts again (its process exits to be
+    run again: a pod's container restarts); one that has not started training says hello again.
+    """
+
+    TYPE: ClassVar[FrameType] = FrameType.TAKEOVER
     FROM_SUPERVISOR: ClassVar[bool] = True
 
     sender: int

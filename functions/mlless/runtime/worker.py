@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from mlless.contract import BARRIER_PHASES, ENV_AUDIT
 from mlless.protocol.codec import FrameError, decode, encode
 from mlless.protocol.messages import (
-    CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Leave, Left, Report, Tensors, Update,
+    CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Leave, Left, Report, Takeover, Tensors, Update,
 )
 from mlless.autotuner.smoothing import OnlineEwma
 from mlless.data.dataset import Dataset
@@ -55,7 +55,12 @@ class Checkpointed(Exception):
     """The invocation's deadline is near: the state is in Redis and the next invocation resumes from it."""
 
 
-#: `mlless worker` exits with this code after a checkpoint (EX_TEMPFAIL: "invoke me again").
+class HandedOver(Exception):
+    """A new supervisor took over the job: this worker handed in its replica, and a new process joins its run."""
+
+
+#: `mlless worker` exits with this code after a checkpoint, or after handing over to a new supervisor
+#: (EX_TEMPFAIL: "invoke me again"; a pod's container is restarted on it).
 EXIT_CHECKPOINTED = 75
 
 
@@ -136,7 +141,8 @@ class Worker:
         raise Checkpointed
 
     def start_from_job_checkpoint(self) -> None:
-        """A suspended job resumes from the model its supervisor averaged at the suspend (if there is one)."""
+        """A resumed job starts from its checkpoint (if there is one): the model its supervisor averaged at a suspend,
+        or the one a new supervisor continues from. Read when step 0 is closed: by then it is written."""
         frame = self.transport.get_many([keys.job_checkpoint()])[0]
         if frame is None:
             return
@@ -262,6 +268,8 @@ class Worker:
             self._apply_close(msg)
         elif isinstance(msg, Finish):
             self._finish()
+        elif isinstance(msg, Takeover):
+            self._hand_over()
         elif isinstance(msg, Leave) and msg.rank == self.rank:
             self._leave()
         else:
@@ -270,6 +278,8 @@ class Worker:
     def _apply_close(self, close: Close) -> None:
         if close.step <= self.view.closed:
             return
+        if self.view.closed < 0 and close.step == 0:
+            self.start_from_job_checkpoint()
         if self.view.closed < 0 and close.step > 0:
             # A late joiner (scale-out): it starts from a live replica once the job lists it.
             if self.rank in close.live:
@@ -394,12 +404,25 @@ class Worker:
         raise RuntimeError(f"no snapshot of step {close.step} arrived in {self.job.worker_timeout_seconds:g}s")
 
     def _finish(self) -> None:
+        self._hand_in()
+        raise WorkerExit
+
+    def _hand_over(self) -> None:
+        """A new supervisor took over: it continues from this replica; a new process of this rank joins its run.
+        One that has not trained yet says hello again instead (the new supervisor cleared what it had sent)."""
+        if self.view.closed < 0:
+            self._say_hello()
+            return
+        self._hand_in()
+        raise HandedOver
+
+    def _hand_in(self) -> None:
+        """Publish the replica as final, and tell the supervisor."""
         self.transport.put(keys.final_replica(self.rank), self._replica_frame())
         seconds = time.monotonic() - self.started
         done = Done(sender=self.rank, step=self.view.closed, seconds=seconds, rejected_frames=self.rejected_frames,
                     repaired_frames=self.repaired_frames)
         self.transport.send_to_supervisor(encode(done))
-        raise WorkerExit
 
     def _leave(self) -> None:
         # The published frame carries the unsent accumulated updates; the survivors add them in.
@@ -427,10 +450,8 @@ def serve(job: TrainingJob, rank: int, transport: Transport, deadline: float | N
     try:
         if resume:
             worker.resume()
-        else:
-            worker.start_from_job_checkpoint()
         worker.run()
-    except Checkpointed:
+    except (Checkpointed, HandedOver):
         return EXIT_CHECKPOINTED
     except Exception as exc:
         log.exception("worker %d failed", rank)

@@ -27,7 +27,11 @@ class RunRecord:
         self.on_row = on_row
         self.rows = 0
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics: TextIO | None = None  # opened by the first row, or by continue_after
+        self._metrics: TextIO | None = None  # opened by start, by continue_after, or by the first row
+
+    def start(self) -> None:
+        """A new job: an earlier run's rows in the same directory go."""
+        self._metrics = (self.run_dir / "metrics.jsonl").open("w", buffering=1)
 
     def continue_after(self, step: int, stored: list[str]) -> list[str]:
         """A resumed job: keep the rows of steps up to `step` (from the run directory, else `stored`), append after them;
@@ -46,7 +50,7 @@ class RunRecord:
     def step(self, row: StepRow) -> None:
         line = json.dumps(row.as_dict(), allow_nan=False) + "\n"
         if self._metrics is None:
-            self._metrics = (self.run_dir / "metrics.jsonl").open("w", buffering=1)
+            self.start()
         self._metrics.write(line)
         self.rows += 1
         if self.on_row is not None:

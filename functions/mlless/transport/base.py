@@ -180,8 +180,9 @@ class Transport(ABC):
 
     @abstractmethod
     def reset(self) -> None:
-        """`delete_job`, then declare this process's queue again: a successor supervisor starts on a clean slate,
-        with nothing its predecessor's run left in a key or a queue."""
+        """Delete the job's keys and empty its queues, which stay, with whoever consumes them: a successor
+        supervisor starts on a clean slate, with nothing its predecessor's run left, while that run's workers
+        can still hear from it."""
 
     # ---------------------------------------------------------------- messages
     @abstractmethod

@@ -159,6 +159,7 @@ class EmbeddedTransport(Transport):
         return U64.unpack(payload)[0]
 
     def reset(self) -> None:
+        # Every queue goes, not only their messages: no worker outlives the process that hosts the broker.
         self.delete_job()
         self._call(OP_DECLARE, I32.pack(self.rank))
 

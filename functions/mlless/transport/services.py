@@ -199,6 +199,7 @@ class ServicesTransport(Transport):
         self._names = queue_names(job_id)
         self._own_queue = self._queue_of(self.rank)
         self._alive = self._prefix + _ALIVE_KEY.format(rank=self.rank)
+        self._deleted = False
         self._queue_args = {"x-expires": max(1000, int(queue_expires * 1000))}
         self._prefetch = prefetch
         if outage_seconds is None:
@@ -287,7 +288,7 @@ class ServicesTransport(Transport):
             p.execute()
 
     def _check_store(self, alive: bool) -> None:
-        if not alive:
+        if not alive and not self._deleted:  # after delete_job, the keys are gone on purpose
             self.store_epoch += 1
             log.warning("redis %s lost the keys of job %s (restarted without persistence?)", self._redis_desc, self.job_id)
             self._redis_call(self._mark_store)
@@ -326,6 +327,7 @@ class ServicesTransport(Transport):
             return unlink_prefix(self.redis, self._prefix), ranks
 
         deleted, ranks = self._redis_call(run)
+        self._deleted = True
         queues = [self._names["supervisor"], self._names["sink"]] + [self._queue_of(r) for r in ranks]
         if self.role == "worker" and self._own_queue not in queues:
             queues.append(self._own_queue)
@@ -347,16 +349,29 @@ class ServicesTransport(Transport):
         return deleted
 
     def reset(self) -> None:
-        self.delete_job()
+        def run() -> list[int]:
+            ranks = sorted(int(r) for r in self.redis.smembers(self._prefix + _RANKS_KEY))
+            unlink_prefix(self.redis, self._prefix)
+            self._mark_store()
+            return ranks
+
+        ranks = self._redis_call(run)
+
+        def purge() -> None:
+            ch = self._pub
+            assert ch is not None
+            for q in [self._own_queue, *(self._queue_of(r) for r in ranks)]:
+                # Declared first (the same arguments, so a no-op if it is there): purging an expired queue would
+                # close the channel.
+                ch.queue_declare(q, durable=False, arguments=self._queue_args)
+                ch.queue_purge(q)
+            if self._inbox:  # delivered already: acknowledged, or the broker would deliver them again
+                assert self._sub is not None
+                self._sub.basic_ack(self._inbox[-1][0], multiple=True)
+
+        self._amqp(purge)
+        self._inbox.clear()
         self._sent.clear()  # a reconnect must not re-publish the predecessor's messages into the clean slate
-
-        def declare() -> None:
-            assert self._sub is not None
-            self._declare_topology()
-            self._consumer_tag = self._sub.basic_consume(self._own_queue, self._on_message, auto_ack=False)
-
-        self._amqp(declare)
-        self._redis_call(self._mark_store)
 
     # ------------------------------------------------------------------ AMQP plumbing
     def _connect(self) -> None:

@@ -14,11 +14,11 @@ in Redis, where the supervisor pod the operator recreates finds them, and in
 the run directory, where `mlless train --out RUNDIR --resume` finds them after
 the embedded transport died with its process.
 
-A successor first asks any surviving workers to hand in their replicas (the
-Finish they would get at a job's end): when they are newer than the
-checkpoint, the job continues from them with every update they hold. Then it
-empties the queues of what the old run left there, and starts its workers
-from that model. Step numbers, the cursor, the cost and the run record
+A successor first clears what the old run left in Redis and RabbitMQ, then
+asks any surviving workers to hand in their replicas (`Takeover`): when they
+are newer than the checkpoint, the job continues from them with every update
+they hold. They end, to be run again (a pod's container restarts), and the
+successor starts its workers from that model. Step numbers, the cursor, the cost and the run record
 continue where the job was.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ import numpy as np
 
 from mlless.protocol import keys, layouts
 from mlless.protocol.codec import FrameError, decode, encode
-from mlless.protocol.messages import Done, Finish, Tensors
+from mlless.protocol.messages import Done, Hello, Takeover, Tensors
 from mlless.runtime.supervisor.membership import NO_LIVE_WORKERS, SERVICE_LOST
 from mlless.runtime.supervisor.stopping import Best
 from mlless.transport import Transport
@@ -158,8 +158,8 @@ class Checkpoint:
 
 
 @dataclass
-class Takeover:
-    """What a successor continues from."""
+class Predecessor:
+    """What the run before left a successor to continue from."""
 
     state: JobState
     checkpoint: Checkpoint | None
@@ -242,7 +242,7 @@ class Failover:
 
     # ---- taking over -------------------------------------------------------------------------------
 
-    def load(self, like: np.ndarray) -> Takeover | None:
+    def load(self, like: np.ndarray) -> Predecessor | None:
         """The newest state of this job in Redis or the run directory (None: the job starts afresh)."""
         stored = self.transport.get_many([keys.job_state(), keys.job_checkpoint()])
         found = [(_parse_state(stored[0], f"the job state in Redis ({keys.job_state()})"), stored[1], True)]
@@ -253,10 +253,10 @@ class Failover:
         found = [(s, f, r) for s, f, r in found if s is not None and s.job_id == self.job_id]
         if not found:
             # A suspended job keeps only its checkpoint: it resumes from it, its workers all ended.
-            return None if stored[1] is None else Takeover(JobState(self.job_id), self._read_checkpoint(stored[1], like), [], False)
+            return None if stored[1] is None else Predecessor(JobState(self.job_id), self._read_checkpoint(stored[1], like), [], False)
         state, frame, in_redis = max(found, key=lambda sfr: sfr[0].steps)
         checkpoint = None if frame is None else self._read_checkpoint(frame, like)
-        return Takeover(state, checkpoint, self._stored_rows(state.rows), in_redis)
+        return Predecessor(state, checkpoint, self._stored_rows(state.rows), in_redis)
 
     def _read_checkpoint(self, frame: bytes, like: np.ndarray) -> Checkpoint | None:
         try:
@@ -277,11 +277,14 @@ class Failover:
         return rows[:n]
 
     def harvest(self, decode_replica: Callable[[bytes], Tensors | None], patience: float = HARVEST_SECONDS,
-                ) -> list[Tensors]:
-        """Ask the previous run's surviving workers for their replicas: they write them and end, as at a job's end."""
-        self.transport.broadcast(encode(Finish(sender=-1, step=0)))
+                ) -> tuple[list[Tensors], list[bytes]]:
+        """Tell the previous run's workers that this supervisor took over (after `Transport.reset`): the surviving
+        ones hand in their replicas, and those of the newest step are returned. So are the hellos of workers that
+        have started since, for the supervisor to take in once it starts its own."""
+        self.transport.broadcast(encode(Takeover(sender=-1, step=0)))
         deadline = time.monotonic() + patience
         done: dict[int, int] = {}
+        hellos = []
         while time.monotonic() < deadline:
             body = self.transport.receive(timeout=0.2)
             if body is None:
@@ -289,15 +292,17 @@ class Failover:
             try:
                 msg = decode(body)
             except FrameError:
-                continue  # what else the old run left in the queue is dropped with it
+                continue
             if isinstance(msg, Done):
                 done[msg.sender] = msg.step
                 deadline = time.monotonic() + HARVEST_QUIET_SECONDS
+            elif isinstance(msg, Hello):
+                hellos.append(body)
         ranks = sorted(done)
         frames = self.transport.get_many([keys.final_replica(r) for r in ranks])
         replicas = [t for t in (decode_replica(f) for f in frames if f is not None) if t is not None]
         newest = max((t.step for t in replicas), default=None)
-        return [t for t in replicas if t.step == newest]
+        return [t for t in replicas if t.step == newest], hellos
 
 
 def _parse_state(raw: bytes | None, source: str) -> JobState | None:

@@ -109,6 +109,7 @@ class Supervisor:
         self.steps_before = 0  # steps closed before this run took over (a resumed suspend, a failover)
         self.runs = 1  # supervisors that have run this job, this one included
         self.takeovers: list[dict[str, Any]] = []  # where each run after the first continued from
+        self.held: list[bytes] = []  # hellos that came while this supervisor took over, taken in once workers start
         self.step_opened = self.started
         self.last_close: bytes | None = None  # the newest step-close, and when it was last broadcast
         self.close_sent_at = self.started
@@ -208,15 +209,18 @@ class Supervisor:
         Its surviving workers hand in their replicas; the job continues from them if they are newer than its
         checkpoint. Whatever else the earlier run left in Redis and RabbitMQ is cleared before workers start.
         """
-        takeover = self.failover.load(self.evaluation.model.params)
-        if takeover is None:
+        predecessor = self.failover.load(self.evaluation.model.params)
+        if predecessor is None:
+            self.record.start()
             return
-        state, checkpoint = takeover.state, takeover.checkpoint
+        state, checkpoint = predecessor.state, predecessor.checkpoint
         source = "start" if checkpoint is None else "checkpoint"
-        if takeover.in_redis and not state.ended:  # its workers may have outlived it
+        if predecessor.in_redis:
+            self.transport.reset()
+        if predecessor.in_redis and not state.ended:  # its workers may have outlived it
             self.progress.message(f"job {self.job_id}: taking over from a supervisor that stopped at step "
                                   f"{state.steps}; asking its workers for their replicas")
-            survivors = self.failover.harvest(self.evaluation.decode_replica)
+            survivors, self.held = self.failover.harvest(self.evaluation.decode_replica)
             ahead = survivors[0].step - state.run_step if survivors else 0
             if survivors and (checkpoint is None or state.steps + ahead > checkpoint.steps):
                 params = merge_survivors([t.arrays[layouts.PARAMS] for t in survivors],
@@ -224,8 +228,6 @@ class Supervisor:
                 checkpoint = Checkpoint(state.steps + ahead, state.cursor + ahead * state.live, params,
                                         None if checkpoint is None else checkpoint.best)
                 source = f"replicas of {len(survivors)} surviving workers"
-        if takeover.in_redis:
-            self.transport.reset()
         if checkpoint is not None:
             self.steps_before, self.cursor = checkpoint.steps, checkpoint.cursor
             self.stopping.watch.best = checkpoint.best
@@ -235,12 +237,14 @@ class Supervisor:
         self.members.dropped = list(state.dropped_workers)
         self.scaling_events, self.decisions = list(state.scaling_events), dict(state.decisions)
         self.takeovers = state.takeovers + [{"run": self.runs, "step": self.steps_before, "from": source}]
-        self.failover.continue_rows(self.record.continue_after(self.steps_before, takeover.rows))
+        self.failover.continue_rows(self.record.continue_after(self.steps_before, predecessor.rows))
         self.progress.message(f"job {self.job_id}: run {self.runs} continues at step {self.steps_before}, from the {source}")
 
     def _start_workers(self) -> None:
         for rank in range(self.job.workers):
             self.members.start(rank)
+        for body in self.held:
+            self._handle(body)
         self._await_workers(set(self.workers), WorkerState.STARTING, STARTUP_TIMEOUT, "exited before it connected")
         for rank, w in self.workers.items():
             if w.state == WorkerState.STARTING:
