@@ -30,6 +30,7 @@ import math
 import os
 import re
 import shlex
+import signal
 from pathlib import Path
 from statistics import fmean
 
@@ -49,6 +50,8 @@ SCALE_STEPS = int(os.environ.get("MLLESS_E2E_SCALE_STEPS", "1500"))
 SCALE_SECONDS = float(os.environ.get("MLLESS_E2E_SCALE_SECONDS", "120"))
 #: Steps the suspended job trains after its resume (its stop rule, raised past the checkpoint while it is suspended).
 RESUME_STEPS = int(os.environ.get("MLLESS_E2E_RESUME_STEPS", "300"))
+#: Steps of the job whose supervisor is killed at step 20: enough (at over 100 steps/s) not to end before the kill.
+FAILOVER_STEPS = int(os.environ.get("MLLESS_E2E_FAILOVER_STEPS", "4000"))
 #: A stop rule no job here reaches.
 FOREVER = 10_000_000
 DEADLINE_SECONDS = int(os.environ.get("MLLESS_E2E_DEADLINE_SECONDS", "8"))
@@ -187,6 +190,31 @@ async def test_a_job_recreated_after_deleting_a_suspended_one_starts_afresh(clus
         new_session = log.split("start #0 of pod")[-1]  # the second pod's part of the log
         assert final["phase"] == "Succeeded" and final["step"] == 30, (final, new_session)
         assert "continues at step" not in new_session, new_session
+
+
+async def test_a_killed_supervisor_pod_is_recreated_and_takes_over_from_its_workers(cluster_factory, e2e_job, tmp_path):
+    """kill -9 the supervisor: the operator recreates its pod, which takes the job over from what Redis kept; the
+    old rank pods hand in their replicas and exit 75, their containers restart (OnFailure) and join the new run."""
+    doc = cached(e2e_job("failover", workers=2, function={"backend": "pod"}, stop={"maxSteps": FAILOVER_STEPS}))
+    async with launched(cluster_factory, tmp_path, doc) as job:
+        (c, kubelet, name), worker = job, job.worker
+        await job.until_step(20)
+        [first] = supervisors(kubelet, name)
+        os.kill(first.containers["supervisor"].pid, signal.SIGKILL)
+        final = await job.finished("the job to finish after its supervisor was killed")
+        assert final["phase"] == "Succeeded" and final["step"] == FAILOVER_STEPS, final
+        assert final["supervisorRestarts"] == 1, final
+        assert condition(c, name, "SupervisorRestarted")["status"] == "True"
+        second = supervisors(kubelet, name)[-1]
+        summary = summary_of(second)
+        assert summary["stop_reason"] == "max steps" and summary["steps"] == FAILOVER_STEPS
+        [takeover] = summary["takeovers"]
+        assert takeover["from"] == "replicas of 2 surviving workers", takeover
+        assert summary["dropped_workers"] == [] and summary["workers_final"] == 2
+        for rank in (0, 1):  # each handed over (75), was run again, and ended with the job (0)
+            runtime = kubelet.pod(NS, worker(rank))
+            assert [s.restart_count for s in runtime.containers.values()] == [1], log_text(kubelet, worker(rank), "worker")
+            assert exit_codes(runtime) == [0]
 
 
 # ---- 3. spec.activeDeadlineSeconds ---------------------------------------------------------------

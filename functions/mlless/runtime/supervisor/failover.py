@@ -47,7 +47,7 @@ STATE_SECONDS = 1.0
 #: Model checkpoints take at most this share of the job's time (a checkpoint of a large model takes a while) ...
 CHECKPOINT_SHARE = 0.05
 #: ... and come at most this often.
-CHECKPOINT_SECONDS = 2.0
+CHECKPOINT_SECONDS = 0.5
 #: Rows are stored in Redis in blocks of this many; the newest block is rewritten as it fills.
 ROWS_PER_BLOCK = 64
 #: How long a successor waits for surviving workers to hand in their replicas, and for the next one after one has.
