@@ -54,13 +54,14 @@ class RecordingPlatform(Platform):
             self.requests.append(request)
 
 
-def run(job: TrainingJob, job_id: str, run_dir: Path, redis_url: str, amqp_url: str, platform: Platform, during=None) -> dict[str, Any]:
+def run(job: TrainingJob, job_id: str, run_dir: Path, redis_url: str, amqp_url: str, platform: Platform | None, during=None,
+        successor: bool = False) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
     job_file.write_text(job.to_json())
     launcher = LocalLauncher(job_file, {"MLLESS_JOB_ID": job_id, "REDIS_URL": redis_url, "AMQP_URL": amqp_url}, run_dir / "logs")
     transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
-    supervisor = Supervisor(job, job_id, transport, launcher, run_dir, QUIET, platform=platform)
+    supervisor = Supervisor(job, job_id, transport, launcher, run_dir, QUIET, platform=platform, successor=successor)
     if isinstance(platform, RecordingPlatform):
         platform.supervisor = supervisor
     hook = threading.Thread(target=during, args=(supervisor,), daemon=True) if during else None

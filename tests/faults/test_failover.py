@@ -12,7 +12,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,17 +21,16 @@ import redis
 import yaml
 
 from mlless.protocol import keys
-from mlless.runtime.launcher import LocalLauncher
 from mlless.runtime.local import new_job_id
 from mlless.runtime.supervisor.failover import (
     CHECKPOINT_FILE, STATE_FILE, Checkpoint, JobState, merge_survivors,
 )
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.supervisor.stopping import Best
-from mlless.transport import connect
 
 from faults.test_supervisor_loss import alive, children
-from test_training import QUIET, _when_step, job_for, job_keys, read_metrics
+from test_platform import run
+from test_training import _when_step, job_for, job_keys, read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 
@@ -184,22 +182,6 @@ def test_resume_needs_a_run_directory_with_a_job_to_resume(movielens_dir, tmp_pa
 # ---- a successor supervisor pod: an empty run directory, everything from Redis --------------------------------------
 
 
-def supervise(job, job_id: str, run_dir: Path, redis_url: str, amqp_url: str, during=None) -> dict:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    job_file = run_dir / "job.json"
-    job_file.write_text(job.to_json())
-    launcher = LocalLauncher(job_file, {"MLLESS_JOB_ID": job_id, "REDIS_URL": redis_url, "AMQP_URL": amqp_url}, run_dir / "logs")
-    transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
-    supervisor = Supervisor(job, job_id, transport, launcher, run_dir, QUIET, successor=True)
-    hook = threading.Thread(target=during, args=(supervisor,), daemon=True) if during else None
-    if hook:
-        hook.start()
-    try:
-        return supervisor.run()
-    finally:
-        transport.close()
-
-
 def test_a_successor_pod_takes_over_from_what_redis_kept(movielens_dir, tmp_path, redis_url, amqp_url):
     """SIGTERM (an evicted supervisor pod): the job's state stays in Redis, and a new supervisor with an empty run
     directory continues it, its run record included."""
@@ -210,12 +192,12 @@ def test_a_successor_pod_takes_over_from_what_redis_kept(movielens_dir, tmp_path
         _when_step(supervisor, 25)
         supervisor._on_signal(signal.SIGTERM, None)
 
-    first = supervise(job, job_id, tmp_path / "first", redis_url, amqp_url, terminate_at_25)
+    first = run(job, job_id, tmp_path / "first", redis_url, amqp_url, None, terminate_at_25, successor=True)
     assert first["stop_reason"] == "interrupted"
     kept = {k.decode().split(":", 2)[-1] for k in job_keys(redis_url, job_id)}
     assert {keys.job_state(), keys.job_checkpoint(), keys.job_rows(0)} <= kept
 
-    second = supervise(job, job_id, tmp_path / "second", redis_url, amqp_url)
+    second = run(job, job_id, tmp_path / "second", redis_url, amqp_url, None, successor=True)
     assert second["stop_reason"] == "max steps" and second["steps"] == 60
     first_rows, rows = read_metrics(tmp_path / "first"), read_metrics(tmp_path / "second")
     assert [r["step"] for r in rows] == list(range(1, 61))
