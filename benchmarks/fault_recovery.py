@@ -12,7 +12,8 @@ on free ports; the shared services are not touched), and injects one fault after
 Reported per case, from the run's summary.json and metrics.jsonl:
 - **stall s**: the longest time between two consecutive step closes, minus the median one (what the fault cost);
 - **down s**: how long the service was away on purpose (the stall beyond it is the recovery itself);
-- the job's steps, workers at the end, `rejected_frames`, `repaired_frames`, and the replica spread (BSP: ~0).
+- the job's steps, workers dropped and at the end (a dropped worker's rank is replaced by a new one),
+  `rejected_frames`, `repaired_frames`, and the replica spread (BSP: ~0).
 
 A supervisor killed with -9 and resumed is measured by benchmarks/failover.py.
 
@@ -100,12 +101,13 @@ def main() -> None:
                 if proc.returncode != 0:
                     raise SystemExit(f"{case}: mlless train failed:\n{err[-2000:]}")
                 s = json.loads((run / "summary.json").read_text())
-                lines.append([case, f"{down:g}", f"{stall(run):.2f}", s["steps"], s["workers_final"], s["rejected_frames"],
+                lines.append([case, f"{down:g}", f"{stall(run):.2f}", s["steps"], len(s["dropped_workers"]),
+                              s["workers_final"], s["rejected_frames"],
                               s["repaired_frames"], f"{s['replica_spread']:.1e}", s["stop_reason"]])
                 print(lines[-1], flush=True)
     body = "\n".join([
         machine_line(), "", f"`{command_line()}`", "",
-        table(["fault", "down s", "stall s", "steps", "workers at the end", "rejected frames", "repaired frames",
+        table(["fault", "down s", "stall s", "steps", "dropped", "workers at the end", "rejected frames", "repaired frames",
                "replica spread", "stop reason"], lines),
     ])
     print(body)

@@ -119,7 +119,7 @@ def redis_server(*args: str, port_option: str = "--port", port: int | None = Non
                     "--appendonly", "no", "--daemonize", "yes", "--dir", str(base), "--pidfile", str(pidfile),
                     "--logfile", str(base / "redis.log"), *args], check=True, timeout=30)
     deadline = time.monotonic() + 30
-    while not _accepts(port):
+    while not (_accepts(port) and pidfile.exists() and pidfile.read_text().strip()):  # it may listen before it writes it
         assert time.monotonic() < deadline, f"the private Redis did not listen on {port}"
         time.sleep(0.05)
     pid = int(pidfile.read_text())
