@@ -32,7 +32,7 @@ from mlless.telemetry.report.cli import add_report_parser
 from mlless.runtime.launcher import Launcher
 from mlless.telemetry.record import Progress
 from mlless.runtime.supervisor.failover import ResumeError, resumable
-from mlless.runtime.supervisor.membership import NO_LIVE_WORKERS, SERVICE_LOST, JobFailed
+from mlless.runtime.supervisor.membership import INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST, JobFailed
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
 from mlless.transport.env import invoke_token, service_urls
@@ -100,7 +100,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     _print_summary(summary, progress)
     if resumable(summary["stop_reason"]):
         print(f"mlless: to go on: mlless train {args.job} --out {run_dir} --resume", file=sys.stderr)
-    if summary["stop_reason"] == "interrupted":
+    if summary["stop_reason"] == INTERRUPTED:
         return EXIT_INTERRUPTED
     return EXIT_FAILED if _failed(summary) else 0
 

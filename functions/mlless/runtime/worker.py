@@ -249,21 +249,22 @@ class Worker:
                 if time.monotonic() - silent_since > patience:
                     raise SupervisorLost(f"no message from the supervisor for {time.monotonic() - silent_since:.0f}s")
                 continue
-            silent_since = time.monotonic()
             self._barrier["wait"] += time.perf_counter() - wait_started
-            self._handle(body)
+            if self._handle(body):  # a forged or garbled message is not the supervisor speaking
+                silent_since = time.monotonic()
             wait_started = time.perf_counter()
             blocking = self.view.closed < step
             if awaited and not blocking:
                 break
 
-    def _handle(self, body: bytes) -> None:
+    def _handle(self, body: bytes) -> bool:
+        """Act on one control message; False if it was rejected."""
         try:
             msg = decode(body)
         except FrameError as exc:
             self.rejected_frames += 1
             log.error("worker %d: rejected control frame: %s", self.rank, exc)
-            return
+            return False
         if isinstance(msg, Close):
             self._apply_close(msg)
         elif isinstance(msg, Finish):
@@ -274,6 +275,7 @@ class Worker:
             self._leave()
         else:
             log.debug("worker %d: ignoring %s", self.rank, type(msg).__name__)
+        return True
 
     def _apply_close(self, close: Close) -> None:
         if close.step <= self.view.closed:

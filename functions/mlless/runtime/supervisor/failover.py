@@ -36,7 +36,7 @@ import numpy as np
 from mlless.protocol import keys, layouts
 from mlless.protocol.codec import FrameError, decode, encode
 from mlless.protocol.messages import Done, Hello, Takeover, Tensors
-from mlless.runtime.supervisor.membership import NO_LIVE_WORKERS, SERVICE_LOST
+from mlless.runtime.supervisor.membership import INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST
 from mlless.runtime.supervisor.stopping import Best
 from mlless.transport import Transport
 
@@ -64,7 +64,7 @@ class ResumeError(RuntimeError):
 
 def resumable(stop_reason: str | None) -> bool:
     """A job that ended on a fault or a Ctrl-C, rather than a stop rule or a suspend, may be resumed."""
-    return stop_reason is not None and (stop_reason in (NO_LIVE_WORKERS, "interrupted") or stop_reason.startswith(SERVICE_LOST))
+    return stop_reason is not None and (stop_reason in (NO_LIVE_WORKERS, INTERRUPTED) or stop_reason.startswith(SERVICE_LOST))
 
 
 @dataclass
@@ -122,10 +122,12 @@ def _checked(name: str, value: Any, annotation: str) -> Any:
     kinds = _TYPES[annotation]
     if isinstance(value, bool) != (annotation == "bool") or not isinstance(value, kinds):
         raise ValueError(f"{name}: expected {annotation}, got {type(value).__name__}")
-    if isinstance(value, (int, float)) and value < 0 and name != "train_loss":
+    if isinstance(value, (int, float)) and value < 0:
         raise ValueError(f"{name}: negative")
     if annotation == "list[float]" and not all(isinstance(v, (int, float)) and v >= 0 for v in value):
         raise ValueError(f"{name}: expected non-negative seconds")
+    if annotation == "list[dict[str, Any]]" and not all(isinstance(v, dict) for v in value):
+        raise ValueError(f"{name}: expected a list of objects")
     return value
 
 

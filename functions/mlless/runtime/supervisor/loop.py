@@ -41,6 +41,7 @@ from mlless.runtime.supervisor.accounting import Accounting, StepTotals
 from mlless.runtime.supervisor.evaluation import Evaluation, Snapshot
 from mlless.runtime.supervisor.failover import Checkpoint, Failover, JobState, merge_survivors, resumable
 from mlless.runtime.supervisor.membership import (
+    INTERRUPTED,
     NO_LIVE_WORKERS,
     SERVICE_LOST,
     JobFailed,
@@ -157,7 +158,7 @@ class Supervisor:
                 self._check_liveness()
             return self._finish()
         except KeyboardInterrupt:
-            self.stop_reason = "interrupted"
+            self.stop_reason = INTERRUPTED
             self.transport.broadcast(encode(Finish(sender=-1, step=self.closed)))
             return self._finish()
         except TransportError as exc:

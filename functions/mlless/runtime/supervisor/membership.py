@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 NO_LIVE_WORKERS = "no live workers"
 #: The stop reason when Redis or RabbitMQ stayed out of reach past the transport's retries; the message follows it.
 SERVICE_LOST = "service lost"
+#: The stop reason of a job stopped by Ctrl-C or SIGTERM.
+INTERRUPTED = "interrupted"
 
 
 class JobFailed(RuntimeError):
