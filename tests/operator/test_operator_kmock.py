@@ -16,7 +16,8 @@ from mlless.contract import ANNOTATION_BACKEND, ANNOTATION_HIGHEST_RANK
 from mlless_operator import metrics
 
 from scenario import (  # tests/operator/ is on sys.path (rootdir-relative test modules); the fixtures are in conftest.py
-    FN_NS, FUNCTIONS, KSVC, NS, PODS, POD_JOB_CHILDREN, SECRETS, STATE_CHILDREN, TJ, env, manifest, owned_by, running_operator,
+    FN_NS, FUNCTIONS, KSVC, NS, PODS, POD_JOB_CHILDREN, SECRETS, STATE_CHILDREN, TJ, WAIT, env, manifest, owned_by, poll,
+    running_operator,
 )
 
 pytestmark = pytest.mark.asyncio
@@ -165,7 +166,9 @@ async def test_operator_restart_is_idempotent(cluster_factory):
         # new rank (its own may have left keys and a queue behind), never re-created under its old one.
         c.emu.objects[PODS, NS, "ml-worker-1"].delete()
         async with running_operator():
-            await c.until(lambda: c.get(PODS, "ml-worker-3"), "a new rank for the lost worker")
+            # On a loaded machine the previous operator's status timer may still be finishing its tick (kopf leaves
+            # it orphaned), and the resume handler waits out a retry (its backoff is 10 s): more than WAIT.
+            await poll(lambda: c.get(PODS, "ml-worker-3"), "a new rank for the lost worker", 3 * WAIT, 0.05)
             await c.until(lambda: c.job()["metadata"]["annotations"][ANNOTATION_HIGHEST_RANK] == "3", "the new highest rank recorded")
         assert {n for _, _, n in c.children() if "-worker-" in n} == {"ml-worker-0", "ml-worker-2", "ml-worker-3"}
         assert metrics.ERRORS.labels("reconcile")._value.get() == errors
