@@ -176,7 +176,7 @@ def test_resume_needs_a_run_directory_with_a_job_to_resume(movielens_dir, tmp_pa
     proc = subprocess.run([sys.executable, "-m", "mlless", "train", str(job), "--out", str(empty), "--resume"],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert str(empty / STATE_FILE) in proc.stderr and "runs: missing" in proc.stderr
+    assert str(empty / STATE_FILE) in proc.stderr and "steps: expected int, got str" in proc.stderr
 
 
 # ---- a successor supervisor pod: an empty run directory, everything from Redis --------------------------------------
@@ -211,10 +211,10 @@ def test_a_successor_pod_takes_over_from_what_redis_kept(movielens_dir, tmp_path
 
 
 def test_job_state_round_trips_and_rejects_what_it_did_not_write():
-    state = JobState("job-1", runs=2, steps=10, cursor=20, run_step=4, live=2, wall_seconds=3.5,
+    state = JobState("job-1", steps=10, cursor=20, run_step=4, live=2, wall_seconds=3.5,
                      worker_seconds=[1.0, 2.5], train_loss=0.7, dropped_workers=[{"rank": 1, "step": 3, "reason": "x"}])
     assert JobState.from_json(state.to_json()) == state
-    for bad, field in ((b"[]", "JSON object"), (b"\xff", "not JSON"), (b'{"job_id": "x"}', "runs: missing")):
+    for bad, field in ((b"[]", "JSON object"), (b"\xff", "not JSON"), (b'{"job_id": "x"}', "steps: missing")):
         with pytest.raises(ValueError, match=field):
             JobState.from_json(bad)
     raw = json.loads(state.to_json())

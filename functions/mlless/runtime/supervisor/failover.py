@@ -72,7 +72,6 @@ class JobState:
     """Where a job stands and what it has done, at a step close; JSON in Redis and in the run directory."""
 
     job_id: str
-    runs: int = 1  # supervisors that have run the job, this one included
     steps: int = 0  # steps closed, in every run
     cursor: int = 0  # mini-batches taken
     run_step: int = 0  # the same step as this run numbers it: what its workers' replicas carry
@@ -228,14 +227,14 @@ class Failover:
         """The job ended on a fault or a signal: the run directory keeps what `mlless train --resume` needs, and
         with `in_redis` Redis keeps it for a successor; without a newer `checkpoint`, the newest one written stays."""
         state = replace(state, ended=True)
-        frame = None if checkpoint is None else checkpoint.frame()
-        if frame is not None:
-            _write_atomically(self.run_dir / CHECKPOINT_FILE, frame)
-        _write_atomically(self.run_dir / STATE_FILE, state.to_json())
-        if in_redis:
-            if frame is not None:
-                self.transport.put(keys.job_checkpoint(), frame)
+        if in_redis:  # both places, as while the job ran
+            if checkpoint is not None:
+                self.save_checkpoint(checkpoint)
             self.save_state(state)
+            return
+        if checkpoint is not None:
+            _write_atomically(self.run_dir / CHECKPOINT_FILE, checkpoint.frame())
+        _write_atomically(self.run_dir / STATE_FILE, state.to_json())
 
     def discard(self) -> None:
         """The job ended with its model saved: nothing is left to resume (the transport's keys go with the job)."""

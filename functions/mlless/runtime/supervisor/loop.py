@@ -108,7 +108,6 @@ class Supervisor:
         self.closed = 0
         self.cursor = 0
         self.steps_before = 0  # steps closed before this run took over (a resumed suspend, a failover)
-        self.runs = 1  # supervisors that have run this job, this one included
         self.takeovers: list[dict[str, Any]] = []  # where each run after the first continued from
         self.held: list[bytes] = []  # hellos that came while this supervisor took over, taken in once workers start
         self.step_opened = self.started
@@ -233,13 +232,13 @@ class Supervisor:
             self.steps_before, self.cursor = checkpoint.steps, checkpoint.cursor
             self.stopping.watch.best = checkpoint.best
             self.transport.put(keys.job_checkpoint(), checkpoint.frame())  # what the workers start from
-        self.runs = state.runs + 1
         self.accounting.resume(state)
         self.members.dropped = list(state.dropped_workers)
         self.scaling_events, self.decisions = list(state.scaling_events), dict(state.decisions)
-        self.takeovers = state.takeovers + [{"run": self.runs, "step": self.steps_before, "from": source}]
+        run = len(state.takeovers) + 2  # the first run, every takeover since, and this one
+        self.takeovers = state.takeovers + [{"run": run, "step": self.steps_before, "from": source}]
         self.failover.continue_rows(self.record.continue_after(self.steps_before, predecessor.rows))
-        self.progress.message(f"job {self.job_id}: run {self.runs} continues at step {self.steps_before}, from the {source}")
+        self.progress.message(f"job {self.job_id}: run {run} continues at step {self.steps_before}, from the {source}")
 
     def _start_workers(self) -> None:
         for rank in range(self.job.workers):
@@ -346,7 +345,7 @@ class Supervisor:
 
     def _job_state(self) -> JobState:
         return JobState(
-            job_id=self.job_id, runs=self.runs, steps=self.steps_before + self.closed, cursor=self.cursor,
+            job_id=self.job_id, steps=self.steps_before + self.closed, cursor=self.cursor,
             run_step=self.closed, live=len(self.live), rows=self.record.rows,
             dropped_workers=self.members.dropped, scaling_events=self.scaling_events, decisions=self.decisions,
             takeovers=self.takeovers,
