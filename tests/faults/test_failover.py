@@ -132,13 +132,15 @@ def test_a_killed_supervisor_is_resumed_from_its_surviving_workers(movielens_dir
 def test_a_killed_supervisor_is_resumed_from_its_checkpoint_on_the_embedded_transport(movielens_dir, tmp_path, reference):
     job, run_dir = manifest(tmp_path, movielens_dir, "embedded"), tmp_path / "run"
     workers = kill_at(train(job, run_dir), run_dir, KILL_AT)
+    recorded = rows_written(run_dir)  # the kill lands a few steps after KILL_AT rows were seen
     deadline = time.monotonic() + 30
     while any(alive(w) for w in workers) and time.monotonic() < deadline:  # the broker died with the supervisor
         time.sleep(0.1)
     finish(train(job, run_dir, "--resume"))
     summary = assert_whole_job(run_dir, reference, gaps_allowed=0)
     [takeover] = summary["takeovers"]
-    assert takeover["from"] == "checkpoint" and 0 < takeover["step"] <= KILL_AT + 1
+    # A checkpoint of a step the killed run reached: at most the one after its last row (rows are written a step late).
+    assert takeover["from"] == "checkpoint" and 0 < takeover["step"] <= recorded + 1
 
 
 def test_ctrl_c_then_resume_continues_from_the_final_replicas(movielens_dir, tmp_path, reference):
