@@ -16,16 +16,13 @@ returning, so the cost stays O(batch), never O(model).
 """
 import numpy as np
 cimport numpy as cnp
-from libc.math cimport sqrtf as sqrt
 
 cnp.import_array()
 
-cdef extern from *:
-    # GCC/Clang builtin: start loading a cache line that a later iteration will need
-    void __builtin_prefetch(const void *addr) nogil
-
-#: How many ratings ahead the per-rating loop prefetches its rows: enough to hide a cache miss.
-DEF PREFETCH_AHEAD = 8
+cdef extern from "pmf_sgd.h":
+    double mlless_pmf_adagrad(float *P, float *G, float *D, const int *users, const int *items, const float *ratings,
+                              const int *su, const int *si, Py_ssize_t n, int n_users, int rank, float mean, float l2,
+                              float lr) noexcept nogil
 
 
 cdef Py_ssize_t _assign_slots(const int[::1] users, const int[::1] items, int n_users, int n_items,
@@ -196,7 +193,8 @@ def pmf_adagrad_step(float[::1] params not None, float[::1] g2 not None, const i
     Returns ``(idx int32, delta float32, sse float)``: every parameter of the
     touched rows once (grouped by row in order of first appearance), the
     change the batch made to it, and the progressive Σ e² (each rating's
-    error just before its own update).
+    error just before its own update).  The per-rating loop is C (`pmf_sgd.h`),
+    which says why.
     """
     cdef Py_ssize_t n = ratings.shape[0], width = rank + 1
     _check_batch(params, users, items, ratings, n_users, n_items, rank, slot_map)
@@ -210,72 +208,15 @@ def pmf_adagrad_step(float[::1] params not None, float[::1] g2 not None, const i
     delta_arr = np.zeros(n_slots * width, dtype=np.float32)
     cdef int[::1] idx = idx_arr
     cdef float[::1] delta = delta_arr
-    cdef Py_ssize_t s, k, slot, j
-    cdef float e, gu, gi, su2, si2, ru, ri, bu_g, bi_g, step
-    cdef float fl2 = <float>l2, fmean = <float>mean, inv_rank = 1.0 / rank
+    cdef Py_ssize_t slot, k
     cdef double sse = 0.0
-    cdef float *P = &params[0]
-    cdef float *G = &g2[0]
-    cdef float *D = &delta[0] if delta.shape[0] > 0 else NULL
-    cdef float *pu
-    cdef float *pi
-    cdef float *du
-    cdef float *di
-    cdef float *Gu
-    cdef float *Gi
     with nogil:
         for slot in range(n_slots):
             for k in range(width):
                 idx[slot * width + k] = <int>(rows[slot] * width + k)
-        for s in range(n):
-            if s + PREFETCH_AHEAD < n:
-                # the rows are random across the whole table: start loading them a few ratings early
-                j = s + PREFETCH_AHEAD
-                pu = P + <Py_ssize_t>users[j] * width
-                pi = P + (<Py_ssize_t>n_users + items[j]) * width
-                __builtin_prefetch(pu)
-                __builtin_prefetch(pu + width - 1)
-                __builtin_prefetch(pi)
-                __builtin_prefetch(pi + width - 1)
-                __builtin_prefetch(G + <Py_ssize_t>users[j] * 2)
-                __builtin_prefetch(G + (<Py_ssize_t>n_users + items[j]) * 2)
-            pu = P + <Py_ssize_t>users[s] * width
-            pi = P + (<Py_ssize_t>n_users + items[s]) * width
-            # the change is summed per row as it is made: re-reading the rows afterwards would cost more than the updates
-            du = D + <Py_ssize_t>su[s] * width
-            di = D + <Py_ssize_t>si[s] * width
-            Gu = G + <Py_ssize_t>users[s] * 2
-            Gi = G + (<Py_ssize_t>n_users + items[s]) * 2
-            e = _error(pu, pi, rank, fmean, ratings[s])
-            sse += <double>e * e
-            su2 = 0.0
-            si2 = 0.0
-            for k in range(rank):
-                gu = e * pi[k] + fl2 * pu[k]
-                gi = e * pu[k] + fl2 * pi[k]
-                su2 = su2 + gu * gu
-                si2 = si2 + gi * gi
-            Gu[0] += su2 * inv_rank
-            Gi[0] += si2 * inv_rank
-            ru = lr / sqrt(Gu[0])
-            ri = lr / sqrt(Gi[0])
-            for k in range(rank):
-                gu = -ru * (e * pi[k] + fl2 * pu[k])
-                gi = -ri * (e * pu[k] + fl2 * pi[k])
-                pu[k] += gu
-                pi[k] += gi
-                du[k] += gu
-                di[k] += gi
-            bu_g = e + fl2 * pu[rank]
-            bi_g = e + fl2 * pi[rank]
-            Gu[1] += bu_g * bu_g
-            Gi[1] += bi_g * bi_g
-            step = -lr / sqrt(Gu[1]) * bu_g
-            pu[rank] += step
-            du[rank] += step
-            step = -lr / sqrt(Gi[1]) * bi_g
-            pi[rank] += step
-            di[rank] += step
+        if n > 0:
+            sse = mlless_pmf_adagrad(&params[0], &g2[0], &delta[0], &users[0], &items[0], &ratings[0], &su[0], &si[0],
+                                     n, n_users, rank, <float>mean, <float>l2, lr)
     return idx_arr, delta_arr, sse
 
 
