@@ -14,6 +14,7 @@ from hypothesis.extra import numpy as hnp
 from mlless.protocol import layouts
 from mlless.protocol.codec import (
     FLAG_COMPRESSED,
+    FLAG_SEALED,
     HEADER,
     MAC_BYTES,
     MAGIC,
@@ -22,6 +23,7 @@ from mlless.protocol.codec import (
     FrameType,
     Message,
     Rejected,
+    Verified,
     decode,
     encode,
     seal,
@@ -169,7 +171,7 @@ def test_header_checks() -> None:
     with pytest.raises(FrameError, match="unknown frame type"):
         decode(good[:4] + b"\x63" + good[5:])
     with pytest.raises(FrameError, match="flags"):
-        decode(good[:5] + b"\x02" + good[6:])
+        decode(good[:5] + b"\x04" + good[6:])
     with pytest.raises(FrameError, match="may not be compressed"):
         decode(good[:5] + b"\x01" + good[6:])
     with pytest.raises(FrameError, match="crc"):
@@ -556,6 +558,26 @@ def test_seal_roundtrip_and_every_forgery_is_rejected() -> None:
         assert isinstance(rejected, Rejected) and rejected == b"", what
         with pytest.raises(FrameError, match="^value update:3:7: bad or missing MAC: not written by a member of this job$"):
             decode(rejected)
+
+
+def test_a_frame_without_checksum_decodes_only_once_its_mac_is_verified() -> None:
+    msg = Update(3, 7, np.array([0, 5]), np.array([1.5, -2.0], np.float32))
+    frame = encode(msg, sealed=True)
+    assert frame[5] == FLAG_SEALED and frame[HEADER.size - 4:HEADER.size] == bytes(4)  # flags, then crc32 0
+    assert frame[HEADER.size:] == encode(msg)[HEADER.size:]
+    with pytest.raises(FrameError, match="no checksum"):
+        decode(frame)  # e.g. read from a file: nothing vouches for it
+    opened = unseal(seal(frame, KEY, "value update:3:7"), KEY, "value update:3:7")
+    assert isinstance(opened, Verified)
+    got = decode(opened)
+    np.testing.assert_array_equal(got.indices, msg.indices)
+    np.testing.assert_array_equal(got.values, msg.values)
+    # a verified frame's checksum is not read again: the MAC covered every bit of it
+    stale = bytearray(encode(msg))
+    stale[HEADER.size - 1] ^= 0xFF
+    with pytest.raises(FrameError, match="crc"):
+        decode(bytes(stale))
+    assert decode(unseal(seal(bytes(stale), KEY, "c"), KEY, "c")).step == 7
 
 
 def test_golden_sealed_frame() -> None:
