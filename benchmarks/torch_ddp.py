@@ -19,7 +19,7 @@ over the batch (per-sample regularisation, as Surprise and LIBMF apply it). Fact
 Settings (`settings()`), from a small sweep at P = 2 on the MovieLens sample and the 1M skewed ratings, the
 fewest seconds to target (RESULTS.md, "PyTorch DDP vs mlless"):
   * lr 0.03 for both optimizers: on MovieLens SparseAdam at 0.01 took 1.75x its epochs and 0.003 4.5x, Adam at
-    0.01 2x and 0.003 5.7x; at 0.1 neither reached the target;
+    0.01 2x and 0.003 5.6x; at 0.1 neither reached the target;
   * L2 0.1 on the MovieLens sample (LIBMF's default lambda), 0.02 on the synthetic ratings (Surprise's default
     reg_all): Adam scales each row's step to its gradient, so the rarely rated rows of MovieLens overfit at
     0.02-0.05 (best 0.887-0.898, then rising; time_to_quality.py's PyTorch row, without L2, ends at 0.899),
