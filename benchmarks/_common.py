@@ -6,6 +6,7 @@
   delimited by ``<!-- BEGIN name -->`` / ``<!-- END name -->``.
 - `prepare()`: run ``mlless prepare`` into a data directory unless it is already there.
 - `write_pmf_job()` / `mlless_train()`: the PMF TrainingJob the runtime benchmarks run, and running it.
+- `vm_cost()` / `perf_per_dollar()`: the papers' VM price for peers that run on VMs, and Perf/$.
 """
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ RESULTS = HERE / "RESULTS.md"
 DEFAULT_DATA_DIR = Path(os.environ.get("MLLESS_BENCH_DATA", "/tmp/mlless-bench"))
 REDIS = "redis://127.0.0.1:6379/0"
 AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
+# The papers' IaaS price (MLLess, Middleware'21, Table 2 and setup): PyTorch ran on B1.4x8 VMs, 4 vCPUs at 0.2 $/h,
+# as many workers as vCPUs, billed per second ("conservative ... clearly favors PyTorch"). mlless's own prices are
+# `mlless.spec.config.PricingConfig`'s defaults (functions 3.4e-5 $/s, Redis 0.17 $/h, RabbitMQ 0.15 $/h).
+PAPERS_VM_PER_HOUR = 0.2
+PAPERS_VM_VCPUS = 4
 
 
 def single_thread_env() -> None:
@@ -193,6 +199,16 @@ def mlless_train(job: Path, run: Path, services: bool) -> Path:
         cmd += ["--redis-url", REDIS, "--amqp-url", AMQP]
     subprocess.run(cmd, check=True)
     return run
+
+
+def vm_cost(processes: int, seconds: float) -> float:
+    """Dollars for `processes` single-core processes running `seconds` at the papers' VM price per vCPU-second."""
+    return processes * seconds * PAPERS_VM_PER_HOUR / PAPERS_VM_VCPUS / 3600.0
+
+
+def perf_per_dollar(seconds: float, dollars: float) -> float | None:
+    """Perf/$ = 1 / (seconds x dollars), as mlless's summary.json defines it (`runtime.supervisor.accounting`)."""
+    return 1.0 / (seconds * dollars) if seconds > 0 and dollars > 0 else None
 
 
 class Stopwatch:

@@ -118,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         ds = Dataset.open(str(data))
         if ds.kind == "ratings":
             kind, candidates = "pmf", PMF
-            anchor = (ttq.run_surprise(ds, [20]) if ds.manifest.n_train < 2_000_000 and "movielens" in key
-                      else ttq.run_libmf(ds, 2, 10))
-            target = anchor.points[-1][2] + (0 if "movielens" in key else 0.01)
+            target = ttq.pmf_target(key, ds)[1]
         else:
             kind, candidates = "logistic-regression", LR
             target = ttq.run_vw(ds, data).points[0][2] + 0.005
