@@ -192,11 +192,12 @@ def write_pmf_job(path: Path, *, name: str, workers: int, data: Path, protocol: 
     return path
 
 
-def mlless_train(job: Path, run: Path, services: bool) -> Path:
-    """`mlless train JOB --out RUN -q`, over the local Redis + RabbitMQ or the embedded broker; returns RUN."""
+def mlless_train(job: Path, run: Path, services: bool, urls: tuple[str, str] = (REDIS, AMQP)) -> Path:
+    """`mlless train JOB --out RUN -q`, over Redis + RabbitMQ at ``urls`` (the local ones by default) or the
+    embedded broker; returns RUN."""
     cmd = [sys.executable, "-m", "mlless", "train", str(job), "--out", str(run), "-q"]
     if services:
-        cmd += ["--redis-url", REDIS, "--amqp-url", AMQP]
+        cmd += ["--redis-url", urls[0], "--amqp-url", urls[1]]
     subprocess.run(cmd, check=True)
     return run
 

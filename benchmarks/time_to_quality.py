@@ -39,7 +39,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -62,6 +62,7 @@ class Curve:
     note: str = ""
     startup: float | None = None  # mlless: seconds before the first step (process start, workers connecting)
     summary: dict | None = None  # mlless: the run's summary.json (cost, bytes sent, final loss)
+    run_dir: Path | None = None  # mlless: where the run wrote metrics.jsonl and summary.json
 
     def add(self, seconds: float, epochs: float, loss: float) -> None:
         self.points.append((seconds, epochs, loss))
@@ -295,29 +296,37 @@ class MllessRun:
     workers: int
     services: bool
     protocol: str
+    v: float | None = None  # ISP's significance threshold; None keeps the default, as a user would
 
     @property
     def label(self) -> str:
-        return f"mlless P={self.workers} {'Redis+RabbitMQ' if self.services else 'embedded'} {self.protocol.upper()}"
+        v = "" if self.v is None else f" v={self.v:g}"
+        return f"mlless P={self.workers} {'Redis+RabbitMQ' if self.services else 'embedded'} {self.protocol.upper()}{v}"
 
 
-def run_mlless(ds: Dataset, data: Path, kind: str, run: MllessRun, target: float, max_seconds: float, base: Path) -> Curve:
-    """`mlless train` with only model.type set; the curve is every evaluation in metrics.jsonl, timed from the job's start."""
+def run_mlless(ds: Dataset, data: Path, kind: str, run: MllessRun, target: float, max_seconds: float, base: Path,
+               urls: tuple[str, str] = (_common.REDIS, _common.AMQP)) -> Curve:
+    """`mlless train` with only model.type set (over Redis + RabbitMQ at ``urls`` when ``run.services``); the curve is
+    every evaluation in metrics.jsonl, timed from the job's start."""
     import yaml
 
     name = f"ttq-{kind[:3]}-{run.workers}-{'svc' if run.services else 'emb'}-{run.protocol}"
+    sync: dict[str, Any] = {"protocol": run.protocol}
+    if run.v is not None:
+        name += f"-v{run.v:g}".replace(".", "-")
+        sync["significanceThreshold"] = run.v
     job = base / f"{name}.yaml"
     spec = {"workers": run.workers, "model": {"type": kind}, "dataset": {"uri": str(data), "cacheBatches": True},
-            "sync": {"protocol": run.protocol}, "stop": {"targetLoss": float(target), "maxSeconds": float(max_seconds)}}
+            "sync": sync, "stop": {"targetLoss": float(target), "maxSeconds": float(max_seconds)}}
     job.write_text(yaml.safe_dump({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob",
                                    "metadata": {"name": name}, "spec": spec}, sort_keys=False))
     out = base / f"run-{name}-{int(time.time() * 1000) % 10**8}"
     started = time.perf_counter()
-    _common.mlless_train(job, out, run.services)
+    _common.mlless_train(job, out, run.services, urls)
     process_seconds = time.perf_counter() - started
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    curve = Curve(run.label, startup=summary["startup_seconds"], summary=summary)
+    curve = Curve(run.label, startup=summary["startup_seconds"], summary=summary, run_dir=out)
     last = None
     for row in rows:
         if row["validation_loss"] is not None and row["validation_loss"] != last:

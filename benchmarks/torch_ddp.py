@@ -325,15 +325,21 @@ def summarise(system: str, workers: int, seconds: float | None, from_launch: flo
 
 def run_mlless(data_dir: Path, dataset: str, workers: int, protocol: str, target: float, max_seconds: float) -> dict:
     """mlless with only model.type at `workers` workers over the local Redis + RabbitMQ (time_to_quality.py's
-    runner), in the figures of `summarise`; costed by the library's price model for the time to target."""
-    from mlless.spec.config import PricingConfig
-    from mlless.telemetry.cost import job_cost
-
+    runner), in the figures of `summarise`."""
     data = prepared(data_dir, dataset)
     base = data_dir / "time-to-quality"
     base.mkdir(parents=True, exist_ok=True)
     curve = ttq.run_mlless(Dataset.open(str(data)), data, "pmf", ttq.MllessRun(workers, True, protocol), target,
                            max_seconds, base)
+    return mlless_figures(curve, workers, target)
+
+
+def mlless_figures(curve: ttq.Curve, workers: int, target: float) -> dict:
+    """An mlless run's curve in the figures of `summarise`, costed by the library's price model for the time to
+    target."""
+    from mlless.spec.config import PricingConfig
+    from mlless.telemetry.cost import job_cost
+
     summary = curve.summary or {}
     hit = curve.reached(target)
     pricing = PricingConfig()
