@@ -186,11 +186,15 @@ def write_pmf_job(path: Path, *, name: str, workers: int, data: Path, protocol: 
     return path
 
 
-def mlless_train(job: Path, run: Path, services: bool) -> Path:
-    """`mlless train JOB --out RUN -q`, over the local Redis + RabbitMQ or the embedded broker; returns RUN."""
+def mlless_train(job: Path, run: Path, services: bool, *, redis_url: str = REDIS, amqp_url: str = AMQP) -> Path:
+    """`mlless train JOB --out RUN -q`, over Redis + RabbitMQ (the local ones by default) or the embedded broker.
+
+    Runs `python -m mlless` with this interpreter and environment: export PYTHONPATH to train with a checkout's
+    library rather than the installed one (machine_line() names the one the benchmark imported). Returns RUN.
+    """
     cmd = [sys.executable, "-m", "mlless", "train", str(job), "--out", str(run), "-q"]
     if services:
-        cmd += ["--redis-url", REDIS, "--amqp-url", AMQP]
+        cmd += ["--redis-url", redis_url, "--amqp-url", amqp_url]
     subprocess.run(cmd, check=True)
     return run
 
