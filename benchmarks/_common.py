@@ -6,7 +6,7 @@
   delimited by ``<!-- BEGIN name -->`` / ``<!-- END name -->``.
 - `prepare()`: run ``mlless prepare`` into a data directory unless it is already there.
 - `write_pmf_job()` / `mlless_train()`: the PMF TrainingJob the runtime benchmarks run, and running it.
-- `vm_cost()` / `perf_per_dollar()`: the papers' VM price for peers that run on VMs, and Perf/$.
+- `vm_cost()`: the papers' VM price for peers that run on VMs.
 """
 from __future__ import annotations
 
@@ -192,12 +192,15 @@ def write_pmf_job(path: Path, *, name: str, workers: int, data: Path, protocol: 
     return path
 
 
-def mlless_train(job: Path, run: Path, services: bool, urls: tuple[str, str] = (REDIS, AMQP)) -> Path:
-    """`mlless train JOB --out RUN -q`, over Redis + RabbitMQ at ``urls`` (the local ones by default) or the
-    embedded broker; returns RUN."""
+def mlless_train(job: Path, run: Path, services: bool, *, redis_url: str = REDIS, amqp_url: str = AMQP) -> Path:
+    """`mlless train JOB --out RUN -q`, over Redis + RabbitMQ (the local ones by default) or the embedded broker.
+
+    Runs `python -m mlless` with this interpreter and environment: export PYTHONPATH to train with a checkout's
+    library rather than the installed one (machine_line() names the one the benchmark imported). Returns RUN.
+    """
     cmd = [sys.executable, "-m", "mlless", "train", str(job), "--out", str(run), "-q"]
     if services:
-        cmd += ["--redis-url", urls[0], "--amqp-url", urls[1]]
+        cmd += ["--redis-url", redis_url, "--amqp-url", amqp_url]
     subprocess.run(cmd, check=True)
     return run
 
@@ -205,11 +208,6 @@ def mlless_train(job: Path, run: Path, services: bool, urls: tuple[str, str] = (
 def vm_cost(processes: int, seconds: float) -> float:
     """Dollars for `processes` single-core processes running `seconds` at the papers' VM price per vCPU-second."""
     return processes * seconds * PAPERS_VM_PER_HOUR / PAPERS_VM_VCPUS / 3600.0
-
-
-def perf_per_dollar(seconds: float, dollars: float) -> float | None:
-    """Perf/$ = 1 / (seconds x dollars), as mlless's summary.json defines it (`runtime.supervisor.accounting`)."""
-    return 1.0 / (seconds * dollars) if seconds > 0 and dollars > 0 else None
 
 
 class Stopwatch:

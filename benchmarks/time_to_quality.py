@@ -322,7 +322,7 @@ def run_mlless(ds: Dataset, data: Path, kind: str, run: MllessRun, target: float
                                    "metadata": {"name": name}, "spec": spec}, sort_keys=False))
     out = base / f"run-{name}-{int(time.time() * 1000) % 10**8}"
     started = time.perf_counter()
-    _common.mlless_train(job, out, run.services, urls)
+    _common.mlless_train(job, out, run.services, redis_url=urls[0], amqp_url=urls[1])
     process_seconds = time.perf_counter() - started
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

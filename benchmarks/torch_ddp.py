@@ -67,6 +67,7 @@ import _common  # noqa: E402
 import time_to_quality as ttq  # noqa: E402
 
 from mlless.data.dataset import Dataset  # noqa: E402
+from mlless.telemetry.cost import perf_per_dollar  # noqa: E402
 
 EVALUATE_EVERY = 25  # steps; mlless's default evaluation.everySteps
 LAUNCH_SLACK = 120.0  # seconds allowed beyond max_seconds for start-up, data loading and shutdown
@@ -317,8 +318,8 @@ def summarise(system: str, workers: int, seconds: float | None, from_launch: flo
         "system": system, "workers": workers, "reached": seconds is not None, "seconds_to_target": seconds,
         "seconds_from_launch": from_launch, "epochs_to_target": epochs, "final_rmse": final, "best_rmse": best,
         "bytes_sent": bytes_sent, "cost_usd": cost, "cost_usd_from_launch": cost_launch,
-        "perf_per_dollar": None if cost is None else _common.perf_per_dollar(seconds, cost),
-        "perf_per_dollar_from_launch": None if cost_launch is None else _common.perf_per_dollar(from_launch, cost_launch),
+        "perf_per_dollar": None if cost is None else perf_per_dollar(seconds, cost),
+        "perf_per_dollar_from_launch": None if cost_launch is None else perf_per_dollar(from_launch, cost_launch),
         "note": note,
     }
 

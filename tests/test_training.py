@@ -74,6 +74,11 @@ def test_pmf_over_redis_and_rabbitmq_reaches_target_rmse(movielens_dir, tmp_path
     assert (tmp_path / "model.npz").exists()
     for key in ("train_loss", "epochs", "wall_seconds", "samples_per_second", "bytes_sent", "cost_usd"):
         assert summary[key] is not None and summary[key] > 0, key
+    # Perf/$ under both accountings: the whole bill, and the worker functions alone (a smaller bill, a larger Perf/$)
+    wall, cost = summary["wall_seconds"], summary["cost_usd"]
+    assert summary["perf_per_dollar"] == pytest.approx(1 / (wall * cost))
+    assert summary["perf_per_dollar_workers"] == pytest.approx(1 / (wall * summary["cost_breakdown_usd"]["workers"]))
+    assert summary["perf_per_dollar_workers"] > summary["perf_per_dollar"]
 
 
 def test_pmf_on_embedded_transport_reaches_target_rmse(movielens_dir, tmp_path):

@@ -11,7 +11,7 @@ from mlless.runtime.supervisor.evaluation import FinalModel
 from mlless.runtime.supervisor.failover import JobState
 from mlless.runtime.supervisor.membership import UNBILLED, Membership
 from mlless.spec import TrainingJob
-from mlless.telemetry.cost import CostBreakdown, job_cost
+from mlless.telemetry.cost import CostBreakdown, job_cost, perf_per_dollar
 from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.telemetry.record import Progress, RunRecord
 from mlless.telemetry.rows import StepRow
@@ -213,7 +213,8 @@ class Accounting:
             "repaired_frames": self.repaired_frames,
             "cost_usd": cost.total,
             "cost_breakdown_usd": cost.as_dict(),
-            "perf_per_dollar": 1.0 / (wall * cost.total) if wall > 0 and cost.total > 0 else None,
+            "perf_per_dollar": perf_per_dollar(wall, cost.total),
+            "perf_per_dollar_workers": perf_per_dollar(wall, cost.workers),
             "vm_cost_usd": wall * self.job.pricing.vm_per_hour / 3600.0 if self.job.pricing.vm_per_hour is not None else None,
             "autoscaler": autoscaler,
             "scaling_events": scaling_events,

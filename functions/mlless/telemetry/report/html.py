@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mlless.telemetry.cost import perf_per_dollar as cost_perf_per_dollar
 from mlless.telemetry.report.plots import Plot, render_all
 from mlless.telemetry.report.runs import Run
 
@@ -31,9 +32,9 @@ img { max-width: 100%; border: 1px solid #eee; }
 def perf_per_dollar(summary: dict[str, Any]) -> float | None:
     """Perf/$ = 1 / (wall seconds x cost in USD): faster and cheaper both count, as in the paper."""
     wall, cost = summary.get("wall_seconds"), summary.get("cost_usd")
-    if not isinstance(wall, (int, float)) or not isinstance(cost, (int, float)) or wall <= 0 or cost <= 0:
+    if not isinstance(wall, (int, float)) or not isinstance(cost, (int, float)):
         return None
-    return 1.0 / (wall * cost)
+    return cost_perf_per_dollar(wall, cost)
 
 
 def _num(spec: str) -> Callable[[Any], str]:
