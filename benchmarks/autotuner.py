@@ -313,6 +313,15 @@ def _fmt_spread(s: Spread, digits: str) -> tuple[str, str]:
     return f"{s.median:{digits}}", f"{s.low:{digits}}–{s.high:{digits}}"
 
 
+def median_runs(result: BenchResult) -> list[tuple[str, str]]:
+    """(variant, run dir) of the median-time run of each variant: the runs a report shows."""
+    out = []
+    for variant in result.config.variants:
+        rs = sorted((r for r in result.runs if r["variant"] == variant), key=lambda r: r["wall_seconds"])
+        out.append((variant, rs[(len(rs) - 1) // 2]["run_dir"]))
+    return out
+
+
 def verdict_line(result: BenchResult) -> str:
     v, t = result.verdict, result.config.target
     if v is None:
@@ -410,11 +419,9 @@ def main(argv: list[str] | None = None) -> int:
 
     report_note = ""
     if args.report:
-        chosen, labels = [], []
-        for variant in cfg.variants:
-            rs = sorted((r for r in result.runs if r["variant"] == variant), key=lambda r: r["wall_seconds"])
-            chosen.append(rs[(len(rs) - 1) // 2]["run_dir"])
-            labels += ["--label", variant]
+        median = median_runs(result)
+        chosen = [run for _, run in median]
+        labels = [arg for variant, _ in median for arg in ("--label", variant)]
         subprocess.run([sys.executable, "-m", "mlless", "report", *chosen, "--out", str(args.report), *labels,
                         "--title", f"ISP vs ISP + auto-tuner, PMF, P = {cfg.workers}"], check=True)
         report_note = ("Report (`mlless report`, the median-time run of each variant: "
