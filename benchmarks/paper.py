@@ -22,8 +22,9 @@ step. Targets are time_to_quality.py's: Surprise's 20-epoch RMSE on the MovieLen
 (2 threads) + 0.01 on the synthetic ratings.
 
 --quick (MovieLens sample and 1M skewed ratings, P = 2, loopback and 200 Mbit/s, one run per variant) finishes in
-under 10 minutes on a 2-core machine and prints the tables; without it, the 10M skewed set, P = 2..4, all three
-links and 3 auto-tuner runs per variant. --write-results replaces the "paper" section of RESULTS.md and writes
+under 10 minutes on a 2-core machine and prints the tables; without it, the MovieLens sample and the 10M skewed set,
+P = 2 and 4, loopback and 200 Mbit/s, 90 s per run and 3 auto-tuner runs per variant (about 50 minutes here;
+--links loopback,1gbit,200mbit and --workers 2,3,4 widen it). --write-results replaces the "paper" section of RESULTS.md and writes
 `mlless report` plots of each comparison under benchmarks/report-paper/.
 """
 from __future__ import annotations
@@ -319,19 +320,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR,
                    help="prepared datasets and runs (default %(default)s)")
     p.add_argument("--quick", action="store_true", help="small data, P = 2, loopback and 200mbit: under 10 minutes")
-    p.add_argument("--links", help="comma list of loopback,1gbit,200mbit (default: all; --quick: loopback,200mbit)")
-    p.add_argument("--workers", help="comma list of P (default 2,3,4; --quick: 2)")
+    p.add_argument("--links", default="loopback,200mbit",
+                   help="comma list of loopback, 1gbit, 200mbit or any tc rate (default %(default)s)")
+    p.add_argument("--workers", help="comma list of P (default 2,4; --quick: 2)")
     p.add_argument("--claims", default="sync,tuner,ddp", help="comma list of sync,tuner,ddp (default %(default)s)")
-    p.add_argument("--max-seconds", type=float, help="stop rule of each run (default 120; --quick: 40)")
+    p.add_argument("--max-seconds", type=float, help="stop rule of each run (default 90; --quick: 40)")
     p.add_argument("--tuner-repeats", type=int, help="auto-tuner runs per variant (default 3; --quick: 1)")
     p.add_argument("--write-results", action="store_true",
                    help="replace the 'paper' section of RESULTS.md and write report-paper/")
     args = p.parse_args(argv)
     quick = args.quick
-    link_names = (args.links or ("loopback,200mbit" if quick else "loopback,1gbit,200mbit")).split(",")
-    workers = [int(w) for w in (args.workers or ("2" if quick else "2,3,4")).split(",")]
+    link_names = args.links.split(",")
+    workers = [int(w) for w in (args.workers or ("2" if quick else "2,4")).split(",")]
     claims = set(args.claims.split(","))
-    max_seconds = args.max_seconds or (40.0 if quick else 120.0)
+    max_seconds = args.max_seconds or (40.0 if quick else 90.0)
     repeats = args.tuner_repeats or (1 if quick else 3)
     info = _common.machine_info()
     print(_common.machine_line(info), flush=True)
