@@ -20,6 +20,7 @@ cimport numpy as cnp
 cnp.import_array()
 
 cdef extern from "pmf_sgd.h":
+    float mlless_pmf_error(const float *pu, const float *pi, int rank, float mean, float rating) noexcept nogil
     double mlless_pmf_adagrad(float *P, float *G, float *D, const int *users, const int *items, const float *ratings,
                               const int *su, const int *si, Py_ssize_t n, int n_users, int rank, float mean, float l2,
                               float lr) noexcept nogil
@@ -83,23 +84,6 @@ cdef Py_ssize_t _slots(const int[::1] users, const int[::1] items, int n_users, 
     return n_slots
 
 
-cdef inline float _error(const float *pu, const float *pi, int rank, float mean, float rating) noexcept nogil:
-    """U_u·M_i + b_u + b_i + mean − r for the rows at ``pu`` and ``pi`` (factors, then the bias at ``rank``)."""
-    # four partial sums so the compiler can keep several FMAs in flight
-    cdef float e0 = 0.0, e1 = 0.0, e2 = 0.0, e3 = 0.0
-    cdef int k = 0
-    while k + 4 <= rank:
-        e0 = e0 + pu[k] * pi[k]
-        e1 = e1 + pu[k + 1] * pi[k + 1]
-        e2 = e2 + pu[k + 2] * pi[k + 2]
-        e3 = e3 + pu[k + 3] * pi[k + 3]
-        k = k + 4
-    while k < rank:
-        e0 = e0 + pu[k] * pi[k]
-        k = k + 1
-    return (e0 + e1) + (e2 + e3) + pu[rank] + pi[rank] + mean - rating
-
-
 def pmf_gradient(const float[::1] params not None, const int[::1] users not None,
                  const int[::1] items not None, const float[::1] ratings not None,
                  int n_users, int n_items, int rank, double mean, double l2,
@@ -147,7 +131,7 @@ def pmf_gradient(const float[::1] params not None, const int[::1] users not None
         for s in range(n):
             pu = P + <Py_ssize_t>users[s] * width
             pi = P + (<Py_ssize_t>n_users + items[s]) * width
-            e = _error(pu, pi, rank, fmean, ratings[s])
+            e = mlless_pmf_error(pu, pi, rank, fmean, ratings[s])
             sse += <double>e * e
             ce = c * e
             gu = G + su[s] * width

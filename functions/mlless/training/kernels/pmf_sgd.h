@@ -1,5 +1,5 @@
-/* The per-rating loop of `pmf.pyx`'s `pmf_adagrad_step`: LIBMF's row-wise AdaGrad, written in C because it
- * needs three things Cython cannot say.
+/* The per-rating loop of `pmf.pyx`'s `pmf_adagrad_step` (LIBMF's row-wise AdaGrad) and the prediction error that
+ * `pmf_gradient` shares with it, written in C because they need three things Cython cannot say.
  *
  * - `restrict`: a rating's user row, item row, their change records and accumulators never overlap, and telling
  *   the compiler so lets it keep a row in vector registers across the three passes.
@@ -26,17 +26,25 @@
 #define MLLESS_CLONES
 #endif
 
+/* U_u·M_i + b_u + b_i + mean − rating for the rows at pu and pi: the prediction error every PMF kernel uses. */
+static inline float mlless_pmf_error(const float *restrict pu, const float *restrict pi, int rank, float mean,
+                                     float rating) {
+    float dot[MLLESS_LANES] = {0};
+    int k, l, body = rank - rank % MLLESS_LANES;
+    for (k = 0; k < body; k += MLLESS_LANES)
+        for (l = 0; l < MLLESS_LANES; l++) dot[l] += pu[k + l] * pi[k + l];
+    for (k = body; k < rank; k++) dot[0] += pu[k] * pi[k];
+    return (dot[0] + dot[1]) + (dot[2] + dot[3]) + pu[rank] + pi[rank] + mean - rating;
+}
+
 /* One rating: update the rows pu and pi in place, add the change to du and di, return the error before it. */
 static inline float mlless_pmf_rating(float *restrict pu, float *restrict pi, float *restrict du, float *restrict di,
                                       float *restrict Gu, float *restrict Gi, float *restrict gu, float *restrict gi,
                                       int rank, float mean, float rating, float l2, float lr,
                                       float inv_rank) {
-    float dot[MLLESS_LANES] = {0}, nu[MLLESS_LANES] = {0}, ni[MLLESS_LANES] = {0};
+    float nu[MLLESS_LANES] = {0}, ni[MLLESS_LANES] = {0};
     int k, l, body = rank - rank % MLLESS_LANES;
-    for (k = 0; k < body; k += MLLESS_LANES)
-        for (l = 0; l < MLLESS_LANES; l++) dot[l] += pu[k + l] * pi[k + l];
-    for (k = body; k < rank; k++) dot[0] += pu[k] * pi[k];
-    float e = (dot[0] + dot[1]) + (dot[2] + dot[3]) + pu[rank] + pi[rank] + mean - rating;
+    float e = mlless_pmf_error(pu, pi, rank, mean, rating);
     /* the gradients, kept for the update pass: the user row's uses the item row from before this rating */
     for (k = 0; k < body; k += MLLESS_LANES)
         for (l = 0; l < MLLESS_LANES; l++) {
