@@ -50,7 +50,6 @@ import _common  # noqa: E402
 
 from mlless.autotuner.smoothing import ewma  # noqa: E402
 from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN  # noqa: E402
-from mlless.telemetry.cost import perf_per_dollar  # noqa: E402
 
 VARIANTS = ("BSP", "ISP", "ISP + tuner")
 SLUGS = {"BSP": "bsp", "ISP": "isp", "ISP + tuner": "tuner"}
@@ -226,7 +225,7 @@ def _train(cfg: BenchConfig, variant: str, tag: str, target: float | None, max_s
         "time_to_target": wall if s["stop_reason"] == "target loss reached" else None,
         "wall_seconds": wall, "steps": s["steps"], "epochs": s["epochs"],
         "cost": s["cost_usd"], "cost_workers": b["workers"], "cost_fixed": b["supervisor"] + b["redis"] + b["rabbitmq"],
-        "perf_per_dollar": perf_per_dollar(wall, s["cost_usd"]), "perf_per_dollar_workers": perf_per_dollar(wall, b["workers"]),
+        "perf_per_dollar": s["perf_per_dollar"], "perf_per_dollar_workers": s["perf_per_dollar_workers"],
         "train_loss": s["train_loss"], "validation_loss": s["validation_loss"],
         "worker_seconds": worker_seconds(rows), "workers": workers_timeline(rows),
         "knee_step": (s.get("autoscaler") or {}).get("knee_step"), "load_before": load, "run_dir": str(run),
