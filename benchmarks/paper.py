@@ -68,16 +68,9 @@ SYNC_VARIANTS: tuple[tuple[str, float | None], ...] = (("bsp", None), ("isp", No
 AHEAD, FIT_BOUND = (50, 100, 150, 200), 0.015
 
 
-@dataclass(frozen=True)
-class PaperSet:
-    key: str  # a time_to_quality data set: its prepare arguments and target rule
-    spec: ttq.DataSet
-
-
-def data_sets(quick: bool) -> list[PaperSet]:
-    keys = ["movielens", "pmf1m-skew"] if quick else ["movielens", "pmf10m-skew"]
-    every = {**ttq.DATASETS, **ttq.QUICK}
-    return [PaperSet(k, every[k]) for k in keys]
+def data_sets(quick: bool) -> list[str]:
+    """time_to_quality.py's keys of the data sets the claims run on."""
+    return ["movielens", "pmf1m-skew"] if quick else ["movielens", "pmf10m-skew"]
 
 
 @dataclass
@@ -114,18 +107,18 @@ class SyncRun:
 
 # ---- claim 1: ISP vs BSP vs SSP ---------------------------------------------------------------------------------
 
-def claim_sync(link_name: str, link: Link, sets: list[tuple[PaperSet, Path, float]], workers: list[int],
+def claim_sync(link_name: str, link: Link, sets: list[tuple[str, Path, float]], workers: list[int],
                max_seconds: float, base: Path) -> list[SyncRun]:
     runs = []
-    for ps, data, target in sets:
+    for key, data, target in sets:
         ds = Dataset.open(str(data))
         for p in workers:
             for protocol, v in SYNC_VARIANTS:
                 curve = ttq.run_mlless(ds, data, "pmf", ttq.MllessRun(p, True, protocol, v), target, max_seconds, base,
                                        urls=(link.redis_url, link.amqp_url))
-                r = SyncRun(link_name, ps.key, p, protocol, v, curve, Path(curve.run_dir), target)
+                r = SyncRun(link_name, key, p, protocol, v, curve, Path(curve.run_dir), target)
                 runs.append(r)
-                print(f"  [{link_name}] {ps.key} P={p} {r.variant}: "
+                print(f"  [{link_name}] {key} P={p} {r.variant}: "
                       f"{'not reached' if r.seconds is None else f'{r.seconds:.2f} s'} to {target:.4f}, "
                       f"{(r.bytes_per_step or 0) / 1e3:,.0f} kB/step, val RMSE {r.summary.get('validation_loss')}",
                       flush=True)
@@ -248,7 +241,7 @@ def claim_tuner(link_name: str, link: Link, data_dir: Path, repeats: int, quick:
 
 # ---- claim 3: mlless against PyTorch DDP ---------------------------------------------------------------------------
 
-def claim_ddp(link_name: str, link: Link, sets: list[tuple[PaperSet, Path, float]], workers: list[int],
+def claim_ddp(link_name: str, link: Link, sets: list[tuple[str, Path, float]], workers: list[int],
               sync_runs: list[SyncRun], max_seconds: float, data_dir: Path) -> tuple[list[dict], list[str]]:
     """PyTorch DDP (sparse, then dense embeddings) at each P against the ISP run of claim 1 at the same P and link.
 
@@ -259,17 +252,17 @@ def claim_ddp(link_name: str, link: Link, sets: list[tuple[PaperSet, Path, float
     rows, lines = [], []
     prefix = link.exec_prefix or None
     master = link.host_addr if link.exec_prefix else "127.0.0.1"
-    for ps, _data, target in sets:
+    for key, _data, target in sets:
         for p in workers:
             isp = next(r for r in sync_runs
-                       if (r.link, r.data, r.workers, r.protocol, r.v) == (link_name, ps.key, p, "isp", None))
+                       if (r.link, r.data, r.workers, r.protocol, r.v) == (link_name, key, p, "isp", None))
             mine = torch_ddp.mlless_figures(isp.curve, p, target)
             found = [mine]
             for variant in ("sparse", "dense"):
-                found.append(torch_ddp.run_ddp(data_dir, ps.key, p, variant, target, max_seconds,
+                found.append(torch_ddp.run_ddp(data_dir, key, p, variant, target, max_seconds,
                                                exec_prefix=prefix, master_addr=master))
             for f in found:
-                rows.append({**f, "link": link_name, "data": ps.key})
+                rows.append({**f, "link": link_name, "data": key})
             best = min((f for f in found[1:] if f["seconds_to_target"] is not None),
                        key=lambda f: f["seconds_to_target"], default=None)
             if mine["seconds_to_target"] is None:
@@ -279,7 +272,7 @@ def claim_ddp(link_name: str, link: Link, sets: list[tuple[PaperSet, Path, float
             else:
                 ratio = best["seconds_to_target"] / mine["seconds_to_target"]
                 status, text = ("met" if ratio > 1 else "MISSED"), f"mlless {ratio:.2f}x faster than the best DDP"
-            lines.append(f"claim 3 [{link_name}] {ps.key} P={p}: {text} -> {status}")
+            lines.append(f"claim 3 [{link_name}] {key} P={p}: {text} -> {status}")
             print("  " + lines[-1], flush=True)
     return rows, lines
 
@@ -354,11 +347,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
 
     sets = []
-    for ps in data_sets(quick):
-        data = _common.prepare(args.data_dir / f"ttq-{ps.key}", *ps.spec.prepare_args)
-        _anchor, target = ttq.pmf_target(ps.key, Dataset.open(str(data)))
-        print(f"{ps.key}: target validation RMSE {target:.4f}", flush=True)
-        sets.append((ps, data, target))
+    for key in data_sets(quick):
+        data = ttq.prepared(args.data_dir, key)
+        _anchor, target = ttq.pmf_target(key, Dataset.open(str(data)))
+        print(f"{key}: target validation RMSE {target:.4f}", flush=True)
+        sets.append((key, data, target))
     base = args.data_dir / "paper"
     base.mkdir(parents=True, exist_ok=True)
 
@@ -383,11 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         table, verdict, lines = sync_tables(sync_runs, max_seconds)
         plots = []
         if args.write_results:
-            for (name, _), (ps, _, _) in ((lk, s) for lk in made for s in sets):
+            for (name, _), (key, _, _) in ((lk, s) for lk in made for s in sets):
                 runs = [(f"{r.variant} P={r.workers}", r.run_dir) for r in sync_runs
-                        if r.link == name and r.data == ps.key]
-                plots.append(f"{ps.key}, {name}: " + report(f"sync-{ps.key}-{name}", runs,
-                                                            f"ISP vs BSP vs SSP, {ps.key}, {name}"))
+                        if r.link == name and r.data == key]
+                plots.append(f"{key}, {name}: " + report(f"sync-{key}-{name}", runs,
+                                                            f"ISP vs BSP vs SSP, {key}, {name}"))
         out.add("1. ISP vs BSP vs SSP", "\n".join([table, "", verdict, "", *(f"- {x}" for x in plots)]), lines)
         fit, fit_lines = fit_table(sync_runs)
         out.add("The curve fit on these runs' training loss",

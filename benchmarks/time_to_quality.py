@@ -103,6 +103,14 @@ QUICK = {
     "lr200k": DataSet("lr200k", "synthetic Criteo-layout clicks, 200k rows", ("--synthetic", "lr", "--rows", "200000")),
 }
 
+#: Every data set, quick or not, by key.
+ALL_SETS = {**DATASETS, **QUICK}
+
+
+def prepared(data_dir: Path, key: str) -> Path:
+    """Data set `key` prepared under `data_dir` (once), where every script that shares these sets looks for it."""
+    return _common.prepare(data_dir / f"ttq-{key}", *ALL_SETS[key].prepare_args)
+
 
 def all_batches(ds: Dataset) -> list[RatingsBatch | SparseBatch]:
     return [ds.batch(i) for i in range(ds.n_batches)]
@@ -406,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     base.mkdir(parents=True, exist_ok=True)
     parts = []
     for key, spec in sets.items():
-        data = _common.prepare(args.data_dir / f"ttq-{key}", *spec.prepare_args)
+        data = prepared(args.data_dir, key)
         ds = Dataset.open(str(data))
         compare: Callable[..., str] = pmf_comparison if ds.kind == "ratings" else lr_comparison
         part = compare(key, ds, data, base, args)

@@ -89,15 +89,6 @@ def settings(variant: str, dataset: str) -> Settings:
     return Settings(OPTIMIZERS[variant], lr=0.03, l2=0.1 if dataset == "movielens" else 0.02)
 
 
-def all_sets() -> dict[str, ttq.DataSet]:
-    return {**ttq.DATASETS, **ttq.QUICK}
-
-
-def prepared(data_dir: Path, dataset: str) -> Path:
-    """The set's directory, prepared as time_to_quality.py prepares it (shared with it)."""
-    return _common.prepare(data_dir / f"ttq-{dataset}", *all_sets()[dataset].prepare_args)
-
-
 # ---- one rank -----------------------------------------------------------------------------------------------------
 
 def tcp_bytes_sent(pid: int) -> int | None:
@@ -256,7 +247,7 @@ def run_ddp(data_dir: Path, dataset: str, workers: int, variant: str, target: fl
         raise ValueError(f"variant must be one of {sorted(OPTIMIZERS)}, not {variant!r}")
     chosen = chosen or settings(variant, dataset)
     prefix = list(exec_prefix or [])
-    data = prepared(data_dir, dataset)
+    data = ttq.prepared(data_dir, dataset)
     run = data_dir / "torch-ddp" / f"{dataset}-{variant}-p{workers}-{int(time.time() * 1000) % 10**8}"
     run.mkdir(parents=True)
     port = master_port or free_port(master_addr)
@@ -327,7 +318,7 @@ def summarise(system: str, workers: int, seconds: float | None, from_launch: flo
 def run_mlless(data_dir: Path, dataset: str, workers: int, protocol: str, target: float, max_seconds: float) -> dict:
     """mlless with only model.type at `workers` workers over the local Redis + RabbitMQ (time_to_quality.py's
     runner), in the figures of `summarise`."""
-    data = prepared(data_dir, dataset)
+    data = ttq.prepared(data_dir, dataset)
     base = data_dir / "time-to-quality"
     base.mkdir(parents=True, exist_ok=True)
     curve = ttq.run_mlless(Dataset.open(str(data)), data, "pmf", ttq.MllessRun(workers, True, protocol), target,
@@ -364,7 +355,7 @@ def table(rows: list[dict]) -> str:
 
 def compare(args: argparse.Namespace, dataset: str) -> str:
     """DDP's variants and mlless's protocols on one set at P = args.workers; the set's table, in markdown."""
-    data = prepared(args.data_dir, dataset)
+    data = ttq.prepared(args.data_dir, dataset)
     target = args.target if args.target is not None else ttq.pmf_target(dataset, Dataset.open(str(data)))[1]
     print(f"== {dataset}: target validation RMSE {target:.4f}", flush=True)
     overrides = {k: v for k, v in (("lr", args.lr), ("l2", args.l2), ("batch", args.batch)) if v is not None}
@@ -378,7 +369,7 @@ def compare(args: argparse.Namespace, dataset: str) -> str:
               f"epochs:RMSE {trace}", flush=True)
     for protocol in filter(None, args.protocols.split(",")):
         rows.append(run_mlless(args.data_dir, dataset, args.workers, protocol, target, args.max_seconds))
-    return f"#### {all_sets()[dataset].title}, P = {args.workers}: target {target:.4f}\n\n{table(rows)}\n"
+    return f"#### {ttq.ALL_SETS[dataset].title}, P = {args.workers}: target {target:.4f}\n\n{table(rows)}\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -386,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR,
                    help="prepared datasets and runs (default %(default)s)")
     p.add_argument("--dataset", default="movielens,pmf1m-skew",
-                   help=f"comma list of {', '.join(sorted(all_sets()))} "
+                   help=f"comma list of {', '.join(sorted(ttq.ALL_SETS))} "
                         "(default %(default)s: time_to_quality.py's quick sets)")
     p.add_argument("--workers", type=int, default=2, help="P, DDP ranks and mlless workers (default %(default)s)")
     p.add_argument("--variant", default="sparse,dense", help="comma list of %(default)s")
@@ -408,9 +399,9 @@ def main(argv: list[str] | None = None) -> int:
         # without an active exception", no Python frame): leave without the C++ destructors, the work being done.
         sys.stdout.flush()
         os._exit(0)
-    unknown = set(args.dataset.split(",")) - set(all_sets())
+    unknown = set(args.dataset.split(",")) - set(ttq.ALL_SETS)
     if unknown:
-        p.error(f"unknown dataset(s) {', '.join(sorted(unknown))}; choose from {', '.join(sorted(all_sets()))}")
+        p.error(f"unknown dataset(s) {', '.join(sorted(unknown))}; choose from {', '.join(sorted(ttq.ALL_SETS))}")
     info = _common.machine_info()
     print(_common.machine_line(info), flush=True)
     parts = [compare(args, dataset) for dataset in args.dataset.split(",")]
