@@ -5,7 +5,7 @@ Every run is `mlless train JOB.yaml --redis-url ... --amqp-url ... --out RUNDIR`
 embedded broker) with a TrainingJob written here: PMF, the default optimizer, P workers, and
 
 - BSP:          `sync.protocol: bsp`
-- ISP:          `sync.protocol: isp`, `significanceThreshold: v` (0.7)
+- ISP:          `sync.protocol: isp`, `significanceThreshold: v` (PMF's default)
 - ISP + tuner:  as ISP, plus `autoscaler: {enabled: true, intervalSeconds: I, horizonSeconds: H,
                 minWorkers: 1}` (the papers' 20 s / 10 s, scaled to a job of tens of seconds)
 
@@ -50,6 +50,7 @@ import _common  # noqa: E402
 
 from mlless.autotuner.smoothing import ewma  # noqa: E402
 from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN  # noqa: E402
+from mlless.spec.config import PMF_V  # noqa: E402
 
 VARIANTS = ("BSP", "ISP", "ISP + tuner")
 SLUGS = {"BSP": "bsp", "ISP": "isp", "ISP + tuner": "tuner"}
@@ -75,7 +76,7 @@ class BenchConfig:
     variants: tuple[str, ...] = ("ISP", "ISP + tuner")
     repeats: int = 3
     workers: int = 4
-    v: float = 0.7  # ISP significance threshold
+    v: float = PMF_V  # ISP significance threshold
     target_loss: float | None = None  # smoothed validation loss; None: from a pilot
     target_steps: int = 1  # steps the smoothed validation loss must stay at or below the target
     evaluate_every: int = 10

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from mlless.spec import SpecError, TrainingJob, from_manifest, load_manifest, manifest_schema
+from mlless.spec.config import PAPERS_V, PMF_V
 
 MINIMAL = {
     "apiVersion": "mlless.io/v1alpha1",
@@ -28,7 +29,7 @@ def test_minimal_manifest_gets_the_defaults():
     assert job.workers == 3
     assert job.model.type == "pmf" and job.model.rank == 20
     assert job.optimizer.type == "adagrad" and job.optimizer.learning_rate == pytest.approx(0.4 / 3)  # P = 3
-    assert job.sync.protocol == "isp" and job.sync.significance_threshold == pytest.approx(0.7)
+    assert job.sync.protocol == "isp" and job.sync.significance_threshold == pytest.approx(3.0)  # PMF's v
     # a job with no limit stops when validation stops improving, and ends even if it never does
     assert job.stop.patience == 5 and job.stop.max_epochs == 50
     assert job.pricing.price_per_gb_second == pytest.approx(1.7e-5)
@@ -138,9 +139,17 @@ def test_every_schema_default_is_valid_for_its_own_field():
     from mlless.spec import SPEC_SCHEMA
 
     found = dict(_defaults(SPEC_SCHEMA))
-    assert {"workers", "sync.significanceThreshold", "autoscaler.knee.slope", "pricing.redisPerHour"} <= set(found)
+    assert {"workers", "sync.slack", "autoscaler.knee.slope", "pricing.redisPerHour"} <= set(found)
     for path, node in found.items():
         jsonschema.Draft4Validator({k: v for k, v in node.items() if k != "default"}).validate(node["default"])
+
+
+def test_the_isp_threshold_defaults_by_model_type_and_a_given_one_wins():
+    lr = from_manifest(with_spec(model={"type": "logistic-regression"}))
+    assert lr.sync.significance_threshold == PAPERS_V and from_manifest(MINIMAL).sync.significance_threshold == PMF_V
+    given = from_manifest(with_spec(sync={"significanceThreshold": 1.5}))
+    assert (given.sync.protocol, given.sync.significance_threshold) == ("isp", 1.5)
+    assert TrainingJob.from_json(given.to_json()).sync == given.sync
 
 
 def test_a_minimal_manifest_resolves_to_the_schema_defaults(tmp_path):
@@ -151,6 +160,6 @@ def test_a_minimal_manifest_resolves_to_the_schema_defaults(tmp_path):
     assert (job.workers, job.seed, job.model.rank, job.evaluate_every) == (
         default("workers"), default("seed"), default("model.rank"), default("evaluation.everySteps"))
     assert (job.sync.protocol, job.sync.significance_threshold, job.sync.slack) == (
-        default("sync.protocol"), default("sync.significanceThreshold"), default("sync.slack"))
+        default("sync.protocol"), PMF_V, default("sync.slack"))
     assert job.autoscaler.knee.slope == default("autoscaler.knee.slope")
     assert job.pricing.redis_per_hour == default("pricing.redisPerHour")

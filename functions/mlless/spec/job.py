@@ -26,6 +26,7 @@ from mlless.spec.config import (
     SyncConfig,
     TunerConfig,
     default_optimizer,
+    default_sync,
 )
 from mlless.spec.schema import DEFAULT_MAX_EPOCHS, DEFAULT_PATIENCE, default, manifest_schema
 
@@ -159,7 +160,7 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
         optimizer=optimizer,
         seed=spec.get("seed", default("seed")),
         cache_batches=spec["dataset"].get("cacheBatches", default("dataset.cacheBatches")),
-        sync=SyncConfig(**_renamed(spec.get("sync", {}), _SYNC_FIELDS)),
+        sync=dataclasses.replace(default_sync(model.type), **_renamed(spec.get("sync", {}), _SYNC_FIELDS)),
         stop=stop,
         evaluate_every=spec.get("evaluation", {}).get("everySteps", default("evaluation.everySteps")),
         worker_timeout_seconds=spec.get("liveness", {}).get("workerTimeoutSeconds", default("liveness.workerTimeoutSeconds")),
