@@ -265,17 +265,24 @@ def _verdict(isp: VariantSummary, tuner: VariantSummary, target: Target) -> Verd
                    met=ppd >= target.perf_per_dollar and rest, met_workers=ppd_w >= target.perf_per_dollar and rest)
 
 
-def run_benchmark(cfg: BenchConfig) -> BenchResult:
-    """Run the variants `repeats` times each, interleaved, to the same validation target."""
+def run_pilot(cfg: BenchConfig) -> list[dict]:
+    """The metrics rows of an ISP run without a target (`pilot_seconds` long): what the targets are read from."""
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    variant = "ISP" if "ISP" in cfg.variants else cfg.variants[0]
+    return _train(cfg, variant, "pilot", None, cfg.pilot_seconds, time.strftime("%H%M%S"))["_rows"]
+
+
+def run_benchmark(cfg: BenchConfig, pilot: list[dict] | None = None) -> BenchResult:
+    """Run the variants `repeats` times each, interleaved, to the same validation target: `target_loss`, or
+    `pilot_fraction` of the drop of the `pilot` rows (a pilot is run when none is given)."""
     cfg.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%H%M%S")
     target, pilot_note = cfg.target_loss, ""
     if target is None:
-        pilot_variant = "ISP" if "ISP" in cfg.variants else cfg.variants[0]
-        pilot = _train(cfg, pilot_variant, "pilot", None, cfg.pilot_seconds, stamp)
-        target = converged_target(pilot["_rows"], cfg.pilot_fraction)
-        times, losses = evaluations(pilot["_rows"])
-        pilot_note = (f"Target chosen by a {cfg.pilot_seconds:g} s {pilot_variant} pilot without a target: its smoothed "
+        pilot = pilot or run_pilot(cfg)
+        target = converged_target(pilot, cfg.pilot_fraction)
+        times, losses = evaluations(pilot)
+        pilot_note = (f"Target chosen by a {cfg.pilot_seconds:g} s ISP pilot without a target: its smoothed "
                       f"validation RMSE went from {losses[0]:.4f} (at {times[0]:.1f} s) to a best of "
                       f"{min(ewma(losses, SMOOTHING_SPAN)):.4f}; {cfg.pilot_fraction:g} of that drop gives "
                       f"**{target:.4f}**.")

@@ -6,6 +6,7 @@ The MLLess and MLES papers claim:
      Target: ISP reaches the target >= 2x faster than BSP on the limited link, at <= 0.01 worse RMSE.
   2. The scale-in auto-tuner raises Perf/$ (1 / (seconds x dollars)) 1.4-1.6x at little cost in time.
      Target: Perf/$ >= 1.3x against ISP without the tuner, <= 5 % longer to target, validation loss within 0.005.
+     Judged at two stop rules, 97 % and 99 % of an ISP pilot's drop in validation RMSE (TUNER_TARGETS).
   3. MLLess trains sparse models much faster than PyTorch on equal resources (15x on PMF ML-10M).
      Target: mlless reaches the target sooner than PyTorch DDP (gloo, CPU) at an equal number of processes.
   and the auto-tuner rests on a curve fit that predicts the loss 50-200 steps ahead within 1.5 %.
@@ -30,6 +31,7 @@ P = 2 and 4, loopback and 200 Mbit/s, 90 s per run and 3 auto-tuner runs per var
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -63,6 +65,10 @@ ISP_SPEEDUP, ISP_RMSE_SLACK = 2.0, 0.01
 #: The variants of claim 1: (protocol, v). ISP runs with the default threshold, as a user would, and with
 #: the papers' v = 0.7 (PMF's default is higher: `mlless.spec.config.PMF_V`).
 SYNC_VARIANTS: tuple[tuple[str, float | None], ...] = (("bsp", None), ("isp", None), ("isp", PAPERS_V), ("ssp", None))
+#: Claim 2's stop rules, as fractions of an ISP pilot's drop in smoothed validation RMSE: autotuner.py's 0.97, and
+#: 0.99, nearer the convergence the papers train to. The tuner saves only after the knee, which comes at about half of
+#: ISP's time to the 0.97 target, so its gain depends on how far past the knee the target lies: both are shown.
+TUNER_TARGETS = (0.97, 0.99)
 #: How far ahead the curve fit predicts, in steps (the papers' Fig. 2c), and its error bound.
 AHEAD, FIT_BOUND = (50, 100, 150, 200), 0.015
 
@@ -212,9 +218,9 @@ def fit_table(runs: list[SyncRun]) -> tuple[str, list[str]]:
 # ---- claim 2: the auto-tuner --------------------------------------------------------------------------------------
 
 def claim_tuner(link_name: str, link: Link, data_dir: Path, repeats: int, quick: bool,
-                plots: bool) -> tuple[str, list[str]]:
-    """autotuner.py's comparison (ISP against ISP + tuner, P = 4, to the smoothed validation RMSE at 97 % of an
-    ISP pilot's drop) over this link: on the MovieLens sample with --quick, else its 2M-rating synthetic set."""
+                plots: bool) -> list[tuple[str, str, list[str]]]:
+    """autotuner.py's comparison (ISP against ISP + tuner, P = 4) over this link, to each of TUNER_TARGETS of one ISP
+    pilot's drop: on the MovieLens sample with --quick, else its 2M-rating synthetic set. One part per target."""
     import autotuner
 
     if quick:
@@ -227,15 +233,21 @@ def claim_tuner(link_name: str, link: Link, data_dir: Path, repeats: int, quick:
         timing = {}
     cfg = autotuner.BenchConfig(data=data, out=data_dir / "paper" / f"tuner-{link_name}", redis_url=link.redis_url,
                                 amqp_url=link.amqp_url, repeats=repeats, **timing)
-    result = autotuner.run_benchmark(cfg)
-    verdict = autotuner.verdict_line(result)
-    body = [f"{what}, P = {cfg.workers}, {repeats} run(s) per variant; {result.pilot_note}", "",
-            autotuner.tables(result), "", verdict]
-    if plots:
-        body += ["", "Plots: " + report(f"tuner-{link_name}", [(v, Path(r)) for v, r in autotuner.median_runs(result)],
-                                       f"ISP vs ISP + auto-tuner, {link_name}")]
-    print(f"  claim 2 [{link_name}]: {verdict}", flush=True)
-    return "\n".join(body), [f"claim 2 [{link_name}]: {verdict}"]
+    pilot = autotuner.run_pilot(cfg)
+    parts = []
+    for fraction in TUNER_TARGETS:
+        result = autotuner.run_benchmark(dataclasses.replace(cfg, pilot_fraction=fraction), pilot)
+        verdict = autotuner.verdict_line(result)
+        body = [f"{what}, P = {cfg.workers}, {repeats} run(s) per variant; {result.pilot_note}", "",
+                autotuner.tables(result), "", verdict]
+        name = f"tuner-{link_name}-{round(fraction * 100)}"
+        if plots:
+            body += ["", "Plots: " + report(name, [(v, Path(r)) for v, r in autotuner.median_runs(result)],
+                                           f"ISP vs ISP + auto-tuner, {link_name}, {fraction:g} of the drop")]
+        line = f"claim 2 [{link_name}, {fraction:g} of the drop]: {verdict}"
+        print(f"  {line}", flush=True)
+        parts.append((f"{link_name}, target at {fraction:g} of the drop", "\n".join(body), [line]))
+    return parts
 
 
 # ---- claim 3: mlless against PyTorch DDP ---------------------------------------------------------------------------
@@ -365,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             if "sync" in claims or "ddp" in claims:
                 sync_runs += claim_sync(name, link, sets, workers, max_seconds, base)
             if "tuner" in claims:
-                tuner_parts.append((name, *claim_tuner(name, link, args.data_dir, repeats, quick, args.write_results)))
+                tuner_parts += claim_tuner(name, link, args.data_dir, repeats, quick, args.write_results)
             if "ddp" in claims:
                 rows, lines = claim_ddp(name, link, sets, workers, sync_runs, max_seconds, args.data_dir)
                 ddp_rows += rows
@@ -386,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                 "As the auto-tuner does: L_P (`mlless.autotuner.curves.fit_reference`) fitted on the EWMA-smoothed "
                 "training loss up to the step at which the default knee detector accepts the knee, and its relative "
                 "error 50-200 steps later against the smoothed loss the run then measured.\n\n" + fit, fit_lines)
-    for name, body, lines in tuner_parts:
-        out.add(f"2. The auto-tuner, {name}", body, lines)
+    for title, body, lines in tuner_parts:
+        out.add(f"2. The auto-tuner, {title}", body, lines)
     if ddp_rows:
         out.add("3. mlless vs PyTorch DDP (gloo, CPU) at equal P", ddp_table(ddp_rows))
 
