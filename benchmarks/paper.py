@@ -276,8 +276,11 @@ def claim_ddp(link_name: str, link: Link, sets: list[tuple[str, Path, float]], w
                 rows.append({**f, "link": link_name, "data": key})
             best = min((f for f in found[1:] if f["seconds_to_target"] is not None),
                        key=lambda f: f["seconds_to_target"], default=None)
+            crashed = [f["system"] for f in found[1:] if f["run_dir"] is None]  # every attempt failed
             if mine["seconds_to_target"] is None:
                 status, text = "MISSED", "mlless did not reach the target"
+            elif best is None and crashed:
+                status, text = "no verdict", f"no DDP variant reached the target, and {', '.join(crashed)} failed"
             elif best is None:
                 status, text = "met", "no DDP variant reached the target"
             else:

@@ -237,16 +237,45 @@ def free_port(addr: str) -> int:
         return s.getsockname()[1]
 
 
+class RankFailed(RuntimeError):
+    """A DDP rank exited non-zero or ran out of time; `reason` is one line for a results table."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}\n{detail}")
+        self.reason, self.detail = reason, detail
+
+
 def run_ddp(data_dir: Path, dataset: str, workers: int, variant: str, target: float, max_seconds: float,
             exec_prefix: Sequence[str] | None = None, master_addr: str = "127.0.0.1", master_port: int | None = None,
-            chosen: Settings | None = None, max_epochs: float = 100, evaluate_every: int = EVALUATE_EVERY) -> dict:
+            chosen: Settings | None = None, max_epochs: float = 100, evaluate_every: int = EVALUATE_EVERY,
+            attempts: int = 2) -> dict:
     """Train with `workers` DDP ranks to `target` (or `max_seconds` of training); rank 0 runs here, in this
     namespace, listening on `master_addr`; ranks >= 1 start under `exec_prefix` (e.g. ["ip", "netns", "exec", NAME]).
-    Returns the figures of `summarise` plus the rank-0 result (curve points, steps, stop reason, start-up)."""
+    Returns the figures of `summarise` plus the rank-0 result (curve points, steps, stop reason, start-up).
+
+    A run whose rank dies is started again, up to `attempts` times in all: torch 2.13's sparse backward under gloo
+    aborted with heap corruption ("malloc(): unaligned tcache chunk detected") in one run of paper.py on 2026-11-24,
+    which says nothing of DDP's speed. If every attempt fails, the row says so (not reached, with the reason)."""
     if variant not in OPTIMIZERS:
         raise ValueError(f"variant must be one of {sorted(OPTIMIZERS)}, not {variant!r}")
     chosen = chosen or settings(variant, dataset)
-    prefix = list(exec_prefix or [])
+    label = f"PyTorch DDP {variant} P={workers} ({chosen.optimizer} lr {chosen.lr:g}, L2 {chosen.l2:g})"
+    for attempt in range(1, attempts + 1):
+        try:
+            return _attempt(data_dir, dataset, workers, variant, target, max_seconds, list(exec_prefix or []),
+                            master_addr, master_port, chosen, max_epochs, evaluate_every, label)
+        except RankFailed as exc:
+            print(f"    {label}, attempt {attempt} of {attempts}: {exc.reason}; {exc.detail.splitlines()[0]}", flush=True)
+            reason = exc.reason
+    figures = summarise(label, workers, None, None, None, None, None, None, lambda s: _common.vm_cost(workers, s),
+                        f"failed {attempts} times: {reason}")
+    return {**figures, "points": [], "variant": variant, "settings": asdict(chosen), "target": target, "run_dir": None}
+
+
+def _attempt(data_dir: Path, dataset: str, workers: int, variant: str, target: float, max_seconds: float,
+             prefix: list[str], master_addr: str, master_port: int | None, chosen: Settings, max_epochs: float,
+             evaluate_every: int, label: str) -> dict:
+    """One launch of run_ddp's ranks; raises RankFailed."""
     data = ttq.prepared(data_dir, dataset)
     run = data_dir / "torch-ddp" / f"{dataset}-{variant}-p{workers}-{int(time.time() * 1000) % 10**8}"
     run.mkdir(parents=True)
@@ -270,7 +299,6 @@ def run_ddp(data_dir: Path, dataset: str, workers: int, variant: str, target: fl
                                           stderr=subprocess.STDOUT))
     wait(procs, run, launched + max_seconds + LAUNCH_SLACK)
     result = json.loads((run / "result.json").read_text())
-    label = f"PyTorch DDP {variant} P={workers} ({chosen.optimizer} lr {chosen.lr:g}, L2 {chosen.l2:g})"
     note = f"stop: {result['stop_reason']}; start-up {result['startup_seconds']:.2f} s; {result['steps']} steps"
     if not result["replicas_identical"]:
         note += "; ranks' parameters differ"
@@ -294,8 +322,10 @@ def wait(procs: list[subprocess.Popen], run: Path, deadline: float) -> None:
                     p.wait()
             rank = failed[0] if failed else 0
             what = f"exited {codes[rank]}" if failed else "timed out"
-            log = (run / f"rank-{rank}.log").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"DDP rank {rank} {what}; its log ({run}):\n{log}")
+            log = (run / f"rank-{rank}.log").read_text(errors="replace")
+            first = next((line.strip() for line in log.splitlines() if line.strip()), "")
+            raise RankFailed(f"rank {rank} {what}" + (f" ({first[:120]})" if first else ""),
+                             f"its log ({run}):\n{log[-3000:]}")
         time.sleep(0.05)
 
 
