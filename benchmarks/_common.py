@@ -6,6 +6,7 @@
   delimited by ``<!-- BEGIN name -->`` / ``<!-- END name -->``.
 - `prepare()`: run ``mlless prepare`` into a data directory unless it is already there.
 - `write_pmf_job()` / `mlless_train()`: the PMF TrainingJob the runtime benchmarks run, and running it.
+- `mlless_report()`: `mlless report` of labelled run directories.
 - `vm_cost()`: the papers' VM price for peers that run on VMs.
 """
 from __future__ import annotations
@@ -203,6 +204,14 @@ def mlless_train(job: Path, run: Path, services: bool, *, redis_url: str = REDIS
         cmd += ["--redis-url", redis_url, "--amqp-url", amqp_url]
     subprocess.run(cmd, check=True)
     return run
+
+
+def mlless_report(out: Path, runs: Sequence[tuple[str, Path | str]], title: str) -> None:
+    """`mlless report` of ``runs`` (label, run directory) into OUT, with this interpreter and environment."""
+    cmd = [sys.executable, "-m", "mlless", "report", "--out", str(out), "--title", title]
+    for label, _ in runs:
+        cmd += ["--label", label]
+    subprocess.run(cmd + [str(run) for _, run in runs], check=True)
 
 
 def vm_cost(processes: int, seconds: float) -> float:

@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -428,9 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         median = median_runs(result)
         chosen = [run for _, run in median]
-        labels = [arg for variant, _ in median for arg in ("--label", variant)]
-        subprocess.run([sys.executable, "-m", "mlless", "report", *chosen, "--out", str(args.report), *labels,
-                        "--title", f"ISP vs ISP + auto-tuner, PMF, P = {cfg.workers}"], check=True)
+        _common.mlless_report(args.report, median, f"ISP vs ISP + auto-tuner, PMF, P = {cfg.workers}")
         report_note = ("Report (`mlless report`, the median-time run of each variant: "
                        + ", ".join(f"`{c.rsplit('/', 1)[-1]}`" for c in chosen) + f") in `{args.report}`.")
         print(report_note)

@@ -34,7 +34,6 @@ import argparse
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import time
 from contextlib import ExitStack
@@ -88,8 +87,12 @@ class SyncRun:
     protocol: str
     v: float | None
     curve: ttq.Curve
-    run_dir: Path
     target: float
+
+    @property
+    def run_dir(self) -> Path:
+        assert self.curve.run_dir is not None  # an mlless run's curve
+        return self.curve.run_dir
 
     @property
     def variant(self) -> str:
@@ -121,7 +124,7 @@ def claim_sync(link_name: str, link: Link, sets: list[tuple[str, Path, float]], 
             for protocol, v in SYNC_VARIANTS:
                 curve = ttq.run_mlless(ds, data, "pmf", ttq.MllessRun(p, True, protocol, v), target, max_seconds, base,
                                        urls=(link.redis_url, link.amqp_url))
-                r = SyncRun(link_name, key, p, protocol, v, curve, Path(curve.run_dir), target)
+                r = SyncRun(link_name, key, p, protocol, v, curve, target)
                 runs.append(r)
                 print(f"  [{link_name}] {key} P={p} {r.variant}: "
                       f"{'not reached' if r.seconds is None else f'{r.seconds:.2f} s'} to {target:.4f}, "
@@ -175,11 +178,12 @@ def fit_errors(loss: np.ndarray) -> tuple[int, list[float]] | None:
     """The papers' Fig. 2c check on a real run: fit L_P (the auto-tuner's reference curve) to the smoothed training
     loss the tuner has when it accepts the knee, and return that step with the fit's relative error 50-200 steps
     later against the smoothed loss the run then measured; None without a knee, enough steps after it, or a fit."""
-    detector = make_knee_detector(KneeConfig())
+    knee = KneeConfig()
+    detector = make_knee_detector(knee)
     accepted = next((step for step, value in enumerate(loss, start=1) if detector.update(step, float(value))), None)
     if accepted is None or len(loss) < accepted + AHEAD[-1]:
         return None
-    smooth = ewma(loss, 20)
+    smooth = ewma(loss, knee.span)
     try:
         curve = fit_reference(np.arange(1, accepted + 1), smooth[:accepted])
     except CurveFitError:
@@ -317,11 +321,7 @@ class Section:
 
 def report(name: str, runs: list[tuple[str, Path]], title: str) -> str:
     """`mlless report` of ``runs`` (label, run dir) into report-paper/NAME; returns the link RESULTS.md shows."""
-    out = REPORTS / name
-    cmd = [sys.executable, "-m", "mlless", "report", "--out", str(out), "--title", title]
-    for label, run in runs:
-        cmd += ["--label", label]
-    subprocess.run(cmd + [str(run) for _, run in runs], check=True, capture_output=True)
+    _common.mlless_report(REPORTS / name, runs, title)
     return f"[`report-paper/{name}/index.html`](report-paper/{name}/index.html)"
 
 

@@ -67,7 +67,8 @@ import _common  # noqa: E402
 import time_to_quality as ttq  # noqa: E402
 
 from mlless.data.dataset import Dataset  # noqa: E402
-from mlless.telemetry.cost import perf_per_dollar  # noqa: E402
+from mlless.spec.config import PricingConfig  # noqa: E402
+from mlless.telemetry.cost import job_cost, perf_per_dollar  # noqa: E402
 
 EVALUATE_EVERY = 25  # steps; mlless's default evaluation.everySteps
 LAUNCH_SLACK = 120.0  # seconds allowed beyond max_seconds for start-up, data loading and shutdown
@@ -359,9 +360,6 @@ def run_mlless(data_dir: Path, dataset: str, workers: int, protocol: str, target
 def mlless_figures(curve: ttq.Curve, workers: int, target: float) -> dict:
     """An mlless run's curve in the figures of `summarise`, costed by the library's price model for the time to
     target."""
-    from mlless.spec.config import PricingConfig
-    from mlless.telemetry.cost import job_cost
-
     summary = curve.summary or {}
     hit = curve.reached(target)
     pricing = PricingConfig()

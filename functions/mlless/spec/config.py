@@ -2,8 +2,8 @@
 
 Every static default is written once, as a `default:` in `mlless.spec.schema`; the dataclasses read it from
 there. What cannot be static lives here beside them: the optimizer's defaults depend on the model type and
-the number of workers (`default_optimizer`), ISP's threshold on the model type (`default_sync`). Nothing here imports the training code, so validating a manifest
-(the CLI, the operator) loads no compiled kernel.
+the number of workers (`default_optimizer`), ISP's threshold on the model type (`default_sync`). Nothing here
+imports the training code, so validating a manifest (the CLI, the operator) loads no compiled kernel.
 """
 from __future__ import annotations
 
@@ -116,6 +116,7 @@ def default_optimizer(model_type: str, workers: int = 1) -> OptimizerConfig:
     if model_type == "logistic-regression":
         return OptimizerConfig(type="adam", learning_rate=LR_LR, lr_decay="sqrt-epoch")
     raise ValueError(f"unknown model kind {model_type!r}")
+
 
 # ISP's v. The papers' 0.7 was set for mini-batch updates and stays LR's. PMF's default optimizer is per-sample
 # AdaGrad, whose updates are large relative to the parameters: at 0.7, 40-60 % of BSP's entries pass the filter.
