@@ -23,6 +23,9 @@ from mlless.contract import (
     ENV_RESUME,
     ENV_WORKER_BACKEND,
     ENV_WORKER_URL,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
 )
 from mlless import __version__
 from mlless.data.cli import add_prepare_parser
@@ -38,10 +41,6 @@ from mlless.transport import TransportError
 from mlless.transport.env import invoke_token, service_urls
 
 log = logging.getLogger("mlless")
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 
 class UsageError(Exception):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mlless.contract import EXIT_FAILED, EXIT_USAGE
 from mlless.data.formats import LibsvmOptions
 from mlless.data.manifest import DatasetError
 from mlless.data.prepare import (
@@ -106,13 +107,13 @@ def run_prepare(args: argparse.Namespace) -> int:
     chosen = [x for x in (args.format, args.sample, args.synthetic) if x]
     if len(chosen) != 1:
         print("mlless prepare: choose exactly one of --format (with INPUT), --sample, --synthetic", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.format and not args.input:
         print(f"mlless prepare: --format {args.format} needs an INPUT file", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if not args.format and args.input:
         print("mlless prepare: INPUT is only used with --format", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     batch_size = args.batch_size or (DEFAULT_SAMPLE_BATCH_SIZE if args.sample else DEFAULT_BATCH_SIZE)
     options = PrepareOptions(
         batch_size=batch_size,
@@ -142,7 +143,7 @@ def run_prepare(args: argparse.Namespace) -> int:
             prepare(synthetic_lr_source(params_lr, args.seed), args.out, options)
     except (PrepareError, MalformedInputError, DatasetError, SampleUnavailable, FileNotFoundError) as exc:
         print(f"mlless prepare: error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     return 0
 
 
