@@ -76,13 +76,13 @@ def _snake_case(name: str) -> str:
 
 def _arguments(cls: type, section: Mapping[str, Any], field_name: Callable[[str], str] = _snake_case) -> dict[str, Any]:
     """The keyword arguments of dataclass `cls` given by `section`, whose keys are its fields' names after
-    `field_name`; the mapping of a dataclass-typed field becomes that dataclass (autoscaler.knee). A key that names
-    no field raises KeyError."""
+    `field_name`; the mapping of a dataclass-typed field becomes that dataclass (autoscaler.knee). A `section` that
+    is no mapping raises TypeError; a key that names no field is passed on, for `cls` to reject."""
     types = typing.get_type_hints(cls)
     arguments = {}
-    for key, value in section.items():
+    for key, value in {**section}.items():
         name = field_name(key)
-        kind = types[name]
+        kind = types.get(name)
         arguments[name] = kind(**_arguments(kind, value, field_name)) if dataclasses.is_dataclass(kind) else value
     return arguments
 
