@@ -23,6 +23,7 @@ from mlless.contract import (
     ENV_RESUME,
     ENV_WORKER_BACKEND,
     ENV_WORKER_URL,
+    EXIT_CHECKPOINTED,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -312,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--deadline-seconds",
         type=float,
         metavar="S",
-        help="checkpoint to Redis and exit with code 75 before S seconds have passed (default $MLLESS_DEADLINE_SECONDS; none: run to the end)",
+        help=f"checkpoint to Redis and exit with code {EXIT_CHECKPOINTED} before S seconds have passed (default $MLLESS_DEADLINE_SECONDS; none: run to the end)",
     )
     p.add_argument("--resume", action="store_true", help="continue from this rank's checkpoint (default: $MLLESS_RESUME=1)")
     _add_service_args(p)

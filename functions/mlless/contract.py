@@ -83,5 +83,8 @@ TERMINAL_JOB_PHASES = ("Succeeded", "Failed")
 EXIT_FAILED = 1
 #: Bad input (a manifest, a dataset, a command-line argument): the message names it.
 EXIT_USAGE = 2
+#: `mlless worker` exits with this code after a checkpoint, or after handing over to a new supervisor
+#: (EX_TEMPFAIL: "invoke me again"; a pod's container is restarted on it).
+EXIT_CHECKPOINTED = 75
 #: Ctrl-C (128 + SIGINT).
 EXIT_INTERRUPTED = 130
