@@ -3,7 +3,9 @@
 `load_manifest` is the only way a manifest becomes a `TrainingJob`: it
 validates against `schema.manifest_schema` and reports the first errors with
 their field path, then fills defaults: the schema's, through the dataclasses
-of `mlless.spec.config`, and the model-dependent optimizer defaults.
+of `mlless.spec.config`, and the model-dependent optimizer defaults. A
+manifest field sets the dataclass field of its snake_case name
+(budgetUSD: budget_usd); TrainingJob's own scalar fields name their spec path.
 """
 from __future__ import annotations
 
@@ -11,10 +13,9 @@ import dataclasses
 import json
 import math
 import re
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, get_type_hints
 
 import jsonschema
 import yaml
@@ -78,7 +79,7 @@ def _arguments(cls: type, section: Mapping[str, Any], field_name: Callable[[str]
     """The keyword arguments of dataclass `cls` given by `section`, whose keys are its fields' names after
     `field_name`; the mapping of a dataclass-typed field becomes that dataclass (autoscaler.knee). A `section` that
     is no mapping raises TypeError; a key that names no field is passed on, for `cls` to reject."""
-    types = typing.get_type_hints(cls)
+    types = get_type_hints(cls)
     arguments = {}
     for key, value in {**section}.items():
         name = field_name(key)
