@@ -22,8 +22,9 @@ import redis
 from mlless.contract import (
     ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_JOB_KEY, ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE, ENV_REDIS_URL, ENV_SECRETS_DIR,
 )
-from mlless.protocol.codec import FrameError, Rejected, decode, encode, seal
+from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import Close, Finish, Hello, Report, Update
+from mlless.protocol.sealing import Rejected, seal
 from mlless.transport import (
     EmbeddedBroker,
     Transport,
@@ -410,7 +411,7 @@ def test_reconnecting_worker_keeps_queued_messages(backend: Backend) -> None:
 _WORKER_SCRIPT = textwrap.dedent(
     """
     import os, sys
-    from mlless.protocol.codec import decode, encode
+    from mlless.protocol.framing import decode, encode
     from mlless.protocol.messages import Close, Done, Finish, Hello, Report, Update
     from mlless.transport import connect
     job, rank = sys.argv[1], int(sys.argv[2])

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Sequence
 
-from mlless.protocol.codec import U8, U16, U32, FrameError, Reader, pack_blob, pack_text
+from mlless.protocol.framing import U8, U16, U32, FrameError, Reader, pack_blob, pack_text
 
 from .base import (
     DEFAULT_TTL,
