@@ -34,8 +34,8 @@ from mlless.transport import (
     redact_url,
 )
 from mlless.transport.base import MESSAGE_CONTEXT, value_context
+from mlless.transport.bus import queue_names
 from mlless.transport.env import job_key
-from mlless.transport.services import queue_names
 from mlless.transport.tls import TrustedCA, ca_from_env, redis_tls_options, untrusted_certificate
 
 # Same overrides as tests/conftest.py.  Services tests fail (not skip) when the
@@ -704,7 +704,7 @@ def test_services_reconnects_after_connection_loss() -> None:
     try:
         send_to_worker({ENV_AMQP_URL: AMQP_URL}, job, 0, b"before")
         # Kill the worker's TCP connection under pika's feet.
-        w._conn._impl._transport._sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
+        w._bus._conn._impl._transport._sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
         assert w.receive(5.0) == b"before"  # redelivered: it was never acked
         sup.broadcast(b"after")
         assert w.receive(5.0) == b"after"

@@ -27,8 +27,8 @@ from mlless.protocol.framing import HEADER, MAGIC, U32, VERSION, FrameType, deco
 from mlless.protocol.messages import Failed, Finish, Tensors
 from mlless.protocol.sealing import Rejected, seal, unseal
 from mlless.transport.base import MESSAGE_CONTEXT, key_prefix, value_context
+from mlless.transport.bus import queue_names
 from mlless.transport.env import parse_job_key
-from mlless.transport.services import queue_names
 
 from faults.test_outages import STEPS, start_job, wait_for_steps
 from faults.test_supervisor_loss import children

@@ -148,6 +148,17 @@ class Transport(ABC):
     #: The job's key (`check_job_key`); a backend sets it before its first write, and never shows it.
     _job_key: bytes
 
+    def _identify(self, job_id: str, role: Role, rank: int | None, key: bytes, ttl: int) -> None:
+        """Check and set who this transport is: its job, role and queue id (`check_role`), the job key, and the
+        lifetime of what it writes; every backend's constructor starts with it."""
+        self.job_id = check_job_id(job_id)
+        self.role = role
+        self.rank = check_role(role, rank)
+        self._job_key = check_job_key(key)
+        if ttl <= 0:
+            raise ValueError("ttl must be > 0 seconds")
+        self.ttl = int(ttl)
+
     # ---------------------------------------------------------------- sealing, for the backends
     def _seal_value(self, key: str, value: bytes) -> bytes:
         return seal(check_body(value), self._job_key, value_context(key))
