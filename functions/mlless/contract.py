@@ -40,6 +40,8 @@ ENV_RABBITMQ_PASSWORD = "RABBITMQ_PASSWORD"
 #: PEM bundle of the CA that signs a TLS service's certificate (rediss://, amqps://), trusted besides the system's.
 ENV_REDIS_CA_FILE = "MLLESS_REDIS_CA_FILE"
 ENV_RABBITMQ_CA_FILE = "MLLESS_RABBITMQ_CA_FILE"
+#: Those two by service, as a TrainingJob's spec names the services (spec.redis, spec.rabbitmq).
+CA_FILE_VARS = {"redis": ENV_REDIS_CA_FILE, "rabbitmq": ENV_RABBITMQ_CA_FILE}
 #: The embedded broker's address, for a laptop run's worker processes.
 ENV_EMBEDDED_ADDRESS = "MLLESS_EMBEDDED_ADDRESS"
 #: Which job and which replica a process is.

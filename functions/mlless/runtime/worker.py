@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from mlless.contract import BARRIER_PHASES, ENV_AUDIT, EXIT_CHECKPOINTED
-from mlless.protocol.codec import FrameError, decode, encode
+from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import (
     CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Leave, Left, Report, Takeover, Tensors, Update,
 )

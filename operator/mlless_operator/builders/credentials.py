@@ -6,7 +6,7 @@ import base64
 import secrets
 from typing import Mapping
 
-from mlless.contract import ENV_AMQP_URL, ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE, ENV_REDIS_URL
+from mlless.contract import CA_FILE_VARS, ENV_AMQP_URL, ENV_REDIS_URL
 from mlless.transport.env import JOB_KEY_FILE, PASSWORD_VARS, new_job_key
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import (
@@ -36,9 +36,8 @@ JOB_KEY_KEY = JOB_KEY_FILE
 CA_KEYS = {"redis": "redis-ca", "rabbitmq": "rabbitmq-ca"}
 #: What the OpenFaaS copy holds: the URLs only, never the bare passwords.
 OPENFAAS_SECRET_KEYS = (REDIS_URL_KEY, AMQP_URL_KEY, INVOKE_TOKEN_KEY, JOB_KEY_KEY, *CA_KEYS.values())
-#: The variable naming a service's CA bundle, and where a runtime container finds it: one folder per service,
-#: holding only the caSecretRef's key, as CA_FILE.
-CA_FILE_VARS = {"redis": ENV_REDIS_CA_FILE, "rabbitmq": ENV_RABBITMQ_CA_FILE}
+#: Where a runtime container finds a service's CA bundle (named by `mlless.contract.CA_FILE_VARS`): one folder per
+#: service, holding only the caSecretRef's key, as CA_FILE.
 CA_DIR = "/etc/mlless/ca"
 CA_FILE = "ca.pem"
 

@@ -1,8 +1,8 @@
 """The OpenFaaS backend's workers: one Function `mlless-NS-NAME` in the OpenFaaS namespace (no owner reference can reach it)."""
 from __future__ import annotations
 
-from mlless.contract import ENV_FUNCTION_TIMEOUT_SECONDS, ENV_JOB_ID, ENV_SECRETS_DIR
-from mlless_operator.builders.credentials import CA_FILE_VARS, CA_KEYS, ca_refs
+from mlless.contract import CA_FILE_VARS, ENV_FUNCTION_TIMEOUT_SECONDS, ENV_JOB_ID, ENV_SECRETS_DIR
+from mlless_operator.builders.credentials import CA_KEYS, ca_refs
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import cross_namespace_owner, labels, openfaas_function_name, openfaas_secret_name, selector_labels
 from mlless_operator.builders.runtime import function_resources, user_env
