@@ -17,7 +17,7 @@ import pytest
 import redis
 import yaml
 
-from mlless.autotuner.smoothing import ewma
+from mlless.smoothing import ewma
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys
 from mlless.runtime.launcher import LocalLauncher
