@@ -28,16 +28,6 @@ cdef inline double _bce(double z, double y) noexcept nogil:
     return (z if z > 0 else 0.0) - z * y + log1p(exp(-fabs(z)))
 
 
-def py_sigmoid(double z):
-    """Test shim for the kernel's sigmoid."""
-    return _sigmoid(z)
-
-
-def py_bce(double z, double y):
-    """Test shim for the kernel's binary cross-entropy on a logit."""
-    return _bce(z, y)
-
-
 cdef int _check_csr(const cnp.int64_t[::1] indptr, const int[::1] indices, Py_ssize_t n_rows) except -1:
     if indptr.shape[0] != n_rows + 1:
         raise ValueError("indptr must have len(labels) + 1 entries")
