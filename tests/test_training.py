@@ -22,7 +22,7 @@ from mlless.data.dataset import Dataset
 from mlless.protocol import keys
 from mlless.runtime.launcher import LocalLauncher
 from mlless.runtime.local import Services, new_job_id, train_local
-from mlless.telemetry.record import Progress
+from mlless.progress import Progress
 from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.sync import sync_strategy

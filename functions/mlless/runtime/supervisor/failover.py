@@ -33,12 +33,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mlless.progress import Progress
 from mlless.protocol import keys, layouts
 from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import Done, Hello, Takeover, Tensors
 from mlless.runtime.supervisor.membership import INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST
 from mlless.runtime.supervisor.stopping import Best
-from mlless.telemetry.record import Progress, RunRecord
+from mlless.telemetry.record import RunRecord
 from mlless.transport import Transport
 
 log = logging.getLogger(__name__)

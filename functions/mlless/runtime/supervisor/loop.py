@@ -28,6 +28,7 @@ from typing import Any
 
 from mlless.contract import ENV_AUDIT
 from mlless.data.dataset import Dataset
+from mlless.progress import Progress
 from mlless.protocol import keys, layouts
 from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import (
@@ -52,7 +53,7 @@ from mlless.runtime.supervisor.scaling import Scaling
 from mlless.runtime.supervisor.stopping import Standing, StopRules
 from mlless.spec import TrainingJob
 from mlless.telemetry.metrics import SupervisorMetrics
-from mlless.telemetry.record import Progress, RunRecord
+from mlless.telemetry.record import RunRecord
 from mlless.transport import Transport, TransportError
 
 log = logging.getLogger(__name__)

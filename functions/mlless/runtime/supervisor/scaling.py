@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from mlless.autotuner.tuner import AutoTuner
-from mlless.telemetry.record import Progress
+from mlless.progress import Progress
 from mlless.runtime.platform import Platform
 from mlless.runtime.supervisor.failover import JobState
 from mlless.runtime.supervisor.membership import Membership, WorkerRecord, WorkerState
