@@ -143,10 +143,7 @@ class Supervisor:
             self._take_over()
             self._start_workers()
             while self.stop_reason is None:
-                self._raise_if_interrupted()
-                body = self.transport.receive(timeout=0.2)
-                if body is not None:
-                    self._handle(body)
+                self._receive()
                 self._check_liveness()
             return self._finish()
         except KeyboardInterrupt:
@@ -232,15 +229,19 @@ class Supervisor:
         """Handle messages until none of `ranks` is still in `state`; a process that ends meanwhile is dropped."""
         deadline = time.monotonic() + timeout
         while any(self.workers[r].state == state for r in ranks) and time.monotonic() < deadline:
-            self._raise_if_interrupted()
-            body = self.transport.receive(timeout=0.2)
-            if body is not None:
-                self._handle(body)
+            self._receive()
             for rank in self.launcher.exited():
                 if self.workers[rank].state == state:
                     self._drop(rank, exit_reason)
 
     # ---- messages ----------------------------------------------------------------------------
+
+    def _receive(self) -> None:
+        """Handle the next message, if one comes within a fifth of a second; first act on a signal."""
+        self._raise_if_interrupted()
+        body = self.transport.receive(timeout=0.2)
+        if body is not None:
+            self._handle(body)
 
     def _handle(self, body: bytes) -> None:
         try:
