@@ -109,7 +109,7 @@ class Scaling:
     def _evict(self, step: int, rank: int, reason: str) -> None:
         """Take `rank` out of the next step; seeing itself missing from the close, it hands on its updates and ends."""
         self.members.workers[rank].move(WorkerState.LEAVING)
-        self.events.append({"event": "leave", "rank": rank, "step": step, "reason": reason})
+        self._event("leave", rank, step, reason)
         self.progress.message(f"step {step}: worker {rank} leaves ({reason})")
 
     def gone(self, worker: WorkerRecord) -> None:
@@ -124,7 +124,7 @@ class Scaling:
         if worker.state not in (WorkerState.LIVE, WorkerState.LEAVING):
             return False
         if worker.state == WorkerState.LIVE:  # it left on its own: SIGTERM, e.g. its pod was deleted
-            self.events.append({"event": "leave", "rank": worker.rank, "step": step, "reason": "left on its own"})
+            self._event("leave", worker.rank, step, "left on its own")
             # The platform removed it, on its own or on a scale request the supervisor may already have taken in.
             self.desired = max(1, min(self.desired, self.members.active() - 1))
         self.gone(worker)
@@ -146,15 +146,18 @@ class Scaling:
     def _launch_joiner(self, step: int) -> None:
         rank = max(self.members.workers) + 1
         self.members.start(rank, WorkerState.JOINING)
-        self.events.append({"event": "launch", "rank": rank, "step": step, "reason": f"scaled to {self.desired}"})
+        self._event("launch", rank, step, f"scaled to {self.desired}")
 
     def admit_joiners(self, step: int) -> bool:
         """Every ready joiner enters the barrier after `step`; whether any did."""
         ready = self.members.admit_ready()
         for w in ready:
-            self.events.append({"event": "join", "rank": w.rank, "step": step + 1, "reason": "snapshot"})
+            self._event("join", w.rank, step + 1, "snapshot")
             self.progress.message(f"step {step}: worker {w.rank} joins")
         return bool(ready)
+
+    def _event(self, event: str, rank: int, step: int, reason: str) -> None:
+        self.events.append({"event": event, "rank": rank, "step": step, "reason": reason})
 
     def summary(self) -> dict[str, Any]:
         """The auto-tuner's part of summary.json."""
