@@ -47,7 +47,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-from mlless.autotuner.smoothing import ewma  # noqa: E402
+from mlless.smoothing import ewma  # noqa: E402
 from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN  # noqa: E402
 from mlless.spec.config import PMF_V  # noqa: E402
 

@@ -30,7 +30,7 @@ from mlless.data.dataset import Dataset  # noqa: E402
 from mlless.spec.config import ModelConfig  # noqa: E402
 from mlless.training.models import build_model  # noqa: E402
 from mlless.spec.config import OptimizerConfig, default_optimizer  # noqa: E402
-from mlless.training.optim import make_optimizer  # noqa: E402
+from mlless.training.optim import Optimizer  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def simulate(ds: Dataset, batches: list, kind: str, cand: Candidate, workers: in
     """(epochs to target, seconds to target, best loss) for `workers` replicas summing their updates."""
     model = build_model(kind, ds.dims(), ModelConfig(kind, l2=cand.l2), seed=0)
     cfg = cand.optimizer.replace(weight_decay=model.weight_decay)
-    optimizers = [make_optimizer(model.size, cfg, model.accumulator_size) for _ in range(workers)]
+    optimizers = [Optimizer(model.size, cfg, model.accumulator_size) for _ in range(workers)]
     val = ds.validation()
     rng = np.random.default_rng(0)
     per_epoch = -(-len(batches) // workers)

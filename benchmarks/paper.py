@@ -53,7 +53,7 @@ from netlink import Link, LinkUnavailable, limited_link  # noqa: E402
 
 from mlless.autotuner.curves import CurveFitError, fit_reference  # noqa: E402
 from mlless.autotuner.knee import make_knee_detector  # noqa: E402
-from mlless.autotuner.smoothing import ewma  # noqa: E402
+from mlless.smoothing import ewma  # noqa: E402
 from mlless.data.dataset import Dataset  # noqa: E402
 from mlless.spec.config import PAPERS_V, KneeConfig  # noqa: E402
 

@@ -18,7 +18,7 @@ from mlless.autotuner.curves import CurveFitError, fit_reference, fit_slow
 from mlless.autotuner.knee import kneedle, make_knee_detector
 from mlless.autotuner.tuner import AutoTuner, Decision
 from mlless.autotuner.durations import robust_step_duration
-from mlless.autotuner.smoothing import ewma
+from mlless.smoothing import ewma
 from mlless.spec.config import KneeConfig, TunerConfig
 
 DATA = Path(__file__).parent / "data" / "movielens_pmf_loss.json"

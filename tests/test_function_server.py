@@ -22,7 +22,7 @@ import pytest
 
 from mlless.runtime.launcher import HttpLauncher
 from mlless.runtime.local import new_job_id
-from mlless.telemetry.record import Progress
+from mlless.progress import Progress
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.transport import TransportError, connect
 from mlless.transport.env import invoke_token, service_urls

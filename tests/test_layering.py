@@ -1,7 +1,8 @@
 """The package layout's rules, checked on the source: imports run one way, and `spec` loads no training code.
 
 Layers, top down: the CLI and `runtime` compose everything; below them `training`, `transport`, `telemetry`,
-`autotuner` and `data`; `protocol` (which `training` and `transport` use), then `spec`; `contract` at the bottom. The operator may use only
+`autotuner` and `data`; `protocol` (which `training` and `transport` use), then `spec`; `contract`, the
+generic `smoothing` and the stderr `progress` at the bottom. The operator may use only
 `contract`, `spec` and `transport` of the runtime package.
 """
 from __future__ import annotations
@@ -20,15 +21,19 @@ OPERATOR = ROOT / "operator" / "mlless_operator"
 #: For each part of `mlless`, the parts it may import (besides itself). What is not listed is forbidden.
 ALLOWED: dict[str, set[str]] = {
     "contract": set(),
+    "smoothing": set(),
+    "progress": set(),
     "spec": {"contract"},
-    "data": {"contract"},
+    "data": {"contract", "progress"},
     "protocol": {"contract"},
-    "autotuner": {"contract", "spec"},
+    "autotuner": {"contract", "spec", "smoothing"},
     "training": {"contract", "spec", "data", "protocol"},  # a replica's snapshot is laid out as its frame is
     "transport": {"contract", "protocol"},
     "telemetry": {"contract", "spec"},
-    "runtime": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry"},
-    "cli": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "runtime"},
+    "runtime": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "smoothing",
+                "progress"},
+    "cli": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "runtime",
+            "progress"},
     "__main__": {"cli"},
     "__init__": set(),
 }

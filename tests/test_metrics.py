@@ -261,7 +261,7 @@ def metrics_from_run(run_dir: Path) -> str:
     metrics.validation(summary["validation_loss"])  # the final model's, newer than any snapshot
     metrics.cost({**summary["cost_breakdown_usd"], "total": summary["cost_usd"]})
     metrics.rejected_frames(summary["rejected_frames"])
-    return metrics.exposition()
+    return scrape(metrics)
 
 
 def test_metrics_from_run(tmp_path: Path):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mlless.spec.config import OptimizerConfig, default_optimizer
-from mlless.training.optim import make_optimizer
+from mlless.training.optim import Optimizer
 
 SIZE = 12
 
@@ -45,7 +45,7 @@ class Reference:
 def test_steps_match_reference(kind, wd):
     rng = np.random.default_rng(0)
     cfg = OptimizerConfig(type=kind, learning_rate=0.05, momentum=0.8, weight_decay=wd)
-    opt, ref = make_optimizer(SIZE, cfg), Reference(cfg)
+    opt, ref = Optimizer(SIZE, cfg), Reference(cfg)
     x = rng.normal(size=SIZE).astype(np.float32)
     xr = x.astype(np.float64)
     for step in range(6):
@@ -64,7 +64,7 @@ def test_steps_match_reference(kind, wd):
 
 
 def test_momentum_is_lazy_untouched_velocity_not_decayed():
-    opt = make_optimizer(SIZE, OptimizerConfig(type="nesterov", learning_rate=1.0, momentum=0.5))
+    opt = Optimizer(SIZE, OptimizerConfig(type="nesterov", learning_rate=1.0, momentum=0.5))
     x = np.zeros(SIZE, np.float32)
     opt.step(x, np.array([3], np.int32), np.array([1.0], np.float32))
     v_after_first = opt.state()["velocity"][3]
@@ -79,7 +79,7 @@ def test_momentum_is_lazy_untouched_velocity_not_decayed():
 
 def test_lazy_adam_uses_global_step_for_bias_correction():
     cfg = OptimizerConfig(type="adam", learning_rate=0.1)
-    opt = make_optimizer(SIZE, cfg)
+    opt = Optimizer(SIZE, cfg)
     x = np.zeros(SIZE, np.float32)
     for _ in range(4):
         opt.step(x, np.array([0], np.int32), np.array([1.0], np.float32))
@@ -90,7 +90,7 @@ def test_lazy_adam_uses_global_step_for_bias_correction():
 
 
 def test_weight_decay_alone_shrinks_touched_entries_only():
-    opt = make_optimizer(SIZE, OptimizerConfig(type="sgd", learning_rate=0.5, weight_decay=0.2))
+    opt = Optimizer(SIZE, OptimizerConfig(type="sgd", learning_rate=0.5, weight_decay=0.2))
     x = np.ones(SIZE, np.float32)
     opt.step(x, np.array([1, 2], np.int32), np.zeros(2, np.float32))
     assert x[1] == x[2] == pytest.approx(0.9)
@@ -100,12 +100,12 @@ def test_weight_decay_alone_shrinks_touched_entries_only():
 def test_state_roundtrip_continues_identically():
     rng = np.random.default_rng(1)
     cfg = OptimizerConfig(type="adam", learning_rate=0.01)
-    a = make_optimizer(SIZE, cfg)
+    a = Optimizer(SIZE, cfg)
     x = rng.normal(size=SIZE).astype(np.float32)
     idx = np.arange(0, SIZE, 2, dtype=np.int32)
     for _ in range(3):
         a.step(x, idx, rng.normal(size=len(idx)).astype(np.float32))
-    b = make_optimizer(SIZE, cfg)
+    b = Optimizer(SIZE, cfg)
     b.load_state(a.state())
     g = rng.normal(size=len(idx)).astype(np.float32)
     xa, xb = x.copy(), x.copy()
@@ -115,7 +115,7 @@ def test_state_roundtrip_continues_identically():
 
 
 def test_bad_inputs_and_configs():
-    opt = make_optimizer(SIZE, OptimizerConfig(type="momentum"))
+    opt = Optimizer(SIZE, OptimizerConfig(type="momentum"))
     x = np.zeros(SIZE, np.float32)
     with pytest.raises(IndexError):
         opt.step(x, np.array([SIZE], np.int32), np.ones(1, np.float32))
@@ -141,14 +141,14 @@ def test_adagrad_runs_the_models_per_sample_kernel_and_checkpoints_its_accumulat
     from mlless.training.models import build_model
 
     model = build_model("pmf", {"n_users": 6, "n_items": 4, "mean_rating": 3.0})
-    opt = make_optimizer(model.size, default_optimizer("pmf"), model.accumulator_size)
+    opt = Optimizer(model.size, default_optimizer("pmf"), model.accumulator_size)
     assert opt.state()["g2"].shape == (2 * (6 + 4),) and np.all(opt.state()["g2"] == 1.0)
     batch = RatingsBatch(np.array([0, 1, 0], np.int32), np.array([2, 3, 2], np.int32), np.array([5, 1, 4], np.float32))
     idx, delta, loss_sum, n = opt.update(model, batch, 0.1)
     assert n == 3 and loss_sum > 0 and opt.t == 1
     state = opt.state()
     assert state["g2"][0] > 1.0 and state["g2"][2 * 2] == 1.0  # user 0 was touched, user 2 was not
-    restored = make_optimizer(model.size, default_optimizer("pmf"), model.accumulator_size)
+    restored = Optimizer(model.size, default_optimizer("pmf"), model.accumulator_size)
     restored.load_state(state)
     np.testing.assert_array_equal(restored.state()["g2"], state["g2"])
     with pytest.raises(ValueError, match="per sample"):

@@ -119,10 +119,7 @@ def test_the_tuner_reports_a_removed_rank_only_after_it_has_left(movielens_dir, 
     def remove_one(supervisor: Supervisor) -> None:
         _when_step(supervisor, 10)
         # What the tuner does on a "remove" decision (the tuner itself is tested in test_autotuner.py).
-        supervisor.desired -= 1
-        victim = supervisor.quality.worst(supervisor.live)
-        supervisor._evict(victim, "test")
-        supervisor.removing.add(victim)
+        supervisor.scaling.remove_worst(supervisor.closed, "test")
 
     summary = run(job_for(movielens_dir, stop={"maxSteps": 40}), new_job_id("tune"), tmp_path, redis_url, amqp_url, platform, remove_one)
     [leave] = [e for e in summary["scaling_events"] if e["event"] == "leave"]

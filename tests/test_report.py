@@ -12,14 +12,19 @@ import pytest
 
 from mlless.telemetry.report import ReportError, load_run, render_report
 from mlless.telemetry.report.cli import add_report_parser
-from mlless.telemetry.report.html import perf_per_dollar
 from mlless.telemetry.report.plots import PLOTS, moving_average, phase_medians
 from mlless.contract import STEP_PHASES as PHASES
 from mlless.runtime.local import Services, train_local
-from mlless.telemetry.record import Progress
+from mlless.progress import Progress
 from mlless.spec import from_manifest
+from mlless.telemetry import cost
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def perf_per_dollar(summary: dict) -> float | None:
+    """The papers' Perf/$ of a run, from its wall time and cost."""
+    return cost.perf_per_dollar(summary["wall_seconds"], summary["cost_usd"])
 
 
 def run_report(*argv: str) -> int:

@@ -66,7 +66,7 @@ def test_scale_out_joiner_starts_from_the_shared_state(movielens_dir, tmp_path, 
         supervisor.request_stop("test done")
 
     def joined_at(supervisor):
-        return next((e["step"] for e in supervisor.scaling_events if e["event"] == "join"), 10**9)
+        return next((e["step"] for e in supervisor.scaling.events if e["event"] == "join"), 10**9)
 
     job = job_for(movielens_dir, workers=2, stop={"maxSteps": 100000})
     summary = _supervise_with(job, tmp_path, redis_url, amqp_url, scale_out)

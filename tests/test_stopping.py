@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlless.autotuner.smoothing import ewma
+from mlless.smoothing import ewma
 from mlless.data.dataset import Dataset
 from mlless.training.models import load_model
 from mlless.runtime.local import Services, train_local
-from mlless.telemetry.record import Progress
+from mlless.progress import Progress
 from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN, ValidationWatch
 from mlless.spec import from_manifest
 

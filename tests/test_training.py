@@ -17,12 +17,12 @@ import pytest
 import redis
 import yaml
 
-from mlless.autotuner.smoothing import ewma
+from mlless.smoothing import ewma
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys
 from mlless.runtime.launcher import LocalLauncher
 from mlless.runtime.local import Services, new_job_id, train_local
-from mlless.telemetry.record import Progress
+from mlless.progress import Progress
 from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.sync import sync_strategy
@@ -332,6 +332,7 @@ def test_supervisor_and_worker_entry_points_over_services(movielens_dir, tmp_pat
 
 
 def test_prometheus_metrics_of_a_real_run(movielens_dir, tmp_path, redis_url, amqp_url):
+    from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
     seen = {}
@@ -339,7 +340,7 @@ def test_prometheus_metrics_of_a_real_run(movielens_dir, tmp_path, redis_url, am
     summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: seen.setdefault("supervisor", s))
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(seen["supervisor"].metrics.exposition())
+        for family in text_string_to_metric_families(generate_latest(seen["supervisor"].metrics.registry).decode())
         for s in family.samples
     }
     job_label = ("job", summary["job_id"])

@@ -34,7 +34,7 @@ from mlless.data.dataset import Dataset, DatasetError
 from mlless.training.models import ModelFileError, load_model, model_class
 from mlless.telemetry.report.cli import add_report_parser
 from mlless.runtime.launcher import Launcher
-from mlless.telemetry.record import Progress
+from mlless.progress import Progress
 from mlless.runtime.supervisor.failover import ResumeError, resumable
 from mlless.runtime.supervisor.membership import INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST, JobFailed
 from mlless.spec import SpecError, TrainingJob, load_manifest

@@ -31,9 +31,8 @@ from abc import ABC, abstractmethod
 import numpy as np
 from numpy.typing import ArrayLike
 
+from mlless.smoothing import OnlineEwma
 from mlless.spec.config import KneeConfig
-
-from .smoothing import OnlineEwma
 
 __all__ = ["KneeDetector", "SlopeKneeDetector", "KneedleKneeDetector", "kneedle",
            "make_knee_detector"]

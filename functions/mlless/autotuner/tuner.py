@@ -34,10 +34,10 @@ import numpy as np
 
 from .curves import CurveFitError, FittedCurve, fit_reference, fit_slow
 from .durations import robust_step_duration
+from mlless.smoothing import ewma
 from mlless.spec.config import TunerConfig
 
 from .knee import KneeDetector, make_knee_detector
-from .smoothing import ewma
 
 __all__ = ["AutoTuner", "Decision", "Outcome"]
 

@@ -53,7 +53,7 @@ from mlless.data.manifest import (
 )
 from mlless.data.npz import npz_bytes
 from mlless.data.output import OutputDir
-from mlless.data.progress import Progress
+from mlless.progress import Progress
 from mlless.data.sample import SAMPLES
 from mlless.data.shuffle import DEFAULT_BUCKET_BYTES, SpillBuckets, choose_buckets, shuffled_batches
 from mlless.data.synthetic import LrParams, PmfParams, generate_lr, generate_pmf

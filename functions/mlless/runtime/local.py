@@ -18,7 +18,7 @@ from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_
 from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.runtime.launcher import Launcher, LocalLauncher
 from mlless.runtime.platform import Platform
-from mlless.telemetry.record import Progress
+from mlless.progress import Progress
 from mlless.runtime.supervisor.failover import STATE_FILE, JobState, ResumeError, resumable
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.spec import TrainingJob

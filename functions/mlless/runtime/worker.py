@@ -22,7 +22,7 @@ from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import (
     CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Leave, Left, Report, Takeover, Tensors, Update,
 )
-from mlless.autotuner.smoothing import OnlineEwma
+from mlless.smoothing import OnlineEwma
 from mlless.data.dataset import Dataset
 from mlless.training.models import build_model
 from mlless.protocol import keys, layouts

@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from mlless.contract import STEP_PHASES
 from mlless.spec import PricingConfig
@@ -161,10 +161,6 @@ class SupervisorMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-
-    def exposition(self) -> str:
-        """The text a scrape would return."""
-        return generate_latest(self.registry).decode()
 
     # ---- events --------------------------------------------------------------------------------
 

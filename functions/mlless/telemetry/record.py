@@ -1,4 +1,4 @@
-"""The run record: `metrics.jsonl`, `summary.json`, and the live progress line.
+"""The run record: `metrics.jsonl` and `summary.json`.
 
 Everything a later report needs is in these files, so a run can be analysed
 without Prometheus or the process that produced it.
@@ -6,8 +6,6 @@ without Prometheus or the process that produced it.
 from __future__ import annotations
 
 import json
-import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
@@ -84,54 +82,3 @@ def _row_step(line: str) -> float:
     except (ValueError, KeyError, TypeError):
         return float("inf")  # not a row: dropped
 
-
-def _fmt(value: float | None, spec: str = ".4f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-class Progress:
-    """One status line: rewritten in place on a terminal, printed every few seconds otherwise."""
-
-    def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
-        self.stream = stream or sys.stderr
-        self.enabled = enabled
-        self.tty = self.stream.isatty()
-        self._last = 0.0
-
-    def update(
-        self,
-        *,
-        step: int,
-        epoch: float,
-        train_loss: float,
-        validation_loss: float | None,
-        workers: int,
-        bytes_per_step: float,
-        elapsed: float,
-        cost: float,
-        force: bool = False,
-    ) -> None:
-        now = time.monotonic()
-        if not self.enabled or (not force and now - self._last < (0.2 if self.tty else 5.0)):
-            return
-        self._last = now
-        line = (
-            f"step {step:>6}  epoch {epoch:6.2f}  loss {_fmt(train_loss)}  val {_fmt(validation_loss)}  "
-            f"workers {workers}  {_fmt_bytes(bytes_per_step)}/step  {elapsed:7.1f}s  ${cost:.5f}"
-        )
-        self.stream.write(("\r\x1b[2K" + line) if self.tty else line + "\n")
-        self.stream.flush()
-
-    def message(self, text: str) -> None:
-        if self.enabled:
-            self.stream.write(("\n" if self.tty and self._last else "") + text + "\n")
-            self.stream.flush()
-            self._last = 0.0 if self.tty else self._last

@@ -115,8 +115,3 @@ class Optimizer:
         if t.size != 1 or int(t.reshape(-1)[0]) < 0:
             raise ValueError("optimizer state 't' must be one non-negative count")
         self.t = int(t.reshape(-1)[0])
-
-
-def make_optimizer(size: int, config: OptimizerConfig, accumulator_size: int | None = None) -> Optimizer:
-    """Build the optimizer for a replica of ``size`` parameters."""
-    return Optimizer(size, config, accumulator_size)

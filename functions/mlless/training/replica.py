@@ -26,7 +26,7 @@ from mlless.protocol.framing import FrameError
 from mlless.protocol.messages import check_bounded
 from mlless.training.models import Model
 from mlless.spec.config import OptimizerConfig
-from mlless.training.optim import make_optimizer
+from mlless.training.optim import Optimizer
 from mlless.training.significance import SignificanceFilter
 
 
@@ -58,7 +58,7 @@ class Replica:
     def __init__(self, model: Model, optimizer: OptimizerConfig, v: float, audit: bool = False) -> None:
         self.model = model
         self.config = optimizer.replace(weight_decay=model.weight_decay)
-        self.optimizer = make_optimizer(model.size, self.config, model.accumulator_size)
+        self.optimizer = Optimizer(model.size, self.config, model.accumulator_size)
         self.filter = SignificanceFilter(model.params, v)
         self.contribution = np.zeros(model.size, np.float64) if audit else None
 

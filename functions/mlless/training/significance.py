@@ -35,13 +35,6 @@ class SignificanceFilter:
         self._wheel = TimingWheel(x, self.v, wheel_bits)
         self._acc = self._wheel.slots["acc"]
 
-    @property
-    def accumulator(self) -> np.ndarray:
-        """Read-only view of δ (for tests)."""
-        view = self._acc.view()
-        view.flags.writeable = False
-        return view
-
     def accumulate(self, idx: np.ndarray, delta: np.ndarray) -> None:
         """δ[idx] += delta (idx may repeat; each occurrence is added), after the replica moved by ``delta``."""
         self._wheel.add(_indices(idx), np.ascontiguousarray(delta, dtype=np.float32))

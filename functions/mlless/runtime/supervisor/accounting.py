@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlless.contract import BARRIER_PHASES, STEP_PHASES
+from mlless.progress import Progress
 from mlless.protocol.messages import Report
 from mlless.runtime.supervisor.evaluation import FinalModel
 from mlless.runtime.supervisor.failover import JobState
@@ -13,7 +14,7 @@ from mlless.runtime.supervisor.membership import UNBILLED, Membership
 from mlless.spec import TrainingJob
 from mlless.telemetry.cost import CostBreakdown, job_cost, perf_per_dollar
 from mlless.telemetry.metrics import SupervisorMetrics
-from mlless.telemetry.record import Progress, RunRecord
+from mlless.telemetry.record import RunRecord
 from mlless.telemetry.rows import StepRow
 
 
@@ -150,7 +151,7 @@ class Accounting:
             cost_usd=cost,
             phases={p: (totals.phases[p] if p not in BARRIER_PHASES else None) for p in STEP_PHASES},
         )
-        self.progress.update(
+        self.progress.status(
             step=step,
             epoch=epoch,
             train_loss=self.train_loss,

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from mlless.autotuner.smoothing import OnlineEwma
+from mlless.smoothing import OnlineEwma
 from mlless.data.batches import Batch
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys, layouts

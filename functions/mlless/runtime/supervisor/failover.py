@@ -33,11 +33,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mlless.progress import Progress
 from mlless.protocol import keys, layouts
 from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import Done, Hello, Takeover, Tensors
 from mlless.runtime.supervisor.membership import INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST
 from mlless.runtime.supervisor.stopping import Best
+from mlless.telemetry.record import RunRecord
 from mlless.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -168,6 +170,16 @@ class Predecessor:
     in_redis: bool  # the state was in Redis: the earlier run's workers may still be there, unless it `ended`
 
 
+@dataclass
+class Resumed:
+    """Where a successor continues the job: from `checkpoint` (the workers start from it), or from the start."""
+
+    state: JobState
+    checkpoint: Checkpoint | None
+    takeovers: list[dict[str, Any]]  # each run after the first, this one last: where it continued from
+    held: list[bytes]  # hellos of workers that started during the takeover, for the supervisor to take in
+
+
 def merge_survivors(replicas: list[np.ndarray], pending: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """One model holding every update of the survivors: their shared part (a replica minus its unsent entries),
     averaged, plus every unsent entry once. Averaging the replicas would halve what each still held back."""
@@ -242,6 +254,42 @@ class Failover:
             (self.run_dir / name).unlink(missing_ok=True)
 
     # ---- taking over -------------------------------------------------------------------------------
+
+    def take_over(self, record: RunRecord, like: np.ndarray, decode_replica: Callable[[bytes], Tensors | None],
+                  progress: Progress) -> Resumed | None:
+        """Continue the job where an earlier run left it: a suspend, or a supervisor that died (None: it starts
+        afresh, with a new `record`).
+
+        Its surviving workers hand in their replicas; the job continues from them if they are newer than its
+        checkpoint. Whatever else the earlier run left in Redis and RabbitMQ is cleared before workers start.
+        """
+        predecessor = self.load(like)
+        if predecessor is None:
+            record.start()
+            return None
+        state, checkpoint, held = predecessor.state, predecessor.checkpoint, []
+        source = "start" if checkpoint is None else "checkpoint"
+        if predecessor.in_redis:
+            self.transport.reset()
+        if predecessor.in_redis and not state.ended:  # its workers may have outlived it
+            progress.message(f"job {self.job_id}: taking over from a supervisor that stopped at step "
+                             f"{state.steps}; asking its workers for their replicas")
+            survivors, held = self.harvest(decode_replica)
+            ahead = survivors[0].step - state.run_step if survivors else 0
+            if survivors and (checkpoint is None or state.steps + ahead > checkpoint.steps):
+                params = merge_survivors([t.arrays[layouts.PARAMS] for t in survivors],
+                                         [layouts.pending(t.arrays) for t in survivors])
+                checkpoint = Checkpoint(state.steps + ahead, state.cursor + ahead * state.live, params,
+                                        None if checkpoint is None else checkpoint.best)
+                source = f"replicas of {len(survivors)} surviving workers"
+        steps = 0 if checkpoint is None else checkpoint.steps
+        if checkpoint is not None:
+            self.transport.put(keys.job_checkpoint(), checkpoint.frame())  # what the workers start from
+        run = len(state.takeovers) + 2  # the first run, every takeover since, and this one
+        takeovers = state.takeovers + [{"run": run, "step": steps, "from": source}]
+        self.continue_rows(record.continue_after(steps, predecessor.rows))
+        progress.message(f"job {self.job_id}: run {run} continues at step {steps}, from the {source}")
+        return Resumed(state, checkpoint, takeovers, held)
 
     def load(self, like: np.ndarray) -> Predecessor | None:
         """The newest state of this job in Redis or the run directory (None: the job starts afresh)."""

@@ -9,9 +9,10 @@ without it. When a stop condition holds, the closing message is marked
 final; the workers publish their replicas, which are averaged, evaluated on
 the validation split and saved.
 
-Who is in the job is `membership`, when it stops `stopping`, what it did and
-cost `accounting`, and what its replicas are worth `evaluation`; this loop
-composes them, and does the scaling and the platform's requests itself.
+Who is in the job is `membership`, how many it wants `scaling`, when it
+stops `stopping`, what it did and cost `accounting`, what its replicas are
+worth `evaluation`, and how a successor continues it `failover`; this loop
+composes them, and takes in the platform's requests itself.
 """
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlless.autotuner.tuner import AutoTuner
 from mlless.contract import ENV_AUDIT
 from mlless.data.dataset import Dataset
+from mlless.progress import Progress
 from mlless.protocol import keys, layouts
 from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import (
@@ -36,10 +37,9 @@ from mlless.protocol.messages import (
 from mlless.runtime.audit import audit_conservation
 from mlless.runtime.launcher import Launcher
 from mlless.runtime.platform import Platform
-from mlless.runtime.scaling import ReplicaQuality
 from mlless.runtime.supervisor.accounting import Accounting, StepTotals
 from mlless.runtime.supervisor.evaluation import Evaluation, Snapshot
-from mlless.runtime.supervisor.failover import Checkpoint, Failover, JobState, merge_survivors, resumable
+from mlless.runtime.supervisor.failover import Checkpoint, Failover, JobState, resumable
 from mlless.runtime.supervisor.membership import (
     INTERRUPTED,
     NO_LIVE_WORKERS,
@@ -49,10 +49,11 @@ from mlless.runtime.supervisor.membership import (
     WorkerRecord,
     WorkerState,
 )
+from mlless.runtime.supervisor.scaling import Scaling
 from mlless.runtime.supervisor.stopping import Standing, StopRules
 from mlless.spec import TrainingJob
 from mlless.telemetry.metrics import SupervisorMetrics
-from mlless.telemetry.record import Progress, RunRecord
+from mlless.telemetry.record import RunRecord
 from mlless.transport import Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -116,17 +117,9 @@ class Supervisor:
         self.training_started = self.started  # when step 0 was closed: the workers had started and connected
         self.closed_at = self.started  # when the newest step was closed
         self.stop_reason: str | None = None
-        self.tuner = AutoTuner(job.autoscaler) if job.autoscaler.enabled else None
-        self.quality = ReplicaQuality()
-        self.desired = job.workers
-        # A scale request from another thread (the operator, tests), applied at the next step close.
-        self._requested: int | None = None
-        self.pending_merges: list[int] = []
-        self.removing: set[int] = set()  # ranks the auto-tuner took out, reported to the platform once they are gone
+        self.scaling = Scaling(job, self.members, self.platform, self.metrics, self.progress)
         self.suspend_checkpoint: bytes | None = None
         self._interrupted = False  # set by SIGINT/SIGTERM, acted on between messages
-        self.scaling_events: list[dict[str, Any]] = []
-        self.decisions: dict[str, int] = {}
 
     @property
     def workers(self) -> dict[int, WorkerRecord]:
@@ -150,10 +143,7 @@ class Supervisor:
             self._take_over()
             self._start_workers()
             while self.stop_reason is None:
-                self._raise_if_interrupted()
-                body = self.transport.receive(timeout=0.2)
-                if body is not None:
-                    self._handle(body)
+                self._receive()
                 self._check_liveness()
             return self._finish()
         except KeyboardInterrupt:
@@ -204,41 +194,18 @@ class Supervisor:
             raise KeyboardInterrupt
 
     def _take_over(self) -> None:
-        """Continue the job where an earlier run left it: a suspend, or a supervisor that died (failover.py).
-
-        Its surviving workers hand in their replicas; the job continues from them if they are newer than its
-        checkpoint. Whatever else the earlier run left in Redis and RabbitMQ is cleared before workers start.
-        """
-        predecessor = self.failover.load(self.evaluation.model.params)
-        if predecessor is None:
-            self.record.start()
+        """Continue where an earlier run left the job (failover.py): its position, totals and history."""
+        resumed = self.failover.take_over(self.record, self.evaluation.model.params, self.evaluation.decode_replica,
+                                          self.progress)
+        if resumed is None:
             return
-        state, checkpoint = predecessor.state, predecessor.checkpoint
-        source = "start" if checkpoint is None else "checkpoint"
-        if predecessor.in_redis:
-            self.transport.reset()
-        if predecessor.in_redis and not state.ended:  # its workers may have outlived it
-            self.progress.message(f"job {self.job_id}: taking over from a supervisor that stopped at step "
-                                  f"{state.steps}; asking its workers for their replicas")
-            survivors, self.held = self.failover.harvest(self.evaluation.decode_replica)
-            ahead = survivors[0].step - state.run_step if survivors else 0
-            if survivors and (checkpoint is None or state.steps + ahead > checkpoint.steps):
-                params = merge_survivors([t.arrays[layouts.PARAMS] for t in survivors],
-                                         [layouts.pending(t.arrays) for t in survivors])
-                checkpoint = Checkpoint(state.steps + ahead, state.cursor + ahead * state.live, params,
-                                        None if checkpoint is None else checkpoint.best)
-                source = f"replicas of {len(survivors)} surviving workers"
-        if checkpoint is not None:
-            self.steps_before, self.cursor = checkpoint.steps, checkpoint.cursor
-            self.stopping.watch.best = checkpoint.best
-            self.transport.put(keys.job_checkpoint(), checkpoint.frame())  # what the workers start from
-        self.accounting.resume(state)
-        self.members.dropped = list(state.dropped_workers)
-        self.scaling_events, self.decisions = list(state.scaling_events), dict(state.decisions)
-        run = len(state.takeovers) + 2  # the first run, every takeover since, and this one
-        self.takeovers = state.takeovers + [{"run": run, "step": self.steps_before, "from": source}]
-        self.failover.continue_rows(self.record.continue_after(self.steps_before, predecessor.rows))
-        self.progress.message(f"job {self.job_id}: run {run} continues at step {self.steps_before}, from the {source}")
+        self.held, self.takeovers = resumed.held, resumed.takeovers
+        if resumed.checkpoint is not None:
+            self.steps_before, self.cursor = resumed.checkpoint.steps, resumed.checkpoint.cursor
+            self.stopping.watch.best = resumed.checkpoint.best
+        self.accounting.resume(resumed.state)
+        self.members.dropped = list(resumed.state.dropped_workers)
+        self.scaling.resume(resumed.state)
 
     def _start_workers(self) -> None:
         for rank in range(self.job.workers):
@@ -262,15 +229,19 @@ class Supervisor:
         """Handle messages until none of `ranks` is still in `state`; a process that ends meanwhile is dropped."""
         deadline = time.monotonic() + timeout
         while any(self.workers[r].state == state for r in ranks) and time.monotonic() < deadline:
-            self._raise_if_interrupted()
-            body = self.transport.receive(timeout=0.2)
-            if body is not None:
-                self._handle(body)
+            self._receive()
             for rank in self.launcher.exited():
                 if self.workers[rank].state == state:
                     self._drop(rank, exit_reason)
 
     # ---- messages ----------------------------------------------------------------------------
+
+    def _receive(self) -> None:
+        """Handle the next message, if one comes within a fifth of a second; first act on a signal."""
+        self._raise_if_interrupted()
+        body = self.transport.receive(timeout=0.2)
+        if body is not None:
+            self._handle(body)
 
     def _handle(self, body: bytes) -> None:
         try:
@@ -281,9 +252,7 @@ class Supervisor:
             return
         worker = self.workers.get(msg.sender)
         if worker is None and isinstance(msg, Hello) and not self.launcher.starts_workers and msg.sender >= 0:
-            # The operator started a new rank (kubectl scale); it joins like a scale-out worker.
-            worker = self.members.add(msg.sender, WorkerState.JOINING)
-            self.desired = max(self.desired, self.members.active())
+            worker = self.scaling.adopt(msg.sender)
         if worker is None:
             self.accounting.count_rejected(1)
             log.error("supervisor: message from unknown worker %d", msg.sender)
@@ -293,14 +262,17 @@ class Supervisor:
         elif isinstance(msg, Report):
             if worker.state == WorkerState.LIVE and msg.step > self.closed:
                 self.reports.setdefault(msg.step, {})[msg.sender] = msg
-                self.quality.observe(msg.sender, msg.loss_sum, msg.samples)
+                self.scaling.quality.observe(msg.sender, msg.loss_sum, msg.samples)
                 self._close_ready_steps()
         elif isinstance(msg, Done):
             self.members.done(worker)
             self.accounting.count_rejected(msg.rejected_frames)
             self.accounting.repaired_frames += msg.repaired_frames
-        elif isinstance(msg, Left):
-            self._left(worker, msg)
+        elif isinstance(msg, Left) and self.scaling.left(worker, msg.has_replica, self.closed):
+            if self.members.active() == 0:
+                # Every worker pod was deleted: nobody is left to train, but the leavers' replicas still make the model.
+                self.stop_reason = self.stop_reason or NO_LIVE_WORKERS
+            self._close_ready_steps()
         elif isinstance(msg, Failed):
             self._drop(msg.sender, f"failed: {msg.reason}")
 
@@ -323,8 +295,8 @@ class Supervisor:
         self.stop_reason = self.stopping.check(self._standing(), lambda: self.accounting.cost(self.closed_at, self.members).total)
         joined = False
         if self.stop_reason is None:
-            self._autoscale(step, len(reports))
-            joined = self._admit_joiners()
+            self.scaling.autoscale(step, len(reports), self.accounting.train_loss)
+            joined = self.scaling.admit_joiners(step)
         self._broadcast_close(step, reports, joined)
         self.step_opened = time.monotonic()
         snapshot = self.evaluation.evaluate_snapshot(self.steps_before)
@@ -347,7 +319,7 @@ class Supervisor:
         return JobState(
             job_id=self.job_id, steps=self.steps_before + self.closed, cursor=self.cursor,
             run_step=self.closed, live=len(self.live), rows=self.record.rows,
-            dropped_workers=self.members.dropped, scaling_events=self.scaling_events, decisions=self.decisions,
+            dropped_workers=self.members.dropped, scaling_events=self.scaling.events, decisions=self.scaling.decisions,
             takeovers=self.takeovers,
             **self.accounting.totals(time.monotonic(), self.members),
         )
@@ -366,8 +338,8 @@ class Supervisor:
             flags |= CLOSE_SNAPSHOT
             self.evaluation.request_snapshot(step, self.cursor)
         updates = tuple(r.sender for r in reports if r.has_update)
-        merges, self.pending_merges = tuple(self.pending_merges), []
-        close = Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=updates, merges=merges)
+        close = Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=updates,
+                      merges=self.scaling.take_merges())
         self.last_close, self.close_sent_at = encode(close), time.monotonic()
         self.transport.broadcast(self.last_close)
 
@@ -382,7 +354,7 @@ class Supervisor:
             if self.workers[rank].state in (WorkerState.LIVE, WorkerState.JOINING, WorkerState.READY):
                 self._drop(rank, "its process ended")
             elif self.workers[rank].state == WorkerState.LEAVING:
-                self._gone(self.workers[rank])  # it ended without handing on its updates
+                self.scaling.gone(self.workers[rank])  # it ended without handing on its updates
         if self.last_close is not None and time.monotonic() - self.close_sent_at > CLOSE_RESEND_SECONDS:
             self.transport.broadcast(self.last_close)
             self.close_sent_at = time.monotonic()
@@ -399,40 +371,11 @@ class Supervisor:
         if self.members.drop(rank, self.closed, why) and not self.live and self.members.all_started():
             self.stop_reason = self.stop_reason or NO_LIVE_WORKERS
 
-    # ---- scaling: the auto-tuner, scale requests, evictions and joins ----------------------------
+    # ---- the platform: scale requests, suspends, status ---------------------------------------------
 
     def request_workers(self, n: int) -> None:
-        """Ask for `n` workers (thread-safe); applied at the next step close. Scale-out goes beyond the papers."""
-        self._requested = max(1, n)
-
-    def _autoscale(self, step: int, trained: int) -> None:
-        if self.tuner is not None:
-            decision = self.tuner.observe(step, self.accounting.train_loss, time.monotonic(), trained)
-            if decision is not None:
-                self.decisions[decision.outcome] = self.decisions.get(decision.outcome, 0) + 1
-                self.metrics.tuner_decision(decision.outcome)
-                if self.tuner.knee_step is not None:
-                    self.metrics.knee(self.tuner.knee_step)
-                log.info("auto-tuner at step %d: %s (%s)", step, decision.outcome, decision.reason)
-                if decision.outcome == "remove" and self.desired > self.job.autoscaler.min_workers:
-                    self.desired -= 1
-                    victim = self.quality.worst(self.live)
-                    self._evict(victim, f"auto-tuner: {decision.reason}")
-                    self.removing.add(victim)
-        if self._requested is not None:
-            self.desired, self._requested = self._requested, None
-        # On Kubernetes the platform removes workers itself on a scale request (their workers leave on SIGTERM).
-        while len(self.live) > self.desired and not self.launcher.platform_scales_in:
-            self._evict(self.quality.worst(self.live), f"scaled to {self.desired} workers")
-        while self.launcher.starts_workers and self.members.active() < self.desired:
-            self._launch_joiner()
-
-    def _gone(self, worker: WorkerRecord) -> None:
-        """`worker`'s invocation has ended; a rank the tuner removed is now reported, so the platform drops that one."""
-        worker.move(WorkerState.LEFT)
-        if worker.rank in self.removing:
-            self.removing.discard(worker.rank)
-            self.platform.set_workers(self.desired, removed=worker.rank)
+        """Ask for `n` workers (thread-safe); applied at the next step close."""
+        self.scaling.request(n)
 
     def _sync_platform(self, cost_usd: float) -> None:
         """Mirror progress to the platform and take in what its users asked for (kubectl scale, suspend)."""
@@ -442,7 +385,7 @@ class Supervisor:
             return
         if request.suspend and self.stopping.requested is None:
             self.request_stop("suspended")
-        if request.workers is not None and request.workers != self.desired:
+        if request.workers is not None and request.workers != self.scaling.desired:
             self.progress.message(f"step {self.closed}: {request.workers} workers requested")
             self.request_workers(request.workers)
 
@@ -457,39 +400,6 @@ class Supervisor:
             "workers": len(self.live),
         }
 
-    def _evict(self, rank: int, reason: str) -> None:
-        """Take `rank` out of the next step; seeing itself missing from the close, it hands on its updates and ends."""
-        self.workers[rank].move(WorkerState.LEAVING)
-        self.scaling_events.append({"event": "leave", "rank": rank, "step": self.closed, "reason": reason})
-        self.progress.message(f"step {self.closed}: worker {rank} leaves ({reason})")
-
-    def _left(self, worker: WorkerRecord, msg: Left) -> None:
-        if worker.state not in (WorkerState.LIVE, WorkerState.LEAVING):
-            return
-        if worker.state == WorkerState.LIVE:  # it left on its own: SIGTERM, e.g. its pod was deleted
-            self.scaling_events.append({"event": "leave", "rank": worker.rank, "step": self.closed, "reason": "left on its own"})
-            # The platform removed it, on its own or on a scale request the supervisor may already have taken in.
-            self.desired = max(1, min(self.desired, self.members.active() - 1))
-        self._gone(worker)
-        if msg.has_replica:
-            self.pending_merges.append(worker.rank)
-        if self.members.active() == 0:
-            # Every worker pod was deleted: nobody is left to train, but the leavers' replicas still make the model.
-            self.stop_reason = self.stop_reason or NO_LIVE_WORKERS
-        self._close_ready_steps()
-
-    def _launch_joiner(self) -> None:
-        rank = max(self.workers) + 1
-        self.members.start(rank, WorkerState.JOINING)
-        self.scaling_events.append({"event": "launch", "rank": rank, "step": self.closed, "reason": f"scaled to {self.desired}"})
-
-    def _admit_joiners(self) -> bool:
-        ready = self.members.admit_ready()
-        for w in ready:
-            self.scaling_events.append({"event": "join", "rank": w.rank, "step": self.closed + 1, "reason": "snapshot"})
-            self.progress.message(f"step {self.closed}: worker {w.rank} joins")
-        return bool(ready)
-
     # ---- end of job ------------------------------------------------------------------------------
 
     def _finish(self, reachable: bool = True) -> dict[str, Any]:
@@ -501,7 +411,7 @@ class Supervisor:
         finals = collect(keys.final_replica, [r for r in finishing if self.workers[r].state == WorkerState.DONE])
         # Workers that left after the last close (stopped together with the supervisor: a deleted job,
         # activeDeadlineSeconds) never had their replicas merged into anyone's; they are as final as the rest.
-        left_at_end = sorted(set(self.pending_merges)) if reachable else []
+        left_at_end = sorted(set(self.scaling.pending_merges)) if reachable else []
         finals += collect(keys.leaver_replica, left_at_end)
         self.accounting.flush()
         final_model = self.evaluation.final_model([t.arrays[layouts.PARAMS] for t in finals], self.steps_before + self.closed,
@@ -515,12 +425,8 @@ class Supervisor:
             now=now,
             startup=self.training_started - self.started,
             members=self.members,
-            autoscaler={
-                "enabled": self.tuner is not None,
-                "knee_step": self.tuner.knee_step if self.tuner is not None else None,
-                "decisions": self.decisions,
-            },
-            scaling_events=self.scaling_events,
+            autoscaler=self.scaling.summary(),
+            scaling_events=self.scaling.events,
         )
         summary["takeovers"] = self.takeovers
         if self.x0 is not None and reachable:

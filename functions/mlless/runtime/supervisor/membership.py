@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from mlless.progress import Progress
 from mlless.runtime.launcher import Launcher
-from mlless.telemetry.record import Progress
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from mlless.autotuner.smoothing import OnlineEwma
+from mlless.smoothing import OnlineEwma
 from mlless.spec.job import StopConfig
 
 #: EWMA span of the validation loss the stop rules read.

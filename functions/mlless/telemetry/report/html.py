@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlless.telemetry.cost import perf_per_dollar as cost_perf_per_dollar
 from mlless.telemetry.report.plots import Plot, render_all
 from mlless.telemetry.report.runs import Run
 
@@ -27,14 +26,6 @@ figure { margin: 2em 0; } figcaption { color: #555; font-size: 0.9em; max-width:
 img { max-width: 100%; border: 1px solid #eee; }
 .note { color: #555; font-size: 0.85em; }
 """
-
-
-def perf_per_dollar(summary: dict[str, Any]) -> float | None:
-    """Perf/$ = 1 / (wall seconds x cost in USD): faster and cheaper both count, as in the paper."""
-    wall, cost = summary.get("wall_seconds"), summary.get("cost_usd")
-    if not isinstance(wall, (int, float)) or not isinstance(cost, (int, float)):
-        return None
-    return cost_perf_per_dollar(wall, cost)
 
 
 def _num(spec: str) -> Callable[[Any], str]:
@@ -74,7 +65,8 @@ COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str], bool], ...] = (
     ("workers", _workers, False),
     ("bytes sent", lambda s: _bytes(s.get("bytes_sent")), False),
     ("stop reason", lambda s: str(s.get("stop_reason") or "-"), True),
-    ("Perf/$", lambda s: _num(".4g")(perf_per_dollar(s)), False),
+    # Perf/$ = 1 / (wall seconds x cost in USD), as summary.json holds it (telemetry/cost.py).
+    ("Perf/$", lambda s: _num(".4g")(s.get("perf_per_dollar")), False),
 )
 
 

@@ -141,10 +141,7 @@ def draw_workers(fig: Figure, runs: Sequence[Run]) -> None:
     ax.set_ylim(0, top + 1)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
-    if ax.has_data():
-        ax.legend(fontsize="small")
-    else:
-        _no_data(ax)
+    _legend(ax)
 
 
 def draw_bytes(fig: Figure, runs: Sequence[Run]) -> None:
@@ -163,10 +160,7 @@ def draw_bytes(fig: Figure, runs: Sequence[Run]) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("update bytes published per step (all workers)")
     ax.grid(True, alpha=0.3, which="both")
-    if ax.has_data():
-        ax.legend(fontsize="small")
-    else:
-        _no_data(ax)
+    _legend(ax)
 
 
 def phase_medians(run: Run) -> dict[str, float]:
@@ -195,6 +189,14 @@ def draw_phases(fig: Figure, runs: Sequence[Run]) -> None:
     ax.legend(handles[::-1], labels[::-1], title="phase", fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if len(runs) > 4:
         ax.tick_params(axis="x", labelrotation=20)
+
+
+def _legend(ax) -> None:
+    """The runs' legend, or a note that none of them recorded anything to draw."""
+    if ax.has_data():
+        ax.legend(fontsize="small")
+    else:
+        _no_data(ax)
 
 
 def _no_data(ax) -> None:

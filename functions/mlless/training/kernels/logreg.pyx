@@ -28,16 +28,6 @@ cdef inline double _bce(double z, double y) noexcept nogil:
     return (z if z > 0 else 0.0) - z * y + log1p(exp(-fabs(z)))
 
 
-def py_sigmoid(double z):
-    """Test shim for the kernel's sigmoid."""
-    return _sigmoid(z)
-
-
-def py_bce(double z, double y):
-    """Test shim for the kernel's binary cross-entropy on a logit."""
-    return _bce(z, y)
-
-
 cdef int _check_csr(const cnp.int64_t[::1] indptr, const int[::1] indices, Py_ssize_t n_rows) except -1:
     if indptr.shape[0] != n_rows + 1:
         raise ValueError("indptr must have len(labels) + 1 entries")
@@ -184,11 +174,7 @@ def logreg_logits(const float[::1] params not None, const cnp.int64_t[::1] indpt
                   int n_features):
     """Logits w·x + b per row; features outside [0, n_features) are ignored."""
     cdef Py_ssize_t n = indptr.shape[0] - 1, r, j
-    _check_csr(indptr, indices, n)
-    if values.shape[0] != indices.shape[0]:
-        raise ValueError("indices and values differ in length")
-    if params.shape[0] != <Py_ssize_t>n_features + 1:
-        raise ValueError("params length must be n_features + 1")
+    _check_batch(params, indptr, indices, values, n, n_features)
     out_arr = np.empty(n, dtype=np.float64)
     cdef double[::1] out = out_arr
     cdef double z

@@ -32,6 +32,13 @@ cdef int _check_lengths(float[::1] x, const int[::1] idx, const float[::1] grad,
     return 0
 
 
+cdef int _stopped_at(const int[::1] idx, Py_ssize_t bad, Py_ssize_t size) except -1:
+    """After an update loop that stopped at entry ``bad`` (-1: it did not), an IndexError naming that index."""
+    if bad >= 0:
+        raise IndexError(f"index {idx[bad]} outside [0, {size}); entries before it were updated")
+    return 0
+
+
 def sgd_step(float[::1] x not None, const int[::1] idx not None, const float[::1] grad not None,
              float[::1] delta not None, float lr, float wd):
     """x_i += −lr·(g_i + wd·x_i)."""
@@ -48,8 +55,7 @@ def sgd_step(float[::1] x not None, const int[::1] idx not None, const float[::1
             d = -lr * grad[j] - lr_wd * X[i]
             X[i] += d
             delta[j] = d
-    if bad >= 0:
-        raise IndexError(f"index {idx[bad]} outside [0, {size}); entries before it were updated")
+    _stopped_at(idx, bad, size)
 
 
 def momentum_step(float[::1] x not None, const int[::1] idx not None, const float[::1] grad not None,
@@ -83,8 +89,7 @@ def momentum_step(float[::1] x not None, const int[::1] idx not None, const floa
                 d = -lr * v - lr_wd * X[i]
             X[i] += d
             delta[j] = d
-    if bad >= 0:
-        raise IndexError(f"index {idx[bad]} outside [0, {size}); entries before it were updated")
+    _stopped_at(idx, bad, size)
 
 
 def adam_step(float[::1] x not None, const int[::1] idx not None, const float[::1] grad not None,
@@ -120,8 +125,7 @@ def adam_step(float[::1] x not None, const int[::1] idx not None, const float[::
             d = -alpha * mj / (sqrt(vj) + eps_hat) - lr_wd * X[i]
             X[i] += d
             delta[j] = d
-    if bad >= 0:
-        raise IndexError(f"index {idx[bad]} outside [0, {size}); entries before it were updated")
+    _stopped_at(idx, bad, size)
 
 
 def scatter_add(float[::1] x not None, const int[::1] idx not None, const float[::1] values not None,

@@ -26,6 +26,15 @@ cdef extern from "pmf_sgd.h":
                               float lr) noexcept nogil
 
 
+cdef inline int _slot(int *slot_map, int *rows, int row, Py_ssize_t *n_slots) noexcept nogil:
+    """The local slot of global ``row``; a row without one gets the next free slot."""
+    if slot_map[row] < 0:
+        slot_map[row] = <int>n_slots[0]
+        rows[n_slots[0]] = row
+        n_slots[0] += 1
+    return slot_map[row]
+
+
 cdef Py_ssize_t _assign_slots(const int[::1] users, const int[::1] items, int n_users, int n_items,
                               int[::1] slot_map, int[::1] rows, int[::1] su, int[::1] si,
                               Py_ssize_t *bad) noexcept nogil:
@@ -34,23 +43,12 @@ cdef Py_ssize_t _assign_slots(const int[::1] users, const int[::1] items, int n_
     On an out-of-range id, stores the sample position in ``bad`` and stops.
     """
     cdef Py_ssize_t s, n = users.shape[0], n_slots = 0
-    cdef int u, r
     for s in range(n):
-        u = users[s]
-        if u < 0 or u >= n_users or items[s] < 0 or items[s] >= n_items:
+        if users[s] < 0 or users[s] >= n_users or items[s] < 0 or items[s] >= n_items:
             bad[0] = s
             return n_slots
-        if slot_map[u] < 0:
-            slot_map[u] = <int>n_slots
-            rows[n_slots] = u
-            n_slots += 1
-        su[s] = slot_map[u]
-        r = n_users + items[s]
-        if slot_map[r] < 0:
-            slot_map[r] = <int>n_slots
-            rows[n_slots] = r
-            n_slots += 1
-        si[s] = slot_map[r]
+        su[s] = _slot(&slot_map[0], &rows[0], users[s], &n_slots)
+        si[s] = _slot(&slot_map[0], &rows[0], n_users + items[s], &n_slots)
     return n_slots
 
 
@@ -71,17 +69,28 @@ cdef int _check_batch(const float[::1] params, const int[::1] users, const int[:
     return 0
 
 
-cdef Py_ssize_t _slots(const int[::1] users, const int[::1] items, int n_users, int n_items, int[::1] slot_map,
-                       int[::1] rows, int[::1] su, int[::1] si) except -1:
-    """`_assign_slots`, leaving ``slot_map`` all -1 again; an id outside the table is an IndexError naming it."""
-    cdef Py_ssize_t bad = -1, n_slots
+cdef tuple _slots(const int[::1] users, const int[::1] items, int n_users, int n_items, int width,
+                  int[::1] slot_map):
+    """`_assign_slots` for a batch, leaving ``slot_map`` all -1 again; an id outside the table is an IndexError
+    naming it. Returns the flat index of every parameter of the touched rows (slot by slot), the slot of each
+    sample's user row and of its item row, and the touched rows by slot."""
+    cdef Py_ssize_t n = users.shape[0], bad = -1, n_slots, slot, k
+    cdef int[::1] rows = np.empty(2 * n, dtype=np.int32)
+    cdef int[::1] su = np.empty(n, dtype=np.int32)
+    cdef int[::1] si = np.empty(n, dtype=np.int32)
     with nogil:
         n_slots = _assign_slots(users, items, n_users, n_items, slot_map, rows, su, si, &bad)
         _reset_slots(slot_map, rows, n_slots)
     if bad >= 0:
         raise IndexError(f"sample {bad}: user {users[bad]} or item {items[bad]} outside "
                          f"{n_users} users x {n_items} items")
-    return n_slots
+    idx_arr = np.empty(n_slots * width, dtype=np.int32)
+    cdef int[::1] idx = idx_arr
+    with nogil:
+        for slot in range(n_slots):
+            for k in range(width):
+                idx[slot * width + k] = <int>(rows[slot] * width + k)
+    return idx_arr, su, si, rows[:n_slots]
 
 
 def pmf_gradient(const float[::1] params not None, const int[::1] users not None,
@@ -104,16 +113,13 @@ def pmf_gradient(const float[::1] params not None, const int[::1] users not None
     """
     cdef Py_ssize_t n = ratings.shape[0], width = rank + 1
     _check_batch(params, users, items, ratings, n_users, n_items, rank, slot_map)
-    cdef int[::1] rows = np.empty(2 * n, dtype=np.int32)
-    cdef int[::1] su = np.empty(n, dtype=np.int32)
-    cdef int[::1] si = np.empty(n, dtype=np.int32)
-    cdef Py_ssize_t n_slots = _slots(users, items, n_users, n_items, slot_map, rows, su, si)
-    idx_arr = np.empty(n_slots * width, dtype=np.int32)
+    cdef int[::1] su, si, rows
+    idx_arr, su, si, rows = _slots(users, items, n_users, n_items, width, slot_map)
+    cdef Py_ssize_t n_slots = rows.shape[0]
     grad_arr = np.zeros(n_slots * width, dtype=np.float32)
-    cdef int[::1] idx = idx_arr
     cdef float[::1] grad = grad_arr
     cdef float[::1] counts = np.zeros(n_slots, dtype=np.float32)
-    cdef Py_ssize_t s, k, slot, row
+    cdef Py_ssize_t s, k, slot
     cdef float e, c = (2.0 / n) if n > 0 else 0.0, ce, reg
     cdef double sse = 0.0
     cdef float fmean = <float>mean
@@ -124,10 +130,6 @@ def pmf_gradient(const float[::1] params not None, const int[::1] users not None
     cdef float *gu
     cdef float *gi
     with nogil:
-        for slot in range(n_slots):
-            row = rows[slot]
-            for k in range(width):
-                idx[slot * width + k] = <int>(row * width + k)
         for s in range(n):
             pu = P + <Py_ssize_t>users[s] * width
             pi = P + (<Py_ssize_t>n_users + items[s]) * width
@@ -184,20 +186,12 @@ def pmf_adagrad_step(float[::1] params not None, float[::1] g2 not None, const i
     _check_batch(params, users, items, ratings, n_users, n_items, rank, slot_map)
     if g2.shape[0] != 2 * (<Py_ssize_t>n_users + n_items):
         raise ValueError("the accumulator must hold two values per row")
-    cdef int[::1] rows = np.empty(2 * n, dtype=np.int32)
-    cdef int[::1] su = np.empty(n, dtype=np.int32)
-    cdef int[::1] si = np.empty(n, dtype=np.int32)
-    cdef Py_ssize_t n_slots = _slots(users, items, n_users, n_items, slot_map, rows, su, si)
-    idx_arr = np.empty(n_slots * width, dtype=np.int32)
-    delta_arr = np.zeros(n_slots * width, dtype=np.float32)
-    cdef int[::1] idx = idx_arr
+    cdef int[::1] su, si
+    idx_arr, su, si, _ = _slots(users, items, n_users, n_items, width, slot_map)
+    delta_arr = np.zeros(idx_arr.shape[0], dtype=np.float32)
     cdef float[::1] delta = delta_arr
-    cdef Py_ssize_t slot, k
     cdef double sse = 0.0
     with nogil:
-        for slot in range(n_slots):
-            for k in range(width):
-                idx[slot * width + k] = <int>(rows[slot] * width + k)
         if n > 0:
             sse = mlless_pmf_adagrad(&params[0], &g2[0], &delta[0], &users[0], &items[0], &ratings[0], &su[0], &si[0],
                                      n, n_users, rank, <float>mean, <float>l2, lr)

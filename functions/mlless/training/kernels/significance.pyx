@@ -87,7 +87,8 @@ cdef class TimingWheel:
     cdef Slot[::1] s
     cdef const float[::1] x
     cdef vector[vector[int32_t]] buckets
-    cdef Py_ssize_t n_pending, n_copies
+    cdef Py_ssize_t n_pending
+    cdef readonly Py_ssize_t n_copies  # copies in the buckets, stale ones included (bounded: see the module's docstring)
     cdef int32_t now, bits, levels
     cdef int32_t level_of[32]  # the level of a due step whose highest bit differing from now's is b
     cdef uint32_t mask
@@ -112,11 +113,6 @@ cdef class TimingWheel:
     def pending(self) -> int:
         """Entries with δ_i ≠ 0."""
         return self.n_pending
-
-    @property
-    def queued(self) -> int:
-        """Copies in the buckets, stale ones included (bounded: see the module's docstring)."""
-        return self.n_copies
 
     cdef inline Py_ssize_t _bucket(self, int32_t due) noexcept nogil:
         """The bucket of a due step ≥ now: the level of the highest bit where it differs from now, then its digit there."""

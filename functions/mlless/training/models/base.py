@@ -12,7 +12,7 @@ import json
 import math
 import os
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, TypeVar
 
 import numpy as np
 
@@ -145,6 +145,16 @@ class Model(ABC):
         meta = {**(metadata or {}), **self.metadata()}
         with open(path, "wb") as fh:  # a file object stops np.savez from appending ".npz"
             np.savez(fh, params=self.params, metadata=np.array(json.dumps(meta, sort_keys=True)))
+
+
+BatchT = TypeVar("BatchT", bound=Batch)
+
+
+def expect_batch(batch: Batch, kind: type[BatchT], model: str) -> BatchT:
+    """`batch`, if it is the `kind` of batch `model` trains on; a TypeError naming both otherwise."""
+    if not isinstance(batch, kind):
+        raise TypeError(f"{model} trains on {kind.__name__}, got {type(batch).__name__}")
+    return batch
 
 
 def required_dim(dims: Mapping[str, Any], key: str, kind: str) -> Any:

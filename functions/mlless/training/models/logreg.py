@@ -13,7 +13,7 @@ import numpy as np
 from mlless.data.batches import Batch, SparseBatch
 from mlless.spec.config import ModelConfig
 from mlless.training.kernels import logreg as _k
-from mlless.training.models.base import Model, contiguous, required_dim
+from mlless.training.models.base import Model, contiguous, expect_batch, required_dim
 
 #: Decoupled weight decay; hashed Criteo has plenty of data per bucket, so barely any is needed.
 DEFAULT_L2 = 1e-6
@@ -49,20 +49,15 @@ class LogisticRegression(Model):
     def weight_decay(self) -> float:
         return self.l2
 
-    def _check(self, batch: Batch) -> SparseBatch:
-        if not isinstance(batch, SparseBatch):
-            raise TypeError(f"logistic regression trains on SparseBatch, got {type(batch).__name__}")
-        return batch
-
     def gradient(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, float, int]:
-        b = self._check(batch)
+        b = expect_batch(batch, SparseBatch, "logistic regression")
         idx, grad, loss = _k.logreg_gradient(self.params, contiguous(b.indptr, np.int64), contiguous(b.indices, np.int32),
                                              contiguous(b.values, np.float32), contiguous(b.labels, np.float32),
                                              self.n_features, self._slots)
         return idx, grad, float(loss), len(b)
 
     def adagrad_step(self, batch: Batch, g2: np.ndarray, lr: float, weight_decay: float) -> tuple[np.ndarray, np.ndarray, float, int]:
-        b = self._check(batch)
+        b = expect_batch(batch, SparseBatch, "logistic regression")
         idx, delta, loss = _k.logreg_adagrad_step(self.params, g2, contiguous(b.indptr, np.int64), contiguous(b.indices, np.int32),
                                                   contiguous(b.values, np.float32), contiguous(b.labels, np.float32),
                                                   self.n_features, lr, weight_decay, self._slots)
@@ -74,11 +69,11 @@ class LogisticRegression(Model):
 
     def predict(self, batch: Batch) -> np.ndarray:
         """Probabilities P(y = 1); features outside the model are ignored."""
-        z = self._logits(self._check(batch))
+        z = self._logits(expect_batch(batch, SparseBatch, "logistic regression"))
         return (0.5 * (1.0 + np.tanh(0.5 * z))).astype(np.float32)  # overflow-free sigmoid
 
     def evaluate(self, batch: Batch) -> tuple[float, int]:
-        b = self._check(batch)
+        b = expect_batch(batch, SparseBatch, "logistic regression")
         return float(_k.bce_sum(self._logits(b), contiguous(b.labels, np.float32))), len(b)
 
     def dims(self) -> dict[str, Any]:

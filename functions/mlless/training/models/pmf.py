@@ -17,7 +17,7 @@ import numpy as np
 from mlless.data.batches import Batch, RatingsBatch
 from mlless.spec.config import ModelConfig
 from mlless.training.kernels import pmf as _k
-from mlless.training.models.base import Model, contiguous, required_dim
+from mlless.training.models.base import Model, contiguous, expect_batch, required_dim
 
 #: Bounds of the default per-rating L2 penalty on factors and biases (see `default_l2`).
 MIN_L2, MAX_L2 = 0.002, 0.1
@@ -84,13 +84,8 @@ class PMF(Model):
         # workspace for the gradient kernel: global row -> local slot, -1 when unused
         self._slots = np.full(self.n_users + self.n_items, -1, dtype=np.int32)
 
-    def _check(self, batch: Batch) -> RatingsBatch:
-        if not isinstance(batch, RatingsBatch):
-            raise TypeError(f"PMF trains on RatingsBatch, got {type(batch).__name__}")
-        return batch
-
     def gradient(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, float, int]:
-        b = self._check(batch)
+        b = expect_batch(batch, RatingsBatch, "PMF")
         idx, grad, sse = _k.pmf_gradient(self.params, contiguous(b.users, np.int32), contiguous(b.items, np.int32),
                                          contiguous(b.ratings, np.float32), self.n_users, self.n_items, self.rank,
                                          self.mean, self.l2, self._slots)
@@ -102,7 +97,7 @@ class PMF(Model):
         return 2 * (self.n_users + self.n_items)
 
     def adagrad_step(self, batch: Batch, g2: np.ndarray, lr: float, weight_decay: float) -> tuple[np.ndarray, np.ndarray, float, int]:
-        b = self._check(batch)
+        b = expect_batch(batch, RatingsBatch, "PMF")
         idx, delta, sse = _k.pmf_adagrad_step(self.params, g2, contiguous(b.users, np.int32), contiguous(b.items, np.int32),
                                               contiguous(b.ratings, np.float32), self.n_users, self.n_items, self.rank,
                                               self.mean, self.l2, lr, self._slots)
@@ -110,7 +105,7 @@ class PMF(Model):
 
     def predict(self, batch: Batch) -> np.ndarray:
         """Ratings, clipped to [rating_min, rating_max] when the range is known."""
-        b = self._check(batch)
+        b = expect_batch(batch, RatingsBatch, "PMF")
         pred = _k.pmf_predict(self.params, contiguous(b.users, np.int32), contiguous(b.items, np.int32), self.n_users,
                               self.n_items, self.rank, self.mean)
         if self.rating_min is not None or self.rating_max is not None:
@@ -119,7 +114,7 @@ class PMF(Model):
 
     def evaluate(self, batch: Batch) -> tuple[float, int]:
         """Squared error of the (clipped) predictions; unseen ids fall back to μ + known bias."""
-        b = self._check(batch)
+        b = expect_batch(batch, RatingsBatch, "PMF")
         err = self.predict(b).astype(np.float64) - b.ratings
         return float(err @ err), len(b)
 

@@ -1,7 +1,11 @@
-"""Causal EWMA filter for the auto-tuner: a smoothing that never revises a value once it is seen.
+"""Causal EWMA filter: a smoothing that never revises a value once it is seen.
+
+The auto-tuner smooths losses with it, the stop rules validation losses (runtime/supervisor/stopping.py), and
+the supervisor and workers their step and evaluation times; it sits at the package's root so that none of
+them loads another part (or scipy) for it.
 
 The original code smoothed forward and then backward over the whole history at every check. We use a
-**causal** EWMA (the smoothed value at step t depends only on losses up to t), for both jobs:
+**causal** EWMA (the smoothed value at step t depends only on losses up to t), for both of the auto-tuner's jobs:
 
 * knee detection: a knee that has been accepted must never be revised by data that arrives later; with a
   forward+backward filter the past keeps moving, which is why the original needed "stable for 5 checks";
