@@ -922,7 +922,7 @@ class TestOperatorContract:
                         assert allows(rules, group, resource, verb), (group, resource, verb)
 
     def test_pod_monitor_selects_the_supervisor_pod_and_its_metrics_port(self, render, example_job):
-        from mlless_operator.builders.supervisor import build_supervisor_pod
+        from mlless_operator.backends import supervisor_pod as build_supervisor_pod
 
         pod = build_supervisor_pod(example_job)
         pm = one(render(VARIATIONS["watch-namespaces"]), "podmonitor.yaml")
@@ -932,7 +932,7 @@ class TestOperatorContract:
         assert pm["spec"]["podMetricsEndpoints"][0]["port"] in ports
 
     def test_operator_service_does_not_select_supervisors(self, render, example_job):
-        from mlless_operator.builders.supervisor import build_supervisor_pod
+        from mlless_operator.backends import supervisor_pod as build_supervisor_pod
 
         selector = one(render(), "service.yaml")["spec"]["selector"]
         assert not selector.items() <= build_supervisor_pod(example_job)["metadata"]["labels"].items()
