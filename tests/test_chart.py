@@ -40,7 +40,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mlless.contract import ENV_OPERATOR_PREFIX, STEP_PHASES as PHASES
+from mlless.contract import ENV_OPERATOR_PREFIX, OPERATOR_HEALTH_PORT, STEP_PHASES as PHASES
 from mlless.telemetry.metrics import TUNER_OUTCOMES, SupervisorMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -445,6 +445,10 @@ class TestDeployment:
         assert probe["path"] == "/healthz"
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert ports[probe["port"]] == 8080
+
+    def test_default_health_port_is_the_operators_own(self):
+        """`mlless-operator` (python -m mlless_operator) serves /healthz on OPERATOR_HEALTH_PORT; the chart repeats it."""
+        assert yaml.safe_load((CHART / "values.yaml").read_text())["operator"]["healthPort"] == OPERATOR_HEALTH_PORT
 
     def test_pod_security(self, render):
         pod = one(render(), "deployment.yaml")["spec"]["template"]["spec"]
