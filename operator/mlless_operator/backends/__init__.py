@@ -7,7 +7,8 @@ spec.function.backend cannot name can still be chosen); else the one
 spec.function.backend asks for, if the API server serves what it needs; else
 `FALLBACK`. "auto" takes the first served backend in registration order:
 knative, openfaas, then pod, which is always served, so a backend registered
-later is only ever chosen by name.
+later is only chosen by name (the annotation, as
+tests/operator/test_custom_backend_kmock.py does).
 """
 from __future__ import annotations
 

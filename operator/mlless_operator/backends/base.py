@@ -7,6 +7,7 @@ registers an instance.
 """
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Iterable, Literal, Mapping
 
@@ -45,7 +46,7 @@ class Backend(ABC):
         """Bring the workers to `workers` replicas (0 stops them all); returns what changed and, for rank pods, the
         highest rank now used. `missing_ok`: workers that are not there are already stopped; otherwise retry later."""
 
-    async def cleanup(self, api: KubeAPI, job: JobRef, logger: Any) -> None:
+    async def cleanup(self, api: KubeAPI, job: JobRef, logger: logging.Logger | logging.LoggerAdapter) -> None:
         """On deletion: remove the children owner references cannot reach (those outside the job's namespace)."""
 
     def foreign_pods(self, job: JobRef) -> list[PodSelector]:
