@@ -110,7 +110,7 @@ def test_every_part_of_the_package_has_a_rule():
     assert parts == set(ALLOWED)
 
 
-@pytest.mark.parametrize("module", ["mlless.spec", "mlless.contract", "mlless.spec.crd"])
+@pytest.mark.parametrize("module", ["mlless.spec", "mlless.contract", "mlless.spec.crd", "mlless.spec.reference"])
 def test_validating_a_manifest_loads_no_training_code(module):
     """The operator validates manifests with `mlless.spec`: that must not load compiled kernels (or scipy)."""
     probe = (f"import sys, {module}; "

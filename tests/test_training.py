@@ -353,7 +353,7 @@ def test_prometheus_metrics_of_a_real_run(movielens_dir, tmp_path, redis_url, am
 
 def test_worker_gives_up_when_the_supervisor_is_gone(movielens_dir, tmp_path, redis_url, amqp_url):
     """A function must not bill forever waiting for a supervisor that died."""
-    from mlless.protocol.codec import decode
+    from mlless.protocol.framing import decode
     from mlless.protocol.messages import Failed, Hello
 
     job_file = tmp_path / "job.json"

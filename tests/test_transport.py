@@ -22,8 +22,9 @@ import redis
 from mlless.contract import (
     ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_JOB_KEY, ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE, ENV_REDIS_URL, ENV_SECRETS_DIR,
 )
-from mlless.protocol.codec import FrameError, Rejected, decode, encode, seal
+from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import Close, Finish, Hello, Report, Update
+from mlless.protocol.sealing import Rejected, seal
 from mlless.transport import (
     EmbeddedBroker,
     Transport,
@@ -33,8 +34,8 @@ from mlless.transport import (
     redact_url,
 )
 from mlless.transport.base import MESSAGE_CONTEXT, value_context
+from mlless.transport.bus import queue_names
 from mlless.transport.env import job_key
-from mlless.transport.services import queue_names
 from mlless.transport.tls import TrustedCA, ca_from_env, redis_tls_options, untrusted_certificate
 
 # Same overrides as tests/conftest.py.  Services tests fail (not skip) when the
@@ -410,7 +411,7 @@ def test_reconnecting_worker_keeps_queued_messages(backend: Backend) -> None:
 _WORKER_SCRIPT = textwrap.dedent(
     """
     import os, sys
-    from mlless.protocol.codec import decode, encode
+    from mlless.protocol.framing import decode, encode
     from mlless.protocol.messages import Close, Done, Finish, Hello, Report, Update
     from mlless.transport import connect
     job, rank = sys.argv[1], int(sys.argv[2])
@@ -703,7 +704,7 @@ def test_services_reconnects_after_connection_loss() -> None:
     try:
         send_to_worker({ENV_AMQP_URL: AMQP_URL}, job, 0, b"before")
         # Kill the worker's TCP connection under pika's feet.
-        w._conn._impl._transport._sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
+        w._bus._conn._impl._transport._sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
         assert w.receive(5.0) == b"before"  # redelivered: it was never acked
         sup.broadcast(b"after")
         assert w.receive(5.0) == b"after"

@@ -12,22 +12,17 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from mlless.protocol import layouts
-from mlless.protocol.codec import (
+from mlless.protocol.fields import Message
+from mlless.protocol.framing import (
     FLAG_COMPRESSED,
     FLAG_SEALED,
     HEADER,
-    MAC_BYTES,
     MAGIC,
     VERSION,
     FrameError,
     FrameType,
-    Message,
-    Rejected,
-    Verified,
     decode,
     encode,
-    seal,
-    unseal,
 )
 from mlless.protocol.messages import (
     MAX_MAGNITUDE,
@@ -45,6 +40,7 @@ from mlless.protocol.messages import (
     Tensors,
     Update,
 )
+from mlless.protocol.sealing import MAC_BYTES, Rejected, Verified, seal, unseal
 
 ranks = st.integers(0, 2**31 - 1)
 steps = st.integers(0, 2**63 - 1)
@@ -231,7 +227,7 @@ def test_nan_smuggled_past_encoder_is_rejected() -> None:
     with pytest.raises(FrameError, match="NaN or inf"):
         decode(_frame(FrameType.UPDATE, payload))
     t = Tensors(0, 0, {"w": np.ones(3)})
-    raw = bytearray(t._payload())
+    raw = bytearray(b"".join(t._parts()))
     raw[-8:] = np.array([np.nan]).tobytes()
     with pytest.raises(FrameError, match="NaN"):
         decode(_frame(FrameType.TENSORS, bytes(raw)))
@@ -288,7 +284,7 @@ def test_compression_path() -> None:
 def test_compressed_garbage_and_bombs() -> None:
     with pytest.raises(FrameError, match="compressed"):
         decode(_frame(FrameType.UPDATE, b"not zlib at all", flags=FLAG_COMPRESSED))
-    ok = zlib.compress(Update(0, 0, np.arange(4), np.zeros(4))._payload())
+    ok = zlib.compress(b"".join(Update(0, 0, np.arange(4), np.zeros(4))._parts()))
     with pytest.raises(FrameError, match="trailing|truncated"):
         decode(_frame(FrameType.UPDATE, ok + b"junk", flags=FLAG_COMPRESSED))
     with pytest.raises(FrameError, match="truncated"):
@@ -296,7 +292,7 @@ def test_compressed_garbage_and_bombs() -> None:
 
 
 def test_bomb_guard(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("mlless.protocol.codec.MAX_PAYLOAD", 1000)
+    monkeypatch.setattr("mlless.protocol.framing.MAX_PAYLOAD", 1000)
     bomb = zlib.compress(b"\x00" * 100_000)
     with pytest.raises(FrameError, match="MAX_PAYLOAD"):
         decode(_frame(FrameType.TENSORS, bomb, flags=FLAG_COMPRESSED))
@@ -317,7 +313,7 @@ def test_tensors_checks() -> None:
     with pytest.raises(FrameError, match="inf"):
         Tensors(0, 0, {"x": np.array([np.inf])})
     # duplicate names in a hand-built payload
-    one = Tensors(0, 0, {"a": np.zeros(1, np.uint8)})._payload()[4:]
+    one = b"".join(Tensors(0, 0, {"a": np.zeros(1, np.uint8)})._parts())[4:]
     with pytest.raises(FrameError, match="duplicate"):
         decode(_frame(FrameType.TENSORS, struct.pack("<I", 2) + one + one))
     # shape claiming more data than present

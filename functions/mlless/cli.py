@@ -20,6 +20,10 @@ from mlless.contract import (
     ENV_RANK,
     ENV_REDIS_URL,
     ENV_RESUME,
+    EXIT_CHECKPOINTED,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
     FUNCTION_PORT,
     OPERATOR_HEALTH_PORT,
     SUPERVISOR_METRICS_PORT,
@@ -38,10 +42,6 @@ from mlless.transport import TransportError
 from mlless.transport.env import service_urls
 
 log = logging.getLogger("mlless")
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 
 class UsageError(Exception):
@@ -308,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--deadline-seconds",
         type=float,
         metavar="S",
-        help="checkpoint to Redis and exit with code 75 before S seconds have passed (default $MLLESS_DEADLINE_SECONDS; none: run to the end)",
+        help=f"checkpoint to Redis and exit with code {EXIT_CHECKPOINTED} before S seconds have passed (default $MLLESS_DEADLINE_SECONDS; none: run to the end)",
     )
     p.add_argument("--resume", action="store_true", help="continue from this rank's checkpoint (default: $MLLESS_RESUME=1)")
     _add_service_args(p)

@@ -3,7 +3,8 @@
 The CLI, the worker and supervisor processes, the function server and the
 operator agree on these names without importing one another: the CRD's
 identity, the environment variables that configure a process, the labels on
-the job's children, and the phase names of a step and of a job. This module
+the job's children, the phase names of a step and of a job, and the codes a
+process exits with. This module
 imports nothing, so anything may import it.
 """
 
@@ -39,6 +40,8 @@ ENV_RABBITMQ_PASSWORD = "RABBITMQ_PASSWORD"
 #: PEM bundle of the CA that signs a TLS service's certificate (rediss://, amqps://), trusted besides the system's.
 ENV_REDIS_CA_FILE = "MLLESS_REDIS_CA_FILE"
 ENV_RABBITMQ_CA_FILE = "MLLESS_RABBITMQ_CA_FILE"
+#: Those two by service, as a TrainingJob's spec names the services (spec.redis, spec.rabbitmq).
+CA_FILE_VARS = {"redis": ENV_REDIS_CA_FILE, "rabbitmq": ENV_RABBITMQ_CA_FILE}
 #: The embedded broker's address, for a laptop run's worker processes.
 ENV_EMBEDDED_ADDRESS = "MLLESS_EMBEDDED_ADDRESS"
 #: Which job and which replica a process is.
@@ -76,6 +79,17 @@ STEP_PHASES = ("fetch", "compute", "filter", "write", "wait", "read", "apply")
 BARRIER_PHASES = ("wait", "read", "apply")
 #: A TrainingJob's status.phase values after which nothing runs again.
 TERMINAL_JOB_PHASES = ("Succeeded", "Failed")
+
+# --- Exit codes ---------------------------------------------------------------------------------------------------
+#: A command or job failed: a service was lost, no live worker was left, a stop rule ended it as failed.
+EXIT_FAILED = 1
+#: Bad input (a manifest, a dataset, a command-line argument): the message names it.
+EXIT_USAGE = 2
+#: `mlless worker` exits with this code after a checkpoint, or after handing over to a new supervisor
+#: (EX_TEMPFAIL: "invoke me again"; a pod's container is restarted on it).
+EXIT_CHECKPOINTED = 75
+#: Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
 
 # --- Ports and the function timeout ---------------------------------------------------------------------------
 #: Where a worker function's HTTP server (`mlless worker-server`) listens.

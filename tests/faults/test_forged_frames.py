@@ -1,7 +1,7 @@
 """Frames written into a running job's Redis keys and RabbitMQ queues by someone else are rejected and counted.
 
 Before, a well-formed update frame with 1e30 values written into Redis was applied: every worker hit NaN and the
-job failed. Now every frame carries a MAC made with the job's key (`mlless.protocol.codec.seal`), and update and
+job failed. Now every frame carries a MAC made with the job's key (`mlless.protocol.sealing.seal`), and update and
 replica values are bounded (`mlless.protocol.messages.MAX_MAGNITUDE`). The job runs as `mlless train` over a Redis
 of the test's own and this module's RabbitMQ node; the forger writes while it trains: frames without a MAC, with
 another key's, and, as a member gone wrong would (the key read from a worker's environment, as only a process of
@@ -23,11 +23,12 @@ import redis
 
 from mlless.contract import ENV_JOB_ID, ENV_JOB_KEY
 from mlless.protocol import keys, layouts
-from mlless.protocol.codec import HEADER, MAGIC, U32, VERSION, FrameType, Rejected, decode, encode, seal, unseal
+from mlless.protocol.framing import HEADER, MAGIC, U32, VERSION, FrameType, decode, encode
 from mlless.protocol.messages import Failed, Finish, Tensors
+from mlless.protocol.sealing import Rejected, seal, unseal
 from mlless.transport.base import MESSAGE_CONTEXT, key_prefix, value_context
+from mlless.transport.bus import queue_names
 from mlless.transport.env import parse_job_key
-from mlless.transport.services import queue_names
 
 from faults.test_outages import STEPS, start_job, wait_for_steps
 from faults.test_supervisor_loss import children

@@ -22,7 +22,7 @@ import redis
 import yaml
 
 from mlless.data.dataset import Dataset
-from mlless.protocol.codec import decode, encode
+from mlless.protocol.framing import decode, encode
 from mlless.protocol.messages import Update
 from mlless.runtime.local import new_job_id
 from mlless.runtime.worker import Worker

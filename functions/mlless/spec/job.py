@@ -3,22 +3,24 @@
 `load_manifest` is the only way a manifest becomes a `TrainingJob`: it
 validates against `schema.manifest_schema` and reports the first errors with
 their field path, then fills defaults: the schema's, through the dataclasses
-of `mlless.spec.config`, and the model-dependent optimizer defaults.
+of `mlless.spec.config`, and the model-dependent optimizer defaults. A
+manifest field sets the dataclass field of its snake_case name
+(budgetUSD: budget_usd); TrainingJob's own scalar fields name their spec path.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, get_type_hints
 
 import jsonschema
 import yaml
 
 from mlless.spec.config import (
-    KneeConfig,
     ModelConfig,
     OptimizerConfig,
     PricingConfig,
@@ -35,6 +37,11 @@ class SpecError(ValueError):
     """A manifest is invalid; the message names the field path."""
 
 
+def _spec_field(path: str) -> Any:
+    """A TrainingJob field read from the spec field at dotted `path`, defaulting to that field's schema default."""
+    return field(default=default(path), metadata={"spec": path})
+
+
 @dataclass(frozen=True)
 class TrainingJob:
     name: str
@@ -42,13 +49,13 @@ class TrainingJob:
     model: ModelConfig
     dataset_uri: str
     optimizer: OptimizerConfig
-    seed: int = default("seed")
-    cache_batches: bool = default("dataset.cacheBatches")
+    seed: int = _spec_field("seed")
+    cache_batches: bool = _spec_field("dataset.cacheBatches")
     sync: SyncConfig = field(default_factory=SyncConfig)
     stop: StopConfig = field(default_factory=StopConfig)
-    evaluate_every: int = default("evaluation.everySteps")
-    worker_timeout_seconds: float = default("liveness.workerTimeoutSeconds")
-    supervisor_timeout_seconds: float = default("liveness.supervisorTimeoutSeconds")
+    evaluate_every: int = _spec_field("evaluation.everySteps")
+    worker_timeout_seconds: float = _spec_field("liveness.workerTimeoutSeconds")
+    supervisor_timeout_seconds: float = _spec_field("liveness.supervisorTimeoutSeconds")
     pricing: PricingConfig = field(default_factory=PricingConfig)
     autoscaler: TunerConfig = field(default_factory=TunerConfig)
     output_uri: str | None = None
@@ -59,60 +66,36 @@ class TrainingJob:
 
     @classmethod
     def from_json(cls, text: str) -> TrainingJob:
-        raw = json.loads(text)
-        return cls(
-            **{
-                **raw,
-                "model": ModelConfig(**raw["model"]),
-                "optimizer": OptimizerConfig(**raw["optimizer"]),
-                "sync": SyncConfig(**raw["sync"]),
-                "stop": StopConfig(**raw["stop"]),
-                "pricing": PricingConfig(**raw["pricing"]),
-                "autoscaler": TunerConfig(**{**raw["autoscaler"], "knee": KneeConfig(**raw["autoscaler"]["knee"])}),
-            }
-        )
+        return cls(**_arguments(cls, json.loads(text), str))
 
 
-_STOP_FIELDS = {
-    "targetLoss": "target_loss",
-    "targetSteps": "target_steps",
-    "maxSteps": "max_steps",
-    "maxEpochs": "max_epochs",
-    "maxSeconds": "max_seconds",
-    "budgetUSD": "budget_usd",
-    "patience": "patience",
-}
-_OPTIMIZER_FIELDS = {
-    "type": "type",
-    "learningRate": "learning_rate",
-    "momentum": "momentum",
-    "beta1": "beta1",
-    "beta2": "beta2",
-    "epsilon": "epsilon",
-    "lrDecay": "lr_decay",
-}
-_PRICING_FIELDS = {
-    "functionMemoryGB": "function_memory_gb",
-    "pricePerGBSecond": "price_per_gb_second",
-    "billingGranularitySeconds": "billing_granularity_seconds",
-    "redisPerHour": "redis_per_hour",
-    "rabbitmqPerHour": "rabbitmq_per_hour",
-    "vmPerHour": "vm_per_hour",
-}
-_AUTOSCALER_FIELDS = {
-    "enabled": "enabled",
-    "intervalSeconds": "interval_seconds",
-    "horizonSeconds": "horizon_seconds",
-    "threshold": "threshold",
-    "minWorkers": "min_workers",
-}
-_KNEE_FIELDS = {"method": "method", "span": "span", "slope": "slope", "stableChecks": "stable_checks"}
-_SYNC_FIELDS = {"protocol": "protocol", "significanceThreshold": "significance_threshold", "slack": "slack"}
-_MODEL_FIELDS = {"type": "type", "rank": "rank", "l2": "l2"}
+def _snake_case(name: str) -> str:
+    """A manifest's camelCase field name as a dataclass field's, acronyms kept whole: budgetUSD -> budget_usd,
+    pricePerGBSecond -> price_per_gb_second."""
+    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)).lower()
 
 
-def _renamed(section: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
-    return {names[k]: v for k, v in section.items() if k in names}
+def _arguments(cls: type, section: Mapping[str, Any], field_name: Callable[[str], str] = _snake_case) -> dict[str, Any]:
+    """The keyword arguments of dataclass `cls` given by `section`, whose keys are its fields' names after
+    `field_name`; the mapping of a dataclass-typed field becomes that dataclass (autoscaler.knee). A `section` that
+    is no mapping raises TypeError; a key that names no field is passed on, for `cls` to reject."""
+    types = get_type_hints(cls)
+    arguments = {}
+    for key, value in {**section}.items():
+        name = field_name(key)
+        kind = types.get(name)
+        arguments[name] = kind(**_arguments(kind, value, field_name)) if dataclasses.is_dataclass(kind) else value
+    return arguments
+
+
+def _given(spec: Mapping[str, Any], path: str) -> Iterator[Any]:
+    """The value at a dotted spec path if the manifest gives one."""
+    node: Any = spec
+    for key in path.split("."):
+        if key not in node:
+            return
+        node = node[key]
+    yield node
 
 
 def _non_finite(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], float]]:
@@ -142,35 +125,27 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
     """Validate a parsed manifest and resolve defaults."""
     validate_manifest(doc, source)
     spec = doc["spec"]
-    model = ModelConfig(**_renamed(spec["model"], _MODEL_FIELDS))
+    model = ModelConfig(**_arguments(ModelConfig, spec["model"]))
     workers = spec.get("workers", default("workers"))
-    optimizer = dataclasses.replace(default_optimizer(model.type, workers), **_renamed(spec.get("optimizer", {}), _OPTIMIZER_FIELDS))
-    autoscaler = spec.get("autoscaler", {})
-    stop = StopConfig(**_renamed(spec.get("stop", {}), _STOP_FIELDS))
+    stop = StopConfig(**_arguments(StopConfig, spec.get("stop", {})))
     if not stop.has_length_limit():
         stop = dataclasses.replace(stop, max_epochs=DEFAULT_MAX_EPOCHS,
                                    patience=DEFAULT_PATIENCE if stop.patience is None else stop.patience)
-    uri = _resolve(spec["dataset"]["uri"], base_dir)
     output_uri = spec.get("output", {}).get("uri")
     return TrainingJob(
         name=doc.get("metadata", {}).get("name", "trainingjob"),
         workers=workers,
         model=model,
-        dataset_uri=uri,
-        optimizer=optimizer,
-        seed=spec.get("seed", default("seed")),
-        cache_batches=spec["dataset"].get("cacheBatches", default("dataset.cacheBatches")),
-        sync=dataclasses.replace(default_sync(model.type), **_renamed(spec.get("sync", {}), _SYNC_FIELDS)),
+        dataset_uri=_resolve(spec["dataset"]["uri"], base_dir),
+        optimizer=dataclasses.replace(default_optimizer(model.type, workers),
+                                      **_arguments(OptimizerConfig, spec.get("optimizer", {}))),
+        sync=dataclasses.replace(default_sync(model.type), **_arguments(SyncConfig, spec.get("sync", {}))),
         stop=stop,
-        evaluate_every=spec.get("evaluation", {}).get("everySteps", default("evaluation.everySteps")),
-        worker_timeout_seconds=spec.get("liveness", {}).get("workerTimeoutSeconds", default("liveness.workerTimeoutSeconds")),
-        supervisor_timeout_seconds=spec.get("liveness", {}).get("supervisorTimeoutSeconds",
-                                                                default("liveness.supervisorTimeoutSeconds")),
-        pricing=PricingConfig(**_renamed(spec.get("pricing", {}), _PRICING_FIELDS)),
-        autoscaler=TunerConfig(
-            **_renamed(autoscaler, _AUTOSCALER_FIELDS), knee=KneeConfig(**_renamed(autoscaler.get("knee", {}), _KNEE_FIELDS))
-        ),
+        pricing=PricingConfig(**_arguments(PricingConfig, spec.get("pricing", {}))),
+        autoscaler=TunerConfig(**_arguments(TunerConfig, spec.get("autoscaler", {}))),
         output_uri=_resolve(output_uri, base_dir) if output_uri else None,
+        **{f.name: value for f in dataclasses.fields(TrainingJob) if "spec" in f.metadata
+           for value in _given(spec, f.metadata["spec"])},
     )
 
 

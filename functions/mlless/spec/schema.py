@@ -13,7 +13,7 @@ prune it.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Iterator
 
 from mlless.contract import API_VERSION, KIND
 
@@ -26,12 +26,21 @@ DEFAULT_PATIENCE = 5
 DEFAULT_MAX_EPOCHS = 50.0
 
 
+def shown(value: Any) -> str:
+    """A value as the descriptions (and docs/reference.md) write it: true, 0.9, 1e-08, isp."""
+    return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def default_sentence(default: Any) -> str:
+    """What a field's description ends with when the field has a default."""
+    return f" Default {shown(default)}."
+
+
 def _with_default(node: Schema, default: Any) -> Schema:
     """Record a field's default in the schema, the one place it is written, and say it in the description."""
     if default is not None:
         node["default"] = default
-        shown = str(default).lower() if isinstance(default, bool) else f"{default:g}" if isinstance(default, float) else default
-        node["description"] = f"{node['description']} Default {shown}."
+        node["description"] += default_sentence(default)
     return node
 
 
@@ -207,6 +216,15 @@ SPEC_SCHEMA: Schema = _obj(
     },
     ["model", "dataset"],
 )
+
+
+def walk(node: Schema, path: str) -> Iterator[tuple[str, Schema]]:
+    """Every node of a schema with its dotted path, `node` (at `path`) first; an array's items are at `<array>[]`."""
+    yield path, node
+    for name, child in node.get("properties", {}).items():
+        yield from walk(child, f"{path}.{name}")
+    if "items" in node:
+        yield from walk(node["items"], f"{path}[]")
 
 
 def _field(path: str) -> Schema:

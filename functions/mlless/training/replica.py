@@ -22,7 +22,7 @@ import numpy as np
 
 from mlless.data.batches import Batch
 from mlless.protocol import layouts
-from mlless.protocol.codec import FrameError
+from mlless.protocol.framing import FrameError
 from mlless.protocol.messages import check_bounded
 from mlless.training.models import Model
 from mlless.spec.config import OptimizerConfig

@@ -12,9 +12,9 @@ RabbitMQ never see each other's data, and ``delete_job`` removes exactly one
 job.  Every write carries a TTL so a crashed job cannot leak.
 
 Every value and message is sealed with the job's key on the way out and
-unsealed on the way in (``mlless.protocol.codec.seal``), here rather than in the
+unsealed on the way in (``mlless.protocol.sealing.seal``), here rather than in the
 protocol code, so no write can skip it.  A value or message whose MAC does not
-verify comes back as a ``codec.Rejected``, which ``decode`` rejects with the
+verify comes back as a ``sealing.Rejected``, which ``decode`` rejects with the
 reason: the receiver counts it where it counts any malformed frame.  A
 transport cannot be opened without the key; ``connect`` reads it from the
 environment (``mlless.transport.env.job_key``).
@@ -26,7 +26,7 @@ from abc import ABC, abstractmethod
 from typing import Literal, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-from mlless.protocol.codec import seal, unseal
+from mlless.protocol.sealing import seal, unseal
 
 __all__ = [
     "Role",
@@ -130,7 +130,7 @@ def key_prefix(job_id: str) -> str:
 class Transport(ABC):
     """One per process.  Not thread-safe: use it from the thread that created it.
 
-    Messages are opaque ``bytes`` (``mlless.protocol.codec`` frames); values are opaque
+    Messages are opaque ``bytes`` (``mlless.protocol.framing`` frames); values are opaque
     ``bytes``.  Receipt counts as handling: ``receive`` acknowledges a message
     as it returns it.
     """
@@ -147,6 +147,17 @@ class Transport(ABC):
     store_epoch: int = 0
     #: The job's key (`check_job_key`); a backend sets it before its first write, and never shows it.
     _job_key: bytes
+
+    def _identify(self, job_id: str, role: Role, rank: int | None, key: bytes, ttl: int) -> None:
+        """Check and set who this transport is: its job, role and queue id (`check_role`), the job key, and the
+        lifetime of what it writes; every backend's constructor starts with it."""
+        self.job_id = check_job_id(job_id)
+        self.role = role
+        self.rank = check_role(role, rank)
+        self._job_key = check_job_key(key)
+        if ttl <= 0:
+            raise ValueError("ttl must be > 0 seconds")
+        self.ttl = int(ttl)
 
     # ---------------------------------------------------------------- sealing, for the backends
     def _seal_value(self, key: str, value: bytes) -> bytes:

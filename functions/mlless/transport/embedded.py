@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Sequence
 
-from mlless.protocol.codec import U8, U16, U32, FrameError, Reader, pack_blob, pack_text
+from mlless.protocol.framing import U8, U16, U32, FrameError, Reader, pack_blob, pack_text
 
 from .base import (
     DEFAULT_TTL,
@@ -20,10 +20,7 @@ from .base import (
     Transport,
     TransportError,
     UnroutableError,
-    check_job_id,
-    check_job_key,
     check_key,
-    check_role,
 )
 from .embedded_broker import (
     I32,
@@ -72,13 +69,7 @@ class EmbeddedTransport(Transport):
         ttl: int = DEFAULT_TTL,
         timeout: float = 30.0,
     ) -> None:
-        self.job_id = check_job_id(job_id)
-        self.role = role
-        self.rank = check_role(role, rank)
-        self._job_key = check_job_key(key)
-        if ttl <= 0:
-            raise ValueError("ttl must be > 0 seconds")
-        self.ttl = int(ttl)
+        self._identify(job_id, role, rank, key, ttl)
         self.address = address
         self._timeout = timeout
         self._job = pack_text(job_id, U16)

@@ -16,7 +16,7 @@ server).  Both directions are length-prefixed::
     response = u32 length | u8 status | payload
 
 Strings are ``u16 length + utf-8``; blobs are ``u32 length + bytes`` (the
-codec's ``pack_text`` / ``pack_blob``, read back with its ``Reader``); the job id
+framing's ``pack_text`` / ``pack_blob``, read back with its ``Reader``); the job id
 is the first field of every op except PING.  Queues are identified by rank:
 -1 is the supervisor, >= 0 a worker; worker queues are implicitly bound to the
 job's fanout.
@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 
-from mlless.protocol.codec import U8, U16, U32, FrameError, Reader, pack_blob
+from mlless.protocol.framing import U8, U16, U32, FrameError, Reader, pack_blob
 
 from .base import SUPERVISOR, check_job_id, check_key
 

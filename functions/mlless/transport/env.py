@@ -13,7 +13,7 @@ job's shared secret between the supervisor and its worker functions, whose URL
 any pod in the cluster can reach.
 
 The job key (`MLLESS_JOB_KEY`, or the file `job-key`) authenticates every frame
-the job's processes exchange (`mlless.protocol.codec.seal`): whoever starts a job
+the job's processes exchange (`mlless.protocol.sealing.seal`): whoever starts a job
 makes one with `new_job_key` (`mlless train` in memory, the operator in the job's
 Secret) and hands it to the processes in their environment, never on a command
 line. Neither secret is ever logged.

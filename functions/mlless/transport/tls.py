@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from mlless.contract import ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE
+from mlless.contract import CA_FILE_VARS
 from mlless.transport.base import TransportError, redact_url
 
-#: The URL scheme that asks for TLS, and the variable naming its CA bundle, per service.
+#: Per protocol a client speaks: the URL scheme that asks for TLS, and the service whose CA bundle it trusts
+#: (the key of `mlless.contract.CA_FILE_VARS`).
 TLS_SCHEMES = {"redis": "rediss", "amqp": "amqps"}
-CA_FILE_VARS = {"redis": ENV_REDIS_CA_FILE, "amqp": ENV_RABBITMQ_CA_FILE}
+_SERVICES = {"redis": "redis", "amqp": "rabbitmq"}
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class TrustedCA:
 
 def ca_from_env(service: str, environ: Mapping[str, str] = os.environ) -> TrustedCA | None:
     """The CA bundle the environment names for `service` ("redis" or "amqp"), or None for the system's CAs only."""
-    var = CA_FILE_VARS[service]
+    var = CA_FILE_VARS[_SERVICES[service]]
     return TrustedCA(var, file=environ[var]) if environ.get(var) else None
 
 
@@ -90,5 +91,5 @@ def untrusted_certificate(exc: BaseException) -> ssl.SSLCertVerificationError | 
 
 def untrusted_error(service: str, desc: str, error: ssl.SSLCertVerificationError, ca: TrustedCA | None) -> TransportError:
     """One line: which server, why its certificate was refused, and what the client trusted."""
-    trusted = f"the system's CAs and {ca}" if ca else f"the system's CAs only; set {CA_FILE_VARS[service]} to the CA that signs it"
+    trusted = f"the system's CAs and {ca}" if ca else f"the system's CAs only; set {CA_FILE_VARS[_SERVICES[service]]} to the CA that signs it"
     return TransportError(f"{service} {desc}: TLS certificate not trusted ({error.verify_message}); trusting {trusted}")

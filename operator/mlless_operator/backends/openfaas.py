@@ -7,9 +7,17 @@ from typing import Any, Iterable, Mapping
 
 import kopf
 
-from mlless.contract import ANNOTATION_OWNER, ANNOTATION_OWNER_UID, ENV_FUNCTION_TIMEOUT_SECONDS, ENV_JOB_ID, ENV_SECRETS_DIR, WORKER_INVOCATION_HTTP
+from mlless.contract import (
+    ANNOTATION_OWNER,
+    ANNOTATION_OWNER_UID,
+    CA_FILE_VARS,
+    ENV_FUNCTION_TIMEOUT_SECONDS,
+    ENV_JOB_ID,
+    ENV_SECRETS_DIR,
+    WORKER_INVOCATION_HTTP,
+)
 from mlless_operator.backends.base import Backend, PodSelector, Session, ensure_all, patch_scale
-from mlless_operator.builders.credentials import AMQP_URL_KEY, CA_FILE_VARS, INVOKE_TOKEN_KEY, JOB_KEY_KEY, REDIS_URL_KEY, b64, ca_refs
+from mlless_operator.builders.credentials import AMQP_URL_KEY, INVOKE_TOKEN_KEY, JOB_KEY_KEY, REDIS_URL_KEY, b64, ca_refs
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import dns_name, labels, secret_name, selector_labels
 from mlless_operator.builders.runtime import function_resources, user_env

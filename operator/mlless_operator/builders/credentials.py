@@ -6,7 +6,7 @@ import base64
 import secrets
 from typing import Mapping
 
-from mlless.contract import ENV_AMQP_URL, ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE, ENV_REDIS_URL
+from mlless.contract import CA_FILE_VARS, ENV_AMQP_URL, ENV_REDIS_URL
 from mlless.transport.env import JOB_KEY_FILE, PASSWORD_VARS, new_job_key
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import (
@@ -29,9 +29,8 @@ AMQP_URL_KEY = "amqp-url"
 INVOKE_TOKEN_KEY = "invoke-token"
 #: The key every frame of the job is sealed with; named as the runtime reads it from a mounted Secret.
 JOB_KEY_KEY = JOB_KEY_FILE
-#: The variable naming a service's CA bundle, and where a runtime container finds it: one folder per service,
-#: holding only the caSecretRef's key, as CA_FILE.
-CA_FILE_VARS = {"redis": ENV_REDIS_CA_FILE, "rabbitmq": ENV_RABBITMQ_CA_FILE}
+#: Where a runtime container finds a service's CA bundle (named by `mlless.contract.CA_FILE_VARS`): one folder per
+#: service, holding only the caSecretRef's key, as CA_FILE.
 CA_DIR = "/etc/mlless/ca"
 CA_FILE = "ca.pem"
 

@@ -19,7 +19,7 @@ import kopf
 
 from mlless.contract import ANNOTATION_BACKEND
 from mlless.transport import TransportError
-from mlless.transport.services import delete_job_keys
+from mlless.transport.admin import delete_job_keys
 from mlless_operator import metrics
 from mlless_operator.backends import FALLBACK, get, known
 from mlless_operator.builders.jobref import JobRef

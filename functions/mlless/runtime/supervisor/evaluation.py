@@ -15,7 +15,7 @@ from mlless.autotuner.smoothing import OnlineEwma
 from mlless.data.batches import Batch
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys, layouts
-from mlless.protocol.codec import FrameError, decode
+from mlless.protocol.framing import FrameError, decode
 from mlless.protocol.messages import Tensors
 from mlless.runtime.supervisor.stopping import Best, ValidationWatch
 from mlless.spec import TrainingJob

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from mlless.protocol import keys, layouts
-from mlless.protocol.codec import FrameError, decode, encode
+from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import Done, Hello, Takeover, Tensors
 from mlless.runtime.supervisor.membership import INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST
 from mlless.runtime.supervisor.stopping import Best

@@ -29,7 +29,7 @@ from mlless.autotuner.tuner import AutoTuner
 from mlless.contract import ENV_AUDIT
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys, layouts
-from mlless.protocol.codec import FrameError, decode, encode
+from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import (
     CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Left, Report,
 )

@@ -9,9 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mlless.contract import EXIT_USAGE
 from mlless.telemetry.report.runs import ReportError, load_runs
-
-EXIT_USAGE = 2
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -1,0 +1,43 @@
+"""Deleting a job's keys from Redis, for whoever cleans up after a job without being one of its processes.
+
+The operator deletes an external Redis's keys of a deleted job with it
+(``operator/mlless_operator/handlers/delete.py``); the services transport's
+store (``mlless.transport.store``) empties a job with ``unlink_prefix`` too.
+This module imports redis only, never pika: deleting a job needs no AMQP client
+(``tests/test_admin_imports.py`` checks it).
+"""
+from __future__ import annotations
+
+import redis
+
+from .base import TransportError, check_job_id, key_prefix, redact_url
+from .tls import TrustedCA, redis_tls_options
+
+__all__ = ["delete_job_keys", "unlink_prefix"]
+
+
+def unlink_prefix(client: redis.Redis, prefix: str) -> int:
+    """SCAN for `prefix*` and UNLINK in batches; the number of keys deleted."""
+    deleted = 0
+    batch: list[bytes] = []
+    for k in client.scan_iter(match=prefix + "*", count=1000):
+        batch.append(k)
+        if len(batch) >= 500:
+            deleted += client.unlink(*batch)
+            batch.clear()
+    if batch:
+        deleted += client.unlink(*batch)
+    return deleted
+
+
+def delete_job_keys(redis_url: str, job_id: str, timeout: float = 10.0, ca: TrustedCA | None = None) -> int:
+    """Delete every key of `job_id` from the Redis at `redis_url`, trusting `ca` for TLS (no queue is touched;
+    they expire on their own)."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                  **redis_tls_options(redis_url, ca))
+    try:
+        return unlink_prefix(client, key_prefix(check_job_id(job_id)))
+    except (redis.RedisError, OSError) as exc:
+        raise TransportError(f"cannot delete the keys of {job_id} on {redact_url(redis_url)}: {exc}") from None
+    finally:
+        client.close()
