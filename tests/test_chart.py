@@ -40,7 +40,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mlless.contract import ENV_OPERATOR_PREFIX, STEP_PHASES as PHASES
+from mlless.contract import ENV_OPERATOR_PREFIX, OPERATOR_HEALTH_PORT, STEP_PHASES as PHASES
 from mlless.telemetry.metrics import TUNER_OUTCOMES, SupervisorMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -445,6 +445,10 @@ class TestDeployment:
         assert probe["path"] == "/healthz"
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert ports[probe["port"]] == 8080
+
+    def test_default_health_port_is_the_operators_own(self):
+        """`mlless-operator` (python -m mlless_operator) serves /healthz on OPERATOR_HEALTH_PORT; the chart repeats it."""
+        assert yaml.safe_load((CHART / "values.yaml").read_text())["operator"]["healthPort"] == OPERATOR_HEALTH_PORT
 
     def test_pod_security(self, render):
         pod = one(render(), "deployment.yaml")["spec"]["template"]["spec"]
@@ -922,7 +926,7 @@ class TestOperatorContract:
                         assert allows(rules, group, resource, verb), (group, resource, verb)
 
     def test_pod_monitor_selects_the_supervisor_pod_and_its_metrics_port(self, render, example_job):
-        from mlless_operator.builders.supervisor import build_supervisor_pod
+        from mlless_operator.backends import supervisor_pod as build_supervisor_pod
 
         pod = build_supervisor_pod(example_job)
         pm = one(render(VARIATIONS["watch-namespaces"]), "podmonitor.yaml")
@@ -932,7 +936,7 @@ class TestOperatorContract:
         assert pm["spec"]["podMetricsEndpoints"][0]["port"] in ports
 
     def test_operator_service_does_not_select_supervisors(self, render, example_job):
-        from mlless_operator.builders.supervisor import build_supervisor_pod
+        from mlless_operator.backends import supervisor_pod as build_supervisor_pod
 
         selector = one(render(), "service.yaml")["spec"]["selector"]
         assert not selector.items() <= build_supervisor_pod(example_job)["metadata"]["labels"].items()

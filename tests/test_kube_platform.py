@@ -366,9 +366,11 @@ def test_mlless_supervisor_refuses_a_broken_platform_setup_clearly(tmp_path: Pat
     args = ["supervisor", "--job", str(job), "--job-id", "t", "--redis-url", "redis://127.0.0.1", "--amqp-url", "amqp://127.0.0.1"]
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("MLLESS_WORKER_BACKEND", "lambda")
+    monkeypatch.setenv("MLLESS_WORKER_INVOCATION", "lambda")
     assert main(args) == 2
     assert "MLLESS_WORKER_BACKEND='lambda'" in capsys.readouterr().err
     monkeypatch.setenv("MLLESS_WORKER_BACKEND", "pod")
+    monkeypatch.setenv("MLLESS_WORKER_INVOCATION", "external")
     monkeypatch.setenv("MLLESS_JOB_NAME", NAME)
     monkeypatch.setenv("MLLESS_JOB_NAMESPACE", NS)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))

@@ -2,8 +2,9 @@
 
 Layers, top down: the CLI and `runtime` compose everything; below them `training`, `transport`, `telemetry`,
 `autotuner` and `data`; `protocol` (which `training` and `transport` use), then `spec`; `contract`, the
-generic `smoothing` and the stderr `progress` at the bottom. The operator may use only
-`contract`, `spec` and `transport` of the runtime package.
+generic `smoothing` and the stderr `progress` at the bottom. The operator may use only `contract`, `spec` and
+`transport` of the runtime package, and the runtime package never imports the operator (which is a program of its
+own: `mlless-operator`).
 """
 from __future__ import annotations
 
@@ -97,6 +98,15 @@ def test_the_operator_uses_only_contract_spec_and_transport():
         return None if _part(target) in OPERATOR_ALLOWED else f"the operator may import only {sorted(OPERATOR_ALLOWED)}"
 
     assert _violations(OPERATOR, rule) == []
+
+
+def test_the_runtime_package_never_imports_the_operator():
+    """Not even lazily, inside a function: `mlless operator` runs `python -m mlless_operator` instead."""
+    bad = [f"{path.relative_to(ROOT)}:{line}: imports {target}"
+           for path in sorted(PACKAGE.rglob("*.py"))
+           for line, target in _imports(path, _module_name(path, PACKAGE)[1])
+           if target == "mlless_operator" or target.startswith("mlless_operator.")]
+    assert bad == []
 
 
 def test_every_part_of_the_package_has_a_rule():

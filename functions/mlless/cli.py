@@ -14,19 +14,19 @@ from mlless.contract import (
     ENV_AMQP_URL,
     ENV_DEADLINE_SECONDS,
     ENV_EMBEDDED_ADDRESS,
-    ENV_FUNCTION_TIMEOUT_SECONDS,
     ENV_JOB_FILE,
     ENV_JOB_ID,
     ENV_METRICS_PORT,
     ENV_RANK,
     ENV_REDIS_URL,
     ENV_RESUME,
-    ENV_WORKER_BACKEND,
-    ENV_WORKER_URL,
     EXIT_CHECKPOINTED,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    FUNCTION_PORT,
+    OPERATOR_HEALTH_PORT,
+    SUPERVISOR_METRICS_PORT,
 )
 from mlless import __version__
 from mlless.data.cli import add_prepare_parser
@@ -39,7 +39,7 @@ from mlless.runtime.supervisor.failover import ResumeError, resumable
 from mlless.runtime.supervisor.membership import INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST, JobFailed
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
-from mlless.transport.env import invoke_token, service_urls
+from mlless.transport.env import service_urls
 
 log = logging.getLogger("mlless")
 
@@ -205,16 +205,12 @@ def cmd_worker_server(args: argparse.Namespace) -> int:
 
 def _worker_launcher(job: TrainingJob, job_id: str) -> Launcher:
     """How the supervisor reaches its workers, from what the operator put in its environment."""
-    from mlless.runtime.launcher import ExternalLauncher, HttpLauncher
+    from mlless.runtime.launcher import worker_launcher
 
-    backend = os.environ.get(ENV_WORKER_BACKEND, "pod")
-    if backend == "pod":
-        return ExternalLauncher()
-    url = os.environ.get(ENV_WORKER_URL)
-    if backend not in ("knative", "openfaas") or not url:
-        raise UsageError(f"MLLESS_WORKER_BACKEND={backend!r} needs to be pod, or knative/openfaas with MLLESS_WORKER_URL")
-    timeout = float(os.environ.get(ENV_FUNCTION_TIMEOUT_SECONDS, "300"))
-    return HttpLauncher(url, job, job_id, timeout, token=invoke_token(os.environ))
+    try:
+        return worker_launcher(os.environ, job, job_id)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def cmd_supervisor(args: argparse.Namespace) -> int:
@@ -250,10 +246,9 @@ def cmd_supervisor(args: argparse.Namespace) -> int:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from mlless_operator.__main__ import main as operator_main
-
-    operator_main()  # kopf's own CLI; it exits the process when the operator stops
-    return 0
+    """The operator is a program of its own (`mlless-operator`, `python -m mlless_operator`), which this package never
+    imports (tests/test_layering.py): run it in this process's place."""
+    os.execv(sys.executable, [sys.executable, "-m", "mlless_operator"])
 
 
 # ---- parser --------------------------------------------------------------------------------------
@@ -328,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
         "$MLLESS_SECRETS_DIR; MLLESS_JOB_ID, if set, is the only job it accepts; with MLLESS_INVOKE_TOKEN (or the file "
         "invoke-token there) a request must carry Authorization: Bearer <token>.",
     )
-    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    p.add_argument("--port", type=int, default=FUNCTION_PORT, help=f"port to listen on (default {FUNCTION_PORT})")
     p.add_argument("--host", default="", help="address to listen on (default: every interface, as a container's "
                    "port must be; 127.0.0.1 keeps it on this machine)")
     p.add_argument("--concurrency", type=int, default=1, metavar="N", help="invocations at a time; more get 429 (default 1)")
@@ -344,9 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics-port",
         type=int,
-        default=int(os.environ.get(ENV_METRICS_PORT, "9090")),
+        default=int(os.environ.get(ENV_METRICS_PORT, SUPERVISOR_METRICS_PORT)),
         metavar="N",
-        help="Prometheus metrics port (default $MLLESS_METRICS_PORT or 9090; 0 = any free port)",
+        help=f"Prometheus metrics port (default $MLLESS_METRICS_PORT or {SUPERVISOR_METRICS_PORT}; 0 = any free port)",
     )
     p.add_argument("-q", "--quiet", action="store_true")
     _add_service_args(p)
@@ -354,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "operator",
-        help="run the Kubernetes operator (kopf --standalone, liveness on :8080/healthz)",
+        help=f"run the Kubernetes operator (`mlless-operator`: kopf --standalone, liveness on :{OPERATOR_HEALTH_PORT}/healthz)",
         description="Run the TrainingJob operator. Settings come from MLLESS_OPERATOR_* variables (see charts/mlless/README.md).",
     )
     p.set_defaults(func=cmd_operator)

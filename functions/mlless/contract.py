@@ -90,3 +90,21 @@ EXIT_USAGE = 2
 EXIT_CHECKPOINTED = 75
 #: Ctrl-C (128 + SIGINT).
 EXIT_INTERRUPTED = 130
+
+# --- Ports and the function timeout ---------------------------------------------------------------------------
+#: Where a worker function's HTTP server (`mlless worker-server`) listens.
+FUNCTION_PORT = 8080
+#: The supervisor's Prometheus metrics port (MLLESS_METRICS_PORT's default).
+SUPERVISOR_METRICS_PORT = 9090
+#: The operator's liveness endpoint (`/healthz`); charts/mlless/values.yaml's operator.healthPort repeats it.
+OPERATOR_HEALTH_PORT = 8080
+#: How long a worker invocation may run by default (Knative's default revision timeout).
+FUNCTION_TIMEOUT_SECONDS = 300
+
+# --- How the supervisor reaches its workers ---------------------------------------------------------------------
+#: Set on the supervisor pod by the operator, from the job's backend: one of the WORKER_INVOCATION_* kinds.
+ENV_WORKER_INVOCATION = "MLLESS_WORKER_INVOCATION"
+#: The supervisor invokes each rank over HTTP at MLLESS_WORKER_URL, again after each checkpointed return.
+WORKER_INVOCATION_HTTP = "http"
+#: Someone else (the operator) starts the workers; the supervisor waits for them to join.
+WORKER_INVOCATION_EXTERNAL = "external"

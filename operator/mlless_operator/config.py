@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from mlless.contract import ENV_OPERATOR_PREFIX, GROUP
+from mlless.contract import ENV_OPERATOR_PREFIX, FUNCTION_TIMEOUT_SECONDS, GROUP
 from mlless.spec.schema import choices
 
 
@@ -35,8 +35,8 @@ class Config:
     openfaas_gateway: str = "http://gateway.openfaas:8080"
     #: Backend when `spec.function.backend` is unset: auto (knative, then openfaas, then pod), or a fixed one.
     default_backend: str = "auto"
-    #: Default worker invocation time limit (Knative's default revision timeout).
-    function_timeout_seconds: int = 300
+    #: Default worker invocation time limit.
+    function_timeout_seconds: int = FUNCTION_TIMEOUT_SECONDS
     #: How often the status timer follows the supervisor pod (phase, suspension, activeDeadlineSeconds).
     status_interval: float = 10.0
     #: How often finished jobs are checked against spec.ttlSecondsAfterFinished.

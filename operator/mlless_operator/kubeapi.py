@@ -256,6 +256,15 @@ class KubeAPI:
                 return "patched"
         raise KubeAPIError(409, f"{kind} {namespace}/{name} keeps appearing and disappearing")
 
+    async def ensure_pod(self, pod: Manifest) -> str:
+        """Create a pod unless it exists. One still terminating must go first: a Pod's spec is immutable, and a new
+        supervisor or worker must not be mistaken for the old one that is on its way out (after a suspension)."""
+        meta = pod["metadata"]
+        current = await self.get("v1", "Pod", meta["namespace"], meta["name"])
+        if current is not None and current["metadata"].get("deletionTimestamp"):
+            raise kopf.TemporaryError(f"Pod {meta['name']} is still terminating; waiting to create its successor", delay=5)
+        return await self.ensure(pod, update=False)
+
 
 def _check_owner(desired: Manifest, current: Manifest) -> None:
     want = {r.get("uid") for r in desired["metadata"].get("ownerReferences") or []}

@@ -25,6 +25,11 @@ from mlless_operator.conditions import FINISHED_POD_PHASES
 Manifest = Mapping[str, Any]
 
 
+def removed_ranks(status: Mapping[str, Any]) -> list[int]:
+    """status.removedRanks, the ranks the supervisor took out, as integers."""
+    return [int(r) for r in status.get("removedRanks") or [] if isinstance(r, int) or str(r).isdigit()]
+
+
 def pod_rank(pod: Manifest) -> int | None:
     """The rank label of a worker pod; None when absent or not a non-negative integer (not one of ours)."""
     raw = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_RANK)

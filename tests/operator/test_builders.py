@@ -11,25 +11,24 @@ import pytest
 from mlless.contract import ANNOTATION_OWNER, LABEL_JOB, LABEL_RANK
 from mlless.transport.env import with_password
 from mlless_operator import metrics
-from mlless_operator.backends import choose_backend
-from mlless_operator.builders.credentials import build_openfaas_secret, build_secret, generate_credentials
+from mlless_operator.backends import choose_backend, get, worker_endpoint
+from mlless_operator.backends import supervisor_pod as build_supervisor_pod
+from mlless_operator.backends.knative import build_knative_service, knative_scale_annotations
+from mlless_operator.backends.openfaas import build_openfaas_function, build_openfaas_secret, openfaas_scale_labels
+from mlless_operator.backends.pod import build_worker_pod, worker_pod_name
+from mlless_operator.builders.credentials import build_secret, generate_credentials
 from mlless_operator.builders.jobfile import JOB_FILE, build_job_configmap
 from mlless_operator.builders.jobref import JobRef
-from mlless_operator.builders.knative import build_knative_service, knative_scale_annotations
 from mlless_operator.builders.network import build_network_policy
-from mlless_operator.builders.names import rabbitmq_name, redis_name, secret_name, supervisor_name, worker_pod_name, worker_selector
-from mlless_operator.builders.openfaas import build_openfaas_function, openfaas_scale_labels
+from mlless_operator.builders.names import rabbitmq_name, redis_name, secret_name, supervisor_name, worker_selector
 from mlless_operator.builders.podspec import SERVICE_UID
 from mlless_operator.builders.services import build_rabbitmq_service, build_rabbitmq_statefulset, build_redis_service, build_redis_statefulset
 from mlless_operator.builders.supervisor import (
-    build_supervisor_pod,
     build_supervisor_role,
     build_supervisor_role_binding,
     build_supervisor_service,
     build_supervisor_service_account,
-    worker_endpoint,
 )
-from mlless_operator.builders.worker_pods import build_worker_pod
 from mlless_operator.conditions import finished_at, is_invalid, is_true, parse_time, seconds_since, set_condition
 from mlless_operator.config import Config, load
 from mlless_operator.handlers.ttl import applies as ttl_applies
@@ -477,7 +476,7 @@ def test_metrics_count_jobs_by_phase_including_suspended():
 def test_openfaas_copy_holds_full_urls_and_the_invocation_token():
     import asyncio
 
-    from mlless_operator.reconcile.service_urls import openfaas_secrets
+    from mlless_operator.backends.openfaas import openfaas_secrets
 
     class FakeAPI:
         def __init__(self, secrets: dict[str, dict]):
@@ -597,7 +596,8 @@ def test_network_policy_guards_only_the_managed_services_and_lets_openfaas_worke
     both_external = {**external_redis, "rabbitmq": {"url": "amqp://ml@mq.example:5672/%2F"}}
     assert build_network_policy(job(spec=both_external)) is None
 
-    peers = build_network_policy(job("openfaas", config=Config(openfaas_namespace="fn")))["spec"]["ingress"][0]["from"]
+    fn_job = job("openfaas", config=Config(openfaas_namespace="fn"))
+    peers = build_network_policy(fn_job, get("openfaas").foreign_pods(fn_job))["spec"]["ingress"][0]["from"]
     assert peers[-1] == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "fn"}},
                          "podSelector": {"matchLabels": {"faas_function": "mlless-team-ml"}}}
 

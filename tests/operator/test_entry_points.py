@@ -5,10 +5,13 @@ already imported, and Kopf's default registry is a process-wide global.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +40,16 @@ def test_kopf_run_module_registers_every_handler(module: str) -> None:
     registered = {kind: set(ids) for kind, ids in json.loads(out).items()}
     for kind, ids in EXPECTED.items():
         assert ids <= registered[kind], (module, kind, registered[kind])
+
+
+def test_the_operator_is_a_program_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`mlless-operator` and `python -m mlless_operator` (both `__main__.main`); `mlless operator` runs the latter."""
+    from mlless import cli
+
+    scripts = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, function = scripts["mlless-operator"].partition(":")
+    assert module == "mlless_operator.__main__" and callable(getattr(importlib.import_module(module), function))
+    calls = []
+    monkeypatch.setattr(cli.os, "execv", lambda path, argv: calls.append((path, argv)))
+    cli.main(["operator"])
+    assert calls == [(sys.executable, [sys.executable, "-m", "mlless_operator"])]

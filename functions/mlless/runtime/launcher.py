@@ -1,11 +1,12 @@
 """How the supervisor starts and stops worker functions.
 
-Locally each worker is a real OS process (`python -m mlless worker`). With
-the Knative and OpenFaaS backends the supervisor invokes each rank over HTTP
-(`HttpLauncher`), re-invoking it whenever an invocation returns at its
-deadline with a checkpoint. With the pod backend the operator starts one pod
-per rank and the supervisor only watches them arrive (`ExternalLauncher`);
-there, failure detection relies on the step timeout alone.
+Locally each worker is a real OS process (`python -m mlless worker`). On a
+cluster the operator tells the supervisor how its job's backend runs workers
+(`worker_launcher`): invoked over HTTP, where the supervisor invokes each rank
+(`HttpLauncher`), re-invoking it whenever an invocation returns at its deadline
+with a checkpoint (Knative, OpenFaaS); or started externally, one pod per rank,
+which the supervisor only watches arrive (`ExternalLauncher`); there, failure
+detection relies on the step timeout alone.
 """
 from __future__ import annotations
 
@@ -20,9 +21,21 @@ import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Mapping
 
-from mlless.contract import ENV_JOB_FILE, ENV_RANK
+from mlless.contract import (
+    ENV_FUNCTION_TIMEOUT_SECONDS,
+    ENV_JOB_FILE,
+    ENV_RANK,
+    ENV_WORKER_BACKEND,
+    ENV_WORKER_INVOCATION,
+    ENV_WORKER_URL,
+    FUNCTION_TIMEOUT_SECONDS,
+    WORKER_INVOCATION_EXTERNAL,
+    WORKER_INVOCATION_HTTP,
+)
 from mlless.spec import TrainingJob
+from mlless.transport.env import invoke_token
 
 log = logging.getLogger(__name__)
 
@@ -195,3 +208,17 @@ class HttpLauncher(Launcher):
         deadline = time.monotonic() + grace
         for thread in self._threads.values():
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def worker_launcher(env: Mapping[str, str], job: TrainingJob, job_id: str) -> Launcher:
+    """How a cluster's supervisor reaches its workers: by MLLESS_WORKER_INVOCATION, which the operator sets from the
+    job's backend (external when unset). ValueError if it is neither kind, or http without MLLESS_WORKER_URL."""
+    invocation = env.get(ENV_WORKER_INVOCATION, WORKER_INVOCATION_EXTERNAL)
+    if invocation == WORKER_INVOCATION_EXTERNAL:
+        return ExternalLauncher()
+    url = env.get(ENV_WORKER_URL)
+    if invocation != WORKER_INVOCATION_HTTP or not url:
+        raise ValueError(f"{ENV_WORKER_INVOCATION}={invocation!r} (backend {ENV_WORKER_BACKEND}={env.get(ENV_WORKER_BACKEND)!r}) needs to be "
+                         f"{WORKER_INVOCATION_EXTERNAL}, or {WORKER_INVOCATION_HTTP} with {ENV_WORKER_URL}")
+    timeout = float(env.get(ENV_FUNCTION_TIMEOUT_SECONDS, FUNCTION_TIMEOUT_SECONDS))
+    return HttpLauncher(url, job, job_id, timeout, token=invoke_token(env))

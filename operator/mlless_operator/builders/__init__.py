@@ -4,20 +4,20 @@ Nothing here talks to the API server, so every object is unit-tested and
 validated offline (`tests/operator/test_builders.py`). `jobref.JobRef` carries
 what every builder needs about the job instead of a long parameter list.
 
-Children of job NAME in namespace NS (the workers depend on the backend), by module:
+Children of job NAME in namespace NS, by module:
 
 - `credentials`: Secret `NAME-credentials`, generated Redis and RabbitMQ
   passwords and the full service URLs; pods read them through `secretKeyRef`,
-  never literally (and the OpenFaaS namespace's copy of the URLs);
+  never literally;
 - `jobfile`: ConfigMap `NAME-job`, the TrainingJob manifest the supervisor and
   worker pods read (MLLESS_JOB_FILE);
 - `services`: Redis and RabbitMQ, StatefulSet + Service `NAME-redis` /
   `NAME-rabbitmq` (unless `spec.redis.url` / `spec.rabbitmq.url` names an external one);
 - `network`: NetworkPolicy `NAME-services`, letting only the job's pods and the
   operator reach its managed Redis and RabbitMQ (unless the chart turns it off);
-- `supervisor`: ServiceAccount, Role, RoleBinding, Pod and metrics Service `NAME-supervisor`;
-- workers: Pods `NAME-worker-RANK` (`worker_pods`), a Knative Service
-  `NAME-worker` (`knative`), or an OpenFaaS Function in the OpenFaaS namespace (`openfaas`).
+- `supervisor`: ServiceAccount, Role, RoleBinding, Pod and metrics Service `NAME-supervisor`.
+
+The workers are the job's backend's, built in its module of `mlless_operator.backends`.
 
 What they share: `names` (names, labels, owner references, ports), `podspec`
 (security contexts, resources) and `runtime` (what the supervisor's and the

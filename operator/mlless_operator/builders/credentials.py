@@ -1,5 +1,5 @@
-"""The job's Secret (generated passwords, service URLs, invocation token, job key), its OpenFaaS copy, and the env vars
-that read it; and the volumes that bring an external service's CA bundle (spec.<service>.caSecretRef) to the runtime."""
+"""The job's Secret (generated passwords, service URLs, invocation token, job key) and the env vars that read it; and
+the volumes that bring an external service's CA bundle (spec.<service>.caSecretRef) to the runtime."""
 from __future__ import annotations
 
 import base64
@@ -12,10 +12,7 @@ from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import (
     AMQP_PORT,
     REDIS_PORT,
-    cross_namespace_owner,
-    labels,
     metadata,
-    openfaas_secret_name,
     rabbitmq_name,
     redis_name,
     secret_name,
@@ -32,17 +29,13 @@ AMQP_URL_KEY = "amqp-url"
 INVOKE_TOKEN_KEY = "invoke-token"
 #: The key every frame of the job is sealed with; named as the runtime reads it from a mounted Secret.
 JOB_KEY_KEY = JOB_KEY_FILE
-#: An external service's CA bundle in the OpenFaaS copy, per service.
-CA_KEYS = {"redis": "redis-ca", "rabbitmq": "rabbitmq-ca"}
-#: What the OpenFaaS copy holds: the URLs only, never the bare passwords.
-OPENFAAS_SECRET_KEYS = (REDIS_URL_KEY, AMQP_URL_KEY, INVOKE_TOKEN_KEY, JOB_KEY_KEY, *CA_KEYS.values())
 #: Where a runtime container finds a service's CA bundle (named by `mlless.contract.CA_FILE_VARS`): one folder per
 #: service, holding only the caSecretRef's key, as CA_FILE.
 CA_DIR = "/etc/mlless/ca"
 CA_FILE = "ca.pem"
 
 
-def _b64(text: str) -> str:
+def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
@@ -71,30 +64,7 @@ def build_secret(job: JobRef, credentials: Mapping[str, str] | None = None) -> M
         "kind": "Secret",
         "metadata": metadata(job, secret_name(job), "credentials"),
         "type": "Opaque",
-        "data": {k: _b64(v) for k, v in sorted(creds.items())},
-    }
-
-
-def build_openfaas_secret(job: JobRef, urls: Mapping[str, str]) -> Manifest:
-    """The job's service URLs in the OpenFaaS namespace, where the Function mounts them.
-
-    `urls` maps `redis-url` and `amqp-url` to the full URLs, passwords included
-    (OpenFaaS has no secretKeyRef, so nothing can be assembled at start),
-    `invoke-token` to the job's invocation token and `job-key` to its key. The
-    Function sees each key as a file of that name under OPENFAAS_SECRETS_DIR.
-    No owner reference can cross namespaces: the delete handler removes it.
-    """
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            "name": openfaas_secret_name(job),
-            "namespace": job.config.openfaas_namespace,
-            "labels": labels(job, "credentials"),
-            "annotations": cross_namespace_owner(job),
-        },
-        "type": "Opaque",
-        "data": {k: _b64(v) for k, v in sorted(urls.items()) if k in OPENFAAS_SECRET_KEYS},
+        "data": {k: b64(v) for k, v in sorted(creds.items())},
     }
 
 

@@ -5,12 +5,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from mlless.spec.schema import choices, default
+from mlless.spec.schema import default
 from mlless_operator.config import Config
 
 Manifest = dict[str, Any]
-
-BACKENDS = choices("function.backend")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 from typing import Mapping
 
-from mlless.contract import ANNOTATION_OWNER, ANNOTATION_OWNER_UID, API_VERSION, KIND, LABEL_JOB, LABEL_ROLE
+from mlless.contract import API_VERSION, KIND, LABEL_JOB, LABEL_ROLE
 from mlless_operator.builders.jobref import JobRef, Manifest
 
 REDIS_PORT = 6379
@@ -44,21 +44,12 @@ def supervisor_name(job: JobRef) -> str:
     return child_name(job, "supervisor")
 
 
-def worker_pod_name(job: JobRef, rank: int) -> str:
-    return dns_name(job.name, "worker", str(rank))
 
 
-def knative_service_name(job: JobRef) -> str:
-    return child_name(job, "worker")
 
 
-def openfaas_function_name(job: JobRef) -> str:
-    """Functions of every namespace share one OpenFaaS namespace, so the name carries the job's namespace."""
-    return dns_name("mlless", job.namespace, job.name)
 
 
-def openfaas_secret_name(job: JobRef) -> str:
-    return dns_name(openfaas_function_name(job), "credentials")
 
 
 def labels(job: JobRef, role: str) -> dict[str, str]:
@@ -102,8 +93,3 @@ def metadata(job: JobRef, name: str, role: str, extra_labels: Mapping[str, str] 
         "labels": {**labels(job, role), **(extra_labels or {})},
         "ownerReferences": owner_references(job),
     }
-
-
-def cross_namespace_owner(job: JobRef) -> dict[str, str]:
-    """The owner of a child in the OpenFaaS namespace, as annotations: no owner reference can cross namespaces."""
-    return {ANNOTATION_OWNER: f"{job.namespace}/{job.name}", ANNOTATION_OWNER_UID: job.uid}

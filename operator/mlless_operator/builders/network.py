@@ -1,19 +1,18 @@
 """NetworkPolicy `NAME-services`: the job's managed Redis and RabbitMQ accept connections only from its own pods.
 
-Allowed in: the job's supervisor and workers (by the job's labels; an OpenFaaS
-Function's pods, in the OpenFaaS namespace, by the label faas-netes gives them)
+Allowed in: the job's supervisor and workers (by the job's labels; workers outside
+the job's namespace, such as an OpenFaaS Function's, as their backend selects them)
 and the operator's own pod (`Config.pod_namespace`, `Config.pod_labels`). The
 passwords in the job's Secret still guard both services; this keeps every other
 pod of the cluster from even reaching them. Not built when both are external.
 """
 from __future__ import annotations
 
+from typing import Iterable, Mapping
+
 from mlless.contract import LABEL_JOB, LABEL_ROLE
 from mlless_operator.builders.jobref import JobRef, Manifest
-from mlless_operator.builders.names import AMQP_PORT, REDIS_PORT, child_name, metadata, openfaas_function_name
-
-#: The label faas-netes puts on the pods of an OpenFaaS Function (its name).
-OPENFAAS_FUNCTION_LABEL = "faas_function"
+from mlless_operator.builders.names import AMQP_PORT, REDIS_PORT, child_name, metadata
 #: The label the API server puts on every namespace (Kubernetes 1.21+), holding its name.
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
@@ -31,8 +30,9 @@ def _in_namespace(namespace: str, pods: Manifest) -> Manifest:
     return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}}, "podSelector": pods}
 
 
-def build_network_policy(job: JobRef) -> Manifest | None:
-    """The policy, or None when neither Redis nor RabbitMQ is managed (nothing of the job's to guard)."""
+def build_network_policy(job: JobRef, foreign_pods: Iterable[tuple[str, Mapping[str, str]]] = ()) -> Manifest | None:
+    """The policy, or None when neither Redis nor RabbitMQ is managed (nothing of the job's to guard).
+    `foreign_pods`: (namespace, labels) of the job's workers outside its namespace (`Backend.foreign_pods`)."""
     managed = [(role, port) for role, port in (("redis", REDIS_PORT), ("rabbitmq", AMQP_PORT)) if job.external(role) is None]
     if not managed:
         return None
@@ -42,8 +42,7 @@ def build_network_policy(job: JobRef) -> Manifest | None:
         # No namespace given: the operator runs in the job's namespace, where a bare podSelector looks.
         _in_namespace(job.config.pod_namespace, operator_pods) if job.config.pod_namespace else {"podSelector": operator_pods},
     ]
-    if job.backend == "openfaas":
-        peers.append(_in_namespace(job.config.openfaas_namespace, {"matchLabels": {OPENFAAS_FUNCTION_LABEL: openfaas_function_name(job)}}))
+    peers += [_in_namespace(namespace, {"matchLabels": dict(pod_labels)}) for namespace, pod_labels in foreign_pods]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

@@ -9,19 +9,19 @@ from mlless.contract import (
     ENV_JOB_NAMESPACE,
     ENV_METRICS_PORT,
     ENV_WORKER_BACKEND,
+    ENV_WORKER_INVOCATION,
     ENV_WORKER_URL,
     GROUP,
     PLURAL,
+    SUPERVISOR_METRICS_PORT,
 )
 from mlless_operator.builders.credentials import ca_mounts, ca_volumes, service_env
 from mlless_operator.builders.jobfile import JOB_FILE
 from mlless_operator.builders.jobref import JobRef, Manifest
-from mlless_operator.builders.names import knative_service_name, metadata, openfaas_function_name, supervisor_name
+from mlless_operator.builders.names import metadata, supervisor_name
 from mlless_operator.builders.podspec import container_security_context, pod_security_context, resources
 from mlless_operator.builders.runtime import JOB_VOLUME, TMP_VOLUME, common_env, invoke_token_env, job_key_env, runtime_volumes, user_env
 from mlless_operator.builders.services import cluster_ip_service
-
-METRICS_PORT = 9090
 
 
 def build_supervisor_service_account(job: JobRef) -> Manifest:
@@ -56,27 +56,21 @@ def build_supervisor_role_binding(job: JobRef) -> Manifest:
     }
 
 
-def worker_endpoint(job: JobRef) -> str:
-    """Where the supervisor invokes workers; empty for pods (they connect to the supervisor themselves)."""
-    if job.backend == "knative":
-        return f"http://{knative_service_name(job)}.{job.namespace}.svc.cluster.local"
-    if job.backend == "openfaas":
-        return f"{job.config.openfaas_gateway.rstrip('/')}/function/{openfaas_function_name(job)}.{job.config.openfaas_namespace}"
-    return ""
-
-
-def build_supervisor_pod(job: JobRef, restart: int = 0) -> Manifest:
-    """The supervisor pod; `restart` counts the pods before it (spec.backoffLimit), and only its annotation differs:
-    a successor runs with the same job id, Secret, Redis and RabbitMQ, and resumes the job from Redis by itself."""
+def build_supervisor_pod(job: JobRef, invocation: str, worker_url: str, restart: int = 0) -> Manifest:
+    """The supervisor pod, reaching its workers as the job's backend says (`invocation`, at `worker_url` if over HTTP;
+    `mlless_operator.backends.supervisor_pod` asks it). `restart` counts the pods before it (spec.backoffLimit), and
+    only its annotation differs: a successor runs with the same job id, Secret, Redis and RabbitMQ, and resumes the job
+    from Redis by itself."""
     name = supervisor_name(job)
     env = [
         {"name": ENV_JOB_FILE, "value": JOB_FILE},
         *common_env(job),
         {"name": ENV_JOB_NAME, "value": job.name},
         {"name": ENV_JOB_NAMESPACE, "value": job.namespace},
-        {"name": ENV_METRICS_PORT, "value": str(METRICS_PORT)},
+        {"name": ENV_METRICS_PORT, "value": str(SUPERVISOR_METRICS_PORT)},
         {"name": ENV_WORKER_BACKEND, "value": job.backend},
-        {"name": ENV_WORKER_URL, "value": worker_endpoint(job)},
+        {"name": ENV_WORKER_INVOCATION, "value": invocation},
+        {"name": ENV_WORKER_URL, "value": worker_url},
         {"name": ENV_FUNCTION_TIMEOUT_SECONDS, "value": str(job.timeout_seconds)},
         {"name": "MPLCONFIGDIR", "value": "/tmp"},
         invoke_token_env(job),
@@ -101,7 +95,7 @@ def build_supervisor_pod(job: JobRef, restart: int = 0) -> Manifest:
                     "image": job.image,
                     "command": ["mlless", "supervisor", "--out", "/var/lib/mlless/run"],
                     "env": env,
-                    "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+                    "ports": [{"name": "metrics", "containerPort": SUPERVISOR_METRICS_PORT, "protocol": "TCP"}],
                     "resources": resources(job.spec.get("supervisor"), {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}),
                     "securityContext": container_security_context(),
                     "volumeMounts": [JOB_VOLUME, TMP_VOLUME, {"name": "run", "mountPath": "/var/lib/mlless"}, *ca_mounts(job)],
@@ -114,6 +108,6 @@ def build_supervisor_pod(job: JobRef, restart: int = 0) -> Manifest:
 
 def build_supervisor_service(job: JobRef) -> Manifest:
     """Headless metrics Service of the supervisor pod (what a ServiceMonitor selects)."""
-    svc = cluster_ip_service(job, supervisor_name(job), "supervisor", "metrics", METRICS_PORT)
+    svc = cluster_ip_service(job, supervisor_name(job), "supervisor", "metrics", SUPERVISOR_METRICS_PORT)
     svc["spec"]["clusterIP"] = "None"
     return svc

@@ -14,8 +14,8 @@ import kopf
 from mlless.contract import ANNOTATION_BACKEND, TERMINAL_JOB_PHASES
 from mlless.spec import SpecError, from_manifest
 from mlless_operator import metrics
-from mlless_operator.backends import choose_backend, served_backends
-from mlless_operator.builders.jobref import BACKENDS, JobRef
+from mlless_operator.backends import choose_backend, known, served_backends
+from mlless_operator.builders.jobref import JobRef
 from mlless_operator.builders.names import worker_selector
 from mlless_operator.conditions import is_invalid, now, set_condition
 from mlless_operator.config import Config
@@ -73,7 +73,7 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger:
         return
 
     backend = (meta.get("annotations") or {}).get(ANNOTATION_BACKEND)
-    if backend not in BACKENDS:
+    if not known(backend):  # (set by an earlier run, or by the user to pick a backend spec.function.backend cannot name)
         requested = ((body.get("spec") or {}).get("function") or {}).get("backend")
         backend, fallback = choose_backend(requested, await served_backends(api), config.default_backend)
         if fallback:

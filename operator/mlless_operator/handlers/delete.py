@@ -1,8 +1,9 @@
 """Delete: remove what owner-reference garbage collection cannot reach.
 
 Everything in the job's namespace carries an owner reference and goes with
-the job. The OpenFaaS Function and its Secret copy live in the OpenFaaS
-namespace, where owner references are not allowed, so they are deleted here.
+the job. What its backend put elsewhere (the OpenFaaS Function and its Secret
+copy, in the OpenFaaS namespace, where owner references are not allowed) the
+backend deletes here (`Backend.cleanup`).
 So are the job's keys on an external Redis: the supervisor deletes them when
 a job ends, but a suspended job's checkpoint, or the keys of a job whose
 supervisor never finished, would otherwise stay until their TTL. (An external
@@ -20,8 +21,8 @@ from mlless.contract import ANNOTATION_BACKEND
 from mlless.transport import TransportError
 from mlless.transport.admin import delete_job_keys
 from mlless_operator import metrics
+from mlless_operator.backends import FALLBACK, get, known
 from mlless_operator.builders.jobref import JobRef
-from mlless_operator.builders.names import openfaas_function_name, openfaas_secret_name
 from mlless_operator.config import Config
 from mlless_operator.kubeapi import KubeAPI
 from mlless_operator.reconcile.service_urls import external_ca, external_url
@@ -31,17 +32,9 @@ async def cleanup(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger | log
     config: Config = memo.config
     api: KubeAPI = memo.api
     backend = (body["metadata"].get("annotations") or {}).get(ANNOTATION_BACKEND)
-    job = JobRef.from_body(body, config, backend or "pod")
-    if backend == "openfaas":
-        ns = config.openfaas_namespace
-        deleted = [
-            name
-            for kind, name in (("Function", openfaas_function_name(job)),)
-            if await api.delete("openfaas.com/v1", kind, ns, name)
-        ]
-        if await api.delete("v1", "Secret", ns, openfaas_secret_name(job)):
-            deleted.append(openfaas_secret_name(job))
-        logger.info("deleted from %s: %s", ns, deleted or "nothing (already gone)")
+    job = JobRef.from_body(body, config, backend or FALLBACK)
+    if known(backend):  # (none recorded: the job never got children)
+        await get(backend).cleanup(api, job, logger)
     if job.external("redis") is not None:
         await delete_external_keys(api, job, logger)
     metrics.forget(job.uid)

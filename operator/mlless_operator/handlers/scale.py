@@ -1,7 +1,7 @@
 """A change of spec.workers (`kubectl scale tj/x --replicas=N`, or the supervisor through the scale subresource).
 
-The backend's replica count follows (`reconcile.replicas`, which also says
-which rank pods go and which come). Nothing changes for a finished or invalid
+The backend's replica count follows (`Backend.scale`; the pod backend also
+chooses which rank pods go and which come). Nothing changes for a finished or invalid
 job, nor while a suspension owns the runtime: the resume starts spec.workers workers.
 """
 from __future__ import annotations
@@ -12,10 +12,12 @@ from typing import Any
 import kopf
 
 from mlless.contract import ANNOTATION_BACKEND, TERMINAL_JOB_PHASES
-from mlless_operator.builders.jobref import BACKENDS, JobRef
+from mlless_operator import backends
+from mlless_operator.builders.jobref import JobRef
 from mlless_operator.conditions import is_invalid
 from mlless_operator.config import Config
-from mlless_operator.reconcile.replicas import highest_rank, remember_highest_rank, removed_ranks, scale_workers
+from mlless_operator.ranks import removed_ranks
+from mlless_operator.reconcile.replicas import highest_rank, remember_highest_rank
 from mlless_operator.reconcile.suspension import owns_runtime
 
 
@@ -28,11 +30,11 @@ async def rescale(body: kopf.Body, old: Any, new: Any, patch: kopf.Patch, memo: 
     if owns_runtime(body):
         return  # no workers while suspended (or suspending); the resume starts spec.workers of them
     backend = (body["metadata"].get("annotations") or {}).get(ANNOTATION_BACKEND)
-    if backend not in BACKENDS:
+    if not backends.known(backend):
         raise kopf.TemporaryError("the job's children are not created yet", delay=5)
     config: Config = memo.config
     job = JobRef.from_body(body, config, backend)
-    changes, highest = await scale_workers(memo.api, job, int(new), removed_ranks(status), highest_rank(body))
+    changes, highest = await backends.get(backend).scale(memo.api, job, int(new), removed_ranks(status), highest_rank(body))
     remember_highest_rank(patch, highest)
     # Provisional: the supervisor (which owns status.workers) mirrors the workers it actually has.
     patch.status["workers"] = int(new)

@@ -20,8 +20,8 @@ from typing import Any
 import kopf
 
 from mlless.contract import ANNOTATION_BACKEND, TERMINAL_JOB_PHASES
-from mlless_operator import metrics
-from mlless_operator.builders.jobref import BACKENDS, JobRef
+from mlless_operator import backends, metrics
+from mlless_operator.builders.jobref import JobRef
 from mlless_operator.builders.names import supervisor_name
 from mlless_operator.conditions import get_condition, is_invalid, is_true, now, set_condition, supervisor_restarts
 from mlless_operator.kubeapi import KubeAPI
@@ -36,7 +36,7 @@ async def follow_supervisor(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
     meta = body["metadata"]
     phase = status.get("phase")
     backend = (meta.get("annotations") or {}).get(ANNOTATION_BACKEND)
-    if phase in TERMINAL_JOB_PHASES or is_invalid(status) or backend not in BACKENDS or meta.get("deletionTimestamp"):
+    if phase in TERMINAL_JOB_PHASES or is_invalid(status) or not backends.known(backend) or meta.get("deletionTimestamp"):
         return  # (a job being deleted: its pods may be going first, and must not be replaced)
     if get_condition(status, "Created") is None:
         # The create handler's metadata patch (the backend) has landed but its status patch, a separate

@@ -7,8 +7,9 @@ missing and never fails on what is already there.
 The runtime (supervisor pod and workers) comes in one of three ways:
 - `start`: a new session (creation, resume from suspension): the supervisor
   and workers of ranks 0..N-1, which a new supervisor waits for;
-- `continue`: the operator restarted mid-session: a missing worker is replaced
-  by a new rank, never re-created under its old one (`reconcile.replicas`);
+- `continue`: the operator restarted mid-session: the backend makes its
+  workers whole again (the pod backend replaces a missing worker by a new
+  rank, never re-creating it under its old one);
 - `none`: the job is suspended, or suspending, and `reconcile.suspension` owns
   the runtime; only the state (Secret, ConfigMap, Redis, RabbitMQ and their
   NetworkPolicy, RBAC) is ensured.
@@ -18,14 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-import kopf
-
-from mlless_operator.builders.credentials import build_openfaas_secret, build_secret
+from mlless_operator import backends
+from mlless_operator.builders.credentials import build_secret
 from mlless_operator.builders.jobfile import build_job_configmap
 from mlless_operator.builders.jobref import JobRef
-from mlless_operator.builders.knative import build_knative_service
 from mlless_operator.builders.network import build_network_policy
-from mlless_operator.builders.openfaas import build_openfaas_function
 from mlless_operator.builders.services import (
     build_rabbitmq_service,
     build_rabbitmq_statefulset,
@@ -33,17 +31,13 @@ from mlless_operator.builders.services import (
     build_redis_statefulset,
 )
 from mlless_operator.builders.supervisor import (
-    build_supervisor_pod,
     build_supervisor_role,
     build_supervisor_role_binding,
     build_supervisor_service,
     build_supervisor_service_account,
 )
-from mlless_operator.builders.worker_pods import build_worker_pod
 from mlless_operator.conditions import supervisor_restarts
 from mlless_operator.kubeapi import KubeAPI
-from mlless_operator.reconcile.replicas import removed_ranks, scale_pods
-from mlless_operator.reconcile.service_urls import openfaas_secrets
 
 Runtime = Literal["start", "continue", "none"]
 
@@ -54,19 +48,10 @@ class Ensured:
     highest_rank: int | None = None  # pod backend: the highest worker rank now used, to remember on the job
 
 
-async def ensure_pod(api: KubeAPI, pod: dict[str, Any]) -> str:
-    """Create a pod unless it exists. One still terminating must go first: a Pod's spec is immutable, and a new
-    supervisor or worker must not be mistaken for the old one that is on its way out (after a suspension)."""
-    meta = pod["metadata"]
-    current = await api.get("v1", "Pod", meta["namespace"], meta["name"])
-    if current is not None and current["metadata"].get("deletionTimestamp"):
-        raise kopf.TemporaryError(f"Pod {meta['name']} is still terminating; waiting to create its successor", delay=5)
-    return await api.ensure(pod, update=False)
-
-
 async def ensure_children(api: KubeAPI, job: JobRef, runtime: Runtime = "start", status: Mapping[str, Any] | None = None, highest_used: int = -1) -> Ensured:
     """Make every child exist; `status` and `highest_used` steer the ranks of a `continue`d pod session."""
     ensured = Ensured()
+    backend = backends.get(job.backend)
 
     async def ensure(obj: dict[str, Any], update: bool = True) -> None:
         ensured.results[f"{obj['kind']}/{obj['metadata']['name']}"] = await api.ensure(obj, update=update)
@@ -80,7 +65,7 @@ async def ensure_children(api: KubeAPI, job: JobRef, runtime: Runtime = "start",
     if job.external("rabbitmq") is None:
         await ensure(build_rabbitmq_service(job))
         await ensure(build_rabbitmq_statefulset(job))
-    policy = build_network_policy(job) if job.config.network_policy else None
+    policy = build_network_policy(job, backend.foreign_pods(job)) if job.config.network_policy else None
     if policy is not None:
         await ensure(policy)
     await ensure(build_supervisor_service_account(job))
@@ -89,24 +74,8 @@ async def ensure_children(api: KubeAPI, job: JobRef, runtime: Runtime = "start",
     await ensure(build_supervisor_service(job))
     if runtime == "none":
         return ensured
-    supervisor = build_supervisor_pod(job, supervisor_restarts(status))
-    ensured.results[f"Pod/{supervisor['metadata']['name']}"] = await ensure_pod(api, supervisor)
-    if job.backend == "pod":
-        if runtime == "start":
-            for rank in range(job.workers):
-                pod = build_worker_pod(job, rank)
-                ensured.results[f"Pod/{pod['metadata']['name']}"] = await ensure_pod(api, pod)
-            ensured.highest_rank = job.workers - 1
-        else:
-            changes, ensured.highest_rank = await scale_pods(api, job, job.workers, removed_ranks(status or {}), highest_used)
-            for change in changes:  # "created Pod/x", "deleted Pod/y"
-                verb, what = change.split(" ", 1)
-                ensured.results[what] = verb
-    elif job.backend == "knative":
-        await ensure(build_knative_service(job))
-    elif job.backend == "openfaas":
-        await ensure(build_openfaas_secret(job, await openfaas_secrets(api, job)))
-        await ensure(build_openfaas_function(job))
-    else:  # pragma: no cover - choose_backend only returns the three
-        raise kopf.PermanentError(f"unknown backend {job.backend}")
+    supervisor = backends.supervisor_pod(job, supervisor_restarts(status))
+    ensured.results[f"Pod/{supervisor['metadata']['name']}"] = await api.ensure_pod(supervisor)
+    workers, ensured.highest_rank = await backend.ensure_workers(api, job, runtime, status or {}, highest_used)
+    ensured.results.update(workers)
     return ensured

@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from mlless.contract import LABEL_JOB
+from mlless_operator import backends
 from mlless_operator.builders.jobref import JobRef
-from mlless_operator.builders.names import openfaas_function_name
-from mlless_operator.builders.network import OPENFAAS_FUNCTION_LABEL
 from mlless_operator.conditions import FINISHED_POD_PHASES, get_condition, set_condition
 from mlless_operator.kubeapi import KubeAPI
 
@@ -56,11 +55,12 @@ def health(pods: Iterable[Mapping[str, Any]]) -> tuple[str, str, str]:
 
 
 async def job_pods(api: KubeAPI, job: JobRef) -> list[dict[str, Any]]:
-    """Every pod of the job: the supervisor, Redis, RabbitMQ, worker pods and Knative's in its namespace, and the
-    OpenFaaS Function's in the OpenFaaS namespace (where jobs of other namespaces may share a name)."""
+    """Every pod of the job: the supervisor, Redis, RabbitMQ and the workers in its namespace, and the workers its
+    backend runs elsewhere (an OpenFaaS Function's, in the OpenFaaS namespace, where jobs of other namespaces may share
+    a name)."""
     pods = await api.list("v1", "Pod", job.namespace, {LABEL_JOB: job.name})
-    if job.backend == "openfaas":
-        pods += await api.list("v1", "Pod", job.config.openfaas_namespace, {OPENFAAS_FUNCTION_LABEL: openfaas_function_name(job)})
+    for namespace, labels in backends.get(job.backend).foreign_pods(job):
+        pods += await api.list("v1", "Pod", namespace, labels)
     return pods
 
 

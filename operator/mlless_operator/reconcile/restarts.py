@@ -24,12 +24,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from mlless.contract import ANNOTATION_SUPERVISOR_RESTART
+from mlless_operator import backends
 from mlless_operator.builders.jobref import JobRef
 from mlless_operator.builders.names import supervisor_name
-from mlless_operator.builders.supervisor import build_supervisor_pod
 from mlless_operator.conditions import supervisor_restarts
 from mlless_operator.kubeapi import KubeAPI
-from mlless_operator.reconcile.children import ensure_pod
 
 #: metav1.Condition's reason format; a pod's own reason (OOMKilled, Evicted, Error) passes through when it fits.
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
@@ -84,5 +83,5 @@ async def replace_supervisor(api: KubeAPI, job: JobRef, pod: Mapping[str, Any] |
     if pod is not None:
         # The uid precondition: never delete a successor that an earlier, interrupted tick already created.
         await api.delete("v1", "Pod", job.namespace, supervisor_name(job), uid=pod["metadata"].get("uid"))
-    await ensure_pod(api, build_supervisor_pod(job, before + 1))
+    await api.ensure_pod(backends.supervisor_pod(job, before + 1))
     return Replacement(True, before + 1, reason, cause)

@@ -1,5 +1,5 @@
-"""Service URLs with their passwords, CA bundles, the invocation token and the job key, read from Secrets: for the
-OpenFaaS copy, and to clean up an external Redis."""
+"""Service URLs with their passwords and CA bundles, read from Secrets: for the OpenFaaS copy
+(`mlless_operator.backends.openfaas`), and to clean up an external Redis."""
 from __future__ import annotations
 
 import base64
@@ -10,9 +10,7 @@ import kopf
 
 from mlless.transport.env import with_password
 from mlless.transport.tls import TrustedCA
-from mlless_operator.builders.credentials import AMQP_URL_KEY, CA_KEYS, INVOKE_TOKEN_KEY, JOB_KEY_KEY, REDIS_URL_KEY, ca_refs
 from mlless_operator.builders.jobref import JobRef
-from mlless_operator.builders.names import secret_name
 from mlless_operator.kubeapi import KubeAPI
 
 
@@ -31,7 +29,7 @@ def secret_value(secret: Mapping[str, Any] | None, key: str) -> str | None:
     return None if value is None else str(value)
 
 
-async def _referenced(api: KubeAPI, job: JobRef, service: str, field: str) -> str | None:
+async def referenced(api: KubeAPI, job: JobRef, service: str, field: str) -> str | None:
     """The value spec.<service>.<field> (a Secret key reference) points to; None without the reference."""
     ext = job.external(service)
     assert ext is not None, f"spec.{service} is managed, not external"
@@ -46,36 +44,11 @@ async def _referenced(api: KubeAPI, job: JobRef, service: str, field: str) -> st
 
 async def external_url(api: KubeAPI, job: JobRef, service: str) -> str:
     """spec.<service>.url with the password from its passwordSecretRef, percent-encoded."""
-    password = await _referenced(api, job, service, "passwordSecretRef")  # (asserts that the service is external)
+    password = await referenced(api, job, service, "passwordSecretRef")  # (asserts that the service is external)
     return with_password(job.external(service)["url"], password)
 
 
 async def external_ca(api: KubeAPI, job: JobRef, service: str) -> TrustedCA | None:
     """The CA bundle from spec.<service>.caSecretRef; None for the system's CAs only."""
-    pem = await _referenced(api, job, service, "caSecretRef")
+    pem = await referenced(api, job, service, "caSecretRef")
     return None if pem is None else TrustedCA(f"spec.{service}.caSecretRef", pem=pem)
-
-
-async def openfaas_secrets(api: KubeAPI, job: JobRef) -> dict[str, str]:
-    """What the OpenFaaS copy holds: the full Redis and AMQP URLs (managed ones from the job Secret, external ones
-    with the password from their passwordSecretRef; OpenFaaS can only mount whole values, it cannot assemble a URL),
-    external services' CA bundles, the invocation token and the job key."""
-    values: dict[str, str] = {}
-    job_secret = await api.get("v1", "Secret", job.namespace, secret_name(job)) or {}
-    for service, key in (("redis", REDIS_URL_KEY), ("rabbitmq", AMQP_URL_KEY)):
-        if job.external(service) is not None:
-            values[key] = await external_url(api, job, service)
-            continue
-        value = secret_value(job_secret, key)
-        if value is None:
-            raise kopf.TemporaryError(f"Secret {secret_name(job)} has no {key} yet", delay=5)
-        values[key] = value
-    for service, _ in ca_refs(job):
-        values[CA_KEYS[service]] = await _referenced(api, job, service, "caSecretRef")
-    # A Secret made by an older operator lacks these: without a token its functions accept any caller, without a
-    # key they refuse to start.
-    for key in (INVOKE_TOKEN_KEY, JOB_KEY_KEY):
-        value = secret_value(job_secret, key)
-        if value is not None:
-            values[key] = value
-    return values

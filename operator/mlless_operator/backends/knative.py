@@ -1,14 +1,18 @@
-"""The Knative backend's workers: one Knative Service `NAME-worker`, one request (= one rank's invocation) per pod."""
+"""The Knative backend: one Knative Service `NAME-worker`, one request (= one rank's invocation) per pod."""
 from __future__ import annotations
 
-from mlless.contract import ENV_FUNCTION_TIMEOUT_SECONDS
+from typing import Any, Iterable, Mapping
+
+from mlless.contract import ENV_FUNCTION_TIMEOUT_SECONDS, FUNCTION_PORT, WORKER_INVOCATION_HTTP
+from mlless_operator.backends.base import Backend, Session, ensure_all, patch_scale
 from mlless_operator.builders.credentials import ca_mounts, ca_volumes, service_env
 from mlless_operator.builders.jobref import JobRef, Manifest
-from mlless_operator.builders.names import knative_service_name, labels, metadata
+from mlless_operator.builders.names import child_name, labels, metadata
 from mlless_operator.builders.podspec import container_security_context, pod_security_context
 from mlless_operator.builders.runtime import TMP_VOLUME, common_env, function_resources, invoke_token_env, job_key_env, user_env
+from mlless_operator.kubeapi import KubeAPI
 
-FUNCTION_PORT = 8080
+API_VERSION = "serving.knative.dev/v1"
 #: What a Knative worker container runs: the HTTP function server that runs one rank per invocation.
 FUNCTION_SERVER_COMMAND = ["mlless", "worker-server", "--port", str(FUNCTION_PORT)]
 
@@ -17,6 +21,10 @@ KNATIVE_SCALE_ANNOTATIONS = (
     "autoscaling.knative.dev/max-scale",
     "autoscaling.knative.dev/initial-scale",
 )
+
+
+def knative_service_name(job: JobRef) -> str:
+    return child_name(job, "worker")
 
 
 def knative_scale_annotations(workers: int) -> dict[str, str]:
@@ -35,7 +43,7 @@ def build_knative_service(job: JobRef) -> Manifest:
         *user_env(job),
     ]
     return {
-        "apiVersion": "serving.knative.dev/v1",
+        "apiVersion": API_VERSION,
         "kind": "Service",
         "metadata": metadata(job, knative_service_name(job), "worker"),
         "spec": {
@@ -62,3 +70,21 @@ def build_knative_service(job: JobRef) -> Manifest:
             }
         },
     }
+
+
+class KnativeBackend(Backend):
+    name = "knative"
+    invocation = WORKER_INVOCATION_HTTP
+    requires = (API_VERSION, "services")
+
+    def endpoint(self, job: JobRef) -> str:
+        return f"http://{knative_service_name(job)}.{job.namespace}.svc.cluster.local"
+
+    async def ensure_workers(self, api: KubeAPI, job: JobRef, session: Session, status: Mapping[str, Any],
+                             highest_used: int) -> tuple[dict[str, str], int | None]:
+        return await ensure_all(api, build_knative_service(job)), None
+
+    async def scale(self, api: KubeAPI, job: JobRef, workers: int, removed: Iterable[int] = (), highest_used: int = -1,
+                    missing_ok: bool = False) -> tuple[list[str], int | None]:
+        body = {"spec": {"template": {"metadata": {"annotations": knative_scale_annotations(workers)}}}}
+        return await patch_scale(api, API_VERSION, "Service", job.namespace, knative_service_name(job), body, workers, missing_ok), None
