@@ -1,4 +1,4 @@
-"""kmock 0.8's KubernetesEmulator plus what a real Kopf operator needs from an API server (notes/kmock.md).
+"""kmock 0.8's KubernetesEmulator plus what a real Kopf operator needs from an API server.
 
 - every created object gets uid, resourceVersion, generation 1 and creationTimestamp; create answers 201;
 - `metadata.generateName` gets a random suffix (kmock 0.8 ignores it, so all but the first of Kopf's
