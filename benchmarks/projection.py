@@ -8,6 +8,7 @@ The model (one worker's step, all workers alike; s = bytes a worker sends per st
 
     step(P) = local + σ + 3·L + κ·(s + r) + link(P)
     local   = fetch + compute + filter          the run's measured phase medians
+    B       = the wire's bandwidth              measured: raw TCP to where the services are; --gbit on the cluster
     L       = one request/response hop          measured: Redis PING round trip (redis-py), plus --wire-rtt-us
                                                 on the cluster; 3 hops are on the step's critical path: the
                                                 update's write, the report → close round trip, the peers' read
@@ -27,7 +28,7 @@ P times as many); steps = N(P) / (P · batch). Start-up: the P = 1 run's (worker
 
 **Validation** against the measured runs, on this machine: the same formula with the loopback L and B, each
 run's own local time and bytes, and its measured steps and start-up, under a roofline for the shared cores:
-step ≥ (P·(local + κ·(s + r)) + supervisor and broker CPU per step) / (cores − the cores the machine's other
+step ≥ (P·(CPU per step of the P = 1 worker + κ·(s + r)) + supervisor and broker CPU per step) / (cores − the cores the machine's other
 work kept busy during the run, from /proc/stat less the run's own processes). On a quiet machine that last term
 is ~0 and the figure is a prediction; on a loaded one it mostly checks the CPU model, so the table also gives the
 error with it left out. σ comes from P = 1 and κ from P = 2, so those two are in sample for one constant each;
@@ -58,14 +59,17 @@ HOPS = 3
 PROJECT_P = (4, 8, 16, 32, 64)
 
 
-def measure_hop(link: Any, value_bytes: int = 1 << 20, nbytes: int = 32 << 20) -> dict[str, float]:
-    """Round trip and bandwidth of one hop to where the services are (`netlink.Link`): Redis PING and SET/GET."""
+def measure_hop(link: Any, value_bytes: int = 1 << 20, nbytes: int = 32 << 20, tcp_bytes: int = 128 << 20) -> dict[str, float]:
+    """One hop to where the services are (`netlink.Link`): the round trip of a Redis PING (a client request and its
+    answer), and the wire's bandwidth, raw TCP each way (harmonic mean: an update is written once and read back).
+    Redis SET/GET through redis-py are recorded too; their client's per-byte cost belongs to κ, not to the wire."""
     import netlink
 
     put, got, ping_us = netlink.measure_redis(link, nbytes, value_bytes=value_bytes)
-    mbits = 2 / (1 / put + 1 / got)  # harmonic mean: an update is written once and read back
-    return {"rtt_seconds": ping_us / 1e6, "bytes_per_second": mbits * 1e6 / 8, "set_mbits": put, "get_mbits": got,
-            "value_bytes": value_bytes}
+    up, down = netlink.measure_tcp(link, tcp_bytes)
+    mbits = 2 / (1 / up + 1 / down)
+    return {"rtt_seconds": ping_us / 1e6, "bytes_per_second": mbits * 1e6 / 8, "tcp_up_mbits": up,
+            "tcp_down_mbits": down, "set_mbits": put, "get_mbits": got, "value_bytes": value_bytes}
 
 
 def bytes_read(pattern: str, P: int, s: float, model_bytes: float | None) -> tuple[float, float]:
@@ -130,6 +134,8 @@ def calibrate(runs: list[dict[str, Any]], hop: dict[str, float]) -> dict[str, An
     return {
         "sigma": sigma, "kappa": kappa, "L": L, "B": B,
         "beta": _fit_beta([(p, by_p[p]["samples_to_target"]) for p in by_p]),
+        "cpu_step_p1": (one["worker_cpu_from_first_step"] / one["steps_to_target"]
+                        if one.get("worker_cpu_from_first_step") else None),
         "samples_p1": one["samples_to_target"], "batch": one["batch_size"], "startup_p1": one["startup_seconds"],
         "local_dedicated": one["phases_median"]["fetch"] + one["phases_median"]["compute"]
         + largest["phases_median"]["filter"],
@@ -155,8 +161,11 @@ def validate(runs: list[dict[str, Any]], cal: dict[str, Any], pattern: str, core
         ours = (run.get("worker_cpu_whole_run") or 0.0) + (run.get("supervisor_cpu_whole_run") or 0.0) \
             + sum((run.get("services_cpu_seconds") or {}).values())
         external = max(0.0, (run.get("machine_busy_seconds") or 0.0) - ours) / run["process_seconds"]
-        quiet = max(m["step"], (P * m["worker_cpu"] + others) / cores)
-        loaded = max(m["step"], (P * m["worker_cpu"] + others) / max(0.25, cores - external))
+        # A worker's CPU per step: the lone worker's measured CPU per step (its phases are wall time, which on a
+        # loaded machine includes waiting for a core), plus κ per byte exchanged.
+        worker_cpu = cal["cpu_step_p1"] + m["exchange_cpu"] if cal.get("cpu_step_p1") else m["worker_cpu"]
+        quiet = max(m["step"], (P * worker_cpu + others) / cores)
+        loaded = max(m["step"], (P * worker_cpu + others) / max(0.25, cores - external))
         measured, measured_train = run["seconds_to_target"], run["from_first_step"]
         out.append({"P": P, "steps": steps, "measured_step": measured_train / steps, "predicted_step": loaded,
                     "predicted_step_quiet": quiet, "external_cores": external,
@@ -192,7 +201,8 @@ def project(report: dict[str, Any], gbit: float = 10.0, wire_rtt_us: float = 50.
     parts = [f"### Projection (`benchmarks/projection.py`): {gbit:g} Gbit/s, hop = loopback "
              f"{hop['rtt_seconds'] * 1e6:.0f} µs + {wire_rtt_us:g} µs wire, dedicated cores", "",
              f"Measured hop ({report.get('link', 'loopback')}): Redis PING {hop['rtt_seconds'] * 1e6:.0f} µs, "
-             f"SET {hop['set_mbits']:,.0f} / GET {hop['get_mbits']:,.0f} Mbit/s. Model and its limits: the script's "
+             f"wire (TCP) {hop['bytes_per_second'] * 8 / 1e9:.1f} Gbit/s, redis-py SET {hop['set_mbits']:,.0f} / "
+             f"GET {hop['get_mbits']:,.0f} Mbit/s. Model and its limits: the script's "
              "docstring. Validation on this machine: predicted / measured − 1 of the training time to target (from the "
              f"first step; then with the start-up, which both include), under a roofline for its {cores} shared cores "
              "less the cores other work kept busy during the run (/proc/stat; the quiet-machine column ignores it). "
@@ -248,8 +258,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="scaling.py's JSON (default %(default)s)")
     p.add_argument("--gbit", type=float, default=10.0, help="link Gbit/s of the workers and the store (default 10)")
     p.add_argument("--wire-rtt-us", type=float, default=50.0, help="round trip the wire adds to a loopback hop (default 50)")
+    p.add_argument("--measure-hop", action="store_true", help="measure the loopback hop now instead of the report's")
     args = p.parse_args(argv)
-    proj = project(json.loads(args.report.read_text()), args.gbit, args.wire_rtt_us)
+    report = json.loads(args.report.read_text())
+    if args.measure_hop:
+        import netlink
+
+        with netlink.limited_link(None) as link:
+            report["hop"] = measure_hop(link)
+    proj = project(report, args.gbit, args.wire_rtt_us)
     print(proj["markdown"])
     return 0
 

@@ -456,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
             import projection
             hop = projection.measure_hop(link)
             print(f"hop ({link.description}): {hop['rtt_seconds'] * 1e6:.0f} µs round trip, "
-                  f"{hop['bytes_per_second'] * 8 / 1e9:.2f} Gbit/s (Redis SET/GET of {hop['value_bytes'] >> 20} MB values)",
+                  f"{hop['bytes_per_second'] * 8 / 1e9:.2f} Gbit/s TCP (redis-py SET {hop['set_mbits']:,.0f} / GET "
+                  f"{hop['get_mbits']:,.0f} Mbit/s)",
                   flush=True)
         parts, refusals = [], []
         for key, kind in sets.items():
