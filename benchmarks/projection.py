@@ -36,7 +36,7 @@ P = 3 is out of sample. Error = predicted / measured − 1 of the training time 
 time to target with the start-up (measured, so it only dilutes the error).
 
 **Projection** to P = 4 … 64 on dedicated cores (no roofline) and a `--gbit` link: local = the P = 1 run's fetch
-+ compute plus the largest measured P's filter, s = the largest measured P's bytes sent per worker per step.
++ compute, plus (P > 1) the largest measured P's filter; s = the largest measured P's bytes sent per worker per step.
 
 What it leaves out: the stragglers a barrier waits for, Redis's single thread (at P = 64 it would serialise
 P·(s + r) bytes per step through one core), the supervisor's per-report cost as P grows, evaluation (off the
@@ -137,8 +137,8 @@ def calibrate(runs: list[dict[str, Any]], hop: dict[str, float]) -> dict[str, An
         "cpu_step_p1": (one["worker_cpu_from_first_step"] / one["steps_to_target"]
                         if one.get("worker_cpu_from_first_step") else None),
         "samples_p1": one["samples_to_target"], "batch": one["batch_size"], "startup_p1": one["startup_seconds"],
-        "local_dedicated": one["phases_median"]["fetch"] + one["phases_median"]["compute"]
-        + largest["phases_median"]["filter"],
+        "local_dedicated": one["phases_median"]["fetch"] + one["phases_median"]["compute"],
+        "filter": largest["phases_median"]["filter"],  # a lone worker filters nothing
         "s": largest["bytes_sent_per_worker_step"] if multi else 0.0,
         "calibrated_on": {"sigma": 1, "kappa": multi[0] if multi else None},
     }
@@ -184,7 +184,8 @@ def projection(cal: dict[str, Any], pattern: str, gbit: float, wire_rtt: float, 
     for P in ps:
         samples = cal["samples_p1"] * P ** cal["beta"]
         steps = samples / (P * cal["batch"])
-        m = step_seconds(P=P, local=cal["local_dedicated"], sigma=cal["sigma"], kappa=cal["kappa"], s=cal["s"],
+        m = step_seconds(P=P, local=cal["local_dedicated"] + (cal.get("filter", 0.0) if P > 1 else 0.0),
+                         sigma=cal["sigma"], kappa=cal["kappa"], s=cal["s"],
                          pattern=pattern, L=L, B=B, model_bytes=model_bytes)
         t = cal["startup_p1"] + steps * m["step"]
         t1 = t if P == 1 else t1
@@ -236,7 +237,7 @@ def project(report: dict[str, Any], gbit: float = 10.0, wire_rtt_us: float = 50.
                 f"#### {label}", "",
                 f"σ = {cal['sigma'] * 1e3:.2f} ms, κ = {cal['kappa'] * 1e9:.2f} ns/byte, β = {cal['beta']:.2f} "
                 f"(samples to target ∝ P^β), batch {cal['batch']:,}, bytes sent per worker per step {cal['s'] / 1e3:,.1f} kB, "
-                f"local {cal['local_dedicated'] * 1e3:.2f} ms/step." + (f" Same run: {peer_line}." if peer_line else ""), "",
+                f"local {cal['local_dedicated'] * 1e3:.2f} ms/step + filter {cal.get('filter', 0.0) * 1e3:.2f} ms at P > 1." + (f" Same run: {peer_line}." if peer_line else ""), "",
                 _common.table(["P", "steps", "measured ms/step", "predicted ms/step", "bound", "other work, cores",
                                "error", "error, quiet-machine model", "measured s to target", "predicted", "error",
                                "calibration"],
