@@ -28,9 +28,10 @@ _U4 = np.dtype("<u4")
 _I32_END = 2**31  # a run's end (one past its last index) may be at most this
 
 
-def _breaks(idx: np.ndarray) -> np.ndarray:
-    """Positions where a new run starts, after position 0."""
-    return np.flatnonzero(idx[1:] - idx[:-1] != 1) + 1
+def _jumps(idx: np.ndarray) -> np.ndarray:
+    """Whether a new run starts at each position after 0 (so there is one run more than jumps).  (Differences of
+    int32 indices that are >= 0 fit in int32; the negative ones a forged frame lists are rejected anyway.)"""
+    return idx[1:] - idx[:-1] != 1
 
 
 def pack_indices(idx: np.ndarray) -> list[bytes | memoryview]:
@@ -38,12 +39,13 @@ def pack_indices(idx: np.ndarray) -> list[bytes | memoryview]:
     n = idx.size
     if n < 3:  # one run of 2 takes 8 bytes, as 2 listed indices do: listing wins every tie
         return [COUNTS.pack(n, 0), idx.data]
-    brk = _breaks(idx)
-    r = brk.size + 1
+    jumps = _jumps(idx)
+    r = int(np.count_nonzero(jumps)) + 1
     if 2 * r >= n:
         return [COUNTS.pack(n, 0), idx.data]
     bounds = np.empty(r + 1, np.intp)
-    bounds[0], bounds[1:-1], bounds[-1] = 0, brk, n
+    bounds[0], bounds[-1] = 0, n
+    np.add(np.flatnonzero(jumps), 1, out=bounds[1:-1])
     starts = idx[bounds[:-1]]
     lengths = np.diff(bounds).astype(_U4)
     return [COUNTS.pack(n, r), starts.data, lengths.data]
@@ -59,7 +61,7 @@ def read_indices(r: Reader, n: int, runs: int) -> np.ndarray:
         raise FrameError(f"update payload holds {r.left} bytes after its counts, expected {need} for {what}")
     if listed:
         idx = r.array(I4, n)
-        found = _breaks(idx).size + 1 if n >= 3 else n
+        found = int(np.count_nonzero(_jumps(idx))) + 1 if n >= 3 else n
         if 2 * found < n:
             raise FrameError(f"{n} listed indices form {found} runs, fewer than half as many: they must travel as runs")
         return idx
