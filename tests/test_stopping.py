@@ -13,7 +13,7 @@ from mlless.data.dataset import Dataset
 from mlless.training.models import load_model
 from mlless.runtime.local import Services, train_local
 from mlless.progress import Progress
-from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN, ValidationWatch
+from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN, ValidationWatch, smoothed_losses
 from mlless.spec import from_manifest
 
 
@@ -38,7 +38,7 @@ def test_best_snapshot_is_kept_and_copied():
 @pytest.mark.parametrize("patience", [1, 3])
 def test_patience_counts_evaluations_without_smoothed_improvement(patience):
     losses = [1.0, 0.9, 0.8, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0]
-    smoothed = ewma(losses, SMOOTHING_SPAN)
+    smoothed = np.array(smoothed_losses(losses))
     # reference: evaluations since the running minimum of the smoothed curve last fell
     stale = [i - max(j for j in range(i + 1) if smoothed[j] == smoothed[: i + 1].min()) for i in range(len(losses))]
     expected = [s >= patience for s in stale]
@@ -62,11 +62,61 @@ def test_target_must_hold_for_target_steps_on_the_smoothed_loss():
     feed(watch, [0.9, 0.45])  # smoothed (0.9, 0.45) -> 0.6: a single good snapshot is not enough
     assert not watch.target_held(100)
     feed(watch, [0.4, 0.4, 0.4])  # smoothed: 0.50 at step 10 (the first at or below), then lower
-    assert ewma([0.9, 0.45, 0.4], SMOOTHING_SPAN)[-1] <= 0.5 < ewma([0.9, 0.45], SMOOTHING_SPAN)[-1]
+    assert smoothed_losses([0.9, 0.45, 0.4])[-1] <= 0.5 < smoothed_losses([0.9, 0.45])[-1]
     assert not watch.target_held(10 + 14)
     assert watch.target_held(10 + 15)
     watch.observe(110, 2.0, np.zeros(1, np.float32))  # back above: the streak starts again
     assert not watch.target_held(200)
+
+
+def test_the_smoothing_is_the_ewma_of_the_newest_evaluations_only():
+    losses = [0.9, 0.45, 0.4, 0.42, 0.41]
+    ours = smoothed_losses(losses)
+    np.testing.assert_allclose(ours[:SMOOTHING_SPAN], ewma(losses[:SMOOTHING_SPAN], SMOOTHING_SPAN))
+    for k in range(SMOOTHING_SPAN, len(losses)):
+        assert ours[k] == pytest.approx(ewma(losses[k + 1 - SMOOTHING_SPAN: k + 1], SMOOTHING_SPAN)[-1])
+
+
+#: (step of the snapshot, validation BCE) of `benchmarks/scaling.py --quick`'s SSP run at P = 3 on the 200k clicks
+#: (#22): the first snapshot lands in SSP's warm-up oscillation, the model is at or below the target (VW + 0.005)
+#: at steps 50 and 100, and from then on it overfits (to 0.79 by maxSeconds).
+SSP_CLICKS = [(25, 0.7442), (50, 0.5896), (75, 0.5962), (100, 0.5863), (131, 0.5912), (159, 0.5956), (184, 0.5994),
+              (221, 0.6070), (273, 0.6168), (320, 0.6259), (357, 0.6327), (384, 0.6376), (412, 0.6420)]
+SSP_CLICKS_TARGET = 0.590272278289391
+
+
+def test_a_warm_up_evaluation_does_not_keep_the_smoothed_loss_above_a_target_the_model_reached():
+    """#22: the target rule fires after the third evaluation at or below the target, not never."""
+    watch = ValidationWatch(patience=None, target_loss=SSP_CLICKS_TARGET, target_steps=10)
+    fired = None
+    for (step, loss), following in zip(SSP_CLICKS, [s for s, _ in SSP_CLICKS[1:]] + [10_000]):
+        watch.observe(step, loss, np.full(3, step, np.float32))
+        fired = next((at for at in range(step + 1, following + 1) if watch.target_held(at)), None)
+        if fired is not None:
+            break
+    assert fired == 100 + 10
+    assert watch.best is not None and watch.best.step == 100
+
+
+def test_a_warm_up_evaluation_still_counts_while_it_is_among_the_newest():
+    """One lucky snapshot right after the warm-up does not fire the target rule either."""
+    watch = ValidationWatch(patience=None, target_loss=0.5, target_steps=1)
+    feed(watch, [0.9, 0.49, 0.52])
+    assert not any(watch.target_held(s) for s in range(30, 100))
+
+
+def test_patience_stops_an_ssp_job_that_overfits_after_a_warm_up():
+    """The same evaluations with patience 3 and no target: the job stops 3 evaluations after the smoothed minimum."""
+    watch = ValidationWatch(patience=3, target_loss=None, target_steps=10)
+    stopped = None
+    for step, loss in SSP_CLICKS:
+        watch.observe(step, loss, np.zeros(1, np.float32))
+        if watch.patience_exhausted():
+            stopped = step
+            break
+    smooth = smoothed_losses([loss for _, loss in SSP_CLICKS])
+    minimum = int(np.argmin(smooth))
+    assert stopped == SSP_CLICKS[minimum + 3][0]
 
 
 def test_non_finite_evaluation_counts_against_patience_and_is_never_best():

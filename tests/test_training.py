@@ -17,13 +17,12 @@ import pytest
 import redis
 import yaml
 
-from mlless.smoothing import ewma
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys
 from mlless.runtime.launcher import LocalLauncher
 from mlless.runtime.local import Services, new_job_id, train_local
 from mlless.progress import Progress
-from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN
+from mlless.runtime.supervisor.stopping import smoothed_losses
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.sync import sync_strategy
 from mlless.spec import TrainingJob, from_manifest
@@ -302,7 +301,7 @@ def test_stop_rules(movielens_dir, tmp_path, stop, reason):
         # streak began; the stop comes targetSteps (5) steps after the snapshot that began it, before the next evaluation.
         evaluations = [(r["step"], r["validation_loss"]) for k, r in enumerate(rows)
                        if r["validation_loss"] is not None and (k == 0 or r["validation_loss"] != rows[k - 1]["validation_loss"])]
-        smoothed = ewma([v for _, v in evaluations], SMOOTHING_SPAN)
+        smoothed = smoothed_losses([v for _, v in evaluations])
         streak = len(smoothed)
         while streak > 0 and smoothed[streak - 1] <= 0.95:
             streak -= 1

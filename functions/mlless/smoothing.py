@@ -16,14 +16,19 @@ The original code smoothed forward and then backward over the whole history at e
 
 Bias-corrected ("adjust=True", as pandas) weighting, so the first values are not dragged towards zero or
 towards the first sample.
+
+`RecentEwma` is the same weighting over a finite window of the newest values: the stop rules' smoothed
+validation loss, where an early evaluation far above the rest (the warm-up) must drop out rather than fade.
 """
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["OnlineEwma", "alpha_from_span", "ewma"]
+__all__ = ["OnlineEwma", "RecentEwma", "alpha_from_span", "ewma"]
 
 
 def alpha_from_span(span: float) -> float:
@@ -48,6 +53,24 @@ class OnlineEwma:
         self._num = self._decay * self._num + x
         self._den = self._decay * self._den + 1.0
         self.value = self._num / self._den
+        return self.value
+
+
+class RecentEwma:
+    """Causal, bias-corrected EWMA of the newest `window` values only (default: `span` of them); older ones drop out."""
+
+    def __init__(self, span: float, window: int | None = None) -> None:
+        window = int(span) if window is None else window
+        if window < 1:
+            raise ValueError(f"EWMA window must be >= 1, got {window}")
+        self._weights = (1.0 - alpha_from_span(span)) ** np.arange(window)
+        self._recent: collections.deque[float] = collections.deque(maxlen=window)  # newest first
+        self.value: float | None = None
+
+    def update(self, x: float) -> float:
+        self._recent.appendleft(float(x))
+        w = self._weights[: len(self._recent)]
+        self.value = float(np.dot(w, self._recent) / w.sum())
         return self.value
 
 
