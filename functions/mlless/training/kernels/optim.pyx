@@ -26,14 +26,86 @@ cdef extern from *:
 DEF PREFETCH_AHEAD = 48
 
 
+# One struct per rule: its step's scalars and state buffers (NULL when x is empty).  `_update` is
+# fused over them, so Cython emits one loop per rule from one source, each with only its rule's piece.
+ctypedef struct Sgd:
+    float lr, lr_wd         # step size; decoupled decay lr·wd, which every rule has
+
+ctypedef struct Momentum:
+    float lr, lr_wd, mu, lr_mu
+    bint nesterov
+    float *vel
+
+ctypedef struct Adam:
+    float lr_wd, beta1, beta2, b1c, b2c
+    float alpha, eps_hat    # both bias corrections folded in
+    float *m
+    float *v
+
+ctypedef fused Rule:
+    Sgd
+    Momentum
+    Adam
+
+
 cdef int _check_lengths(float[::1] x, const int[::1] idx, const float[::1] grad, float[::1] delta) except -1:
     if grad.shape[0] != idx.shape[0] or delta.shape[0] != idx.shape[0]:
         raise ValueError("idx, grad and delta differ in length")
     return 0
 
 
-cdef int _stopped_at(const int[::1] idx, Py_ssize_t bad, Py_ssize_t size) except -1:
-    """After an update loop that stopped at entry ``bad`` (-1: it did not), an IndexError naming that index."""
+cdef inline float *_data(float[::1] a) noexcept:
+    return &a[0] if a.shape[0] > 0 else NULL
+
+
+cdef inline double _rule_step(Rule *p, Py_ssize_t i, float g) noexcept nogil:
+    """The rule's step for entry ``i`` with gradient ``g``, before decay; updates that entry's state.
+
+    Double, because Adam's quotient is (``sqrt`` is libc's double one) and must not be
+    rounded before the decay is subtracted; SGD's and momentum's float steps widen exactly,
+    and a difference of two floats computed in double rounds to the same float.
+    """
+    cdef float v, mj, vj
+    if Rule is Sgd:
+        return -p.lr * g
+    elif Rule is Momentum:
+        v = p.mu * p.vel[i] + g
+        p.vel[i] = v
+        if p.nesterov:
+            return -p.lr_mu * v - p.lr * g
+        return -p.lr * v
+    else:
+        mj = p.beta1 * p.m[i] + p.b1c * g
+        vj = p.beta2 * p.v[i] + p.b2c * g * g
+        p.m[i] = mj
+        p.v[i] = vj
+        return -p.alpha * mj / (sqrt(vj) + p.eps_hat)
+
+
+cdef Py_ssize_t _update(Rule p, float *X, Py_ssize_t size, const int[::1] idx, const float[::1] grad,
+                        float[::1] delta) noexcept nogil:
+    """x_i += step − lr·wd·x_i over idx; -1, or the position of the first index outside [0, size).
+
+    ``p`` by value, so that its scalars are locals the loop keeps in registers.
+    """
+    cdef Py_ssize_t j, i
+    cdef float d
+    for j in range(idx.shape[0]):
+        i = idx[j]
+        if i < 0 or i >= size:
+            return j
+        d = <float>(_rule_step(&p, i, grad[j]) - p.lr_wd * X[i])
+        X[i] += d
+        delta[j] = d
+    return -1
+
+
+cdef int _apply(Rule p, float[::1] x, const int[::1] idx, const float[::1] grad, float[::1] delta) except -1:
+    """Run `_update` without the GIL; an out-of-range index raises an IndexError naming it."""
+    cdef Py_ssize_t bad, size = x.shape[0]
+    cdef float *X = _data(x)
+    with nogil:
+        bad = _update(p, X, size, idx, grad, delta)
     if bad >= 0:
         raise IndexError(f"index {idx[bad]} outside [0, {size}); entries before it were updated")
     return 0
@@ -43,19 +115,10 @@ def sgd_step(float[::1] x not None, const int[::1] idx not None, const float[::1
              float[::1] delta not None, float lr, float wd):
     """x_i += −lr·(g_i + wd·x_i)."""
     _check_lengths(x, idx, grad, delta)
-    cdef Py_ssize_t j, i, n = idx.shape[0], size = x.shape[0], bad = -1
-    cdef float d, lr_wd = lr * wd
-    cdef float *X = &x[0] if size > 0 else NULL
-    with nogil:
-        for j in range(n):
-            i = idx[j]
-            if i < 0 or i >= size:
-                bad = j
-                break
-            d = -lr * grad[j] - lr_wd * X[i]
-            X[i] += d
-            delta[j] = d
-    _stopped_at(idx, bad, size)
+    cdef Sgd p
+    p.lr = lr
+    p.lr_wd = lr * wd
+    _apply(p, x, idx, grad, delta)
 
 
 def momentum_step(float[::1] x not None, const int[::1] idx not None, const float[::1] grad not None,
@@ -69,27 +132,14 @@ def momentum_step(float[::1] x not None, const int[::1] idx not None, const floa
     _check_lengths(x, idx, grad, delta)
     if vel.shape[0] != x.shape[0]:
         raise ValueError("velocity buffer must match x")
-    cdef Py_ssize_t j, i, n = idx.shape[0], size = x.shape[0], bad = -1
-    cdef float v, g, d
-    cdef float *X = &x[0] if size > 0 else NULL
-    cdef float *V = &vel[0] if size > 0 else NULL
-    cdef float lr_mu = lr * mu, lr_wd = lr * wd
-    with nogil:
-        for j in range(n):
-            i = idx[j]
-            if i < 0 or i >= size:
-                bad = j
-                break
-            g = grad[j]
-            v = mu * V[i] + g
-            V[i] = v
-            if nesterov:
-                d = -lr_mu * v - lr * g - lr_wd * X[i]
-            else:
-                d = -lr * v - lr_wd * X[i]
-            X[i] += d
-            delta[j] = d
-    _stopped_at(idx, bad, size)
+    cdef Momentum p
+    p.lr = lr
+    p.lr_wd = lr * wd
+    p.mu = mu
+    p.lr_mu = lr * mu
+    p.nesterov = nesterov
+    p.vel = _data(vel)
+    _apply(p, x, idx, grad, delta)
 
 
 def adam_step(float[::1] x not None, const int[::1] idx not None, const float[::1] grad not None,
@@ -102,30 +152,18 @@ def adam_step(float[::1] x not None, const int[::1] idx not None, const float[::
     if t < 1:
         raise ValueError("step count t starts at 1")
     cdef double c1 = 1.0 - beta1 ** t, c2 = 1.0 - beta2 ** t
+    cdef Adam p
+    p.lr_wd = lr * wd
+    p.beta1 = beta1
+    p.beta2 = beta2
+    p.b1c = 1.0 - beta1
+    p.b2c = 1.0 - beta2
     # fold both bias corrections into the step size: lr·sqrt(c2)/c1 · m / (sqrt(v) + eps·sqrt(c2))
-    cdef float alpha = <float>(lr * sqrt(c2) / c1)
-    cdef float eps_hat = <float>(eps * sqrt(c2))
-    cdef float lr_wd = lr * wd, b1c = 1.0 - beta1, b2c = 1.0 - beta2
-    cdef Py_ssize_t j, i, n = idx.shape[0], size = x.shape[0], bad = -1
-    cdef float g, mj, vj, d
-    cdef float *X = &x[0] if size > 0 else NULL
-    cdef float *Mb = &m[0] if size > 0 else NULL
-    cdef float *Vb = &v[0] if size > 0 else NULL
-    with nogil:
-        for j in range(n):
-            i = idx[j]
-            if i < 0 or i >= size:
-                bad = j
-                break
-            g = grad[j]
-            mj = beta1 * Mb[i] + b1c * g
-            vj = beta2 * Vb[i] + b2c * g * g
-            Mb[i] = mj
-            Vb[i] = vj
-            d = -alpha * mj / (sqrt(vj) + eps_hat) - lr_wd * X[i]
-            X[i] += d
-            delta[j] = d
-    _stopped_at(idx, bad, size)
+    p.alpha = <float>(lr * sqrt(c2) / c1)
+    p.eps_hat = <float>(eps * sqrt(c2))
+    p.m = _data(m)
+    p.v = _data(v)
+    _apply(p, x, idx, grad, delta)
 
 
 def scatter_add(float[::1] x not None, const int[::1] idx not None, const float[::1] values not None,
