@@ -2,12 +2,13 @@
 
 Each protocol is one module of this package whose strategy (`base.SyncStrategy`) registers itself with `register`;
 `sync_strategy` picks a job's. A strategy defined outside the package (a test's, a user's) registers the same way
-once its module is imported; the files or modules `MLLESS_SYNC_PLUGINS` names are imported here, so that worker
-processes, which start from the job's JSON, know them too. A name registered beyond the schema's enum is admitted
+once its module is imported; `load_plugins` imports the files or modules `MLLESS_SYNC_PLUGINS` names, so that worker
+processes, which start from the job's JSON, know them too (`sync_strategy` calls it; the CLI, before validating). A name registered beyond the schema's enum is admitted
 by manifest validation in this process (`mlless.spec.schema.admit`); the CRD lists only the built-in ones.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -38,15 +39,18 @@ def register(cls: S) -> S:
 
 def sync_strategy(config: SyncConfig) -> SyncStrategy:
     """The strategy `config.protocol` names; ValueError if none is registered under it."""
+    load_plugins()
     try:
         return STRATEGIES[config.protocol](config)
     except KeyError:
         raise ValueError(f"no sync strategy is registered as {config.protocol!r} (known: {', '.join(STRATEGIES)})") from None
 
 
-def load_plugins(names: str) -> None:
-    """Import each comma-separated Python file or module of `names`, for the strategies it registers."""
-    for name in filter(None, (n.strip() for n in names.split(","))):
+@functools.cache
+def load_plugins() -> None:
+    """Import, once per process, each Python file or module MLLESS_SYNC_PLUGINS names, for the strategies it
+    registers. Not on import: a plugin may import any of mlless, this package's importers included."""
+    for name in filter(None, (n.strip() for n in os.environ.get(ENV_SYNC_PLUGINS, "").split(","))):
         if name.endswith(".py"):
             spec = importlib.util.spec_from_file_location(f"mlless_sync_plugin_{Path(name).stem}", name)
             if spec is None or spec.loader is None:
@@ -60,5 +64,3 @@ def load_plugins(names: str) -> None:
 
 # The built-in protocols register themselves on import; they import `register` from here, defined above.
 from mlless.runtime.sync import averaging, bsp, isp, ssp  # noqa: E402,F401
-
-load_plugins(os.environ.get(ENV_SYNC_PLUGINS, ""))
