@@ -189,9 +189,9 @@ class Worker:
         self.prefetcher.hint(self.schedule.batch_index(position + len(self.view.live)))
         timer.lap("fetch")
 
-        result, bytes_sent = self.half.train(batch, self.schedule.epoch(position) + 1, self.step,
-                                                 alone=self.view.live == (self.rank,))
+        result = self.half.train(batch, self.schedule.epoch(position) + 1, self.step, alone=self.view.live == (self.rank,))
         timer.record(compute=result.compute_seconds, filter=result.filter_seconds)
+        bytes_sent = self.half.publish(self.step, result)
         timer.lap("write")
 
         timings = tuple(timer.seconds[p] for p in ("fetch", "compute", "filter", "write")) + tuple(self._barrier.values())

@@ -8,7 +8,7 @@ name:
 * `SyncStrategy`: the replica's significance threshold, how many closed steps a worker may run ahead of, which
   steps end with a publication, where a step's update is written, and the exchange pattern (who reads what,
   `runtime/sync/exchange.py`);
-* `WorkerHalf`: after a local step, train and publish; at a close, gather the peers' updates and combine them
+* `WorkerHalf`: a local step, then publish what it selected; at a close, gather the peers' updates and combine them
   into the replica; on leaving, take back what no peer will apply;
 * `SupervisorHalf`: when a step closes, and which updates its close names.
 
@@ -41,14 +41,16 @@ class WorkerHalf:
         self.replica = replica
         self.exchange = exchange
 
-    def train(self, batch: Batch, epoch: int, step: int, alone: bool) -> tuple[StepResult, int]:
-        """Train `step` on `batch` and publish what the protocol shares; returns the step and the bytes written.
+    def train(self, batch: Batch, epoch: int, step: int, alone: bool) -> StepResult:
+        """Train `step` on `batch`, selecting what the protocol shares after it.
 
         Alone in the job, nobody needs this update, so it is not shared.
         """
-        result = self.replica.step(batch, epoch, step, share=not alone, select=self.strategy.publishes(step))
-        written = self.exchange.publish(step, result.indices, result.values) if len(result.indices) else 0
-        return result, written
+        return self.replica.step(batch, epoch, step, share=not alone, select=self.strategy.publishes(step))
+
+    def publish(self, step: int, result: StepResult) -> int:
+        """Share what `train` selected, if anything; returns the bytes written."""
+        return self.exchange.publish(step, result.indices, result.values) if len(result.indices) else 0
 
     def gather(self, close: Close) -> list[Update]:
         """The peers' updates `close` names, read as the exchange pattern says."""
