@@ -98,6 +98,13 @@ class Replica:
         self.model.apply_update(indices, values)
         self.filter.touched(indices)
 
+    def correct(self, indices: np.ndarray, values: np.ndarray) -> None:
+        """Move the replica by a correction of its own published update (model averaging keeps a share of it): the
+        correction is part of this replica's contribution to the shared state, as the update was (MLLESS_AUDIT)."""
+        self.apply(indices, values)
+        if self.contribution is not None:
+            self.contribution[indices] += values
+
     def keep_unsent(self, indices: np.ndarray, values: np.ndarray) -> None:
         """Entries this replica published that no peer will apply go back to its accumulator (they are in the
         replica already)."""
