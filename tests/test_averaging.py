@@ -8,7 +8,7 @@ import pytest
 from mlless.data.dataset import Dataset
 from mlless.runtime.local import Services, train_local
 from mlless.runtime.sync import sync_strategy
-from mlless.spec import SyncConfig, from_manifest
+from mlless.spec import SpecError, SyncConfig, from_manifest
 
 from test_scaling import assert_conserved
 from test_training import QUIET, _supervise_with, _when_step, job_for, manifest, read_metrics
@@ -22,6 +22,12 @@ def test_averaging_publishes_at_rounds_ends_and_waits_only_there():
     # Inside round 2 (steps 5..8) a worker awaits round 1's close; at its last step, round 2's.
     assert [averaging.must_have_closed(t) for t in (0, 3, 4, 5, 7, 8)] == [0, 0, 4, 4, 4, 8]
     assert averaging.threshold == 0 and averaging.update_key(1, 4) != averaging.update_key(1, 8)
+
+
+@pytest.mark.parametrize("h", [0, 10001])
+def test_local_steps_are_bounded_by_the_schema(movielens_dir, h):
+    with pytest.raises(SpecError, match="spec.sync.localSteps"):
+        job_for(movielens_dir, sync={"protocol": "averaging", "localSteps": h})
 
 
 def base_rate_bce(dataset_dir) -> float:
