@@ -20,7 +20,9 @@ from mlless.contract import API_VERSION, KIND
 Schema = dict[str, Any]
 
 
-#: averaging's H. MEASURED-PLACEHOLDER
+#: averaging's H. At P = 2 on the quick sets of benchmarks/time_to_quality.py (1M skewed ratings, 200k clicks; a
+#: loaded 2-core machine, 3 runs each), H = 8, 16 and 32 reached the target within each other's noise; 8 sent twice
+#: 16's bytes, and 32 needed up to twice 16's epochs on the ratings.
 LOCAL_STEPS = 16
 #: Without a step, epoch or seconds limit, stop after this many evaluations without improvement...
 DEFAULT_PATIENCE = 5
