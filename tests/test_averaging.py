@@ -1,15 +1,18 @@
-"""Model averaging (spec.sync.protocol: averaging): trains PMF and LR on both transports, applies every update
-exactly once (the MLLESS_AUDIT conservation check), and survives scale-in by a request and by the auto-tuner."""
+"""Model averaging (spec.sync.protocol: averaging): trains PMF and LR on both transports, keeps every replica the
+shared state plus its own unsent updates (the MLLESS_AUDIT conservation check), and survives scale-in by a request
+and by the auto-tuner, and a killed supervisor."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import yaml
 
 from mlless.data.dataset import Dataset
 from mlless.runtime.local import Services, train_local
 from mlless.runtime.sync import sync_strategy
 from mlless.spec import SpecError, SyncConfig, from_manifest
 
+from faults.test_failover import finish, kill_at, summary_of, train
 from test_scaling import assert_conserved
 from test_training import QUIET, _supervise_with, _when_step, job_for, manifest, read_metrics
 
@@ -79,3 +82,18 @@ def test_auto_tuner_scales_in_under_averaging(movielens_dir, tmp_path, redis_url
     assert summary["workers_final"] == 4 - len(leaves) >= 2 and summary["dropped_workers"] == []
     assert_conserved(summary)
     assert summary["validation_loss"] < 0.92
+
+
+def test_a_killed_supervisor_of_an_averaging_job_is_resumed(movielens_dir, tmp_path, redis_url, amqp_url):
+    doc = manifest(movielens_dir, workers=2, sync={"protocol": "averaging", "localSteps": 8},
+                   stop={"maxSteps": 300}, evaluation={"everySteps": 10})
+    job, run_dir = tmp_path / "job.yaml", tmp_path / "run"
+    job.write_text(yaml.safe_dump(doc))
+    services = ("--redis-url", redis_url, "--amqp-url", amqp_url)
+    kill_at(train(job, run_dir, *services), run_dir, 100)  # mid-round: 100 is no multiple of 8
+    finish(train(job, run_dir, "--resume", *services))
+    summary = summary_of(run_dir)
+    assert summary["stop_reason"] == "max steps" and summary["steps"] == 300
+    [takeover] = summary["takeovers"]
+    assert takeover["from"] == "replicas of 2 surviving workers"
+    assert summary["validation_loss"] < 0.95

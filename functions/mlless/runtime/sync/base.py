@@ -16,7 +16,6 @@ A protocol is one module that subclasses what it changes and registers its strat
 """
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Mapping
@@ -28,8 +27,6 @@ from mlless.runtime.sync.exchange import EXCHANGES, Exchange
 from mlless.spec.job import SyncConfig
 from mlless.training.replica import Replica, StepResult
 from mlless.transport import Transport
-
-log = logging.getLogger(__name__)
 
 
 class WorkerHalf:
