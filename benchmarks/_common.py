@@ -199,11 +199,52 @@ def mlless_train(job: Path, run: Path, services: bool, *, redis_url: str = REDIS
     Runs `python -m mlless` with this interpreter and environment: export PYTHONPATH to train with a checkout's
     library rather than the installed one (machine_line() names the one the benchmark imported). Returns RUN.
     """
+    subprocess.run(mlless_train_command(job, run, services, redis_url=redis_url, amqp_url=amqp_url), check=True)
+    return run
+
+
+def mlless_train_command(job: Path, run: Path, services: bool, *, redis_url: str = REDIS,
+                         amqp_url: str = AMQP) -> list[str]:
+    """The command `mlless_train` runs, for a caller that starts it itself (to watch its processes meanwhile)."""
     cmd = [sys.executable, "-m", "mlless", "train", str(job), "--out", str(run), "-q"]
     if services:
         cmd += ["--redis-url", redis_url, "--amqp-url", amqp_url]
-    subprocess.run(cmd, check=True)
-    return run
+    return cmd
+
+
+def sync_choices(field: str, fallback: Sequence[str] = ()) -> tuple[str, ...]:
+    """The values the importable mlless's schema admits for `sync.<field>` ("protocol", "exchange"); `fallback`
+    when the schema has no such field (an older library: e.g. only today's all-to-all exchange)."""
+    from mlless.spec import schema
+
+    try:
+        return schema.choices(f"sync.{field}")
+    except KeyError:
+        return tuple(fallback)
+
+
+def has_spec_field(path: str) -> bool:
+    """Whether the importable mlless's schema has the spec field at dotted `path` ("sync.exchange")."""
+    from mlless.spec import schema
+
+    node = schema.SPEC_SCHEMA
+    for name in path.split("."):
+        node = node.get("properties", {}).get(name)
+        if node is None:
+            return False
+    return True
+
+
+def refusal(doc: dict[str, Any]) -> str | None:
+    """None when the importable mlless accepts the TrainingJob `doc` (schema and every pairing rule it checks),
+    otherwise its error, on one line."""
+    from mlless.spec.job import from_manifest
+
+    try:
+        from_manifest(doc)
+    except ValueError as e:  # SpecError is a ValueError
+        return " ".join(str(e).split())
+    return None
 
 
 def mlless_report(out: Path, runs: Sequence[tuple[str, Path | str]], title: str) -> None:

@@ -229,6 +229,12 @@ def pmf_target(key: str, ds: Dataset, libmf2: Curve | None = None, surprise: Cur
     return anchor, anchor.points[-1][2] + 0.01
 
 
+def lr_target(ds: Dataset, data_dir: Path, vw: Curve | None = None) -> tuple[Curve, float]:
+    """The anchor run and target validation BCE of an LR set: Vowpal Wabbit's one-pass BCE + 0.005 (run unless given)."""
+    anchor = vw or run_vw(ds, data_dir)
+    return anchor, anchor.points[0][2] + 0.005
+
+
 # ---- LR peers --------------------------------------------------------------------------------------------------
 
 def run_vw(ds: Dataset, data_dir: Path) -> Curve:
@@ -386,8 +392,7 @@ def pmf_comparison(key: str, ds: Dataset, data: Path, base: Path, args: argparse
 
 def lr_comparison(key: str, ds: Dataset, data: Path, base: Path, args: argparse.Namespace) -> str:
     print(f"== {key}", flush=True)
-    vw = run_vw(ds, data)
-    target = vw.points[0][2] + 0.005
+    vw, target = lr_target(ds, data)
     curves = [vw, run_sgd_classifier(ds, 5), run_logistic_regression(ds, args.lbfgs_iter)]
     for run in mlless_runs(args.quick):
         curves.append(run_mlless(ds, data, "logistic-regression", run, target, args.max_seconds, base))

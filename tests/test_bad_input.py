@@ -73,3 +73,17 @@ def test_prepare_refuses_a_rating_float32_cannot_hold(tmp_path, capsys):
     code, err = run(capsys, "prepare", str(source), "--format", "movielens", "--out", str(tmp_path / "out"))
     assert code != 0 and "ratings.csv:3" in err and "1e300" in err
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_a_reader_that_goes_away_gets_no_traceback():
+    """`mlless validate job.yaml | head -1`: stdout's reader closes the pipe before the job is printed."""
+    import subprocess
+    import sys
+
+    reader = subprocess.Popen(["true"], stdin=subprocess.PIPE)
+    reader.wait()  # the pipe's only reader is gone
+    done = subprocess.run([sys.executable, "-m", "mlless.cli", "validate", "examples/movielens.yaml"],
+                          stdout=reader.stdin, stderr=subprocess.PIPE, text=True,
+                          cwd=Path(__file__).resolve().parents[1], timeout=60)
+    reader.stdin.close()
+    assert "Traceback" not in done.stderr and done.returncode == 1, done.stderr

@@ -58,6 +58,16 @@ def updates(draw: st.DrawFn) -> Update:
     return Update(draw(ranks), draw(steps), idx, val)
 
 
+@st.composite
+def row_updates(draw: st.DrawFn) -> Update:
+    """Whole rows of `width` parameters in any order, as a PMF update lists them: the indices travel as runs."""
+    width = draw(st.integers(1, 60))
+    rows = draw(st.lists(st.integers(0, 2**31 // width - 1), min_size=1, max_size=40, unique=True))
+    idx = (np.array(rows, np.int64)[:, None] * width + np.arange(width)).ravel()
+    val = draw(hnp.arrays(np.float32, idx.size, elements=st.floats(-MAX_MAGNITUDE, MAX_MAGNITUDE, width=32)))
+    return Update(draw(ranks), draw(steps), idx, val)
+
+
 _dtypes = st.sampled_from([np.float32, np.float64, np.int32, np.int64, np.uint8])
 
 
@@ -76,6 +86,7 @@ def tensors(draw: st.DrawFn) -> Tensors:
 
 messages = st.one_of(
     updates(),
+    row_updates(),
     tensors(),
     st.builds(Hello, ranks, steps, i64),
     st.builds(
@@ -162,8 +173,8 @@ def test_header_checks() -> None:
     good = encode(Hello(1, 2, 3))
     with pytest.raises(FrameError, match="magic"):
         decode(b"XYZ" + good[3:])
-    with pytest.raises(FrameError, match="version"):
-        decode(good[:3] + b"\x02" + good[4:])
+    with pytest.raises(FrameError, match="version 1"):  # an older build's frame: it listed every update index
+        decode(good[:3] + b"\x01" + good[4:])
     with pytest.raises(FrameError, match="unknown frame type"):
         decode(good[:4] + b"\x63" + good[5:])
     with pytest.raises(FrameError, match="flags"):
@@ -223,7 +234,7 @@ def test_update_rejects_bad_arrays() -> None:
 
 
 def test_nan_smuggled_past_encoder_is_rejected() -> None:
-    payload = struct.pack("<I", 1) + np.array([0], np.int32).tobytes() + np.array([np.inf], np.float32).tobytes()
+    payload = struct.pack("<II", 1, 0) + np.array([0], np.int32).tobytes() + np.array([np.inf], np.float32).tobytes()
     with pytest.raises(FrameError, match="NaN or inf"):
         decode(_frame(FrameType.UPDATE, payload))
     t = Tensors(0, 0, {"w": np.ones(3)})
@@ -240,7 +251,7 @@ def test_update_values_are_bounded() -> None:
     for bad in (1e30, -1e30, 2 * MAX_MAGNITUDE):
         with pytest.raises(FrameError, match="beyond the bound"):
             Update(0, 1, np.array([1, 2]), np.array([0.5, bad]))
-    payload = struct.pack("<I", 1) + np.array([0], np.int32).tobytes() + np.array([1e30], np.float32).tobytes()
+    payload = struct.pack("<II", 1, 0) + np.array([0], np.int32).tobytes() + np.array([1e30], np.float32).tobytes()
     with pytest.raises(FrameError, match=r"values reach 1e\+30, beyond the bound of \+-1e\+06"):
         decode(_frame(FrameType.UPDATE, payload))
 
@@ -256,11 +267,65 @@ def test_replica_params_are_bounded() -> None:
 
 
 def test_update_length_mismatch() -> None:
-    payload = struct.pack("<I", 3) + b"\x00" * 16
-    with pytest.raises(FrameError, match="expected 24"):
+    payload = struct.pack("<II", 3, 0) + b"\x00" * 16
+    with pytest.raises(FrameError, match="holds 16 bytes after its counts, expected 24 for 3 listed indices"):
         decode(_frame(FrameType.UPDATE, payload))
     payload = struct.pack("<I", 2**32 - 1)
     with pytest.raises(FrameError):
+        decode(_frame(FrameType.UPDATE, payload))
+    # forged counts are checked against the payload before anything is allocated
+    for n, runs in ((2**32 - 1, 0), (2**32 - 1, 2**31 - 1), (2**32 - 1, 1)):
+        with pytest.raises(FrameError, match="expected"):
+            decode(_frame(FrameType.UPDATE, struct.pack("<II", n, runs) + b"\x00" * 64))
+
+
+def _runs_frame(n: int, starts: list[int], lengths: list[int]) -> bytes:
+    """An update frame with these runs, whatever they say, and n zero values."""
+    runs = struct.pack("<II", n, len(starts)) + np.array(starts, "<i4").tobytes() + np.array(lengths, "<u4").tobytes()
+    return _frame(FrameType.UPDATE, runs + bytes(4 * n))
+
+
+def test_update_indices_travel_as_runs() -> None:
+    """Two rank-3 PMF rows (4 parameters each) and two adjacent ones: 16 indices in 3 runs, in the sender's order."""
+    idx = np.r_[28:36, 8:12, 20:24]
+    upd = Update(3, 7, idx, np.arange(16, dtype=np.float32))
+    frame = encode(upd)
+    assert len(frame) == HEADER.size + 8 + 3 * 8 + 16 * 4  # against 8 + 16 * 8 listed
+    assert frame[HEADER.size : HEADER.size + 8] == struct.pack("<II", 16, 3)
+    out = decode(frame, size=36)
+    assert out == upd and out.indices.flags.writeable and out.indices.dtype == np.int32
+    listed = encode(Update(0, 0, np.array([1, 2, 4, 5, 7, 9]), np.zeros(6)))  # 4 runs of 6: listed is smaller
+    assert listed[HEADER.size : HEADER.size + 8] == struct.pack("<II", 6, 0)
+
+
+@pytest.mark.parametrize(
+    "n, starts, lengths, error",
+    [
+        (8, [0, 10], [4, 0], "run 1 has length 0"),
+        (8, [0, 10], [4, 3], "run lengths sum to 7, not the 8 entries"),
+        (8, [0, 10], [4, 5], "run lengths sum to 9, not the 8 entries"),
+        (8, [0, -10], [4, 4], "negative index in update"),
+        (8, [0, 2**31 - 3], [4, 4], "run 1 ends beyond int32"),
+        (8, [0, 4], [4, 4], "run 1 continues run 0: runs must be maximal"),
+        (4, [0, 10], [2, 2], "2 runs for 4 entries: at least half as many runs as entries must be listed"),
+        (8, [0, 2], [4, 4], None),  # overlapping runs are duplicates: only a model size rejects them
+    ],
+)
+def test_malformed_runs_are_rejected(n: int, starts: list[int], lengths: list[int], error: str | None) -> None:
+    frame = _runs_frame(n, starts, lengths)
+    if error is None:
+        decode(frame)
+        with pytest.raises(FrameError, match="duplicate"):
+            decode(frame, size=100)
+        return
+    with pytest.raises(FrameError, match=f"^Update frame from sender 0 step 0: {error}$"):
+        decode(frame)
+
+
+def test_listed_indices_that_form_runs_are_rejected() -> None:
+    """Runs or listed is a function of the indices: the other choice would give one update two frames."""
+    payload = struct.pack("<II", 4, 0) + np.array([5, 6, 7, 8], "<i4").tobytes() + bytes(16)
+    with pytest.raises(FrameError, match="4 listed indices form 1 runs, fewer than half as many: they must travel as runs"):
         decode(_frame(FrameType.UPDATE, payload))
 
 
@@ -356,33 +421,37 @@ def test_control_field_checks() -> None:
 # --------------------------------------------------------------------------- golden frames
 
 #: Frames captured from the encoder before the codec became table-driven: (id, message, compressed, frame as hex).
+#: Frame version 2 changed the version byte of each, and the payload of the updates (their indices may travel as
+#: runs, `mlless.protocol.runs`).
 #: The wire format is a contract between processes of possibly different builds, so it must not drift silently.
 GOLDEN: list[tuple[str, Message, bool, str]] = [
     (
         "update",
         Update(3, 7, np.array([0, 5, 9, 2**31 - 1]), np.array([1.5, -2.0, 0.0, 3.25], np.float32)),
         False,
-        "4d4c7301010003000000070000000000000024000000ad2a69da04000000000000000500000009000000ffffff7f0000"
-        "c03f000000c00000000000005040"
+        "4d4c730201000300000007000000000000002800000081bee2b10400000000000000000000000500000009000000ffff"
+        "ff7f0000c03f000000c00000000000005040"
     ),
     (
         "update_empty",
         Update(0, 0, np.zeros(0, np.int32), np.zeros(0, np.float32)),
         False,
-        "4d4c73010100000000000000000000000000040000001cdf442100000000"
+        "4d4c730201000000000000000000000000000800000069df22650000000000000000"
+    ),
+    (
+        "update_runs",  # frame version 2: two rank-3 PMF rows and two adjacent ones, 16 indices in 3 runs
+        Update(5, 9, np.r_[28:36, 8:12, 20:24], np.linspace(-1, 1, 16, dtype=np.float32)),
+        False,
+        "4d4c7302010005000000090000000000000060000000b65ed38110000000030000001c00000008000000140000000800"
+        "00000400000004000000000080bfdedd5dbfbcbb3bbf9a9919bfefeeeebeabaaaabecdcc4cbe898888bd8988883dcdcc"
+        "4c3eabaaaa3eefeeee3e9a99193fbcbb3b3fdedd5d3f0000803f"
     ),
     (
         "update_z",
         Update(1, 2, np.arange(200, dtype=np.int32), np.zeros(200, np.float32)),
         True,
-        "4d4c7301010101000000020000000000000055010000770a134e7801edd067570e00008661a350b2232323d9b229d9a3"
-        "12656fb25752d919654756d9d94448a5c84cb2153fcb758ecffec1fb9c739de7fbfda7c9bf3575cd684e10c1b4a025ad"
-        "082194d684d186b6b4a33d1de84827c2e94c1722e84a37bad383487ad28bdef4218abe44d38ffe0c60208318cc108612"
-        "c330863382918c62346318cb386289633cf14c60229398cc14a6328de9cc6026092492c42c9299cd1c5248652ef398cf"
-        "0216b288c52c6129cb58ce0a56b28ad5a4b186b5ac633d1bd8c82636b385ad6c239ded64b0834cb2c86627bbd8cd1ef6"
-        "b28ffde47080831ce230b9e47184a31ce3382738c929f239cd190a38cb39ce73818b1452c4252e7385ab5ce33a3728e6"
-        "26b7b8cd1dee728ffb3ce021253ce231a53ce129cf28e339e55450c90baaa8e625afa8e1356f78cb3bdef3815a3e52c7"
-        "27eaf9cc17bef28deffce027bf68a091df0416281028f0ff027f014afb4e85"
+        "4d4c730201010100000002000000000000001c0000006c52499378013bc1c0c0c008c4207002428d92a321301a023842"
+        "0000f8380192"
     ),
     (
         "tensors",
@@ -398,7 +467,7 @@ GOLDEN: list[tuple[str, Message, bool, str]] = [
             },
         ),
         False,
-        "4d4c7301020000000000090000000000000091000000400b46980500000006706172616d730102020000000000000003"
+        "4d4c7302020000000000090000000000000091000000400b46980500000006706172616d730102020000000000000003"
         "00000000000000000000000000803f0000004000004040000080400000a0400164020102000000000000000000000000"
         "00f03f00000000000004c001690302010000000000000002000000000000000100000002000000016c04010100000000"
         "000000070000000000000002c3a905010300000000000000000000"
@@ -407,26 +476,26 @@ GOLDEN: list[tuple[str, Message, bool, str]] = [
         "tensors_z",
         Tensors(2, 4, {"w": np.zeros((30, 10), np.float32)}),
         True,
-        "4d4c73010201020000000400000000000000230000004ef971b5780163646060602c67649203d220c005a146c9d11018"
+        "4d4c73020201020000000400000000000000230000004ef971b5780163646060602c67649203d220c005a146c9d11018"
         "0d81d1101832210000111a00a5"
     ),
     (
         "tensors_empty",
         Tensors(0, 0, {}),
         False,
-        "4d4c73010200000000000000000000000000040000001cdf442100000000"
+        "4d4c73020200000000000000000000000000040000001cdf442100000000"
     ),
     (
         "hello",
         Hello(4, 0, 123456),
         False,
-        "4d4c73011000040000000000000000000000080000001f79dc1340e2010000000000"
+        "4d4c73021000040000000000000000000000080000001f79dc1340e2010000000000"
     ),
     (
         "report",
         Report(2, 11, 0.625, 32, True, 4096, 512, 17, (0.1, 0.2, 0.0, 1.5, 2.25, 3.0, 0.001)),
         False,
-        "4d4c73011100020000000b000000000000006100000061a62736000000000000e43f2000000000000000010010000000"
+        "4d4c73021100020000000b000000000000006100000061a62736000000000000e43f2000000000000000010010000000"
         "000000000200000000000011000000000000009a9999999999b93f9a9999999999c93f00000000000000000000000000"
         "00f83f00000000000002400000000000000840fca9f1d24d62503f"
     ),
@@ -434,7 +503,7 @@ GOLDEN: list[tuple[str, Message, bool, str]] = [
         "report_noupd",
         Report(0, 1, -3.5, 0, False, 0, 0, 0, (0.0,) * 7),
         False,
-        "4d4c7301110000000000010000000000000061000000de593ecb0000000000000cc00000000000000000000000000000"
+        "4d4c7302110000000000010000000000000061000000de593ecb0000000000000cc00000000000000000000000000000"
         "000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000"
         "000000000000000000000000000000000000000000000000000000"
     ),
@@ -442,70 +511,72 @@ GOLDEN: list[tuple[str, Message, bool, str]] = [
         "close",
         Close(-1, 5, 640, CLOSE_SNAPSHOT | CLOSE_FINAL, (0, 1, 3), (1, 3), (2,)),
         False,
-        "4d4c73011200ffffffff05000000000000003000000076c1129b80020000000000000300000003000000000000000100"
+        "4d4c73021200ffffffff05000000000000003000000076c1129b80020000000000000300000003000000000000000100"
         "0000030000000200000001000000030000000100000002000000"
     ),
     (
         "close_empty",
         Close(-1, 0, 0, 0, (), ()),
         False,
-        "4d4c73011200ffffffff00000000000000001800000020cac1a300000000000000000000000000000000000000000000"
+        "4d4c73021200ffffffff00000000000000001800000020cac1a300000000000000000000000000000000000000000000"
         "0000"
     ),
     (
         "leave",
         Leave(-1, 8, 3),
         False,
-        "4d4c73011300ffffffff080000000000000004000000f270f13303000000"
+        "4d4c73021300ffffffff080000000000000004000000f270f13303000000"
     ),
     (
         "left",
         Left(3, 8, True),
         False,
-        "4d4c73011400030000000800000000000000010000001bdf05a501"
+        "4d4c73021400030000000800000000000000010000001bdf05a501"
     ),
     (
         "left_no",
         Left(1, 9, False),
         False,
-        "4d4c73011400010000000900000000000000010000008def02d200"
+        "4d4c73021400010000000900000000000000010000008def02d200"
     ),
     (
         "finish",
         Finish(-1, 12),
         False,
-        "4d4c73011500ffffffff0c000000000000000000000000000000"
+        "4d4c73021500ffffffff0c000000000000000000000000000000"
     ),
     (
         "takeover",  # a message added later (runtime/supervisor/failover.py)
         Takeover(-1, 0),
         False,
-        "4d4c73011800ffffffff00000000000000000000000000000000"
+        "4d4c73021800ffffffff00000000000000000000000000000000"
     ),
     (
         "done",  # with repaired_frames (docs/reliability.md), which followed rejected_frames
         Done(1, 12, 45.5, 3, 2),
         False,
-        "4d4c73011600010000000c0000000000000018000000c6e482f60000000000c0464003000000000000000200000000000000"
+        "4d4c73021600010000000c0000000000000018000000c6e482f60000000000c046400300000000000000020000000000"
+        "0000"
     ),
     (
         "done_default",
         Done(0, 2, 0.0),
         False,
-        "4d4c730116000000000002000000000000001800000020cac1a3000000000000000000000000000000000000000000000000"
+        "4d4c730216000000000002000000000000001800000020cac1a300000000000000000000000000000000000000000000"
+        "0000"
     ),
     (
         "failed",
         Failed(2, 6, "diverged: loss is nan — é"),
         False,
-        "4d4c730117000200000006000000000000001e000000ae4ab53e1c0064697665726765643a206c6f7373206973206e61"
+        "4d4c730217000200000006000000000000001e000000ae4ab53e1c0064697665726765643a206c6f7373206973206e61"
         "6e20e2809420c3a9"
     ),
     (
         "failed_empty",
         Failed(0, 0, ""),
         False,
-        "4d4c7301170000000000000000000000000002000000ff12d9410000"
+        "4d4c7302170000000000000000000000000002000000ff12d9410000"
     ),
 ]
 
@@ -579,4 +650,4 @@ def test_a_frame_without_checksum_decodes_only_once_its_mac_is_verified() -> Non
 def test_golden_sealed_frame() -> None:
     """The MAC (HMAC-SHA256 over context, a zero byte and the frame, first 16 bytes) is wire format too."""
     frame = bytes.fromhex(GOLDEN[0][3])
-    assert seal(frame, KEY, "value update:3:7") == frame + bytes.fromhex("062d517e42129ccb3ee4b245a4a6e6c0")
+    assert seal(frame, KEY, "value update:3:7") == frame + bytes.fromhex("e5374ae8a45a4fca79e80b489de3c793")

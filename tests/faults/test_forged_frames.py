@@ -23,8 +23,8 @@ import redis
 
 from mlless.contract import ENV_JOB_ID, ENV_JOB_KEY
 from mlless.protocol import keys, layouts
-from mlless.protocol.framing import HEADER, MAGIC, U32, VERSION, FrameType, decode, encode
-from mlless.protocol.messages import Failed, Finish, Tensors
+from mlless.protocol.framing import HEADER, MAGIC, VERSION, FrameType, decode, encode
+from mlless.protocol.messages import Failed, Finish, Tensors, Update
 from mlless.protocol.sealing import Rejected, seal, unseal
 from mlless.transport.base import MESSAGE_CONTEXT, key_prefix, value_context
 from mlless.transport.bus import queue_names
@@ -46,9 +46,10 @@ def frame(ftype: FrameType, sender: int, step: int, payload: bytes) -> bytes:
 
 
 def update_frame(sender: int, step: int, value: float) -> bytes:
+    """An update of 16 entries, all `value` (the values end the payload, whatever carries the indices)."""
     n = 16
-    return frame(FrameType.UPDATE, sender, step,
-                 U32.pack(n) + np.arange(n, dtype="<i4").tobytes() + np.full(n, value, "<f4").tobytes())
+    payload = encode(Update(sender, step, np.arange(n), np.zeros(n, np.float32)))[HEADER.size:]
+    return frame(FrameType.UPDATE, sender, step, payload[:-4 * n] + np.full(n, value, "<f4").tobytes())
 
 
 def snapshot_frame(step: int, size: int) -> bytes:

@@ -9,7 +9,7 @@ built from the field types of ``mlless.protocol.fields``).
 Header (``HEADER``, 26 bytes)::
 
     magic    3s   b"MLs"
-    version  u8   1
+    version  u8   2 (1 listed every update index; 2 sends runs of them, `mlless.protocol.runs`)
     type     u8   FrameType
     flags    u8   bit0 = payload is zlib-compressed; bit1 = sealed, no checksum (crc32 is 0);
                   other bits must be 0
@@ -73,7 +73,7 @@ __all__ = [
 ]
 
 MAGIC = b"MLs"
-VERSION = 1
+VERSION = 2
 HEADER = struct.Struct("<3sBBBiqII")
 FLAG_COMPRESSED = 0x01
 FLAG_SEALED = 0x02

@@ -31,6 +31,7 @@ from mlless.protocol.fields import (
     set_field,
 )
 from mlless.protocol.framing import I4, U8, U32, FrameError, FrameType, Reader, pack_text
+from mlless.protocol.runs import COUNTS, pack_indices, read_indices
 
 __all__ = [
     "MAX_REASON_BYTES",
@@ -105,7 +106,7 @@ def _arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
 class Update(Message):
     """A worker's significant update for one step: sparse (indices, values).
 
-    Payload: ``n`` u32, ``n`` int32 indices, ``n`` float32 values (finite, within
+    Payload: the indices as runs or listed (``mlless.protocol.runs``), then ``n`` float32 values (finite, within
     ``MAX_MAGNITUDE``).  Indices are never negative; with ``decode(..., size=N)`` they must also be < N and
     unique, which is what a receiver applying the update into a replica of N
     parameters needs to trust.
@@ -164,14 +165,12 @@ class Update(Message):
             raise FrameError("duplicate indices in update")
 
     def _parts(self) -> list[bytes | memoryview]:
-        return [U32.pack(self.indices.size), self.indices.data, self.values.data]
+        return [*pack_indices(self.indices), self.values.data]
 
     @classmethod
     def _parse(cls, sender: int, step: int, r: Reader, size: int | None) -> "Update":
-        (n,) = r.unpack(U32)
-        if r.left != 8 * n:
-            raise FrameError(f"update payload holds {r.left} bytes, expected {8 * n} for {n} entries")
-        idx = r.array(I4, n)
+        n, runs = r.unpack(COUNTS)
+        idx = read_indices(r, n, runs)
         val = r.array(_F4, n)
         r.end()
         msg = cls(sender, step, idx, val)

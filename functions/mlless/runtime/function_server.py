@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mlless.contract import ENV_DEADLINE_SECONDS, ENV_JOB_FILE, ENV_JOB_ID, ENV_RANK, ENV_RESUME, EXIT_CHECKPOINTED
+from mlless.runtime import json_object
 from mlless.spec import SpecError, TrainingJob
 from mlless.transport.base import TransportError, check_job_id
 from mlless.transport.env import invoke_token, service_urls
@@ -64,11 +65,9 @@ class Invocation:
     @classmethod
     def parse(cls, body: bytes, expected_job_id: str | None) -> Invocation:
         try:
-            doc = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InvocationError(f"body is not JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise InvocationError("body must be a JSON object")
+            doc = json_object(body)
+        except ValueError as exc:
+            raise InvocationError(f"body is {exc}") from None
         rank = doc.get("rank")
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
             raise InvocationError("rank must be an integer >= 0")

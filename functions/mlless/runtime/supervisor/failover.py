@@ -37,6 +37,7 @@ from mlless.progress import Progress
 from mlless.protocol import keys, layouts
 from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import Done, Hello, Takeover, Tensors
+from mlless.runtime import json_object
 from mlless.runtime.supervisor.membership import INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST
 from mlless.runtime.supervisor.stopping import Best
 from mlless.telemetry.record import RunRecord
@@ -99,12 +100,7 @@ class JobState:
     @classmethod
     def from_json(cls, raw: bytes) -> JobState:
         """ValueError naming the field when `raw` is not a job state this version wrote."""
-        try:
-            data = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"not JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
+        data = json_object(raw)
         values = {}
         for f in fields(cls):
             if f.name not in data:
