@@ -61,14 +61,14 @@ def audit(monkeypatch):
 def test_every_update_is_applied_exactly_once_through_a_scale_in_mid_round(movielens_dir, tmp_path, redis_url,
                                                                           amqp_url, audit):
     def scale_in(supervisor, launcher):
-        _when_step(supervisor, 13)  # inside a round of 8: the leaver's unsent steps go to the survivors
+        _when_step(supervisor, 13)  # inside the first round of 32: the leaver's unsent steps go to the survivors
         supervisor.request_workers(2)
 
-    job = job_for(movielens_dir, sync={"protocol": "averaging", "localSteps": 8}, stop={"maxSteps": 40})
+    job = job_for(movielens_dir, sync={"protocol": "averaging", "localSteps": 32}, stop={"maxSteps": 64})
     summary = _supervise_with(job, tmp_path, redis_url, amqp_url, scale_in)
     assert summary["workers_final"] == 2 and summary["dropped_workers"] == []
     assert summary["audit"]["leavers"] == 1 and summary["audit"]["leaver_pending_entries"] > 0
-    assert summary["replica_spread"] < 1e-4  # step 40 ends a round: the replicas are equal again, as under BSP
+    assert summary["replica_spread"] < 1e-4  # step 64 ends a round: the replicas are equal again, as under BSP
     assert_conserved(summary)
 
 
