@@ -276,20 +276,23 @@ class Worker:
             if self.rank in close.live:
                 self._join(close)
             return
-        if self.rank not in close.live:
-            self._leave(after=close.step)
         started = time.perf_counter()
         updates = self.half.gather(close)
         read_done = time.perf_counter()
         self.half.combine(close, updates)
         if close.merges:
             self._merge_leavers(close.merges)
+        if self.rank not in close.live:
+            # Its own update of this step is named by the close too, and its peers apply it as the protocol combines
+            # it (averaging: a share of it); combining first makes the leaver's replica agree with what they applied.
+            self._leave(after=close.step)
         self.view = _View(closed=close.step, cursor=close.cursor, live=close.live)
         if close.flags & CLOSE_SNAPSHOT and self._is_donor(close):
             self.transport.put(keys.snapshot(), self._replica_frame())
         self._barrier["read"] += read_done - started
         self._barrier["apply"] += time.perf_counter() - read_done
         if close.flags & CLOSE_FINAL:
+            self.half.take_back(close.step)  # frames of steps trained past the job's end, which no one reads
             self._finish()
 
     def _is_donor(self, close: Close) -> bool:
@@ -372,7 +375,7 @@ class Worker:
         """Hand on the unsent accumulated updates in the leaver's replica frame; the survivors add them in. Taken out
         by the close of step `after`, this worker also takes back what it published for later steps."""
         if after is not None:
-            self.half.leaving(after)
+            self.half.take_back(after)
         self.transport.put(keys.leaver_replica(self.rank), self._replica_frame())
         self.transport.send_to_supervisor(encode(Left(sender=self.rank, step=self.view.closed, has_replica=True)))
         raise WorkerExit

@@ -9,7 +9,7 @@ name:
   steps end with a publication, where a step's update is written, and the exchange pattern (who reads what,
   `runtime/sync/exchange.py`);
 * `WorkerHalf`: a local step, then publish what it selected; at a close, gather the peers' updates and combine them
-  into the replica; on leaving, take back what no peer will apply;
+  into the replica; once out of the job or at its end, take back what no peer will apply;
 * `SupervisorHalf`: when a step closes, and which updates its close names.
 
 A protocol is one module that subclasses what it changes and registers its strategy (`runtime/sync/__init__.py`).
@@ -61,9 +61,10 @@ class WorkerHalf:
             except ValueError as exc:
                 self.exchange.reject(f"update frame of worker {update.sender} for step {close.step}: {exc}")
 
-    def leaving(self, after: int) -> None:
-        """The close of step `after` took this worker out: what it published for later steps, no peer applies, so
-        it goes back to the accumulator, which the survivors merge (`Worker._merge_leavers`)."""
+    def take_back(self, after: int) -> None:
+        """The close of step `after` took this worker out of the job, or ended the job: what it published for later
+        steps no peer applies, so it goes back to the accumulator (a leaver's the survivors merge,
+        `Worker._merge_leavers`; a final replica's counts as unsent)."""
         for published in self.exchange.unread(after):
             self.replica.keep_unsent(published.indices, published.values)
 
