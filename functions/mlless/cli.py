@@ -37,6 +37,7 @@ from mlless.runtime.launcher import Launcher
 from mlless.progress import Progress
 from mlless.runtime.supervisor.failover import ResumeError, resumable
 from mlless.runtime.supervisor.membership import INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST, JobFailed
+from mlless.runtime.sync import load_plugins
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
 from mlless.transport.env import service_urls
@@ -57,6 +58,7 @@ def _load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> Trai
             return TrainingJob.from_json(path.read_text())
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise SpecError(f"{path}: not a resolved job file: {exc}") from None
+    load_plugins()  # the sync strategies MLLESS_SYNC_PLUGINS names register themselves, and validation admits them
     return load_manifest(path, overrides)
 
 

@@ -25,6 +25,7 @@ from mlless.data.dataset import Dataset
 from mlless.protocol.framing import decode, encode
 from mlless.protocol.messages import Update
 from mlless.runtime.local import new_job_id
+from mlless.runtime.sync.exchange import Published
 from mlless.runtime.worker import Worker
 from mlless.transport import connect
 from test_training import job_for
@@ -123,14 +124,15 @@ def test_a_frame_the_store_lost_is_published_again_and_read(private_redis, amqp_
     dataset = Dataset.open(job.dataset_uri)
     sender, reader = (Worker(job, r, t, dataset) for r, t in enumerate(transports))
     try:
-        frame = encode(Update(sender=0, step=1, indices=np.array([3], np.int32), values=np.array([0.5], np.float32)))
+        indices, values = np.array([3], np.int32), np.array([0.5], np.float32)
+        frame = encode(Update(sender=0, step=1, indices=indices, values=values))
         key = sender.sync.update_key(0, 1)
         sender.transport.put(key, frame)
-        sender.published.append((key, frame))
+        sender.half.exchange.outbox.append(Published(1, key, frame, indices, values))
         redis.Redis.from_url(private_redis).flushall()
         waiting = threading.Thread(target=sender._await_close, args=(0,), daemon=True)  # no close comes: it probes
         waiting.start()
-        [got] = reader._fetch_updates([0], 1)
+        [got] = reader.half.exchange.fetch([key])
         assert got is not None and decode(got) == decode(frame)
         assert reader.repaired_frames == 1 and reader.transport.store_epoch == 1
         sender.leave_requested = True  # ends its wait at the next empty poll

@@ -1,16 +1,15 @@
 """A worker function: one replica, trained step by step in lockstep with its peers.
 
 Each step follows the MLLess paper's worker loop: take the next mini-batch
-(prefetched), train the replica on it and select the significant part of the
-update (`Replica.step`), publish that to Redis, report to the supervisor (the
-report doubles as the announcement), then wait for the supervisor to close
-the step and apply the peers' updates it names, fetched in one pipelined
-round trip. Under SSP the wait only blocks once the worker is more than
-`slack` steps ahead of the last closed step.
+(prefetched), train the replica on it and publish what the sync protocol
+shares, report to the supervisor (the report doubles as the announcement),
+then wait for the supervisor to close the step and apply the peers' updates
+it names. What is published, where, and how it is read and combined is the
+protocol's worker half (`runtime/sync/base.py`); how long the wait may be put
+off is its `must_have_closed` (SSP's slack, averaging's local steps).
 """
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import signal
@@ -80,16 +79,14 @@ class Worker:
         # MLLESS_AUDIT: the replica sums every update it computed, for the supervisor's conservation check.
         self.replica = Replica(build_model(job.model.type, dataset.dims(), job.model, job.seed), job.optimizer,
                                self.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)))
+        # This worker's half of the protocol; a peer's frame the store lost is waited for half the worker timeout.
+        self.half = self.sync.worker(rank, self.replica, transport, job.worker_timeout_seconds / 2, self._reject)
         self.schedule = Schedule(dataset.n_batches, job.seed)
         self.prefetcher = Prefetcher(dataset)
         self.view = _View()
         self.step = 0
         self.started = time.monotonic()
         self.rejected_frames = 0
-        self.repaired_frames = 0  # peers' update frames the store lost, read again once their senders re-published
-        # This worker's newest update frames, as many as can still be read: re-published if the store loses them.
-        self.published: collections.deque[tuple[str, bytes]] = collections.deque(maxlen=keys.update_slots(self.sync.staleness))
-        self.store_epoch = transport.store_epoch
         self.leave_requested = False
         # A function invocation must return before the platform kills it (monotonic time; None = no limit).
         self.deadline = deadline
@@ -98,6 +95,15 @@ class Worker:
         self.step_seconds = OnlineEwma(span=9)
         # wait/read/apply happen after a step is reported, so they travel with the next report.
         self._barrier = dict.fromkeys(BARRIER_PHASES, 0.0)
+
+    @property
+    def repaired_frames(self) -> int:
+        """Peers' update frames the store lost, read again once their senders re-published them."""
+        return self.half.exchange.repaired
+
+    def _reject(self, what: str) -> None:
+        self.rejected_frames += 1
+        log.error("worker %d: rejected %s", self.rank, what)
 
     # ---- main loop -------------------------------------------------------------------------
 
@@ -183,20 +189,9 @@ class Worker:
         self.prefetcher.hint(self.schedule.batch_index(position + len(self.view.live)))
         timer.lap("fetch")
 
-        # Alone in the job, nobody needs this update, so it is not shared.
-        result = self.replica.step(batch, self.schedule.epoch(position) + 1, self.step,
-                                   share=self.view.live != (self.rank,))
+        result = self.half.train(batch, self.schedule.epoch(position) + 1, self.step, alone=self.view.live == (self.rank,))
         timer.record(compute=result.compute_seconds, filter=result.filter_seconds)
-        sent_idx, sent_val = result.indices, result.values
-
-        bytes_sent = 0
-        if len(sent_idx):
-            frame = encode(Update(sender=self.rank, step=self.step, indices=sent_idx, values=sent_val), sealed=True)
-            key = self.sync.update_key(self.rank, self.step)
-            self.transport.put(key, frame)
-            self.published.append((key, frame))
-            self._republish_if_store_lost()
-            bytes_sent = len(frame)
+        bytes_sent = self.half.publish(self.step, result)
         timer.lap("write")
 
         timings = tuple(timer.seconds[p] for p in ("fetch", "compute", "filter", "write")) + tuple(self._barrier.values())
@@ -207,7 +202,7 @@ class Worker:
             samples=result.samples,
             has_update=bytes_sent > 0,
             bytes_sent=bytes_sent,
-            entries_sent=len(sent_idx),
+            entries_sent=len(result.indices),
             entries_pending=self.replica.pending_count(),
             timings=timings,
         )
@@ -239,7 +234,7 @@ class Worker:
                 silent_since = max(silent_since, self.transport.reconnected_at)  # an outage is not the supervisor's
                 if time.monotonic() - probed > STORE_PROBE_SECONDS:
                     self.transport.probe_store()
-                    self._republish_if_store_lost()
+                    self.half.exchange.republish_if_store_lost()
                     probed = time.monotonic()
                 if time.monotonic() - silent_since > patience:
                     raise SupervisorLost(f"no message from the supervisor for {time.monotonic() - silent_since:.0f}s")
@@ -257,8 +252,7 @@ class Worker:
         try:
             msg = decode(body)
         except FrameError as exc:
-            self.rejected_frames += 1
-            log.error("worker %d: rejected control frame: %s", self.rank, exc)
+            self._reject(f"control frame: {exc}")
             return False
         if isinstance(msg, Close):
             self._apply_close(msg)
@@ -282,68 +276,24 @@ class Worker:
             if self.rank in close.live:
                 self._join(close)
             return
-        if self.rank not in close.live:
-            self._leave()
         started = time.perf_counter()
-        peers = [r for r in close.updates if r != self.rank]
-        frames = self._fetch_updates(peers, close.step)
+        updates = self.half.gather(close)
         read_done = time.perf_counter()
-        for rank, frame in zip(peers, frames):
-            self._apply_update(rank, close.step, frame)
+        self.half.combine(close, updates)
         if close.merges:
             self._merge_leavers(close.merges)
+        if self.rank not in close.live:
+            # Its own update of this step is named by the close too, and its peers apply it as the protocol combines
+            # it (averaging: a share of it); combining first makes the leaver's replica agree with what they applied.
+            self._leave(after=close.step)
         self.view = _View(closed=close.step, cursor=close.cursor, live=close.live)
         if close.flags & CLOSE_SNAPSHOT and self._is_donor(close):
             self.transport.put(keys.snapshot(), self._replica_frame())
         self._barrier["read"] += read_done - started
         self._barrier["apply"] += time.perf_counter() - read_done
         if close.flags & CLOSE_FINAL:
+            self.half.take_back(close.step)  # frames of steps trained past the job's end, which no one reads
             self._finish()
-
-    def _fetch_updates(self, peers: list[int], step: int) -> list[bytes | None]:
-        """The peers' update frames of `step`, each announced by a report, so it was written.
-
-        One that is missing was lost with the store (a Redis restarted without persistence): its sender still
-        holds it and re-publishes it once its own transport notices the loss, as this worker does its own first.
-        It is waited for, for at most half the worker timeout (the supervisor's patience with this worker).
-        """
-        names = [self.sync.update_key(r, step) for r in peers]
-        frames = self.transport.get_many(names)
-        deadline = time.monotonic() + self.job.worker_timeout_seconds / 2
-        delay = 0.01
-        while None in frames and time.monotonic() < deadline:
-            self._republish_if_store_lost()
-            time.sleep(delay)
-            delay = min(2 * delay, 0.5)
-            missing = [i for i, f in enumerate(frames) if f is None]
-            for i, frame in zip(missing, self.transport.get_many([names[i] for i in missing])):
-                frames[i] = frame
-                self.repaired_frames += frame is not None
-        return frames
-
-    def _republish_if_store_lost(self) -> None:
-        """Put this worker's readable update frames back if the store lost the job's keys since it last looked."""
-        if self.transport.store_epoch == self.store_epoch:
-            return
-        self.store_epoch = self.transport.store_epoch
-        for key, frame in self.published:
-            self.transport.put(key, frame)
-        log.warning("worker %d: the store lost the job's keys; re-published %d update frames", self.rank, len(self.published))
-
-    def _apply_update(self, rank: int, step: int, frame: bytes | None) -> None:
-        if frame is None:
-            self.rejected_frames += 1
-            log.error("worker %d: update of worker %d for step %d is missing", self.rank, rank, step)
-            return
-        try:
-            # The index range and uniqueness are checked by apply_update, in one pass, before anything is added.
-            update = decode(frame)
-            if not isinstance(update, Update) or update.sender != rank or update.step != step:
-                raise FrameError(f"expected the update of worker {rank} for step {step}")
-            self.replica.apply(update.indices, update.values)
-        except (FrameError, ValueError) as exc:
-            self.rejected_frames += 1
-            log.error("worker %d: rejected update frame of worker %d for step %d: %s", self.rank, rank, step, exc)
 
     def _is_donor(self, close: Close) -> bool:
         """The first worker of the step that was just closed provides snapshots."""
@@ -366,8 +316,7 @@ class Worker:
             idx, val = layouts.pending(msg.arrays)
             Update(sender=rank, step=msg.step, indices=idx, values=val).check_size(self.replica.params.shape[0])
         except (FrameError, TypeError, ValueError) as exc:
-            self.rejected_frames += 1
-            log.error("worker %d: rejected %s of worker %d: %s", self.rank, what, rank, exc)
+            self._reject(f"{what} of worker {rank}: {exc}")
             return None
         return msg
 
@@ -422,8 +371,11 @@ class Worker:
                     repaired_frames=self.repaired_frames)
         self.transport.send_to_supervisor(encode(done))
 
-    def _leave(self) -> None:
-        # The published frame carries the unsent accumulated updates; the survivors add them in.
+    def _leave(self, after: int | None = None) -> None:
+        """Hand on the unsent accumulated updates in the leaver's replica frame; the survivors add them in. Taken out
+        by the close of step `after`, this worker also takes back what it published for later steps."""
+        if after is not None:
+            self.half.take_back(after)
         self.transport.put(keys.leaver_replica(self.rank), self._replica_frame())
         self.transport.send_to_supervisor(encode(Left(sender=self.rank, step=self.view.closed, has_replica=True)))
         raise WorkerExit

@@ -136,6 +136,7 @@ class SyncConfig:
     protocol: str = default("sync.protocol")
     significance_threshold: float = PAPERS_V
     slack: int = default("sync.slack")
+    local_steps: int = default("sync.localSteps")
 
 
 def default_sync(model_type: str) -> SyncConfig:

@@ -66,12 +66,14 @@ class Replica:
     def params(self) -> np.ndarray:
         return self.model.params
 
-    def step(self, batch: Batch, epoch: int, t: int, share: bool = True) -> StepResult:
+    def step(self, batch: Batch, epoch: int, t: int, share: bool = True, select: bool = True) -> StepResult:
         """Train on ``batch`` (``epoch`` counts from 1 and sets the learning rate) and select what to send at step ``t``.
 
         Without ``share`` (a worker alone in its job) the update stays in the
         replica and out of the accumulator, and nothing is selected: a worker
         that joins later starts from replica − pending with it included.
+        Without ``select`` (a local step inside a round of model averaging) the
+        update is accumulated, and nothing is selected yet.
         """
         started = time.perf_counter()
         idx, delta, loss_sum, samples = self.optimizer.update(self.model, batch, self.config.lr_at(epoch))
@@ -81,7 +83,9 @@ class Replica:
             self.contribution[idx] += delta  # the optimizers' idx never repeats
         computed = time.perf_counter()
         selected = layouts.no_pending()
-        if share:
+        if share and not select:
+            self.filter.accumulate(idx, delta)
+        elif share:
             selected = self.filter.step(idx, delta, t)
             try:  # peers would reject the frame; say why here, where the advice is known
                 check_bounded("the update's values", selected[1])
@@ -93,6 +97,18 @@ class Replica:
         """Add a peer's update (or a leaver's unsent accumulator), all or nothing; ValueError names a bad index."""
         self.model.apply_update(indices, values)
         self.filter.touched(indices)
+
+    def correct(self, indices: np.ndarray, values: np.ndarray) -> None:
+        """Move the replica by a correction of its own published update (model averaging keeps a share of it): the
+        correction is part of this replica's contribution to the shared state, as the update was (MLLESS_AUDIT)."""
+        self.apply(indices, values)
+        if self.contribution is not None:
+            self.contribution[indices] += values
+
+    def keep_unsent(self, indices: np.ndarray, values: np.ndarray) -> None:
+        """Entries this replica published that no peer will apply go back to its accumulator (they are in the
+        replica already)."""
+        self.filter.accumulate(indices, values)
 
     def pending_count(self) -> int:
         return self.filter.pending_count()

@@ -51,6 +51,7 @@ from mlless.runtime.supervisor.membership import (
 )
 from mlless.runtime.supervisor.scaling import Scaling
 from mlless.runtime.supervisor.stopping import Standing, StopRules
+from mlless.runtime.sync import sync_strategy
 from mlless.spec import TrainingJob
 from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.telemetry.record import RunRecord
@@ -118,6 +119,7 @@ class Supervisor:
         self.closed_at = self.started  # when the newest step was closed
         self.stop_reason: str | None = None
         self.scaling = Scaling(job, self.members, self.platform, self.metrics, self.progress)
+        self.sync = sync_strategy(job.sync).supervisor()  # when a step closes, and whose updates its close names
         self.suspend_checkpoint: bytes | None = None
         self._interrupted = False  # set by SIGINT/SIGTERM, acted on between messages
 
@@ -280,7 +282,7 @@ class Supervisor:
         while self.stop_reason is None:
             step = self.closed + 1
             reports = self.reports.get(step, {})
-            if not self.live or not set(self.live) <= set(reports):
+            if not self.sync.ready(reports, self.live):
                 return
             self._close(step, [reports[r] for r in self.live])
 
@@ -337,8 +339,7 @@ class Supervisor:
             # A joiner starts from this snapshot; the supervisor evaluates it too.
             flags |= CLOSE_SNAPSHOT
             self.evaluation.request_snapshot(step, self.cursor)
-        updates = tuple(r.sender for r in reports if r.has_update)
-        close = Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=updates,
+        close = Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=self.sync.updates(reports),
                       merges=self.scaling.take_merges())
         self.last_close, self.close_sent_at = encode(close), time.monotonic()
         self.transport.broadcast(self.last_close)

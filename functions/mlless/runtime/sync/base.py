@@ -1,0 +1,135 @@
+"""The interface every synchronisation protocol implements: a strategy, its worker half and its supervisor half.
+
+Every protocol runs the same loops (`runtime/worker.py`, `runtime/supervisor/loop.py`): a worker trains a step,
+publishes what its protocol shares, reports, and at each step-close applies what its protocol reads; the
+supervisor closes a step once its protocol says so. What differs is asked of the strategy, never of a protocol's
+name:
+
+* `SyncStrategy`: the replica's significance threshold, how many closed steps a worker may run ahead of, which
+  steps end with a publication, where a step's update is written, and the exchange pattern (who reads what,
+  `runtime/sync/exchange.py`);
+* `WorkerHalf`: a local step, then publish what it selected; at a close, gather the peers' updates and combine them
+  into the replica; once out of the job or at its end, take back what no peer will apply;
+* `SupervisorHalf`: when a step closes, and which updates its close names.
+
+A protocol is one module that subclasses what it changes and registers its strategy (`runtime/sync/__init__.py`).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Mapping
+
+from mlless.data.batches import Batch
+from mlless.protocol import keys
+from mlless.protocol.messages import Close, Report, Update
+from mlless.runtime.sync.exchange import EXCHANGES, Exchange
+from mlless.spec.job import SyncConfig
+from mlless.training.replica import Replica, StepResult
+from mlless.transport import Transport
+
+
+class WorkerHalf:
+    """What a worker does for its protocol: publish after a local step, combine the peers' updates at a close."""
+
+    def __init__(self, strategy: SyncStrategy, rank: int, replica: Replica, exchange: Exchange) -> None:
+        self.strategy = strategy
+        self.rank = rank
+        self.replica = replica
+        self.exchange = exchange
+
+    def train(self, batch: Batch, epoch: int, step: int, alone: bool) -> StepResult:
+        """Train `step` on `batch`, selecting what the protocol shares after it.
+
+        Alone in the job, nobody needs this update, so it is not shared.
+        """
+        return self.replica.step(batch, epoch, step, share=not alone, select=self.strategy.publishes(step))
+
+    def publish(self, step: int, result: StepResult) -> int:
+        """Share what `train` selected, if anything; returns the bytes written."""
+        return self.exchange.publish(step, result.indices, result.values) if len(result.indices) else 0
+
+    def gather(self, close: Close) -> list[Update]:
+        """The peers' updates `close` names, read as the exchange pattern says."""
+        return self.exchange.gather(close.step, [r for r in close.updates if r != self.rank])
+
+    def combine(self, close: Close, updates: list[Update]) -> None:
+        """Add the gathered updates to the replica: replicas stay the shared state plus their own unsent updates."""
+        for update in updates:
+            try:
+                self.replica.apply(update.indices, update.values)
+            except ValueError as exc:
+                self.exchange.reject(f"update frame of worker {update.sender} for step {close.step}: {exc}")
+
+    def take_back(self, after: int) -> None:
+        """The close of step `after` took this worker out of the job, or ended the job: what it published for later
+        steps no peer applies, so it goes back to the accumulator (a leaver's the survivors merge,
+        `Worker._merge_leavers`; a final replica's counts as unsent)."""
+        for published in self.exchange.unread(after):
+            self.replica.keep_unsent(published.indices, published.values)
+
+
+class SupervisorHalf:
+    """What the supervisor does for a protocol: when a step closes, and whose updates its close names."""
+
+    def ready(self, reports: Mapping[int, Report], live: tuple[int, ...]) -> bool:
+        """Whether a step with these `reports` closes: once every live worker has reported it."""
+        return bool(live) and set(live) <= set(reports)
+
+    def updates(self, reports: list[Report]) -> tuple[int, ...]:
+        """The ranks whose updates of the closed step the workers read: those that published one."""
+        return tuple(r.sender for r in reports if r.has_update)
+
+
+@dataclass(frozen=True)
+class SyncStrategy(ABC):
+    """A protocol's answers, from its `spec.sync` section; `name` is what `spec.sync.protocol` calls it."""
+
+    config: SyncConfig
+
+    name: ClassVar[str]
+    #: The exchange pattern's name (`exchange.EXCHANGES`).
+    exchange: ClassVar[str] = "all-to-all"
+    #: The classes of its halves, for a protocol that changes what a worker or the supervisor does.
+    worker_half: ClassVar[type[WorkerHalf]] = WorkerHalf
+    supervisor_half: ClassVar[type[SupervisorHalf]] = SupervisorHalf
+
+    @property
+    @abstractmethod
+    def threshold(self) -> float:
+        """The significance filter's v for the replicas."""
+
+    @property
+    @abstractmethod
+    def staleness(self) -> int:
+        """How many closed steps a worker may run ahead of."""
+
+    def must_have_closed(self, step: int) -> int:
+        """The step whose close a worker that has trained `step` steps awaits before it trains the next one.
+
+        Step 0's close carries the worker set, so no one may start before it.
+        """
+        return max(step - self.staleness, 0)
+
+    def publishes(self, step: int) -> bool:
+        """Whether `step` ends with this worker selecting and publishing what it has accumulated."""
+        return True
+
+    def update_key(self, rank: int, step: int) -> str:
+        """Where `rank` publishes its update of `step`: slots are reused once no worker can still read them."""
+        return keys.update(rank, step, self.staleness)
+
+    @property
+    def slots(self) -> int:
+        """How many of a worker's frames are readable at once (`update_key`'s ring)."""
+        return keys.update_slots(self.staleness)
+
+    def worker(self, rank: int, replica: Replica, transport: Transport, patience: float,
+               reject: Callable[[str], None]) -> WorkerHalf:
+        """The worker `rank`'s half, over `replica`; `reject` counts and logs a frame that cannot be applied, and a
+        frame the store lost is waited for `patience` seconds."""
+        exchange = EXCHANGES[self.exchange](transport, rank, self.update_key, self.slots, patience, reject)
+        return self.worker_half(self, rank, replica, exchange)
+
+    def supervisor(self) -> SupervisorHalf:
+        return self.supervisor_half()

@@ -1,0 +1,140 @@
+"""Exchange patterns: who writes which frame where, and who reads what, once a strategy has something to share.
+
+A pattern is one subclass of `Exchange`, registered under the name a strategy's `exchange` gives. `AllToAll`,
+today's pattern, writes each worker's update to its own ring of slots and has every worker read every peer's.
+An AllReduce (one reducer merges the round's updates into one frame every worker reads) or a ScatterReduce (worker
+i merges partition i of everyone's update) is another subclass of `Exchange`: `publish` writes what the worker
+contributes, `gather` returns the updates a worker adds to its replica, already merged or not.
+
+What every pattern shares is here too: the outbox of a worker's frames still readable, put back when the store
+lost the job's keys, and `fetch`, which waits for a frame the store lost until its sender has re-published it.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import numpy as np
+
+from mlless.protocol.framing import FrameError, decode, encode
+from mlless.protocol.messages import Update
+from mlless.transport import Transport
+
+log = logging.getLogger(__name__)
+
+#: Where `rank` publishes its update of a step: `SyncStrategy.update_key`.
+KeyOf = Callable[[int, int], str]
+
+
+@dataclass(frozen=True)
+class Published:
+    """One frame this worker wrote, with what it carries (a leaver takes back what no peer will apply)."""
+
+    step: int
+    key: str
+    frame: bytes
+    indices: np.ndarray
+    values: np.ndarray
+
+
+class Exchange(ABC):
+    """How one worker's updates reach its peers: written by `publish`, read at a step-close by `gather`."""
+
+    name: ClassVar[str]
+
+    def __init__(self, transport: Transport, rank: int, key_of: KeyOf, slots: int, patience: float,
+                 reject: Callable[[str], None]) -> None:
+        """`slots` frames of this worker stay readable (its outbox); a frame the store lost is waited for `patience`
+        seconds; `reject` counts and logs a frame that cannot be applied."""
+        self.transport = transport
+        self.rank = rank
+        self.key_of = key_of
+        self.patience = patience
+        self.reject = reject
+        self.outbox: collections.deque[Published] = collections.deque(maxlen=slots)
+        self.store_epoch = transport.store_epoch
+        self.repaired = 0  # peers' frames the store lost, read again once their senders re-published them
+
+    @abstractmethod
+    def publish(self, step: int, indices: np.ndarray, values: np.ndarray) -> int:
+        """Share this worker's update of `step`; returns the bytes written."""
+
+    @abstractmethod
+    def gather(self, step: int, senders: list[int]) -> list[Update]:
+        """The updates of `step` this worker adds to its replica, `senders` (this worker excluded) having published."""
+
+    def write(self, step: int, key: str, indices: np.ndarray, values: np.ndarray) -> int:
+        """Put one update frame under `key`, keeping it in the outbox; returns its size."""
+        frame = encode(Update(sender=self.rank, step=step, indices=indices, values=values), sealed=True)
+        self.transport.put(key, frame)
+        self.outbox.append(Published(step, key, frame, indices, values))
+        self.republish_if_store_lost()
+        return len(frame)
+
+    def unread(self, after: int) -> list[Published]:
+        """This worker's frames of steps after `after`: once the close of `after` took it out of the job, no peer
+        applies them."""
+        return [p for p in self.outbox if p.step > after]
+
+    def republish_if_store_lost(self) -> None:
+        """Put this worker's readable frames back if the store lost the job's keys since it last looked."""
+        if self.transport.store_epoch == self.store_epoch:
+            return
+        self.store_epoch = self.transport.store_epoch
+        for published in self.outbox:
+            self.transport.put(published.key, published.frame)
+        log.warning("worker %d: the store lost the job's keys; re-published %d update frames", self.rank, len(self.outbox))
+
+    def fetch(self, names: list[str]) -> list[bytes | None]:
+        """The frames under `names`, each announced by a report, so it was written.
+
+        One that is missing was lost with the store (a Redis restarted without persistence): its sender still
+        holds it and re-publishes it once its own transport notices the loss, as this worker does its own first.
+        It is waited for, for at most `patience` seconds (half the supervisor's patience with this worker).
+        """
+        frames = self.transport.get_many(names)
+        deadline = time.monotonic() + self.patience
+        delay = 0.01
+        while None in frames and time.monotonic() < deadline:
+            self.republish_if_store_lost()
+            time.sleep(delay)
+            delay = min(2 * delay, 0.5)
+            missing = [i for i, f in enumerate(frames) if f is None]
+            for i, frame in zip(missing, self.transport.get_many([names[i] for i in missing])):
+                frames[i] = frame
+                self.repaired += frame is not None
+        return frames
+
+    def checked(self, sender: int, step: int, frame: bytes | None) -> Update | None:
+        """`frame` as `sender`'s update of `step`, or None (rejected) if it is missing or is something else.
+        The index range and uniqueness are checked where it is applied, in one pass, before anything is added."""
+        try:
+            if frame is None:
+                raise FrameError("missing")
+            update = decode(frame)
+            if not isinstance(update, Update) or update.sender != sender or update.step != step:
+                raise FrameError(f"expected the update of worker {sender} for step {step}")
+        except FrameError as exc:
+            self.reject(f"update frame of worker {sender} for step {step}: {exc}")
+            return None
+        return update
+
+
+class AllToAll(Exchange):
+    """Each worker writes its update to its own slot, and reads every peer's: P − 1 frames per worker per step."""
+
+    name = "all-to-all"
+
+    def publish(self, step: int, indices: np.ndarray, values: np.ndarray) -> int:
+        return self.write(step, self.key_of(self.rank, step), indices, values)
+
+    def gather(self, step: int, senders: list[int]) -> list[Update]:
+        frames = self.fetch([self.key_of(r, step) for r in senders])
+        return [u for r, frame in zip(senders, frames) if (u := self.checked(r, step, frame)) is not None]
+
+
+EXCHANGES: dict[str, type[Exchange]] = {AllToAll.name: AllToAll}

@@ -1,0 +1,99 @@
+"""Model averaging (spec.sync.protocol: averaging): trains PMF and LR on both transports, keeps every replica the
+shared state plus its own unsent updates (the MLLESS_AUDIT conservation check), and survives scale-in by a request
+and by the auto-tuner, and a killed supervisor."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+
+from mlless.data.dataset import Dataset
+from mlless.runtime.local import Services, train_local
+from mlless.runtime.sync import sync_strategy
+from mlless.spec import SpecError, SyncConfig, from_manifest
+
+from faults.test_failover import finish, kill_at, summary_of, train
+from test_scaling import assert_conserved
+from test_training import QUIET, _supervise_with, _when_step, job_for, manifest, read_metrics
+
+pytestmark = pytest.mark.slow
+
+
+def test_averaging_publishes_at_rounds_ends_and_waits_only_there():
+    averaging = sync_strategy(SyncConfig(protocol="averaging", local_steps=4))
+    assert [averaging.publishes(t) for t in range(1, 9)] == [False, False, False, True] * 2
+    # Inside round 2 (steps 5..8) a worker awaits round 1's close; at its last step, round 2's.
+    assert [averaging.must_have_closed(t) for t in (0, 3, 4, 5, 7, 8)] == [0, 0, 4, 4, 4, 8]
+    assert averaging.threshold == 0 and averaging.update_key(1, 4) != averaging.update_key(1, 8)
+
+
+@pytest.mark.parametrize("h", [0, 10001])
+def test_local_steps_are_bounded_by_the_schema(movielens_dir, h):
+    with pytest.raises(SpecError, match="spec.sync.localSteps"):
+        job_for(movielens_dir, sync={"protocol": "averaging", "localSteps": h})
+
+
+def base_rate_bce(dataset_dir) -> float:
+    p = Dataset.open(str(dataset_dir)).validation().labels.mean()
+    return float(-(p * np.log(p) + (1 - p) * np.log(1 - p)))
+
+
+@pytest.mark.parametrize("services", ["embedded", "redis+rabbitmq"])
+def test_pmf_and_lr_train_under_averaging(movielens_dir, synthetic_lr_dir, tmp_path, redis_url, amqp_url, services):
+    svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
+    pmf = job_for(movielens_dir, sync={"protocol": "averaging"}, stop={"maxEpochs": 15})
+    summary = train_local(pmf, tmp_path / "pmf", svc, QUIET)
+    assert summary["stop_reason"] == "max epochs" and summary["rejected_frames"] == 0
+    assert summary["validation_loss"] <= 0.92
+    rows = read_metrics(tmp_path / "pmf")
+    assert len(rows) == summary["steps"] and any(r["validation_loss"] is not None for r in rows)
+    lr = from_manifest(manifest(synthetic_lr_dir, model={"type": "logistic-regression"},
+                                sync={"protocol": "averaging", "localSteps": 4}, stop={"maxEpochs": 5}))
+    summary = train_local(lr, tmp_path / "lr", svc, QUIET)
+    assert summary["validation_loss"] < base_rate_bce(synthetic_lr_dir) - 0.05
+
+
+@pytest.fixture
+def audit(monkeypatch):
+    monkeypatch.setenv("MLLESS_AUDIT", "1")
+
+
+def test_every_update_is_applied_exactly_once_through_a_scale_in_mid_round(movielens_dir, tmp_path, redis_url,
+                                                                          amqp_url, audit):
+    def scale_in(supervisor, launcher):
+        _when_step(supervisor, 13)  # inside the first round of 32: the leaver's unsent steps go to the survivors
+        supervisor.request_workers(2)
+
+    job = job_for(movielens_dir, sync={"protocol": "averaging", "localSteps": 32}, stop={"maxSteps": 64})
+    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, scale_in)
+    assert summary["workers_final"] == 2 and summary["dropped_workers"] == []
+    assert summary["audit"]["leavers"] == 1 and summary["audit"]["leaver_pending_entries"] > 0
+    assert summary["replica_spread"] < 1e-4  # step 64 ends a round: the replicas are equal again, as under BSP
+    assert_conserved(summary)
+
+
+def test_auto_tuner_scales_in_under_averaging(movielens_dir, tmp_path, redis_url, amqp_url, audit):
+    autoscaler = {"enabled": True, "intervalSeconds": 0.5, "horizonSeconds": 0.5, "minWorkers": 2}
+    job = job_for(movielens_dir, workers=4, autoscaler=autoscaler, sync={"protocol": "averaging"},
+                  stop={"maxEpochs": 8})
+    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: None)
+    leaves = [e for e in summary["scaling_events"] if e["event"] == "leave"]
+    assert leaves and all(e["reason"].startswith("auto-tuner") for e in leaves)
+    assert summary["workers_final"] == 4 - len(leaves) >= 2 and summary["dropped_workers"] == []
+    assert_conserved(summary)
+    assert summary["validation_loss"] < 0.92
+
+
+def test_a_killed_supervisor_of_an_averaging_job_is_resumed(movielens_dir, tmp_path, redis_url, amqp_url):
+    doc = manifest(movielens_dir, workers=2, sync={"protocol": "averaging", "localSteps": 8},
+                   stop={"maxSteps": 300}, evaluation={"everySteps": 10})
+    job, run_dir = tmp_path / "job.yaml", tmp_path / "run"
+    job.write_text(yaml.safe_dump(doc))
+    services = ("--redis-url", redis_url, "--amqp-url", amqp_url)
+    kill_at(train(job, run_dir, *services), run_dir, 100)  # mid-round: 100 is no multiple of 8
+    finish(train(job, run_dir, "--resume", *services))
+    summary = summary_of(run_dir)
+    assert summary["stop_reason"] == "max steps" and summary["steps"] == 300
+    [takeover] = summary["takeovers"]
+    assert takeover["from"] == "replicas of 2 surviving workers"
+    assert summary["validation_loss"] < 0.95
