@@ -80,7 +80,8 @@ class Worker:
         self.replica = Replica(build_model(job.model.type, dataset.dims(), job.model, job.seed), job.optimizer,
                                self.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)))
         # This worker's half of the protocol; a peer's frame the store lost is waited for half the worker timeout.
-        self.half = self.sync.worker(rank, self.replica, transport, job.worker_timeout_seconds / 2, self._reject)
+        self.half = self.sync.worker(rank, self.replica, transport, job.worker_timeout_seconds / 2, self._reject,
+                                     workers=job.workers)
         self.schedule = Schedule(dataset.n_batches, job.seed)
         self.prefetcher = Prefetcher(dataset)
         self.view = _View()
