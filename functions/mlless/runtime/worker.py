@@ -196,16 +196,18 @@ class Worker:
         timer.lap("write")
 
         timings = tuple(timer.seconds[p] for p in ("fetch", "compute", "filter", "write")) + tuple(self._barrier.values())
+        merged, read = self.half.exchange.traffic()  # at the last close, like the barrier phases
         report = Report(
             sender=self.rank,
             step=self.step,
             loss_sum=result.loss_sum,
             samples=result.samples,
             has_update=bytes_sent > 0,
-            bytes_sent=bytes_sent,
+            bytes_sent=bytes_sent + merged,
             entries_sent=len(result.indices),
             entries_pending=self.replica.pending_count(),
             timings=timings,
+            bytes_read=read,
         )
         self.transport.post_to_supervisor(encode(report))
 

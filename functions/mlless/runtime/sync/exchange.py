@@ -62,7 +62,8 @@ class Exchange(ABC):
         self.outbox: collections.deque[Published] = collections.deque(maxlen=slots * self.frames_per_step)
         self.store_epoch = transport.store_epoch
         self.repaired = 0  # peers' frames the store lost, read again once their senders re-published them
-        self.bytes_read = 0  # of frames read from the store, since the worker last reported it
+        # Bytes of frames read from the store, and written at a close (a merged frame), since the last report.
+        self.bytes_read = self.bytes_merged = 0
 
     @property
     def frames_per_step(self) -> int:
@@ -76,6 +77,11 @@ class Exchange(ABC):
     @abstractmethod
     def gather(self, close: Close) -> list[Update]:
         """The peers' updates of `close.step` this worker adds to its replica (`close.updates` published one)."""
+
+    def traffic(self) -> tuple[int, int]:
+        """The bytes written at closes and read since the last call, for the worker's next report."""
+        traffic, self.bytes_merged, self.bytes_read = (self.bytes_merged, self.bytes_read), 0, 0
+        return traffic
 
     def write(self, step: int, key: str, indices: np.ndarray, values: np.ndarray) -> int:
         """Put one update frame under `key`, keeping it in the outbox; returns its size."""

@@ -79,7 +79,9 @@ class ScatterReduce(Exchange):
         for part in range(self.parts):
             if owners[(part + step) % len(owners)] == self.rank:
                 merged[part] = self.merge(step, part, senders)
-                self.transport.put(self.reduced_key(part, step), encode(merged[part], sealed=True))
+                frame = encode(merged[part], sealed=True)
+                self.transport.put(self.reduced_key(part, step), frame)
+                self.bytes_merged += len(frame)
         merged.update(self.await_merged(step, [p for p in range(self.parts) if p not in merged], senders, owners))
         own = {p.key: p for p in self.outbox if p.step == step}
         return [u for part in range(self.parts)
