@@ -40,14 +40,15 @@ def exchanges(cls, store: Store, n: int, size: int, rejected: list[str]):
                 parts=n) for r in range(n)]
 
 
+@pytest.mark.parametrize("touched", [20, 50])  # sparse (most entries carried once) and dense (by every update)
 @pytest.mark.parametrize("cls", [AllReduce, ScatterReduce])
-def test_each_worker_adds_its_peers_sum_with_their_carriers_even_if_an_owner_never_merges(cls):
+def test_each_worker_adds_its_peers_sum_with_their_carriers_even_if_an_owner_never_merges(cls, touched):
     size, n, step = 50, 3, 7
     rng = np.random.default_rng(1)
     store, rejected = Store(), []
     workers = exchanges(cls, store, n, size, rejected)
-    sent = [np.sort(rng.choice(size, 20, replace=False)) for _ in range(n)]
-    values = [rng.standard_normal(20).astype(np.float32) for _ in range(n)]
+    sent = [np.sort(rng.choice(size, touched, replace=False)) for _ in range(n)]
+    values = [rng.standard_normal(touched).astype(np.float32) for _ in range(n)]
     for w, idx, val in zip(workers, sent, values):
         w.publish(step, idx, val)
     close = Close(-1, step, 0, 0, live=(0, 1, 2), updates=(0, 1, 2), merges=())

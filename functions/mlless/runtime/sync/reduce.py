@@ -7,8 +7,8 @@ step's close, which names the senders, partition k's owner is the ((k + step) mo
 after the close (all senders if none is): ownership rotates with the step, so no worker always pays the reducer's
 extra work, and it follows the close's live set through joins, leaves and the tuner's scale-in. An owner reads
 partition k of every peer's update, adds its own, and writes the merged partition: the sum of the updates (union
-of indices, values added in float64, stored in float32) and, for each entry more than one update carries, that
-count (as entries N + i, the frame's tail). Every worker then reads the merged partitions it does not own.
+of indices, values added in float64, stored in float32) and how many updates carry each entry: the usual count
+(1, or every update's for a dense partition) as entry 2N, and the others as entries N + i, the frame's tail. Every worker then reads the merged partitions it does not own.
 
 A worker's replica already holds its own update, so what it adds is the merged sum minus its own share, as one
 update, and the count of the peers that carry each entry, as that update plus zero-valued ones where two or more
@@ -99,9 +99,11 @@ class ScatterReduce(Exchange):
         entries, at = np.unique(np.concatenate([u.indices for u in updates]), return_inverse=True)
         sums = np.bincount(at, weights=np.concatenate([u.values for u in updates]), minlength=len(entries))
         counts = np.bincount(at, minlength=len(entries))
-        shared = counts > 1
-        return Update(self.rank, step, np.concatenate([entries, entries[shared] + self.size]),
-                      np.concatenate([sums.astype(np.float32), counts[shared].astype(np.float32)]))
+        # The count most entries have (1 for sparse rows, every update for dense ones) goes last, as entry 2N.
+        usual = len(updates) if 2 * np.count_nonzero(counts == len(updates)) > len(counts) else 1
+        odd = counts != usual
+        return Update(self.rank, step, np.concatenate([entries, entries[odd] + self.size, [2 * self.size]]),
+                      np.concatenate([sums.astype(np.float32), counts[odd].astype(np.float32), [usual]]))
 
     def await_merged(self, step: int, parts: list[int], senders: list[int], owners: list[int]) -> dict[int, Update]:
         """The merged partitions `parts` of `step`, as their owners write them; one whose owner has not written it
@@ -139,9 +141,11 @@ class ScatterReduce(Exchange):
         """What this worker adds of a merged partition: the sum minus its own update, with each entry carried by
         as many updates as peers carry it (the first holds the values, the others zeros)."""
         tail = int(np.searchsorted(merged.indices, self.size))
+        if not tail:
+            return []
         entries, values = merged.indices[:tail], merged.values[:tail].copy()
-        carriers = np.ones(tail, np.int64)
-        carriers[np.searchsorted(entries, merged.indices[tail:] - self.size)] = merged.values[tail:].astype(np.int64)
+        carriers = np.full(tail, int(merged.values[-1]), np.int64)
+        carriers[np.searchsorted(entries, merged.indices[tail:-1] - self.size)] = merged.values[tail:-1].astype(np.int64)
         if own is not None and len(own.indices):
             at = np.searchsorted(entries, own.indices)
             if np.any(at >= tail) or np.any(entries[np.minimum(at, tail - 1)] != own.indices):
