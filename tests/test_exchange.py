@@ -117,3 +117,20 @@ def test_lr_trains_under_each_pattern_over_redis_and_rabbitmq(synthetic_lr_dir, 
     assert_conserved(summary)
     if protocol == "bsp":
         assert summary["replica_spread"] < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exchange", PATTERNS)
+def test_a_scale_in_mid_job_moves_ownership_to_the_survivors(movielens_dir, tmp_path, redis_url, amqp_url, audit,
+                                                             exchange):
+    from test_training import _supervise_with, _when_step
+
+    def scale_in(supervisor, launcher):
+        _when_step(supervisor, 15)
+        supervisor.request_workers(2)
+
+    job = job_for(movielens_dir, sync={"protocol": "isp", "exchange": exchange}, stop={"maxSteps": 40})
+    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, scale_in)
+    assert summary["workers_final"] == 2 and summary["dropped_workers"] == [] and summary["rejected_frames"] == 0
+    assert summary["audit"]["leavers"] == 1
+    assert_conserved(summary)
