@@ -310,7 +310,9 @@ class Report(Message):
     """Worker → supervisor once per step; doubles as the "announce" (``has_update``).
 
     ``timings`` are seconds spent in (fetch, compute, filter, write, wait, read,
-    apply), see ``STEP_PHASES``.
+    apply), see ``STEP_PHASES``. The barrier phases (wait, read, apply) and
+    ``bytes_read`` (update frames read from the store) are those of the previous
+    step's close, which comes after its report.
     """
 
     TYPE: ClassVar[FrameType] = FrameType.REPORT
@@ -322,6 +324,7 @@ class Report(Message):
         ("entries_sent", INT64),
         ("entries_pending", INT64),
         ("timings", TIMINGS),
+        ("bytes_read", INT64),
     )
 
     sender: int
@@ -333,6 +336,7 @@ class Report(Message):
     entries_sent: int
     entries_pending: int
     timings: tuple[float, ...]
+    bytes_read: int = 0
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,8 @@ class Worker:
         self.replica = Replica(build_model(job.model.type, dataset.dims(), job.model, job.seed), job.optimizer,
                                self.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)))
         # This worker's half of the protocol; a peer's frame the store lost is waited for half the worker timeout.
-        self.half = self.sync.worker(rank, self.replica, transport, job.worker_timeout_seconds / 2, self._reject)
+        self.half = self.sync.worker(rank, self.replica, transport, job.worker_timeout_seconds / 2, self._reject,
+                                     workers=job.workers)
         self.schedule = Schedule(dataset.n_batches, job.seed)
         self.prefetcher = Prefetcher(dataset)
         self.view = _View()
@@ -195,16 +196,18 @@ class Worker:
         timer.lap("write")
 
         timings = tuple(timer.seconds[p] for p in ("fetch", "compute", "filter", "write")) + tuple(self._barrier.values())
+        merged, read = self.half.exchange.traffic()  # at the last close, like the barrier phases
         report = Report(
             sender=self.rank,
             step=self.step,
             loss_sum=result.loss_sum,
             samples=result.samples,
             has_update=bytes_sent > 0,
-            bytes_sent=bytes_sent,
+            bytes_sent=bytes_sent + merged,
             entries_sent=len(result.indices),
             entries_pending=self.replica.pending_count(),
             timings=timings,
+            bytes_read=read,
         )
         self.transport.post_to_supervisor(encode(report))
 

@@ -141,6 +141,11 @@ SPEC_SCHEMA: Schema = _obj(
                 "localSteps": _int("averaging: the steps H a worker trains between two exchanges; each worker then "
                                    "publishes every entry it changed in those steps, and adds its peers'.", 1, 10000,
                                    default=LOCAL_STEPS),
+                "exchange": _choice("Who reads what. all-to-all: each worker reads every peer's update; allreduce: one "
+                                    "worker per step merges them and every other worker reads the merged frame; "
+                                    "scatter-reduce: the parameters are split into one partition per worker, each "
+                                    "worker merges one partition and reads the others' merged partitions.",
+                                    ["all-to-all", "allreduce", "scatter-reduce"], "all-to-all"),
             },
         ),
         "output": _obj(

@@ -21,12 +21,14 @@ class StepRow:
     validation_loss: float | None  # of the newest evaluated snapshot
     workers: int
     samples: int
-    bytes_sent: int
+    bytes_sent: int  # update frames written, merged ones included (spec.sync.exchange), summed over the workers
     bytes_filtered: int  # 8 bytes (index and value) per entry the significance filter held back
     entries_sent: int
     entries_pending: int
     cost_usd: float
     phases: dict[str, float | None]  # mean seconds over the step's workers; None until known
+    # Update frames read at the step's close, summed over the workers; None until known (and in older records).
+    bytes_read: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

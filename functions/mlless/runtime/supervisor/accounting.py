@@ -26,6 +26,7 @@ class StepTotals:
     loss_sum: float = 0.0
     samples: int = 0
     bytes_sent: int = 0
+    bytes_read: int = 0  # at the previous step's close, like the barrier phases
     entries_sent: int = 0
     entries_pending: int = 0
     compute_seconds: float = 0.0
@@ -38,6 +39,7 @@ class StepTotals:
             totals.loss_sum += r.loss_sum
             totals.samples += r.samples
             totals.bytes_sent += r.bytes_sent
+            totals.bytes_read += r.bytes_read
             totals.entries_sent += r.entries_sent
             totals.entries_pending += r.entries_pending
             totals.compute_seconds += r.timings[STEP_PHASES.index("compute")]
@@ -120,6 +122,7 @@ class Accounting:
         if self._row is not None:
             for phase in BARRIER_PHASES:
                 self._row.phases[phase] = totals.phases[phase]
+            self._row.bytes_read = totals.bytes_read
             self.record.step(self._row)
         elapsed = self.elapsed(now)
         breakdown = self.cost(now, members)

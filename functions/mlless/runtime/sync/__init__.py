@@ -62,5 +62,6 @@ def load_plugins() -> None:
             importlib.import_module(name)
 
 
-# The built-in protocols register themselves on import; they import `register` from here, defined above.
-from mlless.runtime.sync import averaging, bsp, isp, ssp  # noqa: E402,F401
+# The built-in protocols register themselves on import; they import `register` from here, defined above (and
+# `reduce`, its exchange patterns, into `exchange.EXCHANGES`).
+from mlless.runtime.sync import averaging, bsp, isp, reduce, ssp  # noqa: E402,F401

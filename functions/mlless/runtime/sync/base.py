@@ -6,8 +6,8 @@ supervisor closes a step once its protocol says so. What differs is asked of the
 name:
 
 * `SyncStrategy`: the replica's significance threshold, how many closed steps a worker may run ahead of, which
-  steps end with a publication, where a step's update is written, and the exchange pattern (who reads what,
-  `runtime/sync/exchange.py`);
+  steps end with a publication, where a step's update is written, and the exchange pattern `spec.sync.exchange`
+  names (who reads what, `runtime/sync/exchange.py`);
 * `WorkerHalf`: a local step, then publish what it selected; at a close, gather the peers' updates and combine them
   into the replica; once out of the job or at its end, take back what no peer will apply;
 * `SupervisorHalf`: when a step closes, and which updates its close names.
@@ -51,7 +51,7 @@ class WorkerHalf:
 
     def gather(self, close: Close) -> list[Update]:
         """The peers' updates `close` names, read as the exchange pattern says."""
-        return self.exchange.gather(close.step, [r for r in close.updates if r != self.rank])
+        return self.exchange.gather(close)
 
     def combine(self, close: Close, updates: list[Update]) -> None:
         """Add the gathered updates to the replica: replicas stay the shared state plus their own unsent updates."""
@@ -88,8 +88,6 @@ class SyncStrategy(ABC):
     config: SyncConfig
 
     name: ClassVar[str]
-    #: The exchange pattern's name (`exchange.EXCHANGES`).
-    exchange: ClassVar[str] = "all-to-all"
     #: The classes of its halves, for a protocol that changes what a worker or the supervisor does.
     worker_half: ClassVar[type[WorkerHalf]] = WorkerHalf
     supervisor_half: ClassVar[type[SupervisorHalf]] = SupervisorHalf
@@ -125,10 +123,11 @@ class SyncStrategy(ABC):
         return keys.update_slots(self.staleness)
 
     def worker(self, rank: int, replica: Replica, transport: Transport, patience: float,
-               reject: Callable[[str], None]) -> WorkerHalf:
+               reject: Callable[[str], None], workers: int = 1) -> WorkerHalf:
         """The worker `rank`'s half, over `replica`; `reject` counts and logs a frame that cannot be applied, and a
-        frame the store lost is waited for `patience` seconds."""
-        exchange = EXCHANGES[self.exchange](transport, rank, self.update_key, self.slots, patience, reject)
+        frame the store lost is waited for `patience` seconds; `workers`: the job's (a pattern's partitions)."""
+        exchange = EXCHANGES[self.config.exchange](transport, rank, self.update_key, self.slots, patience, reject,
+                                                   size=replica.params.shape[0], parts=workers)
         return self.worker_half(self, rank, replica, exchange)
 
     def supervisor(self) -> SupervisorHalf:

@@ -2,9 +2,10 @@
 
 A pattern is one subclass of `Exchange`, registered under the name a strategy's `exchange` gives. `AllToAll`,
 today's pattern, writes each worker's update to its own ring of slots and has every worker read every peer's.
-An AllReduce (one reducer merges the round's updates into one frame every worker reads) or a ScatterReduce (worker
-i merges partition i of everyone's update) is another subclass of `Exchange`: `publish` writes what the worker
-contributes, `gather` returns the updates a worker adds to its replica, already merged or not.
+AllReduce (one reducer merges a step's updates into one frame every worker reads) and ScatterReduce (worker i
+merges partition i of everyone's update) are subclasses too (`runtime/sync/reduce.py`): `publish` writes what the
+worker contributes, `gather` returns the updates a worker adds to its replica, already merged or not.
+`spec.sync.exchange` names a job's pattern.
 
 What every pattern shares is here too: the outbox of a worker's frames still readable, put back when the store
 lost the job's keys, and `fetch`, which waits for a frame the store lost until its sender has re-published it.
@@ -21,7 +22,7 @@ from typing import Callable, ClassVar
 import numpy as np
 
 from mlless.protocol.framing import FrameError, decode, encode
-from mlless.protocol.messages import Update
+from mlless.protocol.messages import Close, Update
 from mlless.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -47,25 +48,40 @@ class Exchange(ABC):
     name: ClassVar[str]
 
     def __init__(self, transport: Transport, rank: int, key_of: KeyOf, slots: int, patience: float,
-                 reject: Callable[[str], None]) -> None:
-        """`slots` frames of this worker stay readable (its outbox); a frame the store lost is waited for `patience`
-        seconds; `reject` counts and logs a frame that cannot be applied."""
+                 reject: Callable[[str], None], size: int = 0, parts: int = 1) -> None:
+        """`slots` steps of this worker's frames stay readable (its outbox); a frame the store lost is waited for
+        `patience` seconds; `reject` counts and logs a frame that cannot be applied. `size` is the model's parameter
+        count and `parts` the job's worker count, for a pattern that splits the parameters."""
         self.transport = transport
         self.rank = rank
         self.key_of = key_of
         self.patience = patience
         self.reject = reject
-        self.outbox: collections.deque[Published] = collections.deque(maxlen=slots)
+        self.size = size
+        self.parts = parts
+        self.outbox: collections.deque[Published] = collections.deque(maxlen=slots * self.frames_per_step)
         self.store_epoch = transport.store_epoch
         self.repaired = 0  # peers' frames the store lost, read again once their senders re-published them
+        # Bytes of frames read from the store, and written at a close (a merged frame), since the last report.
+        self.bytes_read = self.bytes_merged = 0
+
+    @property
+    def frames_per_step(self) -> int:
+        """How many frames `publish` writes for one step."""
+        return 1
 
     @abstractmethod
     def publish(self, step: int, indices: np.ndarray, values: np.ndarray) -> int:
         """Share this worker's update of `step`; returns the bytes written."""
 
     @abstractmethod
-    def gather(self, step: int, senders: list[int]) -> list[Update]:
-        """The updates of `step` this worker adds to its replica, `senders` (this worker excluded) having published."""
+    def gather(self, close: Close) -> list[Update]:
+        """The peers' updates of `close.step` this worker adds to its replica (`close.updates` published one)."""
+
+    def traffic(self) -> tuple[int, int]:
+        """The bytes written at closes and read since the last call, for the worker's next report."""
+        traffic, self.bytes_merged, self.bytes_read = (self.bytes_merged, self.bytes_read), 0, 0
+        return traffic
 
     def write(self, step: int, key: str, indices: np.ndarray, values: np.ndarray) -> int:
         """Put one update frame under `key`, keeping it in the outbox; returns its size."""
@@ -97,6 +113,7 @@ class Exchange(ABC):
         It is waited for, for at most `patience` seconds (half the supervisor's patience with this worker).
         """
         frames = self.transport.get_many(names)
+        self.bytes_read += sum(len(f) for f in frames if f is not None)
         deadline = time.monotonic() + self.patience
         delay = 0.01
         while None in frames and time.monotonic() < deadline:
@@ -107,6 +124,7 @@ class Exchange(ABC):
             for i, frame in zip(missing, self.transport.get_many([names[i] for i in missing])):
                 frames[i] = frame
                 self.repaired += frame is not None
+                self.bytes_read += len(frame) if frame is not None else 0
         return frames
 
     def checked(self, sender: int, step: int, frame: bytes | None) -> Update | None:
@@ -132,7 +150,8 @@ class AllToAll(Exchange):
     def publish(self, step: int, indices: np.ndarray, values: np.ndarray) -> int:
         return self.write(step, self.key_of(self.rank, step), indices, values)
 
-    def gather(self, step: int, senders: list[int]) -> list[Update]:
+    def gather(self, close: Close) -> list[Update]:
+        step, senders = close.step, [r for r in close.updates if r != self.rank]
         frames = self.fetch([self.key_of(r, step) for r in senders])
         return [u for r, frame in zip(senders, frames) if (u := self.checked(r, step, frame)) is not None]
 

@@ -1,0 +1,136 @@
+"""Exchange patterns (spec.sync.exchange): allreduce and scatter-reduce train every protocol to the quality bar,
+conserve every update (MLLESS_AUDIT), keep BSP replicas identical, and survive an owner that never merges."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlless.protocol.messages import Close
+from mlless.protocol.sealing import seal, unseal
+from mlless.runtime.local import Services, train_local
+from mlless.runtime.sync.exchange import EXCHANGES
+from mlless.runtime.sync.reduce import AllReduce, ScatterReduce
+from mlless.spec import SpecError
+
+from test_averaging import base_rate_bce
+from test_scaling import assert_conserved
+from test_training import QUIET, job_for, read_metrics
+
+PATTERNS = ["allreduce", "scatter-reduce"]
+
+
+class Store:
+    """The part of a transport an exchange uses, in memory, sealing as a transport does."""
+
+    store_epoch = 0
+    key = b"k" * 32
+
+    def __init__(self) -> None:
+        self.frames: dict[str, bytes] = {}
+
+    def put(self, key: str, value: bytes) -> None:
+        self.frames[key] = seal(value, self.key, key)
+
+    def get_many(self, names: list[str]) -> list[bytes | None]:
+        return [None if (f := self.frames.get(n)) is None else unseal(f, self.key, n) for n in names]
+
+
+def exchanges(cls, store: Store, n: int, size: int, rejected: list[str]):
+    return [cls(store, r, lambda rank, step: f"update:{rank}:{step % 3}", 3, 0.05, rejected.append, size=size,
+                parts=n) for r in range(n)]
+
+
+@pytest.mark.parametrize("touched", [20, 50])  # sparse (most entries carried once) and dense (by every update)
+@pytest.mark.parametrize("cls", [AllReduce, ScatterReduce])
+def test_each_worker_adds_its_peers_sum_with_their_carriers_even_if_an_owner_never_merges(cls, touched):
+    size, n, step = 50, 3, 7
+    rng = np.random.default_rng(1)
+    store, rejected = Store(), []
+    workers = exchanges(cls, store, n, size, rejected)
+    sent = [np.sort(rng.choice(size, touched, replace=False)) for _ in range(n)]
+    values = [rng.standard_normal(touched).astype(np.float32) for _ in range(n)]
+    for w, idx, val in zip(workers, sent, values):
+        w.publish(step, idx, val)
+    close = Close(-1, step, 0, 0, live=(0, 1, 2), updates=(0, 1, 2), merges=())
+    # Rank 2 never reaches the close (dead after its report): the partitions it owns are merged by their readers.
+    for w, idx in zip(workers[:2], sent):
+        got = w.gather(close)
+        dense, carriers = np.zeros(size), np.zeros(size, int)
+        for u in got:
+            np.add.at(dense, u.indices, u.values)
+            np.add.at(carriers, u.indices, 1)
+        peers = [r for r in range(n) if r != w.rank]
+        want, want_carriers = np.zeros(size), np.zeros(size, int)
+        for r in peers:
+            np.add.at(want, sent[r], values[r].astype(np.float64))
+            np.add.at(want_carriers, sent[r], 1)
+        np.testing.assert_allclose(dense, want, atol=1e-5)
+        assert np.array_equal(carriers, want_carriers)  # what AveragingHalf.combine divides by
+        assert w.traffic()[1] > 0
+    assert rejected == []
+    assert set(EXCHANGES) == {"all-to-all", "allreduce", "scatter-reduce"}
+
+
+def test_the_schema_refuses_an_unknown_pattern(movielens_dir):
+    with pytest.raises(SpecError, match="spec.sync.exchange"):
+        job_for(movielens_dir, sync={"exchange": "gossip"})
+    assert job_for(movielens_dir).sync.exchange == "all-to-all"
+
+
+@pytest.fixture
+def audit(monkeypatch):
+    monkeypatch.setenv("MLLESS_AUDIT", "1")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["bsp", "isp", "ssp", "averaging"])
+@pytest.mark.parametrize("exchange", PATTERNS)
+def test_every_protocol_trains_pmf_under_each_pattern_and_conserves_updates(movielens_dir, tmp_path, audit,
+                                                                            protocol, exchange):
+    job = job_for(movielens_dir, sync={"protocol": protocol, "exchange": exchange}, stop={"maxSteps": 40})
+    summary = train_local(job, tmp_path, Services(), QUIET)
+    assert summary["steps"] == 40 and summary["rejected_frames"] == 0
+    assert summary["validation_loss"] <= 0.92
+    assert_conserved(summary)
+    if protocol == "bsp":
+        assert summary["replica_spread"] < 1e-4
+    rows = read_metrics(tmp_path)
+    assert sum(r["bytes_read"] or 0 for r in rows) > 0
+    if protocol in ("bsp", "isp"):  # a close between any two reports; the last row's is never reported
+        assert all(r["bytes_read"] > 0 for r in rows[:-1]) and rows[-1]["bytes_read"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol, exchange", [("averaging", "allreduce"), ("bsp", "scatter-reduce")])
+def test_lr_trains_under_each_pattern_over_redis_and_rabbitmq(synthetic_lr_dir, movielens_dir, tmp_path, redis_url,
+                                                              amqp_url, audit, protocol, exchange):
+    svc = Services(redis_url, amqp_url)
+    sync = {"protocol": protocol, "exchange": exchange, "localSteps": 4}
+    lr = job_for(synthetic_lr_dir, model={"type": "logistic-regression"}, sync=sync, stop={"maxEpochs": 3})
+    summary = train_local(lr, tmp_path / "lr", svc, QUIET)
+    assert summary["validation_loss"] < base_rate_bce(synthetic_lr_dir) - 0.05
+    assert summary["rejected_frames"] == 0
+    assert_conserved(summary)
+    pmf = job_for(movielens_dir, sync=sync, stop={"maxSteps": 40})
+    summary = train_local(pmf, tmp_path / "pmf", svc, QUIET)
+    assert summary["validation_loss"] <= 0.92 and summary["rejected_frames"] == 0
+    assert_conserved(summary)
+    if protocol == "bsp":
+        assert summary["replica_spread"] < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exchange", PATTERNS)
+def test_a_scale_in_mid_job_moves_ownership_to_the_survivors(movielens_dir, tmp_path, redis_url, amqp_url, audit,
+                                                             exchange):
+    from test_training import _supervise_with, _when_step
+
+    def scale_in(supervisor, launcher):
+        _when_step(supervisor, 15)
+        supervisor.request_workers(2)
+
+    job = job_for(movielens_dir, sync={"protocol": "isp", "exchange": exchange}, stop={"maxSteps": 40})
+    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, scale_in)
+    assert summary["workers_final"] == 2 and summary["dropped_workers"] == [] and summary["rejected_frames"] == 0
+    assert summary["audit"]["leavers"] == 1
+    assert_conserved(summary)
