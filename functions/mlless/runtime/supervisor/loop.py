@@ -336,8 +336,9 @@ class Supervisor:
         flags = 0
         if self.stop_reason is not None:
             flags |= CLOSE_FINAL
-        elif joined or self.evaluation.due(step):
-            # A joiner starts from this snapshot; the supervisor evaluates it too.
+        elif joined or (self.evaluation.due(step) and self.sync.announces(step)):
+            # A joiner starts from this snapshot; the supervisor evaluates it too. An evaluation waits for a close
+            # the workers hear at once (averaging: a round's end), so its snapshot is not a round late.
             flags |= CLOSE_SNAPSHOT
             self.evaluation.request_snapshot(step, self.cursor)
         close = Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=self.sync.updates(reports),
