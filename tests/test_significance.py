@@ -197,30 +197,3 @@ def test_step_is_accumulate_then_select(v):
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
         assert 0 not in got[1]
-
-
-def test_the_dense_accumulator_selects_what_the_wheel_selects_at_threshold_zero():
-    # training/replica.py takes training/kernels/significance.pyx's DenseAccumulator at v = 0 (BSP, averaging)
-    from mlless.training.kernels.significance import DenseAccumulator
-
-    rng = np.random.default_rng(3)
-    for size, per_step in ((5_000, 400), (50_000, 100)):  # most of the model listed (a walk), and a few (a sort)
-        wheel, dense = SignificanceFilter(rng.normal(size=size).astype(np.float32), 0.0), DenseAccumulator(size)
-        for t in range(1, 60):
-            idx = rng.integers(0, size, per_step).astype(np.int32)  # repeats: each occurrence is added
-            delta = rng.normal(size=per_step).astype(np.float32)
-            delta[:10] = 0
-            wheel.accumulate(idx, delta)
-            dense.accumulate(idx, delta)
-            if t % 7 == 0:
-                (wi, wv), (di, dv) = wheel.select(t), dense.select(t)
-                order = np.argsort(wi)
-                assert np.array_equal(wi[order], di) and np.array_equal(wv[order], dv)
-                assert dense.pending_count() == 0 and not dense.acc.any()
-            elif t % 5 == 0:
-                pi, pv = dense.pending()
-                assert [a.tolist() for a in wheel.pending()] == [pi.tolist(), pv.tolist()]
-                dense.restore(pi, pv)
-                assert [a.tolist() for a in dense.pending()] == [pi.tolist(), pv.tolist()]
-    with pytest.raises(IndexError):
-        dense.accumulate(np.array([size], np.int32), np.ones(1, np.float32))

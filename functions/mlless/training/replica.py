@@ -27,7 +27,6 @@ from mlless.protocol.messages import check_bounded
 from mlless.training.models import Model
 from mlless.spec.config import OptimizerConfig
 from mlless.training.optim import Optimizer
-from mlless.training.kernels.significance import DenseAccumulator
 from mlless.training.significance import SignificanceFilter
 
 
@@ -60,8 +59,7 @@ class Replica:
         self.model = model
         self.config = optimizer.replace(weight_decay=model.weight_decay)
         self.optimizer = Optimizer(model.size, self.config, model.accumulator_size)
-        # At v = 0 (BSP, averaging) nothing is judged, so the accumulator is a plain sum (its docstring).
-        self.filter = SignificanceFilter(model.params, v) if v > 0 else DenseAccumulator(model.size)
+        self.filter = SignificanceFilter(model.params, v)
         self.contribution = np.zeros(model.size, np.float64) if audit else None
 
     @property

@@ -29,11 +29,9 @@ The work is memory-bound (a step touches rows scattered over the model), so
 few rows ahead.
 """
 import numpy as np
-cimport cython
 cimport numpy as cnp
 from libc.math cimport fabs, sqrt
 from libc.stdint cimport int32_t, int64_t, uint32_t
-from libcpp.algorithm cimport sort
 from libcpp.vector cimport vector
 
 cnp.import_array()
@@ -273,119 +271,3 @@ cdef class TimingWheel:
                 self.n_pending -= 1
                 self._touch(i)
         return out_idx_arr[:sent], out_val_arr[:sent]
-
-
-cdef class DenseAccumulator:
-    """The accumulator at threshold 0 (BSP, model averaging), with `SignificanceFilter`'s interface.
-
-    At v = 0 every δ_i ≠ 0 is sent, so no entry is judged against the replica and none waits in a wheel: δ is a
-    dense array, and the entries touched since the last selection are listed (each once), so a step costs a
-    scatter-add over its update and a selection costs the entries it pops. The selection is the wheel's at v = 0:
-    every non-zero δ_i, exactly as accumulated, then reset; here in index order.
-    """
-    cdef readonly object acc  # δ, float32
-    cdef float[::1] a
-    cdef cnp.uint8_t[::1] marked
-    cdef object marked_arr
-    cdef int32_t[::1] listed
-    cdef object listed_arr
-    cdef readonly Py_ssize_t n_listed
-
-    def __init__(self, Py_ssize_t size):
-        self.acc = np.zeros(size, np.float32)
-        self.a = self.acc
-        self.marked_arr = np.zeros(size, np.uint8)
-        self.marked = self.marked_arr
-        self.listed_arr = np.empty(size, np.int32)
-        self.listed = self.listed_arr
-        self.n_listed = 0
-
-    @cython.boundscheck(False)
-    @cython.wraparound(False)
-    def accumulate(self, idx, delta):
-        """δ[idx] += delta (idx may repeat; each occurrence is added); all or nothing."""
-        cdef const int[::1] i_ = np.ascontiguousarray(idx, dtype=np.int32)
-        cdef const float[::1] d = np.ascontiguousarray(delta, dtype=np.float32)
-        cdef Py_ssize_t j, n = i_.shape[0], size = self.a.shape[0]
-        cdef int32_t i
-        if d.shape[0] != n:
-            raise ValueError("idx and delta differ in length")
-        for j in range(n):
-            if i_[j] < 0 or i_[j] >= size:
-                raise IndexError(f"index {i_[j]} outside [0, {size})")
-        with nogil:
-            for j in range(n):
-                i = i_[j]
-                self.a[i] += d[j]
-                if not self.marked[i]:
-                    self.marked[i] = 1
-                    self.listed[self.n_listed] = i
-                    self.n_listed += 1
-
-    def step(self, idx, delta, t):
-        """`accumulate` a step's update (``idx`` without repeats), then `select`: with nothing held back, the
-        update itself is the selection."""
-        if self.n_listed == 0:
-            sent = delta != 0
-            return (idx, delta) if sent.all() else (idx[sent], delta[sent])
-        self.accumulate(idx, delta)
-        return self.select(t)
-
-    def touched(self, idx):
-        """Peers' updates change no selection at v = 0."""
-
-    @cython.boundscheck(False)
-    @cython.wraparound(False)
-    def _pop(self, bint reset):
-        """The listed entries with δ_i ≠ 0, in index order (sorting the list, or walking the marks when most of the
-        model is listed); with ``reset``, they and the list are cleared."""
-        cdef Py_ssize_t size = self.a.shape[0], n = self.n_listed, j, k = 0
-        cdef int32_t i
-        cdef float value
-        out_idx_arr = np.empty(n, dtype=np.int32)
-        out_val_arr = np.empty(n, dtype=np.float32)
-        cdef int32_t[::1] out_idx = out_idx_arr
-        cdef float[::1] out_val = out_val_arr
-        cdef bint walk = 8 * n > size
-        with nogil:
-            if not walk:
-                sort(&self.listed[0], &self.listed[0] + n)
-            for j in range(size if walk else n):
-                i = <int32_t>j if walk else self.listed[j]
-                if walk and not self.marked[i]:
-                    continue
-                value = self.a[i]
-                if value != 0:
-                    out_idx[k] = i
-                    out_val[k] = value
-                    k += 1
-                if reset:
-                    self.a[i] = 0
-                    self.marked[i] = 0
-            if reset:
-                self.n_listed = 0
-        return out_idx_arr[:k], out_val_arr[:k]
-
-    def select(self, t=None):
-        """Pop every δ_i ≠ 0: (sorted idx int32, δ float32); those entries are reset to 0."""
-        return self._pop(True)
-
-    def pending_count(self):
-        """Entries touched since the last selection (those with δ_i ≠ 0, and any whose additions cancelled)."""
-        return self.n_listed
-
-    def pending(self):
-        """The non-zero accumulated entries (sorted int32 idx, float32 values), left in place."""
-        return self._pop(False)
-
-    def restore(self, idx, values):
-        """Replace the accumulator with ``pending()``'s arrays."""
-        idx = np.ascontiguousarray(idx, dtype=np.int32)
-        values = np.ascontiguousarray(values, dtype=np.float32)
-        if values.shape[0] != idx.shape[0]:
-            raise ValueError("idx and values differ in length")
-        if len(idx) and (idx.min() < 0 or idx.max() >= self.a.shape[0]):
-            raise IndexError(f"an index outside [0, {self.a.shape[0]})")
-        self.select()
-        keep = values != 0
-        self.accumulate(idx[keep], values[keep])
