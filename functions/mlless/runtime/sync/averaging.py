@@ -1,8 +1,8 @@
 """Model averaging (local SGD), as LambdaML's MA: H local steps, then the replicas exchange what they changed.
 
 Each worker trains `spec.sync.localSteps` (H) steps on its own, accumulating what it changes in the replica's
-accumulator (threshold 0: a plain sum, `DenseAccumulator` in training/kernels/significance.pyx) without selecting
-anything; inside a round it waits for no close, and does not look for one. At the
+significance accumulator (threshold 0) without selecting anything; inside a round it waits for no close, and
+does not look for one. At the
 round's last step it publishes everything accumulated (for sparse models only the entries it touched) and waits
 for that step's close, as BSP does every step; then it averages its replica with its peers'.
 
