@@ -222,6 +222,8 @@ class Worker:
         wait_started = time.perf_counter()
         self._barrier = dict.fromkeys(BARRIER_PHASES, 0.0)
         blocking = self.view.closed < step
+        if not blocking and self.step and not self.sync.publishes(self.step) and not self.leave_requested:
+            return  # inside a round of model averaging no close is news: what came waits for the round's end
         awaited = blocking
         silent_since = probed = time.monotonic()
         # A supervisor that waits repeats its newest close, so once the job runs, silence means it is gone, and a

@@ -115,6 +115,7 @@ class Supervisor:
         self.step_opened = self.started
         self.last_close: bytes | None = None  # the newest step-close, and when it was last broadcast
         self.close_sent_at = self.started
+        self.announced_live: tuple[int, ...] = ()  # the worker set the newest broadcast close named
         self.training_started = self.started  # when step 0 was closed: the workers had started and connected
         self.closed_at = self.started  # when the newest step was closed
         self.stop_reason: str | None = None
@@ -335,13 +336,16 @@ class Supervisor:
         flags = 0
         if self.stop_reason is not None:
             flags |= CLOSE_FINAL
-        elif joined or self.evaluation.due(step):
-            # A joiner starts from this snapshot; the supervisor evaluates it too.
+        elif joined or (self.evaluation.due(step) and self.sync.announces(step)):
+            # A joiner starts from this snapshot; the supervisor evaluates it too. An evaluation waits for a close
+            # the workers hear at once (averaging: a round's end), so its snapshot is not a round late.
             flags |= CLOSE_SNAPSHOT
             self.evaluation.request_snapshot(step, self.cursor)
         close = Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=self.sync.updates(reports),
                       merges=self.scaling.take_merges())
-        self.last_close, self.close_sent_at = encode(close), time.monotonic()
+        if not (flags or close.updates or close.merges or close.live != self.announced_live or self.sync.announces(step)):
+            return  # inside a round of model averaging: nobody waits for it (sync/base.py SupervisorHalf.announces)
+        self.last_close, self.close_sent_at, self.announced_live = encode(close), time.monotonic(), close.live
         self.transport.broadcast(self.last_close)
 
     # ---- stop requests, liveness -----------------------------------------------------------------

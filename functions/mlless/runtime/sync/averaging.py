@@ -1,7 +1,8 @@
 """Model averaging (local SGD), as LambdaML's MA: H local steps, then the replicas exchange what they changed.
 
 Each worker trains `spec.sync.localSteps` (H) steps on its own, accumulating what it changes in the replica's
-significance accumulator (threshold 0) without selecting anything; inside a round it waits for no close. At the
+significance accumulator (threshold 0) without selecting anything; inside a round it waits for no close, and
+does not look for one. At the
 round's last step it publishes everything accumulated (for sparse models only the entries it touched) and waits
 for that step's close, as BSP does every step; then it averages its replica with its peers'.
 
@@ -23,7 +24,10 @@ replica is still the shared state plus its own unsent accumulator: a leaver's un
 evaluation snapshots are replicas.
 
 Reports still go to the supervisor every step and it closes every step, so accounting, stop rules, evaluation
-and the auto-tuner see the job step by step; the closes inside a round name no update. A worker leaving on
+and the auto-tuner see the job step by step; but a close inside a round names no update and nobody waits for it,
+so it is broadcast only if it carries news (a flag: final, snapshot; a change of the worker set; a leaver's
+merge), and workers read such a close at the round's end (`SupervisorHalf.announces`, runtime/worker.py
+`_await_close`). A worker leaving on
 SIGTERM after it published a round's frame and before that round closed is the one case its frame may be lost,
 as under BSP.
 """

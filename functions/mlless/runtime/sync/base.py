@@ -10,7 +10,7 @@ name:
   names (who reads what, `runtime/sync/exchange.py`);
 * `WorkerHalf`: a local step, then publish what it selected; at a close, gather the peers' updates and combine them
   into the replica; once out of the job or at its end, take back what no peer will apply;
-* `SupervisorHalf`: when a step closes, and which updates its close names.
+* `SupervisorHalf`: when a step closes, which updates its close names, and which closes are broadcast.
 
 A protocol is one module that subclasses what it changes and registers its strategy (`runtime/sync/__init__.py`).
 """
@@ -70,7 +70,11 @@ class WorkerHalf:
 
 
 class SupervisorHalf:
-    """What the supervisor does for a protocol: when a step closes, and whose updates its close names."""
+    """What the supervisor does for a protocol: when a step closes, whose updates its close names, and which closes
+    the workers must hear of."""
+
+    def __init__(self, strategy: SyncStrategy | None = None) -> None:
+        self.strategy = strategy
 
     def ready(self, reports: Mapping[int, Report], live: tuple[int, ...]) -> bool:
         """Whether a step with these `reports` closes: once every live worker has reported it."""
@@ -79,6 +83,12 @@ class SupervisorHalf:
     def updates(self, reports: list[Report]) -> tuple[int, ...]:
         """The ranks whose updates of the closed step the workers read: those that published one."""
         return tuple(r.sender for r in reports if r.has_update)
+
+    def announces(self, step: int) -> bool:
+        """Whether the close of `step` is broadcast though it carries no news (no flag, no change of the worker set,
+        no merge): a close the workers' loop does not wait for (`must_have_closed`) and that names no update is
+        counted, evaluated and checked by the supervisor alone. Every step publishes under BSP, ISP and SSP."""
+        return self.strategy is None or self.strategy.publishes(step)
 
 
 @dataclass(frozen=True)
@@ -131,4 +141,4 @@ class SyncStrategy(ABC):
         return self.worker_half(self, rank, replica, exchange)
 
     def supervisor(self) -> SupervisorHalf:
-        return self.supervisor_half()
+        return self.supervisor_half(self)
