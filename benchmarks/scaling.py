@@ -20,7 +20,7 @@ stop rule set, and from it:
 * **parallel efficiency** T₁ / (P · T_P) against the same pair's P = 1 run, in wall time, and in worker
   CPU-seconds C₁ / C_P (C_P is already the sum over the P workers); each from the job's start and from its
   first step;
-* **bytes sent and read per worker per step** (metrics.jsonl records the bytes sent, summed over workers; a
+* **bytes sent and read per worker per step**, means over the steps up to the target (metrics.jsonl records the bytes sent, summed over workers; a
   row's `bytes_read` is used when the library records one, otherwise it is derived from the pattern:
   all-to-all, each worker reads every peer's update, (P − 1)/P of what was sent) and **the per-step phase
   breakdown** (fetch, compute, filter, write, wait, read, apply: the Report message's timings, means over the
@@ -286,6 +286,7 @@ def analyse(rows: list[dict], summary: dict, watcher: Watcher | None, target: fl
     busy = sum(sum(r["phases"][p] or 0.0 for p in BUSY) * r["workers"] for r in upto)
     sent = [r["bytes_sent"] / max(1, r["workers"]) for r in upto]
     read = [bytes_read_per_worker(r, workers, exchange) for r in upto]
+    read_bytes = [b for b, _ in read if b is not None]  # a row's bytes_read arrives with the next step's report
     samples_to_target = sum(r["samples"] for r in upto)
     out: dict[str, Any] = {
         "target": target,
@@ -301,8 +302,9 @@ def analyse(rows: list[dict], summary: dict, watcher: Watcher | None, target: fl
         "step_seconds_median": statistics.median(gaps) if gaps else None,
         "step_seconds_mean": (upto[-1]["time"] - upto[0]["time"]) / (len(upto) - 1) if len(upto) > 1 else None,
         "phases_median": phases,
-        "bytes_sent_per_worker_step": statistics.median(sent) if sent else None,
-        "bytes_read_per_worker_step": statistics.median(b for b, _ in read) if read and read[0][0] is not None else None,
+        # Means, not medians: a protocol that publishes once a round (averaging) sends nothing on most steps.
+        "bytes_sent_per_worker_step": statistics.fmean(sent) if sent else None,
+        "bytes_read_per_worker_step": statistics.fmean(read_bytes) if read_bytes else None,
         "bytes_read_derived": bool(read and read[0][1]),
         "worker_busy_seconds_to_target": busy if hit is not None else None,
         "worker_billed_seconds_to_target": billed_worker_seconds(rows[hit], job["pricing"]) if hit is not None else None,
