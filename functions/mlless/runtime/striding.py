@@ -5,6 +5,10 @@ rank order take consecutive cursor positions, so no batch is used twice in an
 epoch whatever the worker count, and the stride follows scale-in and
 scale-out. The cursor maps to a batch file through a seeded permutation per
 epoch, reshuffled at each wrap as the original did.
+
+`Feed` is what a worker asks for its step's batch: this shared order, read ahead. A protocol that places data
+otherwise (blocked, `runtime/sync/blocked.py`) gives its strategy another feed; each cursor position stays one
+batch's worth of samples, so the supervisor's epoch count holds under every protocol.
 """
 from __future__ import annotations
 
@@ -38,6 +42,23 @@ class Schedule:
 @lru_cache(maxsize=4)
 def _epoch_order(n_batches: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n_batches)
+
+
+class Feed:
+    """The mini-batch of each step: the batch file at the worker's cursor position, the next one read ahead."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.schedule = Schedule(dataset.n_batches, seed)
+        self.prefetcher = Prefetcher(dataset)
+
+    def take(self, position: int, step: int, live: tuple[int, ...], rank: int) -> Batch:
+        """The batch worker `rank` trains at `step`, at cursor `position`, with `live` in the job."""
+        batch = self.prefetcher.get(self.schedule.batch_index(position))
+        self.prefetcher.hint(self.schedule.batch_index(position + len(live)))
+        return batch
+
+    def close(self) -> None:
+        self.prefetcher.close()
 
 
 class Prefetcher:

@@ -25,7 +25,6 @@ from mlless.smoothing import OnlineEwma
 from mlless.data.dataset import Dataset
 from mlless.training.models import build_model
 from mlless.protocol import keys, layouts
-from mlless.runtime.striding import Prefetcher, Schedule
 from mlless.runtime.sync import sync_strategy
 from mlless.spec import TrainingJob
 from mlless.telemetry.timing import PhaseTimer
@@ -82,8 +81,7 @@ class Worker:
         # This worker's half of the protocol; a peer's frame the store lost is waited for half the worker timeout.
         self.half = self.sync.worker(rank, self.replica, transport, job.worker_timeout_seconds / 2, self._reject,
                                      workers=job.workers)
-        self.schedule = Schedule(dataset.n_batches, job.seed)
-        self.prefetcher = Prefetcher(dataset)
+        self.feed = self.sync.feed(dataset, job.seed)
         self.view = _View()
         self.step = 0
         self.started = time.monotonic()
@@ -125,7 +123,7 @@ class Worker:
         except WorkerExit:
             pass
         finally:
-            self.prefetcher.close()
+            self.feed.close()
 
     # ---- invocation deadline: checkpoint and resume -------------------------------------------
 
@@ -185,12 +183,12 @@ class Worker:
     def _train_step(self) -> None:
         timer = PhaseTimer()
         ahead = self.step - self.view.closed - 1
-        position = self.schedule.position(self.view.cursor, self.view.live, self.rank, ahead)
-        batch = self.prefetcher.get(self.schedule.batch_index(position))
-        self.prefetcher.hint(self.schedule.batch_index(position + len(self.view.live)))
+        position = self.feed.schedule.position(self.view.cursor, self.view.live, self.rank, ahead)
+        batch = self.feed.take(position, self.step, self.view.live, self.rank)
         timer.lap("fetch")
 
-        result = self.half.train(batch, self.schedule.epoch(position) + 1, self.step, alone=self.view.live == (self.rank,))
+        result = self.half.train(batch, self.feed.schedule.epoch(position) + 1, self.step,
+                                 alone=self.view.live == (self.rank,))
         timer.record(compute=result.compute_seconds, filter=result.filter_seconds)
         bytes_sent = self.half.publish(self.step, result)
         timer.lap("write")

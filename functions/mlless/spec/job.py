@@ -30,7 +30,7 @@ from mlless.spec.config import (
     default_optimizer,
     default_sync,
 )
-from mlless.spec.schema import DEFAULT_MAX_EPOCHS, DEFAULT_PATIENCE, default, manifest_schema
+from mlless.spec.schema import DEFAULT_MAX_EPOCHS, DEFAULT_PATIENCE, default, manifest_schema, pairing_errors
 
 
 class SpecError(ValueError):
@@ -117,6 +117,8 @@ def validate_manifest(doc: Any, source: str = "manifest") -> None:
     for err in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
         path = ".".join(str(p) for p in err.absolute_path) or "(document)"
         lines.append(f"{path}: {err.message}")
+    if not lines and isinstance(doc, Mapping):
+        lines += pairing_errors(doc["spec"])
     if lines:
         raise SpecError(f"{source}: invalid TrainingJob\n  " + "\n  ".join(lines[:5]))
 

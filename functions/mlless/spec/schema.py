@@ -133,12 +133,14 @@ SPEC_SCHEMA: Schema = _obj(
             {
                 "protocol": _choice("bsp: every update every step; isp: significance filter; ssp: stale-synchronous "
                                     "with `slack`; averaging: model averaging, each worker runs `localSteps` steps "
-                                    "alone, then the replicas exchange what they changed.",
-                                    ["bsp", "isp", "ssp", "averaging"], "isp"),
+                                    "alone, then the replicas exchange what they changed; blocked (pmf only): "
+                                    "averaging's rounds over disjoint blocks of users and items (DSGD), so no "
+                                    "two workers change the same row in a round.",
+                                    ["bsp", "isp", "ssp", "averaging", "blocked"], "isp"),
                 "significanceThreshold": _num("ISP threshold v; an entry is sent when |delta/x| > v/sqrt(step). "
                                               "Default: pmf 3, logistic-regression 0.7 (the papers').", 0),
                 "slack": _int("SSP slack s: a worker at step t has applied every update up to t-s-1.", 0, 1000, default=3),
-                "localSteps": _int("averaging: the steps H a worker trains between two exchanges; each worker then "
+                "localSteps": _int("averaging, blocked: the steps H a worker trains between two exchanges; each worker then "
                                    "publishes every entry it changed in those steps, and adds its peers'.", 1, 10000,
                                    default=LOCAL_STEPS),
                 "exchange": _choice("Who reads what. all-to-all: each worker reads every peer's update; allreduce: one "
@@ -380,6 +382,45 @@ STATUS_SCHEMA: Schema = _obj(
         "supervisorRestarts": _int("Times the operator recreated the supervisor pod (at most spec.backoffLimit).", 0),
     },
 )
+
+
+#: Values of a spec field that only some values of another admit: (field, value) -> (other field, its admitted values).
+#: `mlless validate` and `mlless train` refuse the rest (`pairing_errors`), and so does the API server, by the CEL
+#: rules `cel_rules` puts in the spec's schema (CEL, which the CLI's JSON Schema validator ignores).
+PAIRINGS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
+    # Blocks of users and items exist only in ratings data (runtime/sync/blocked.py).
+    ("sync.protocol", "blocked"): ("model.type", ("pmf",)),
+}
+
+
+def _pairing_message(field: str, value: str, other: str, admitted: tuple[str, ...]) -> str:
+    return f"spec.{field}: {value} needs spec.{other} {' or '.join(admitted)}"
+
+
+def pairing_errors(spec: Any) -> Iterator[str]:
+    """One line per pairing a parsed manifest's `spec` breaks, naming the field."""
+    def given(path: str) -> Any:
+        node = spec
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+    for (field, value), (other, admitted) in PAIRINGS.items():
+        if given(field) == value and given(other) not in admitted:
+            yield f"{_pairing_message(field, value, other, admitted)}, not {given(other)}"
+
+
+def cel_rules() -> list[Schema]:
+    """PAIRINGS as the CRD's `x-kubernetes-validations` on the spec (CEL; Kubernetes 1.25+)."""
+    rules = []
+    for (field, value), (other, admitted) in PAIRINGS.items():
+        section, name = field.split(".")
+        absent = f"!has(self.{section}) || !has(self.{field})"
+        rules.append({"rule": f"{absent} || self.{field} != '{value}' || self.{other} in {list(admitted)}",
+                      "message": _pairing_message(field, value, other, admitted)})
+    return rules
+
+
+SPEC_SCHEMA["x-kubernetes-validations"] = cel_rules()
 
 
 def manifest_schema(strict: bool) -> Schema:

@@ -6,8 +6,9 @@ supervisor closes a step once its protocol says so. What differs is asked of the
 name:
 
 * `SyncStrategy`: the replica's significance threshold, how many closed steps a worker may run ahead of, which
-  steps end with a publication, where a step's update is written, and the exchange pattern `spec.sync.exchange`
-  names (who reads what, `runtime/sync/exchange.py`);
+  steps end with a publication, where a step's update is written, the exchange pattern `spec.sync.exchange`
+  names (who reads what, `runtime/sync/exchange.py`), and which mini-batches a worker trains (its feed,
+  `runtime/striding.py`);
 * `WorkerHalf`: a local step, then publish what it selected; at a close, gather the peers' updates and combine them
   into the replica; once out of the job or at its end, take back what no peer will apply;
 * `SupervisorHalf`: when a step closes, which updates its close names, and which closes are broadcast.
@@ -21,8 +22,10 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar, Mapping
 
 from mlless.data.batches import Batch
+from mlless.data.dataset import Dataset
 from mlless.protocol import keys
 from mlless.protocol.messages import Close, Report, Update
+from mlless.runtime.striding import Feed
 from mlless.runtime.sync.exchange import EXCHANGES, Exchange
 from mlless.spec.job import SyncConfig
 from mlless.training.replica import Replica, StepResult
@@ -139,6 +142,10 @@ class SyncStrategy(ABC):
         exchange = EXCHANGES[self.config.exchange](transport, rank, self.update_key, self.slots, patience, reject,
                                                    size=replica.params.shape[0], parts=workers)
         return self.worker_half(self, rank, replica, exchange)
+
+    def feed(self, dataset: Dataset, seed: int) -> Feed:
+        """Where a worker's mini-batches come from: by default the job's shared shuffled order (`runtime/striding.py`)."""
+        return Feed(dataset, seed)
 
     def supervisor(self) -> SupervisorHalf:
         return self.supervisor_half(self)
