@@ -80,9 +80,14 @@ class Pair:
         return f"{self.protocol} × {self.exchange} ({self.transport})"
 
 
+#: Further spec.sync fields for every run (`--sync localSteps=64`): none by default, a user gives only model.type.
+SYNC_SETTINGS: dict[str, Any] = {}
+
+
 def job_doc(name: str, kind: str, data: Path, pair: Pair, workers: int, stop: dict[str, Any]) -> dict[str, Any]:
-    """The TrainingJob: only model.type, P, the pair and the stop rule; `sync.exchange` only where the schema has it."""
-    sync: dict[str, Any] = {"protocol": pair.protocol}
+    """The TrainingJob: only model.type, P, the pair and the stop rule (and `--sync`'s fields); `sync.exchange` only
+    where the schema has it."""
+    sync: dict[str, Any] = {"protocol": pair.protocol, **SYNC_SETTINGS}
     if _common.has_spec_field("sync.exchange"):
         sync["exchange"] = pair.exchange
     elif pair.exchange != EXCHANGE_TODAY:
@@ -429,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--protocols", help="comma list (default: every sync.protocol the schema admits for the model)")
     p.add_argument("--exchanges", help="comma list (default: every sync.exchange the schema has; all-to-all before it exists)")
     p.add_argument("--workers", default="1,2,3", help="comma list of P (default %(default)s)")
+    p.add_argument("--sync", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a spec.sync field for every run, its value in JSON (e.g. localSteps=64); repeatable")
     p.add_argument("--transports", help="comma list of embedded, services (Redis + RabbitMQ) (default: services; --quick: embedded)")
     p.add_argument("--link", help="a tbf rate (e.g. 200mbit): the services in a netns behind it (benchmarks/netlink.py); "
                                   "implies --transports services")
@@ -437,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=_common.HERE / "report-scaling", help="where scaling.md and scaling.json go")
     args = p.parse_args(argv)
     args.workers = [int(w) for w in args.workers.split(",")]
+    for setting in args.sync:
+        field, _, value = setting.partition("=")
+        SYNC_SETTINGS[field] = json.loads(value)
     sets = QUICK if args.quick else DATASETS
     if args.datasets:
         sets = {k: {**DATASETS, **QUICK}[k] for k in args.datasets.split(",")}

@@ -76,8 +76,9 @@ class Worker:
         self.dataset = dataset
         self.sync = sync_strategy(job.sync)
         # MLLESS_AUDIT: the replica sums every update it computed, for the supervisor's conservation check.
-        self.replica = Replica(build_model(job.model.type, dataset.dims(), job.model, job.seed), job.optimizer,
-                               self.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)))
+        model = build_model(job.model.type, dataset.dims(), job.model, job.seed)
+        self.replica = Replica(model, job.optimizer, self.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)),
+                               accumulator=self.sync.accumulator(model.params))
         # This worker's half of the protocol; a peer's frame the store lost is waited for half the worker timeout.
         self.half = self.sync.worker(rank, self.replica, transport, job.worker_timeout_seconds / 2, self._reject,
                                      workers=job.workers)

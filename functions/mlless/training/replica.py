@@ -27,7 +27,11 @@ from mlless.protocol.messages import check_bounded
 from mlless.training.models import Model
 from mlless.spec.config import OptimizerConfig
 from mlless.training.optim import Optimizer
+from mlless.training.rounds import RoundAccumulator
 from mlless.training.significance import SignificanceFilter
+
+#: What keeps a replica's unsent updates: the ISP filter, or a round's accumulator.
+Accumulator = SignificanceFilter | RoundAccumulator
 
 
 class TrainingDiverged(ArithmeticError):
@@ -55,11 +59,13 @@ class Replica:
     supervisor's conservation check, MLLESS_AUDIT).
     """
 
-    def __init__(self, model: Model, optimizer: OptimizerConfig, v: float, audit: bool = False) -> None:
+    def __init__(self, model: Model, optimizer: OptimizerConfig, v: float, audit: bool = False,
+                 accumulator: Accumulator | None = None) -> None:
         self.model = model
         self.config = optimizer.replace(weight_decay=model.weight_decay)
         self.optimizer = Optimizer(model.size, self.config, model.accumulator_size)
-        self.filter = SignificanceFilter(model.params, v)
+        # A protocol that publishes once per round brings its own (`training/rounds.py`), over model.params.
+        self.filter = accumulator or SignificanceFilter(model.params, v)
         self.contribution = np.zeros(model.size, np.float64) if audit else None
 
     @property
@@ -83,9 +89,11 @@ class Replica:
             self.contribution[idx] += delta  # the optimizers' idx never repeats
         computed = time.perf_counter()
         selected = layouts.no_pending()
-        if share and not select:
+        if not share:
+            self.filter.touched(idx, delta)  # x moved, and the move is the shared state's, not an unsent update
+        elif not select:
             self.filter.accumulate(idx, delta)
-        elif share:
+        else:
             selected = self.filter.step(idx, delta, t)
             try:  # peers would reject the frame; say why here, where the advice is known
                 check_bounded("the update's values", selected[1])
@@ -96,7 +104,7 @@ class Replica:
     def apply(self, indices: np.ndarray, values: np.ndarray) -> None:
         """Add a peer's update (or a leaver's unsent accumulator), all or nothing; ValueError names a bad index."""
         self.model.apply_update(indices, values)
-        self.filter.touched(indices)
+        self.filter.touched(indices, values)
 
     def correct(self, indices: np.ndarray, values: np.ndarray) -> None:
         """Move the replica by a correction of its own published update (model averaging keeps a share of it): the
@@ -108,7 +116,7 @@ class Replica:
     def keep_unsent(self, indices: np.ndarray, values: np.ndarray) -> None:
         """Entries this replica published that no peer will apply go back to its accumulator (they are in the
         replica already)."""
-        self.filter.accumulate(indices, values)
+        self.filter.unsent(indices, values)
 
     def pending_count(self) -> int:
         return self.filter.pending_count()

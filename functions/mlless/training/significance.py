@@ -39,6 +39,10 @@ class SignificanceFilter:
         """δ[idx] += delta (idx may repeat; each occurrence is added), after the replica moved by ``delta``."""
         self._wheel.add(_indices(idx), np.ascontiguousarray(delta, dtype=np.float32))
 
+    def unsent(self, idx: np.ndarray, values: np.ndarray) -> None:
+        """``values`` were selected and published, and no peer will apply them: they accumulate again."""
+        self.accumulate(idx, values)
+
     def step(self, idx: np.ndarray, delta: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
         """`accumulate` a step's update (``idx`` without repeats, as optimizers return it), then `select` at step ``t``."""
         if self.v == 0.0 and self._wheel.pending == 0:
@@ -48,8 +52,9 @@ class SignificanceFilter:
         self.accumulate(idx, delta)
         return self.select(t)
 
-    def touched(self, idx: np.ndarray) -> None:
-        """The replica moved at ``idx`` by someone else's update: the entries' due steps change with x."""
+    def touched(self, idx: np.ndarray, values: np.ndarray | None = None) -> None:
+        """The replica moved at ``idx`` (by ``values``) with someone else's update: the entries' due steps change
+        with x."""
         if self._wheel.pending:  # (BSP never has any)
             self._wheel.touch(_indices(idx))
 

@@ -1,7 +1,7 @@
 """Model averaging (local SGD), as LambdaML's MA: H local steps, then the replicas exchange what they changed.
 
-Each worker trains `spec.sync.localSteps` (H) steps on its own, accumulating what it changes in the replica's
-significance accumulator (threshold 0) without selecting anything; inside a round it waits for no close, and
+Each worker trains `spec.sync.localSteps` (H) steps on its own, accumulating what it changes (as the replica
+minus the shared state, `training/rounds.py`) without selecting anything; inside a round it waits for no close, and
 does not look for one. At the
 round's last step it publishes everything accumulated (for sparse models only the entries it touched) and waits
 for that step's close, as BSP does every step; then it averages its replica with its peers'.
@@ -39,6 +39,7 @@ from mlless.protocol import keys
 from mlless.protocol.messages import Close, Update
 from mlless.runtime.sync import register
 from mlless.runtime.sync.base import SyncStrategy, WorkerHalf
+from mlless.training.rounds import RoundAccumulator
 
 
 class AveragingHalf(WorkerHalf):
@@ -69,6 +70,9 @@ class Averaging(SyncStrategy):
     @property
     def staleness(self) -> int:
         return self.config.local_steps - 1
+
+    def accumulator(self, params: np.ndarray) -> RoundAccumulator:
+        return RoundAccumulator(params)
 
     def must_have_closed(self, step: int) -> int:
         """Inside a round, the previous round's close; at its last step, the round's own."""

@@ -21,6 +21,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Mapping
 
+import numpy as np
+
 from mlless.data.batches import Batch
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys
@@ -28,7 +30,7 @@ from mlless.protocol.messages import Close, Report, Update
 from mlless.runtime.striding import Feed
 from mlless.runtime.sync.exchange import EXCHANGES, Exchange
 from mlless.spec.job import SyncConfig
-from mlless.training.replica import Replica, StepResult
+from mlless.training.replica import Accumulator, Replica, StepResult
 from mlless.transport import Transport
 
 
@@ -142,6 +144,10 @@ class SyncStrategy(ABC):
         exchange = EXCHANGES[self.config.exchange](transport, rank, self.update_key, self.slots, patience, reject,
                                                    size=replica.params.shape[0], parts=workers)
         return self.worker_half(self, rank, replica, exchange)
+
+    def accumulator(self, params: np.ndarray) -> Accumulator | None:
+        """What keeps a replica's unsent updates, over its `params`; None: the significance filter at `threshold`."""
+        return None
 
     def feed(self, dataset: Dataset, seed: int) -> Feed:
         """Where a worker's mini-batches come from: by default the job's shared shuffled order (`runtime/striding.py`)."""

@@ -1,0 +1,55 @@
+"""The round accumulator (training/rounds.py): a replica under model averaging or blocked keeps δ = x − shared,
+and selects, at a round's end, exactly what the significance filter at v = 0 would."""
+from __future__ import annotations
+
+import numpy as np
+
+from mlless.protocol import layouts
+from mlless.spec.config import default_optimizer
+from mlless.training.models import build_model
+from mlless.training.replica import Replica
+from mlless.training.rounds import RoundAccumulator
+
+from test_replica import DIMS, batch
+
+
+def pair():
+    """The same replica twice: with the significance filter at v = 0, and with the round accumulator."""
+    models = [build_model("pmf", DIMS, seed=5) for _ in range(2)]
+    return (Replica(models[0], default_optimizer("pmf"), 0.0),
+            Replica(models[1], default_optimizer("pmf"), 0.0, accumulator=RoundAccumulator(models[1].params)))
+
+
+def same(a, b):
+    assert np.array_equal(a[0], b[0]) and np.allclose(a[1], b[1], rtol=0, atol=1e-6)
+
+
+def test_a_round_selects_what_the_filter_at_zero_selects_and_a_peers_update_stays_out():
+    rng = np.random.default_rng(3)
+    wheel, rounds = pair()
+    for t in range(1, 13):
+        b = batch(rng)
+        results = [r.step(b, 1, t, select=t % 4 == 0) for r in (wheel, rounds)]
+        same(*[(r.indices, r.values) for r in results])
+        assert np.allclose(wheel.params, rounds.params, rtol=0, atol=1e-6)
+        assert wheel.pending_count() <= rounds.pending_count()  # the round counts changed entries, an upper bound
+        same(layouts.pending(wheel.snapshot()), layouts.pending(rounds.snapshot()))
+        idx = np.unique(rng.integers(0, wheel.params.shape[0], 10)).astype(np.int32)
+        for r in (wheel, rounds):
+            r.apply(idx, np.full(len(idx), 0.01, np.float32))  # a peer's update is shared state, not pending
+        same(layouts.pending(wheel.snapshot()), layouts.pending(rounds.snapshot()))
+
+
+def test_unsent_entries_and_a_lone_workers_steps_and_a_restore():
+    rng = np.random.default_rng(4)
+    _, rounds = pair()
+    rounds.step(batch(rng), 1, 1, share=False)  # alone: the move is the shared state's
+    assert rounds.pending_count() == 0 and len(layouts.pending(rounds.snapshot())[0]) == 0
+    selected = rounds.step(batch(rng), 1, 2)
+    assert len(selected.indices) and rounds.pending_count() == 0
+    rounds.keep_unsent(selected.indices, selected.values)  # nobody applied them: pending again
+    same(layouts.pending(rounds.snapshot()), (selected.indices, selected.values))
+    arrays = rounds.snapshot()
+    _, fresh = pair()
+    fresh.restore(arrays)
+    same(layouts.pending(fresh.snapshot()), (selected.indices, selected.values))
