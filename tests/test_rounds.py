@@ -21,7 +21,9 @@ def pair():
 
 
 def same(a, b):
-    assert np.array_equal(a[0], b[0]) and np.allclose(a[1], b[1], rtol=0, atol=1e-6)
+    """The same entries (in any order: the filter's timing wheel selects in its own) and values."""
+    (ai, av), (bi, bv) = [(idx[np.argsort(idx)], values[np.argsort(idx)]) for idx, values in (a, b)]
+    assert np.array_equal(ai, bi) and np.allclose(av, bv, rtol=0, atol=1e-6)
 
 
 def test_a_round_selects_what_the_filter_at_zero_selects_and_a_peers_update_stays_out():
@@ -53,3 +55,13 @@ def test_unsent_entries_and_a_lone_workers_steps_and_a_restore():
     _, fresh = pair()
     fresh.restore(arrays)
     same(layouts.pending(fresh.snapshot()), (selected.indices, selected.values))
+
+
+def test_steps_alone_between_shared_ones_are_not_pending():
+    rng = np.random.default_rng(5)
+    wheel, rounds = pair()
+    for share, select in [(True, False), (False, False), (False, False), (True, False), (False, False), (True, True)]:
+        b = batch(rng)
+        results = [r.step(b, 1, 1, share=share, select=select) for r in (wheel, rounds)]
+        same(layouts.pending(wheel.snapshot()), layouts.pending(rounds.snapshot()))
+    same(*[(r.indices, r.values) for r in results])

@@ -90,7 +90,7 @@ class Replica:
         computed = time.perf_counter()
         selected = layouts.no_pending()
         if not share:
-            self.filter.touched(idx, delta)  # x moved, and the move is the shared state's, not an unsent update
+            self.filter.alone(idx, delta)
         elif not select:
             self.filter.accumulate(idx, delta)
         else:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mlless.training.kernels import optim as _optim
+
 
 class RoundAccumulator:
     """δ = x − shared over the replica ``x``, for the entries a local step marked."""
@@ -18,11 +20,30 @@ class RoundAccumulator:
     def __init__(self, x: np.ndarray) -> None:
         self.x = x
         self.shared = x.copy()
-        self.changed = np.zeros(x.shape[0], dtype=bool)
+        self.changed = np.zeros(x.shape[0], dtype=np.uint8)
+        # Alone in the job, a step's move is the shared state's (`Replica.step`); rather than move `shared` with
+        # each such step, the pending entries are set aside and `shared` is rebuilt from them when a peer appears.
+        self._set_aside: tuple[np.ndarray, np.ndarray] | None = None
+
+    def alone(self, idx: np.ndarray, delta: np.ndarray) -> None:
+        """The replica moved by its own update, which no peer needs: not pending."""
+        if self._set_aside is None:
+            self.shared[idx] += delta  # x has moved by it already: the first such step moves `shared` too
+            self._set_aside = self.pending()
+
+    def _rejoin(self) -> bool:
+        """Rebuild `shared` from the entries set aside, with x as it is now; whether it was."""
+        if self._set_aside is None:
+            return False
+        set_aside, self._set_aside = self._set_aside, None
+        self.restore(*set_aside)
+        return True
 
     def accumulate(self, idx: np.ndarray, delta: np.ndarray) -> None:
         """The replica moved by its own update at ``idx``: already in x − shared, so only marked."""
-        self.changed[idx] = True
+        if self._rejoin():
+            self.shared[idx] -= delta  # x has moved by it already
+        _optim.mark(self.changed, np.ascontiguousarray(idx, dtype=np.int32))
 
     def step(self, idx: np.ndarray, delta: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
         self.accumulate(idx, delta)
@@ -30,25 +51,31 @@ class RoundAccumulator:
 
     def touched(self, idx: np.ndarray, values: np.ndarray) -> None:
         """The replica moved by ``values`` at ``idx`` (unique), someone else's update: so does the shared state."""
+        self._rejoin()
         self.shared[idx] += values
 
     def unsent(self, idx: np.ndarray, values: np.ndarray) -> None:
         """``values`` were published, and no peer will apply them: they are this replica's own again."""
+        self._rejoin()
         self.shared[idx] -= values
-        self.changed[idx] = True
+        self.changed[idx] = 1
 
     def select(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         """Everything accumulated (threshold 0), which becomes shared."""
         idx, values = self.pending()
         self.shared[idx] = self.x[idx]
-        self.changed[:] = False
+        self.changed[:] = 0
         return idx, values
 
     def pending_count(self) -> int:
         """Entries changed since the round's start (an upper bound: a change may have cancelled out)."""
+        if self._set_aside is not None:
+            return len(self._set_aside[0])
         return int(np.count_nonzero(self.changed))
 
     def pending(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._set_aside is not None:
+            return self._set_aside
         idx = np.flatnonzero(self.changed).astype(np.int32)
         values = self.x[idx] - self.shared[idx]
         moved = values != 0
@@ -56,7 +83,8 @@ class RoundAccumulator:
 
     def restore(self, idx: np.ndarray, values: np.ndarray) -> None:
         """Replace the accumulator with ``pending()``'s arrays, after the replica itself was restored."""
+        self._set_aside = None
         self.shared[:] = self.x
         self.shared[idx] -= values
-        self.changed[:] = False
-        self.changed[idx] = True
+        self.changed[:] = 0
+        self.changed[idx] = 1

@@ -39,6 +39,11 @@ class SignificanceFilter:
         """δ[idx] += delta (idx may repeat; each occurrence is added), after the replica moved by ``delta``."""
         self._wheel.add(_indices(idx), np.ascontiguousarray(delta, dtype=np.float32))
 
+    def alone(self, idx: np.ndarray, delta: np.ndarray) -> None:
+        """The replica moved by its own update, which no peer needs (alone in the job): it is not accumulated, and
+        the pending entries' due steps change with x."""
+        self.touched(idx, delta)
+
     def unsent(self, idx: np.ndarray, values: np.ndarray) -> None:
         """``values`` were selected and published, and no peer will apply them: they accumulate again."""
         self.accumulate(idx, values)
