@@ -62,10 +62,8 @@ class RoundAccumulator:
 
     def select(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         """Everything accumulated (threshold 0), which becomes shared."""
-        idx, values = self.pending()
-        self.shared[idx] = self.x[idx]
-        self.changed[:] = 0
-        return idx, values
+        self._rejoin()
+        return _optim.take_changed(self.x, self.shared, self.changed)
 
     def pending_count(self) -> int:
         """Entries changed since the round's start (an upper bound: a change may have cancelled out)."""

@@ -11,8 +11,8 @@ epochs as under every other protocol. A stratum is read in a shuffled order of s
 wraps; a stratum smaller than a round's H pieces is passed over more than once in that round.
 
 Rounds are model averaging's (`averaging.py`, which this strategy extends): the workers publish what they changed
-at a round's last step, wait for its close, and add their peers' changes; an entry no peer touched (every user row,
-and every item row) is added in full, so the mean over carriers reduces to the sum for disjoint rows. Unlike
+at a round's last step, wait for its close, and add their peers' changes as they are, since no two workers changed
+the same row (averaging's mean over the workers that changed an entry would divide by one). Unlike
 DSGD, user rows are published once per round too: every replica stays the shared model, which evaluation,
 checkpoints, failover, joins and scale-in rely on. That costs each worker its touched user rows once per round,
 against averaging's touched users and items (the popular items every round, by every worker).
@@ -35,6 +35,7 @@ from mlless.data.dataset import Dataset
 from mlless.runtime.striding import Feed
 from mlless.runtime.sync import register
 from mlless.runtime.sync.averaging import Averaging
+from mlless.runtime.sync.base import WorkerHalf
 
 
 class BlockedFeed(Feed):
@@ -106,6 +107,9 @@ class Blocked(Averaging):
     """Model averaging's rounds over disjoint strata: users and items in P blocks, item blocks rotating."""
 
     name = "blocked"
+    # A round's updates are disjoint, so the peers' are added as they are (BSP's combine): averaging's mean over
+    # carriers would only divide by one, at the cost of counting them and applying a zero correction.
+    worker_half = WorkerHalf
 
     def feed(self, dataset: Dataset, seed: int) -> Feed:
         return BlockedFeed(dataset, seed, self.config.local_steps)

@@ -207,3 +207,27 @@ def mark(unsigned char[::1] marks not None, const int[::1] idx not None):
     with nogil:
         for j in range(n):
             marks[idx[j]] = 1
+
+
+def take_changed(float[::1] x not None, float[::1] shared not None, unsigned char[::1] marks not None):
+    """The marked entries whose x differs from ``shared`` as (int32 idx, float32 x − shared), in one pass that
+    also makes them shared and clears the marks (training/rounds.py: a round's end, about ten numpy passes)."""
+    cdef Py_ssize_t i, k = 0, n = x.shape[0]
+    cdef float d
+    if shared.shape[0] != n or marks.shape[0] != n:
+        raise ValueError("x, shared and marks differ in length")
+    idx = np.empty(n, dtype=np.int32)
+    values = np.empty(n, dtype=np.float32)
+    cdef int[::1] out_idx = idx
+    cdef float[::1] out_values = values
+    with nogil:
+        for i in range(n):
+            if marks[i]:
+                marks[i] = 0
+                d = x[i] - shared[i]
+                if d != 0:
+                    out_idx[k] = <int>i
+                    out_values[k] = d
+                    k += 1
+                    shared[i] = x[i]
+    return idx[:k].copy(), values[:k].copy()
