@@ -14,7 +14,7 @@ from mlless.spec import SpecError, SyncConfig, from_manifest
 
 from faults.test_failover import finish, kill_at, summary_of, train
 from test_scaling import assert_conserved
-from test_training import QUIET, _supervise_with, _when_step, job_for, manifest, read_metrics
+from test_training import QUIET, _supervise_with, job_for, manifest, read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,8 @@ def audit(monkeypatch):
 def test_every_update_is_applied_exactly_once_through_a_scale_in_mid_round(movielens_dir, tmp_path, redis_url,
                                                                           amqp_url, audit):
     def scale_in(supervisor, launcher):
-        _when_step(supervisor, 13)  # inside the first round of 32: the leaver's unsent steps go to the survivors
+        # Asked before the first close (a round's reports reach the supervisor at its end), the scale-in takes
+        # effect at step 1, inside the first round of 32: the leaver's unsent steps go to the survivors.
         supervisor.request_workers(2)
 
     job = job_for(movielens_dir, sync={"protocol": "averaging", "localSteps": 32}, stop={"maxSteps": 64})

@@ -52,7 +52,7 @@ class RoundAccumulator:
     def touched(self, idx: np.ndarray, values: np.ndarray) -> None:
         """The replica moved by ``values`` at ``idx`` (unique), someone else's update: so does the shared state."""
         self._rejoin()
-        self.shared[idx] += values
+        _optim.add_at(self.shared, np.ascontiguousarray(idx, dtype=np.int32), np.ascontiguousarray(values, dtype=np.float32))
 
     def unsent(self, idx: np.ndarray, values: np.ndarray) -> None:
         """``values`` were published, and no peer will apply them: they are this replica's own again."""

@@ -205,6 +205,11 @@ class Transport(ABC):
         may return before the broker has answered, and report a failure at the next call instead."""
         self.send_to_supervisor(body)
 
+    def post_many_to_supervisor(self, bodies: Sequence[bytes]) -> None:
+        """`post_to_supervisor` for several messages, in order; a transport may write them at once."""
+        for body in bodies:
+            self.post_to_supervisor(body)
+
     @abstractmethod
     def broadcast(self, body: bytes) -> None:
         """Queue ``body`` for every worker whose queue exists now (later joiners don't get it)."""

@@ -79,17 +79,18 @@ class EmbeddedTransport(Transport):
         self._call(OP_DECLARE, I32.pack(self.rank))  # synchronous: broadcasts reach us from now on
 
     # ------------------------------------------------------------------ plumbing
-    def _call(self, op: int, fields: bytes, *, post: bool = False) -> tuple[int, bytes]:
-        """One request and its answer; with ``post``, the answer is left for the next call to read and check."""
-        body = U8.pack(op) + self._job + fields
+    def _call(self, op: int, *fields: bytes, post: bool = False) -> tuple[int, bytes]:
+        """One request per `fields`, written at once, and the last one's answer; with ``post``, every answer is
+        left for the next call to read and check."""
+        bodies = [U8.pack(op) + self._job + f for f in fields]
         with self._lock:
             s = self._sock
             if s is None:
                 raise TransportError("transport is closed")
             try:
-                s.sendall(LEN.pack(len(body)) + body)
+                s.sendall(b"".join(LEN.pack(len(body)) + body for body in bodies))
+                self._posted += len(bodies) if post else len(bodies) - 1
                 if post:
-                    self._posted += 1
                     return ST_OK, b""
                 # Answers come in request order: the posted ones first. All are read before any is judged.
                 posted = [self._read_answer(s) for _ in range(self._posted)]
@@ -159,8 +160,12 @@ class EmbeddedTransport(Transport):
         self._call(OP_SEND, I32.pack(SUPERVISOR) + pack_blob(self._seal_message(body), U32))
 
     def post_to_supervisor(self, body: bytes) -> None:
-        # The answer is read, and any error raised, by the next call: a report's round trip is off the step.
-        self._call(OP_SEND, I32.pack(SUPERVISOR) + pack_blob(self._seal_message(body), U32), post=True)
+        self.post_many_to_supervisor([body])
+
+    def post_many_to_supervisor(self, bodies: Sequence[bytes]) -> None:
+        # The answers are read, and any error raised, by the next call: a report's round trip is off the step.
+        to = I32.pack(SUPERVISOR)
+        self._call(OP_SEND, *(to + pack_blob(self._seal_message(body), U32) for body in bodies), post=True)
 
     def broadcast(self, body: bytes) -> None:
         self._call(OP_BROADCAST, pack_blob(self._seal_message(body), U32))

@@ -231,3 +231,14 @@ def take_changed(float[::1] x not None, float[::1] shared not None, unsigned cha
                     k += 1
                     shared[i] = x[i]
     return idx[:k].copy(), values[:k].copy()
+
+
+def add_at(float[::1] x not None, const int[::1] idx not None, const float[::1] values not None):
+    """x[idx] += values, for idx in range and without repeats (an update the model has applied already:
+    training/rounds.py moves its shared copy with it); numpy's fancy += gathers and scatters in two passes."""
+    cdef Py_ssize_t j, n = idx.shape[0]
+    if values.shape[0] != n:
+        raise ValueError("idx and values differ in length")
+    with nogil:
+        for j in range(n):
+            x[idx[j]] += values[j]
