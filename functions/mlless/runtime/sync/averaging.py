@@ -23,8 +23,9 @@ replica is still the shared state plus its own unsent accumulator: a leaver's un
 (`Worker._merge_leavers`), a joiner starts from a donor's replica minus its accumulator, checkpoints and
 evaluation snapshots are replicas.
 
-Reports still go to the supervisor every step and it closes every step, so accounting, stop rules, evaluation
-and the auto-tuner see the job step by step; but a close inside a round names no update and nobody waits for it,
+Each step is still reported, and the supervisor closes every step, so accounting, stop rules, evaluation and the
+auto-tuner see the job step by step, though a round's reports arrive together at its end (runtime/worker.py
+`REPORT_BATCH_SECONDS`); a close inside a round names no update and nobody waits for it,
 so it is broadcast only if it carries news (a flag: final, snapshot; a change of the worker set; a leaver's
 merge), and workers read such a close at the round's end (`SupervisorHalf.announces`, runtime/worker.py
 `_await_close`). A worker leaving on
