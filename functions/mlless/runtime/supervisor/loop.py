@@ -69,6 +69,8 @@ SUSPEND_CHECKPOINT_TTL = 30 * 24 * 3600
 #: misses them) would otherwise stall that worker until it is dropped. Workers ignore a close they have applied,
 #: and take silence for twice this (the schema's least liveness.supervisorTimeoutSeconds) as the supervisor lost.
 CLOSE_RESEND_SECONDS = 5.0
+#: While an evaluation's snapshot is awaited, the supervisor looks for it this often between messages (`_receive`).
+SNAPSHOT_POLL_SECONDS = 0.005
 
 
 class Supervisor:
@@ -240,11 +242,19 @@ class Supervisor:
     # ---- messages ----------------------------------------------------------------------------
 
     def _receive(self) -> None:
-        """Handle the next message, if one comes within a fifth of a second; first act on a signal."""
+        """Handle the next message, if one comes within a fifth of a second; first act on a signal.
+
+        While a snapshot is awaited, look for it every SNAPSHOT_POLL_SECONDS between messages: under a protocol
+        with rounds the next close may be a round away, and an evaluation that waited for it would be a round
+        late, and would stretch the evaluation interval (`Evaluation.due`) by as much.
+        """
         self._raise_if_interrupted()
-        body = self.transport.receive(timeout=0.2)
+        awaited = self.evaluation.pending_snapshot is not None
+        body = self.transport.receive(timeout=SNAPSHOT_POLL_SECONDS if awaited else 0.2)
         if body is not None:
             self._handle(body)
+        elif awaited:
+            self._persist(self.evaluation.evaluate_snapshot(self.steps_before))
 
     def _handle(self, body: bytes) -> None:
         try:
