@@ -13,8 +13,11 @@ from mlless.data.dataset import Dataset
 from mlless.training.models import load_model
 from mlless.runtime.local import Services, train_local
 from mlless.progress import Progress
+from mlless.runtime.supervisor.evaluation import EVALUATION_SHARE, Evaluation
 from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN, ValidationWatch, smoothed_losses
 from mlless.spec import from_manifest
+
+from test_training import job_for
 
 
 def feed(watch: ValidationWatch, losses: list[float], every: int = 10) -> None:
@@ -170,3 +173,18 @@ def test_an_explicit_length_limit_turns_patience_off_unless_asked(synthetic_lr_d
     summary = train_local(job, tmp_path, Services(), QUIET)
     assert summary["stop_reason"] == "validation loss stopped improving"
     assert summary["epochs"] < 30
+
+
+def test_evaluations_are_spaced_in_time_when_a_rounds_closes_come_together(movielens_dir):
+    """Evaluation.due: every evaluation.everySteps closes, and no more often than the evaluations' cost allows
+    (EVALUATION_SHARE of the time), in seconds: under averaging or blocked a round's closes arrive within a
+    millisecond of each other, and a step time averaged over them would stretch the interval by the round."""
+    job = job_for(movielens_dir, evaluation={"everySteps": 5})
+    evaluation = Evaluation(job, Dataset.open(str(movielens_dir)), None, ValidationWatch(None, None, 1),
+                            lambda loss: None, lambda n: None)
+    assert not evaluation.due(4) and evaluation.due(5)
+    evaluation.request_snapshot(5, 0)
+    evaluation.evaluation_seconds.update(0.05)
+    assert not evaluation.due(40)  # 35 closes later, but within a millisecond
+    evaluation.snapshot_requested -= 0.05 / EVALUATION_SHARE
+    assert evaluation.due(40) and not evaluation.due(9)

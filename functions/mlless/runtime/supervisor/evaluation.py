@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +74,6 @@ class Evaluation:
         self.snapshot_requested = 0.0  # when the pending snapshot was asked for (monotonic)
         self.last_evaluated = 0  # step of the newest snapshot asked for
         self.evaluation_seconds = OnlineEwma(span=5)  # snapshot asked for -> evaluated
-        self.step_seconds = OnlineEwma(span=20)  # between step closes
         self.final_average: np.ndarray | None = None  # the average of the final replicas, which a suspended job resumes from
 
     @property
@@ -87,12 +85,12 @@ class Evaluation:
 
         A snapshot that never arrived (its donor left) is simply replaced by the next one.
         """
-        if not self.job.evaluate_every:
+        if not self.job.evaluate_every or step - self.last_evaluated < self.job.evaluate_every:
             return False
-        interval = self.job.evaluate_every
-        if self.evaluation_seconds.value and self.step_seconds.value:
-            interval = max(interval, math.ceil(self.evaluation_seconds.value / EVALUATION_SHARE / self.step_seconds.value))
-        return step - self.last_evaluated >= interval
+        # In time, not steps: under a protocol with rounds a round's steps close together at its end, and a step
+        # time averaged over closes would be a fraction of the real one, and stretch the interval as much.
+        cost = self.evaluation_seconds.value
+        return not cost or time.monotonic() - self.snapshot_requested >= cost / EVALUATION_SHARE
 
     def request_snapshot(self, step: int, cursor: int) -> None:
         """The close of `step`, with the mini-batch cursor at `cursor`, asks its donor for a snapshot."""

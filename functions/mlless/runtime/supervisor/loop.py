@@ -303,7 +303,6 @@ class Supervisor:
         self.closed = step
         self.cursor += len(reports)
         del self.reports[step]
-        self.evaluation.step_seconds.update(time.monotonic() - self.closed_at)
         self.closed_at = time.monotonic()
         self.stop_reason = self.stopping.check(self._standing(), lambda: self.accounting.cost(self.closed_at, self.members).total)
         joined = False
