@@ -7,8 +7,9 @@ live set owns user block w; in round r it trains stratum (w, (w + r) mod P), the
 (w + r) mod P. In one round the P workers' strata share no user and no item, so the round's updates are disjoint,
 and P consecutive rounds pass over every stratum once. A round is `spec.sync.localSteps` (H) steps; each step
 trains one batch's worth of its stratum's ratings (the dataset's mean batch size), so the supervisor's cursor counts
-epochs as under every other protocol. A stratum is read in a shuffled order of such pieces, reshuffled each time it
-wraps; a stratum smaller than a round's H pieces is passed over more than once in that round.
+epochs as under every other protocol. A stratum keeps the order of the batch files, which `mlless prepare` shuffled,
+and is read in a shuffled order of such pieces, reshuffled each time it wraps; a stratum smaller than a round's H
+pieces is passed over more than once in that round.
 
 Rounds are model averaging's (`averaging.py`, which this strategy extends): the workers publish what they changed
 at a round's last step, wait for its close, and add their peers' changes as they are, since no two workers changed
@@ -66,19 +67,20 @@ class BlockedFeed(Feed):
         return RatingsBatch(stratum.users[start:end], stratum.items[start:end], stratum.ratings[start:end])
 
     def _split(self, blocks: int, block: int) -> list[RatingsBatch]:
-        """The ratings of user block `block` of `blocks`, by item block, each in a seeded shuffled order."""
+        """The ratings of user block `block` of `blocks`, by item block, each in the order of the batch files
+        (`mlless prepare` shuffled the ratings into them; the pieces are taken in a shuffled order)."""
         batches = [self.dataset.batch(i) for i in range(self.dataset.n_batches)]
         if any(not isinstance(b, RatingsBatch) for b in batches):
             raise ValueError(f"spec.sync.protocol: blocked needs ratings data, {self.dataset.uri} holds {self.dataset.kind}")
-        users = np.concatenate([b.users for b in batches])
-        items = np.concatenate([b.items for b in batches])
-        ratings = np.concatenate([b.ratings for b in batches])
-        mine = np.flatnonzero(balanced_blocks(users, blocks)[users] == block)
-        item_blocks = balanced_blocks(items, blocks)[items[mine]]
+        users, items, ratings = (np.concatenate([getattr(b, name) for b in batches]) for name in ("users", "items", "ratings"))
+        if blocks == 1:
+            return [RatingsBatch(users, items, ratings)]
+        mine = balanced_blocks(users, blocks)[users] == block
+        users, items, ratings = users[mine], items[mine], ratings[mine]
+        item_blocks = balanced_blocks(np.concatenate([b.items for b in batches]), blocks)[items]
         strata = []
         for item_block in range(blocks):
-            rows = mine[item_blocks == item_block]
-            rows = rows[np.random.default_rng([self.seed, blocks, block, item_block]).permutation(len(rows))]
+            rows = item_blocks == item_block
             strata.append(RatingsBatch(users[rows], items[rows], ratings[rows]))
         return strata
 
