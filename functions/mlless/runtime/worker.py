@@ -78,7 +78,7 @@ class Worker:
         self.rank = rank
         self.transport = transport
         self.dataset = dataset
-        self.sync = sync_strategy(job.sync, dataset.n_batches)
+        self.sync = sync_strategy(job.sync)
         # MLLESS_AUDIT: the replica sums every update it computed, for the supervisor's conservation check.
         model = build_model(job.model.type, dataset.dims(), job.model, job.seed)
         self.replica = Replica(model, job.optimizer, self.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)),

@@ -136,7 +136,7 @@ class SyncConfig:
     protocol: str = default("sync.protocol")
     significance_threshold: float = PAPERS_V
     slack: int = default("sync.slack")
-    local_steps: int | None = None  # None: the protocol's own (`SyncStrategy.default_local_steps`)
+    local_steps: int = default("sync.localSteps")
     exchange: str = default("sync.exchange")
 
 

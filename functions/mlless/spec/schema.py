@@ -22,12 +22,8 @@ Schema = dict[str, Any]
 
 #: averaging's H. At P = 2 on the quick sets of benchmarks/time_to_quality.py (1M skewed ratings, 200k clicks; a
 #: loaded 2-core machine, 3 runs each), H = 8, 16 and 32 reached the target within each other's noise; 8 sent twice
-#: 16's bytes, and 32 needed up to twice 16's epochs on the ratings. blocked's is the dataset's
-#: (`runtime/sync/blocked.py`).
+#: 16's bytes, and 32 needed up to twice 16's epochs on the ratings.
 LOCAL_STEPS = 16
-#: The most steps blocked's default round takes: evaluations and the auto-tuner wait for a round's end, and at
-#: P = 1 on 10M ratings a stratum (the whole set) is 1441 steps, over a second.
-BLOCKED_MAX_LOCAL_STEPS = 256
 #: Without a step, epoch or seconds limit, stop after this many evaluations without improvement...
 DEFAULT_PATIENCE = 5
 #: ...or, should the validation loss keep creeping down (or evaluation be off), after this many epochs.
@@ -145,10 +141,8 @@ SPEC_SCHEMA: Schema = _obj(
                                               "Default: pmf 3, logistic-regression 0.7 (the papers').", 0),
                 "slack": _int("SSP slack s: a worker at step t has applied every update up to t-s-1.", 0, 1000, default=3),
                 "localSteps": _int("averaging, blocked: the steps H a worker trains between two exchanges; each worker then "
-                                   "publishes every entry it changed in those steps, and adds its peers'. Default: "
-                                   f"averaging {LOCAL_STEPS}; blocked a quarter of the dataset's batches (at most "
-                                   f"{BLOCKED_MAX_LOCAL_STEPS}), so that with two workers a round passes over its "
-                                   "stratum once.", 1, 10000),
+                                   "publishes every entry it changed in those steps, and adds its peers'.", 1, 10000,
+                                   default=LOCAL_STEPS),
                 "exchange": _choice("Who reads what. all-to-all: each worker reads every peer's update; allreduce: one "
                                     "worker per step merges them and every other worker reads the merged frame; "
                                     "scatter-reduce: the parameters are split into one partition per worker, each "

@@ -122,7 +122,7 @@ class Supervisor:
         self.closed_at = self.started  # when the newest step was closed
         self.stop_reason: str | None = None
         self.scaling = Scaling(job, self.members, self.platform, self.metrics, self.progress)
-        self.sync = sync_strategy(job.sync, self.dataset.n_batches).supervisor()  # when a step closes, and whose updates its close names
+        self.sync = sync_strategy(job.sync).supervisor()  # when a step closes, and whose updates its close names
         self.suspend_checkpoint: bytes | None = None
         self._interrupted = False  # set by SIGINT/SIGTERM, acted on between messages
 

@@ -8,7 +8,6 @@ by manifest validation in this process (`mlless.spec.schema.admit`); the CRD lis
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -38,17 +37,13 @@ def register(cls: S) -> S:
     return cls
 
 
-def sync_strategy(config: SyncConfig, n_batches: int = 0) -> SyncStrategy:
-    """The strategy `config.protocol` names, for a dataset of `n_batches` mini-batches (which a protocol's default
-    `localSteps` may follow); ValueError if none is registered under the name."""
+def sync_strategy(config: SyncConfig) -> SyncStrategy:
+    """The strategy `config.protocol` names; ValueError if none is registered under it."""
     load_plugins()
     try:
-        cls = STRATEGIES[config.protocol]
+        return STRATEGIES[config.protocol](config)
     except KeyError:
         raise ValueError(f"no sync strategy is registered as {config.protocol!r} (known: {', '.join(STRATEGIES)})") from None
-    if config.local_steps is None:
-        config = dataclasses.replace(config, local_steps=cls.default_local_steps(n_batches))
-    return cls(config)
 
 
 @functools.cache

@@ -30,7 +30,6 @@ from mlless.protocol.messages import Close, Report, Update
 from mlless.runtime.striding import Feed
 from mlless.runtime.sync.exchange import EXCHANGES, Exchange
 from mlless.spec.job import SyncConfig
-from mlless.spec.schema import LOCAL_STEPS
 from mlless.training.replica import Accumulator, Replica, StepResult
 from mlless.transport import Transport
 
@@ -107,11 +106,6 @@ class SyncStrategy(ABC):
     #: The classes of its halves, for a protocol that changes what a worker or the supervisor does.
     worker_half: ClassVar[type[WorkerHalf]] = WorkerHalf
     supervisor_half: ClassVar[type[SupervisorHalf]] = SupervisorHalf
-
-    @classmethod
-    def default_local_steps(cls, n_batches: int) -> int:
-        """`spec.sync.localSteps` when the job gives none, for a dataset of `n_batches` mini-batches."""
-        return LOCAL_STEPS
 
     @property
     @abstractmethod

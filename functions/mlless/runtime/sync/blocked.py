@@ -5,8 +5,7 @@ With P live workers the users and the items are each split into P blocks of abou
 (`balanced_blocks`). The worker at index w of the
 live set owns user block w; in round r it trains stratum (w, (w + r) mod P), the ratings of its users on item block
 (w + r) mod P. In one round the P workers' strata share no user and no item, so the round's updates are disjoint,
-and P consecutive rounds pass over every stratum once. A round is `spec.sync.localSteps` (H) steps, by default
-as many as a stratum of two workers has batches (`Blocked.default_local_steps`); each step
+and P consecutive rounds pass over every stratum once. A round is `spec.sync.localSteps` (H) steps; each step
 trains one batch's worth of its stratum's ratings (the dataset's mean batch size), so the supervisor's cursor counts
 epochs as under every other protocol. A stratum keeps the order of the batch files, which `mlless prepare` shuffled,
 and is read in a shuffled order of such pieces, reshuffled each time it wraps; a stratum smaller than a round's H
@@ -38,7 +37,6 @@ from mlless.runtime.striding import Feed
 from mlless.runtime.sync import register
 from mlless.runtime.sync.averaging import Averaging
 from mlless.runtime.sync.base import WorkerHalf
-from mlless.spec.schema import BLOCKED_MAX_LOCAL_STEPS
 
 
 class BlockedFeed(Feed):
@@ -114,14 +112,6 @@ class Blocked(Averaging):
     # A round's updates are disjoint, so the peers' are added as they are (BSP's combine): averaging's mean over
     # carriers would only divide by one, at the cost of counting them and applying a zero correction.
     worker_half = WorkerHalf
-
-    @classmethod
-    def default_local_steps(cls, n_batches: int) -> int:
-        """A round passes over a stratum of two workers' once (a quarter of the batches; at most
-        BLOCKED_MAX_LOCAL_STEPS, for evaluations' sake): on 10M ratings (1441 batches) at P = 2, H = 16 spent 50 ms
-        of every round's 63 exchanging (benchmarks/RESULTS.md). Not P's own: P changes while a job runs, and every
-        process of a job must count the same rounds."""
-        return max(1, min(BLOCKED_MAX_LOCAL_STEPS, round(n_batches / 4)))
 
     def feed(self, dataset: Dataset, seed: int) -> Feed:
         return BlockedFeed(dataset, seed, self.config.local_steps)
