@@ -101,8 +101,9 @@ def test_every_update_is_applied_exactly_once_through_a_scale_in_mid_round(movie
 @pytest.mark.slow
 def test_auto_tuner_scales_in_under_blocked(movielens_dir, tmp_path, redis_url, amqp_url, audit):
     autoscaler = {"enabled": True, "intervalSeconds": 0.5, "horizonSeconds": 0.5, "minWorkers": 2}
-    job = job_for(movielens_dir, workers=4, autoscaler=autoscaler, sync={"protocol": "blocked"},
-                  stop={"maxEpochs": 8})
+    # Rounds of 8 steps: the tuner's scale-in takes effect at a round's end, and the job must have a few.
+    job = job_for(movielens_dir, workers=4, autoscaler=autoscaler, sync={"protocol": "blocked", "localSteps": 8},
+                  stop={"maxEpochs": 10})
     summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: None)
     leaves = [e for e in summary["scaling_events"] if e["event"] == "leave"]
     assert leaves and all(e["reason"].startswith("auto-tuner") for e in leaves)
