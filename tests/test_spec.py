@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from mlless.spec import SpecError, TrainingJob, from_manifest, load_manifest, manifest_schema
-from mlless.spec.config import PAPERS_V, PMF_V
+from mlless.spec.config import DEFAULT_PROTOCOL, PAPERS_V, PMF_V
 
 MINIMAL = {
     "apiVersion": "mlless.io/v1alpha1",
@@ -29,7 +29,7 @@ def test_minimal_manifest_gets_the_defaults():
     assert job.workers == 3
     assert job.model.type == "pmf" and job.model.rank == 20
     assert job.optimizer.type == "adagrad" and job.optimizer.learning_rate == pytest.approx(0.4 / 3)  # P = 3
-    assert job.sync.protocol == "isp" and job.sync.significance_threshold == pytest.approx(3.0)  # PMF's v
+    assert job.sync.protocol == "blocked" and job.sync.significance_threshold == pytest.approx(3.0)  # PMF's v
     # a job with no limit stops when validation stops improving, and ends even if it never does
     assert job.stop.patience == 5 and job.stop.max_epochs == 50
     assert job.pricing.price_per_gb_second == pytest.approx(1.7e-5)
@@ -147,7 +147,7 @@ def test_every_schema_default_is_valid_for_its_own_field():
 def test_the_isp_threshold_defaults_by_model_type_and_a_given_one_wins():
     lr = from_manifest(with_spec(model={"type": "logistic-regression"}))
     assert lr.sync.significance_threshold == PAPERS_V and from_manifest(MINIMAL).sync.significance_threshold == PMF_V
-    given = from_manifest(with_spec(sync={"significanceThreshold": 1.5}))
+    given = from_manifest(with_spec(sync={"protocol": "isp", "significanceThreshold": 1.5}))
     assert (given.sync.protocol, given.sync.significance_threshold) == ("isp", 1.5)
     assert TrainingJob.from_json(given.to_json()).sync == given.sync
 
@@ -160,6 +160,6 @@ def test_a_minimal_manifest_resolves_to_the_schema_defaults(tmp_path):
     assert (job.workers, job.seed, job.model.rank, job.evaluate_every) == (
         default("workers"), default("seed"), default("model.rank"), default("evaluation.everySteps"))
     assert (job.sync.protocol, job.sync.significance_threshold, job.sync.slack) == (
-        default("sync.protocol"), PMF_V, default("sync.slack"))
+        DEFAULT_PROTOCOL["pmf"], PMF_V, default("sync.slack"))
     assert job.autoscaler.knee.slope == default("autoscaler.knee.slope")
     assert job.pricing.redis_per_hour == default("pricing.redisPerHour")

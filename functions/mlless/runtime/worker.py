@@ -15,6 +15,9 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
 
 from mlless.contract import BARRIER_PHASES, ENV_AUDIT, EXIT_CHECKPOINTED
 from mlless.protocol.framing import FrameError, decode, encode
@@ -26,6 +29,7 @@ from mlless.data.dataset import Dataset
 from mlless.training.models import build_model
 from mlless.protocol import keys, layouts
 from mlless.runtime.sync import sync_strategy
+from mlless.runtime.sync.exchange import Published
 from mlless.spec import TrainingJob
 from mlless.telemetry.timing import PhaseTimer
 from mlless.training.replica import Replica
@@ -311,7 +315,9 @@ class Worker:
             self._leave(after=close.step)
         self.view = _View(closed=close.step, cursor=close.cursor, live=close.live)
         if close.flags & CLOSE_SNAPSHOT and self._is_donor(close):
-            self.transport.put(keys.snapshot(), self._replica_frame())
+            # Frames this worker published for later steps (a round's end, SSP's slack) are in its replica but not
+            # yet shared: a joiner starting from the snapshot minus its pending entries must not count them twice.
+            self.transport.put(keys.snapshot(), self._replica_frame(self.half.exchange.unread(close.step)))
         self._barrier["read"] += read_done - started
         self._barrier["apply"] += time.perf_counter() - read_done
         if close.flags & CLOSE_FINAL:
@@ -323,9 +329,17 @@ class Worker:
         senders = [r for r in close.live if r in self.view.live] or list(close.live)
         return senders[0] == self.rank
 
-    def _replica_frame(self) -> bytes:
+    def _replica_frame(self, unshared: Sequence[Published] = ()) -> bytes:
+        """The replica, with `unshared` published updates counted among its pending entries."""
+        arrays = self.replica.snapshot()
+        if unshared:
+            indices, values = layouts.pending(arrays)
+            indices = np.concatenate([indices, *(p.indices for p in unshared)])
+            summed, at = np.unique(indices, return_inverse=True)
+            totals = np.bincount(at, weights=np.concatenate([values, *(p.values for p in unshared)]))
+            arrays |= {layouts.PENDING_INDICES: summed.astype(np.int32), layouts.PENDING_VALUES: totals.astype(np.float32)}
         # only ever put through the transport, which seals it: the MAC stands for the checksum
-        return encode(Tensors(sender=self.rank, step=self.view.closed, arrays=self.replica.snapshot()), sealed=True)
+        return encode(Tensors(sender=self.rank, step=self.view.closed, arrays=arrays), sealed=True)
 
     def _decode_replica(self, frame: bytes | None, rank: int | None, what: str) -> Tensors | None:
         try:

@@ -133,18 +133,26 @@ class SyncConfig:
     """How replicas exchange updates. A job's `significance_threshold` comes from `default_sync`; the value
     here serves a bare `SyncConfig(...)` in library use."""
 
-    protocol: str = default("sync.protocol")
+    protocol: str = "isp"
     significance_threshold: float = PAPERS_V
     slack: int = default("sync.slack")
     local_steps: int = default("sync.localSteps")
     exchange: str = default("sync.exchange")
 
 
+#: Each model's protocol when the job names none, by time to target at P = 1, 2 and 3 (benchmarks/scaling.py, in
+#: benchmarks/RESULTS.md): on 10M skewed ratings blocked took 3.7, 5.1 and 5.7 s where ISP took 3.6, 11.0 and
+#: 12.5 s, and blocked ended at the lowest validation RMSE. LR keeps the papers' ISP: blocked cannot run it, and
+#: no other protocol was faster at every P on the clicks.
+DEFAULT_PROTOCOL = {"pmf": "blocked", "logistic-regression": "isp"}
+
+
 def default_sync(model_type: str) -> SyncConfig:
-    """The default protocol with ISP's threshold for this model type (see PMF_V)."""
+    """The default protocol and ISP's threshold for this model type (see DEFAULT_PROTOCOL and PMF_V)."""
     if model_type not in MODEL_TYPES:
         raise ValueError(f"unknown model kind {model_type!r}")
-    return SyncConfig(significance_threshold=PMF_V if model_type == "pmf" else PAPERS_V)
+    return SyncConfig(protocol=DEFAULT_PROTOCOL[model_type],
+                      significance_threshold=PMF_V if model_type == "pmf" else PAPERS_V)
 
 
 @dataclass(frozen=True)

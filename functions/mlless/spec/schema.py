@@ -135,8 +135,9 @@ SPEC_SCHEMA: Schema = _obj(
                                     "with `slack`; averaging: model averaging, each worker runs `localSteps` steps "
                                     "alone, then the replicas exchange what they changed; blocked (pmf only): "
                                     "averaging's rounds over disjoint blocks of users and items (DSGD), so no "
-                                    "two workers change the same row in a round.",
-                                    ["bsp", "isp", "ssp", "averaging", "blocked"], "isp"),
+                                    "two workers change the same row in a round. Default: pmf blocked, "
+                                    "logistic-regression isp.",
+                                    ["bsp", "isp", "ssp", "averaging", "blocked"]),
                 "significanceThreshold": _num("ISP threshold v; an entry is sent when |delta/x| > v/sqrt(step). "
                                               "Default: pmf 3, logistic-regression 0.7 (the papers').", 0),
                 "slack": _int("SSP slack s: a worker at step t has applied every update up to t-s-1.", 0, 1000, default=3),
