@@ -140,10 +140,10 @@ class SyncConfig:
     exchange: str = default("sync.exchange")
 
 
-#: Each model's protocol when the job names none, by time to target at P = 1, 2 and 3 (benchmarks/scaling.py, in
-#: benchmarks/RESULTS.md): on 10M skewed ratings blocked took 3.7, 5.1 and 5.7 s where ISP took 3.6, 11.0 and
-#: 12.5 s, and blocked ended at the lowest validation RMSE. LR keeps the papers' ISP: blocked cannot run it, and
-#: no other protocol was faster at every P on the clicks.
+#: Each model's protocol when the job names none, by time to target at P = 1, 2 and 3 (benchmarks/scaling.py;
+#: benchmarks/RESULTS.md, "Scaling out, second pass"): on 10M skewed ratings blocked took 3.5, 5.6 and 5.8 s where
+#: ISP took 2.9, 10.3 and 10.7 s, on 1M 0.75, 0.90 and 1.5 s against 1.2, 2.2 and 2.8 s, and it ended at the
+#: lowest validation RMSE. LR keeps the papers' ISP: blocked cannot run it, and no protocol was faster at every P.
 DEFAULT_PROTOCOL = {"pmf": "blocked", "logistic-regression": "isp"}
 
 
