@@ -1,6 +1,6 @@
-"""Model averaging (spec.sync.protocol: averaging): trains PMF and LR on both transports, keeps every replica the
-shared state plus its own unsent updates (the MLLESS_AUDIT conservation check), and survives scale-in by a request
-and by the auto-tuner, and a killed supervisor."""
+"""Model averaging (spec.sync.protocol: averaging): trains PMF and LR on both transports; under it and blocked,
+every replica stays the shared state plus its own unsent updates (the MLLESS_AUDIT conservation check) through
+scale-in by a request and by the auto-tuner, and a killed supervisor is resumed."""
 from __future__ import annotations
 
 import numpy as np
@@ -58,25 +58,33 @@ def audit(monkeypatch):
     monkeypatch.setenv("MLLESS_AUDIT", "1")
 
 
+#: The protocols that publish once per round (blocked: tests/test_blocked.py has its own data placement tests).
+ROUNDS = ["averaging", "blocked"]
+
+
+@pytest.mark.parametrize("protocol", ROUNDS)
 def test_every_update_is_applied_exactly_once_through_a_scale_in_mid_round(movielens_dir, tmp_path, redis_url,
-                                                                          amqp_url, audit):
+                                                                          amqp_url, audit, protocol):
     def scale_in(supervisor, launcher):
         # Asked before the first close (a round's reports reach the supervisor at its end), the scale-in takes
-        # effect at step 1, inside the first round of 32: the leaver's unsent steps go to the survivors.
+        # effect at step 1, inside the first round of 32: the leaver's unsent steps go to the survivors (under
+        # blocked the blocks change at the next round).
         supervisor.request_workers(2)
 
-    job = job_for(movielens_dir, sync={"protocol": "averaging", "localSteps": 32}, stop={"maxSteps": 64})
+    job = job_for(movielens_dir, sync={"protocol": protocol, "localSteps": 32}, stop={"maxSteps": 96})
     summary = _supervise_with(job, tmp_path, redis_url, amqp_url, scale_in)
     assert summary["workers_final"] == 2 and summary["dropped_workers"] == []
     assert summary["audit"]["leavers"] == 1 and summary["audit"]["leaver_pending_entries"] > 0
-    assert summary["replica_spread"] < 1e-4  # step 64 ends a round: the replicas are equal again, as under BSP
+    assert summary["replica_spread"] < 1e-4  # step 96 ends a round: the replicas are equal again, as under BSP
     assert_conserved(summary)
 
 
-def test_auto_tuner_scales_in_under_averaging(movielens_dir, tmp_path, redis_url, amqp_url, audit):
+@pytest.mark.parametrize("protocol", ROUNDS)
+def test_auto_tuner_scales_in_under_rounds(movielens_dir, tmp_path, redis_url, amqp_url, audit, protocol):
     autoscaler = {"enabled": True, "intervalSeconds": 0.5, "horizonSeconds": 0.5, "minWorkers": 2}
-    job = job_for(movielens_dir, workers=4, autoscaler=autoscaler, sync={"protocol": "averaging"},
-                  stop={"maxEpochs": 8})
+    # Rounds of 8 steps: the tuner's scale-in takes effect at a round's end, and the job must have a few.
+    job = job_for(movielens_dir, workers=4, autoscaler=autoscaler, sync={"protocol": protocol, "localSteps": 8},
+                  stop={"maxEpochs": 10})
     summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: None)
     leaves = [e for e in summary["scaling_events"] if e["event"] == "leave"]
     assert leaves and all(e["reason"].startswith("auto-tuner") for e in leaves)
@@ -85,8 +93,9 @@ def test_auto_tuner_scales_in_under_averaging(movielens_dir, tmp_path, redis_url
     assert summary["validation_loss"] < 0.92
 
 
-def test_a_killed_supervisor_of_an_averaging_job_is_resumed(movielens_dir, tmp_path, redis_url, amqp_url):
-    doc = manifest(movielens_dir, workers=2, sync={"protocol": "averaging", "localSteps": 8},
+@pytest.mark.parametrize("protocol", ROUNDS)
+def test_a_killed_supervisor_of_a_job_with_rounds_is_resumed(movielens_dir, tmp_path, redis_url, amqp_url, protocol):
+    doc = manifest(movielens_dir, workers=2, sync={"protocol": protocol, "localSteps": 8},
                    stop={"maxSteps": 300}, evaluation={"everySteps": 10})
     job, run_dir = tmp_path / "job.yaml", tmp_path / "run"
     job.write_text(yaml.safe_dump(doc))

@@ -1,12 +1,11 @@
 """Blocked matrix factorisation (spec.sync.protocol: blocked, runtime/sync/blocked.py): the strata of a round share
-no user and no item, P rounds pass over every rating, PMF trains on both transports, every update is applied exactly
-once through a scale-in mid-round and by the auto-tuner, a killed supervisor is resumed, and the protocol is refused
-for a model without users and items."""
+no user and no item and partition the ratings evenly, PMF trains on both transports, and the protocol is refused for
+a model without users and items. Scale-in, the auto-tuner and a killed supervisor under blocked are tested with
+averaging's, in tests/test_averaging.py."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import yaml
 
 from mlless.data.dataset import Dataset
 from mlless.runtime.local import Services, train_local
@@ -15,9 +14,7 @@ from mlless.runtime.sync.blocked import BlockedFeed, balanced_blocks
 from mlless.spec import SpecError, SyncConfig, from_manifest
 from mlless.spec.crd import crd_manifest
 
-from faults.test_failover import finish, kill_at, summary_of, train
-from test_scaling import assert_conserved
-from test_training import QUIET, _supervise_with, job_for, manifest, read_metrics
+from test_training import QUIET, job_for, manifest, read_metrics
 
 
 @pytest.mark.parametrize("workers", [2, 3])
@@ -75,52 +72,3 @@ def test_pmf_trains_under_blocked(movielens_dir, tmp_path, redis_url, amqp_url, 
     assert summary["validation_loss"] <= 0.92
     rows = read_metrics(tmp_path)
     assert len(rows) == summary["steps"] and rows[-1]["epoch"] == pytest.approx(15, abs=0.1)
-
-
-@pytest.fixture
-def audit(monkeypatch):
-    monkeypatch.setenv("MLLESS_AUDIT", "1")
-
-
-@pytest.mark.slow
-def test_every_update_is_applied_exactly_once_through_a_scale_in_mid_round(movielens_dir, tmp_path, redis_url,
-                                                                          amqp_url, audit):
-    def scale_in(supervisor, launcher):
-        # Asked before the first close (a round's reports reach the supervisor at its end), the scale-in takes
-        # effect at step 1, inside the first round of 32: the leaver's unsent steps go to the survivors.
-        supervisor.request_workers(2)
-
-    job = job_for(movielens_dir, sync={"protocol": "blocked", "localSteps": 32}, stop={"maxSteps": 96})
-    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, scale_in)
-    assert summary["workers_final"] == 2 and summary["dropped_workers"] == []
-    assert summary["audit"]["leavers"] == 1 and summary["audit"]["leaver_pending_entries"] > 0
-    assert summary["replica_spread"] < 1e-4  # step 96 ends a round: the replicas are equal again
-    assert_conserved(summary)
-
-
-@pytest.mark.slow
-def test_auto_tuner_scales_in_under_blocked(movielens_dir, tmp_path, redis_url, amqp_url, audit):
-    autoscaler = {"enabled": True, "intervalSeconds": 0.5, "horizonSeconds": 0.5, "minWorkers": 2}
-    # Rounds of 8 steps: the tuner's scale-in takes effect at a round's end, and the job must have a few.
-    job = job_for(movielens_dir, workers=4, autoscaler=autoscaler, sync={"protocol": "blocked", "localSteps": 8},
-                  stop={"maxEpochs": 10})
-    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: None)
-    leaves = [e for e in summary["scaling_events"] if e["event"] == "leave"]
-    assert leaves and all(e["reason"].startswith("auto-tuner") for e in leaves)
-    assert summary["workers_final"] == 4 - len(leaves) >= 2 and summary["dropped_workers"] == []
-    assert_conserved(summary)
-    assert summary["validation_loss"] < 0.92
-
-
-@pytest.mark.slow
-def test_a_killed_supervisor_of_a_blocked_job_is_resumed(movielens_dir, tmp_path, redis_url, amqp_url):
-    doc = manifest(movielens_dir, workers=2, sync={"protocol": "blocked", "localSteps": 8},
-                   stop={"maxSteps": 300}, evaluation={"everySteps": 10})
-    job, run_dir = tmp_path / "job.yaml", tmp_path / "run"
-    job.write_text(yaml.safe_dump(doc))
-    services = ("--redis-url", redis_url, "--amqp-url", amqp_url)
-    kill_at(train(job, run_dir, *services), run_dir, 100)  # mid-round: 100 is no multiple of 8
-    finish(train(job, run_dir, "--resume", *services))
-    summary = summary_of(run_dir)
-    assert summary["stop_reason"] == "max steps" and summary["steps"] == 300
-    assert summary["validation_loss"] < 0.95
