@@ -220,6 +220,35 @@ def test_delete_job_removes_queues(backend: Backend) -> None:
     w.close()
 
 
+@pytest.mark.services
+@pytest.mark.parametrize("written", ["members", "type"])
+def test_delete_job_trusts_nothing_it_reads_in_the_rank_registry(broker: EmbeddedBroker, written: str,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Issue #22: a member of `_ranks` that is no rank (or `_ranks` of another type) once made cleanup raise a
+    ValueError and leave every key and queue behind. Now it is skipped with one logged line; the rest goes."""
+    backend = Backend("services", {ENV_REDIS_URL: REDIS_URL, ENV_AMQP_URL: AMQP_URL})
+    try:
+        sup = backend.connect("supervisor")
+        backend.connect("worker", 3)
+        sup.put("model", b"x")
+        ranks_key = f"mlless:{backend.job}:_ranks"
+        with redis.Redis.from_url(REDIS_URL) as r:
+            if written == "members":
+                r.sadd(ranks_key, "abc", "-1", "9" * 30)
+            else:
+                r.delete(ranks_key)
+                r.set(ranks_key, "not a set")
+        sup.delete_job()
+        with redis.Redis.from_url(REDIS_URL) as r:
+            assert list(r.scan_iter(match=f"mlless:{backend.job}:*")) == []
+        assert "_ranks" in caplog.text
+        if written == "members":  # the real rank's queue went with the job
+            with pytest.raises(UnroutableError):
+                backend.send_to_worker(3, b"late")
+    finally:
+        backend.cleanup()
+
+
 def test_invalid_names() -> None:
     with pytest.raises(ValueError):
         connect("bad job*", embedded_address="unix:/nonexistent", role="supervisor")

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _RANKS_KEY = "_ranks"
+#: A worker rank read back from `_ranks` has at most this many digits (ranks only grow with joins, from 0).
+MAX_RANK_DIGITS = 9
 #: Set by each transport of a job, per process (`_alive:RANK`): when its own is gone, the store lost the job's keys
 #: (a Redis restarted without persistence), and `epoch` tells the process, which then publishes its frames
 #: again. Per process, because the first process to notice sets its mark again, and the others must notice too.
@@ -146,7 +148,7 @@ class JobStore:
 
         def run() -> tuple[int, list[int]]:
             rk = self._prefix + _RANKS_KEY
-            ranks = sorted(int(r) for r in self.redis.smembers(rk))
+            ranks = self._registered_ranks()
             # The transport's own keys are not the caller's.
             self.redis.unlink(rk, *(self._prefix + _ALIVE_KEY.format(rank=r) for r in {*ranks, self.rank, SUPERVISOR}))
             return unlink_prefix(self.redis, self._prefix), ranks
@@ -155,11 +157,28 @@ class JobStore:
         self._deleted = True
         return deleted, ranks
 
+    def _registered_ranks(self) -> list[int]:
+        """The worker ranks in `_ranks`, trusting nothing read there: a member that is no rank, or a key of another
+        type, is logged in one line and skipped, so that cleanup still deletes every key and the other queues."""
+        key = self._prefix + _RANKS_KEY
+        try:
+            members = self.redis.smembers(key)
+        except redis.ResponseError as exc:  # WRONGTYPE: someone wrote another type under the key
+            log.error("%s: not a set of worker ranks (%s); the workers' queues are left to expire", key, exc)
+            return []
+        ranks, foreign = [], []
+        for member in members:
+            text = member.decode("ascii", "replace") if isinstance(member, bytes) else str(member)
+            (ranks if text.isdecimal() and len(text) <= MAX_RANK_DIGITS else foreign).append(text)
+        if foreign:
+            log.error("%s: skipped %d member(s) that are no worker rank, e.g. %r", key, len(foreign), foreign[0][:40])
+        return sorted(int(r) for r in ranks)
+
     def reset(self) -> list[int]:
         """Delete the job's keys and mark the store again; the worker ranks that ever connected."""
 
         def run() -> list[int]:
-            ranks = sorted(int(r) for r in self.redis.smembers(self._prefix + _RANKS_KEY))
+            ranks = self._registered_ranks()
             unlink_prefix(self.redis, self._prefix)
             self.mark()
             return ranks
