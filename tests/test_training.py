@@ -370,3 +370,27 @@ def test_worker_gives_up_when_the_supervisor_is_gone(movielens_dir, tmp_path, re
     finally:
         silent_supervisor.delete_job()
         silent_supervisor.close()
+
+
+class _FailsAtStep40(Supervisor):
+    """A supervisor with a bug: its close of step 40 raises."""
+
+    def _close(self, step, reports):
+        if step == 40:
+            raise ZeroDivisionError("a bug at step 40")
+        super()._close(step, reports)
+
+
+def test_an_unexpected_supervisor_error_still_ends_the_job_cleanly(movielens_dir, tmp_path, redis_url, amqp_url):
+    """Issue #22: any exception in the supervisor's loop ends the job as a failure, with the workers' replicas
+    handed in, summary.json and the model written, and the job's keys deleted."""
+    from mlless.cli import _failed
+
+    job = job_for(movielens_dir, sync={"protocol": "isp"}, stop={"maxSteps": 400}, evaluation={"everySteps": 5})
+    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: None, supervisor_cls=_FailsAtStep40)
+    assert summary["stop_reason"] == "internal error: ZeroDivisionError: a bug at step 40"
+    assert summary["steps"] == 39 and summary["dropped_workers"] == []
+    assert json.loads((tmp_path / "summary.json").read_text())["stop_reason"] == summary["stop_reason"]
+    assert (tmp_path / "model.npz").exists() and summary["validation_loss"] is not None
+    assert _failed(summary)  # `mlless train` exits 1
+    assert job_keys(redis_url, summary["job_id"]) == []

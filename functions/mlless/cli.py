@@ -36,7 +36,7 @@ from mlless.telemetry.report.cli import add_report_parser
 from mlless.runtime.launcher import Launcher
 from mlless.progress import Progress
 from mlless.runtime.supervisor.failover import ResumeError, resumable
-from mlless.runtime.supervisor.membership import INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST, JobFailed
+from mlless.runtime.supervisor.membership import INTERNAL_ERROR, INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST, JobFailed
 from mlless.runtime.sync import load_plugins
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
@@ -110,7 +110,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _failed(summary: dict[str, Any]) -> bool:
     """No model, or the job ended on a fault rather than a stop rule (its model is the best snapshot)."""
     reason = summary["stop_reason"]
-    return summary["validation_loss"] is None or reason == NO_LIVE_WORKERS or reason.startswith(SERVICE_LOST)
+    return (summary["validation_loss"] is None or reason == NO_LIVE_WORKERS
+            or reason.startswith((SERVICE_LOST, INTERNAL_ERROR)))
 
 
 def _print_summary(summary: dict[str, Any], progress: Progress) -> None:

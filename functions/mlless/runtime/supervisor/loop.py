@@ -41,6 +41,7 @@ from mlless.runtime.supervisor.accounting import Accounting, StepTotals
 from mlless.runtime.supervisor.evaluation import Evaluation, Snapshot
 from mlless.runtime.supervisor.failover import Checkpoint, Failover, JobState, resumable
 from mlless.runtime.supervisor.membership import (
+    INTERNAL_ERROR,
     INTERRUPTED,
     NO_LIVE_WORKERS,
     SERVICE_LOST,
@@ -160,6 +161,15 @@ class Supervisor:
             log.error("job %s: %s", self.job_id, exc)
             self.stop_reason = f"{SERVICE_LOST}: {exc}"
             return self._finish(reachable=False)
+        except JobFailed:
+            raise
+        except Exception as exc:
+            # Whatever went wrong, the job still ends cleanly: the workers hand in their replicas, the summary and
+            # the model are written, and keys and queues are deleted.
+            log.exception("job %s: the supervisor failed", self.job_id)
+            self.stop_reason = f"{INTERNAL_ERROR}: {type(exc).__name__}: {exc}"[:500]
+            self.transport.broadcast(encode(Finish(sender=-1, step=self.closed)))
+            return self._finish()
         finally:
             self.launcher.stop_all()
             self._clean_up()

@@ -25,6 +25,8 @@ NO_LIVE_WORKERS = "no live workers"
 SERVICE_LOST = "service lost"
 #: The stop reason of a job stopped by Ctrl-C or SIGTERM.
 INTERRUPTED = "interrupted"
+#: The stop reason when the supervisor itself failed unexpectedly (a bug, or input no check caught); the error follows.
+INTERNAL_ERROR = "internal error"
 
 
 class JobFailed(RuntimeError):
