@@ -114,6 +114,20 @@ def test_a_redis_restarted_without_persistence_loses_no_update(private_redis, ra
         assert "the store lost the job's keys; re-published" in (run_dir / "logs" / f"worker-{rank}.log").read_text()
 
 
+def test_workers_waiting_out_a_redis_outage_longer_than_the_worker_timeout_are_not_dropped(
+        private_redis, rabbit, movielens_dir, tmp_path):
+    """Issue #22: with Redis gone for longer than workerTimeoutSeconds, the workers, blocked on it, stop reporting;
+    the supervisor used to drop them all and end with "no live workers". It now waits the outage out with them."""
+    run_dir = tmp_path / "run"
+    proc = start_job(movielens_dir, run_dir, private_redis, rabbit.url, liveness={"workerTimeoutSeconds": 2})
+    wait_for_steps(run_dir, proc, 30)
+    subprocess.run(["redis-cli", "-u", private_redis, "shutdown", "nosave"], capture_output=True, timeout=30)
+    time.sleep(6)  # three worker timeouts
+    with redis_server(port=urlsplit(private_redis).port):
+        summary = finish(proc, run_dir)[0]
+        assert_nothing_lost(summary, rabbit)
+
+
 def test_a_frame_the_store_lost_is_published_again_and_read(private_redis, amqp_url, movielens_dir, tmp_path):
     """The repair itself, step by step: worker 0 publishes an update, the store loses it (this test's own Redis is
     flushed, as a restart without persistence would leave it), worker 1 finds it missing and waits; worker 0, waiting

@@ -70,6 +70,8 @@ SUSPEND_CHECKPOINT_TTL = 30 * 24 * 3600
 #: misses them) would otherwise stall that worker until it is dropped. Workers ignore a close they have applied,
 #: and take silence for twice this (the schema's least liveness.supervisorTimeoutSeconds) as the supervisor lost.
 CLOSE_RESEND_SECONDS = 5.0
+#: A look at the store that takes longer than this waited out an outage (`_in_an_outage`).
+OUTAGE_SIGN_SECONDS = 1.0
 #: While an evaluation's snapshot is awaited, the supervisor looks for it this often between messages (`_receive`).
 SNAPSHOT_POLL_SECONDS = 0.005
 
@@ -252,12 +254,8 @@ class Supervisor:
     # ---- messages ----------------------------------------------------------------------------
 
     def _receive(self) -> None:
-        """Handle the next message, if one comes within a fifth of a second; first act on a signal.
-
-        While a snapshot is awaited, look for it every SNAPSHOT_POLL_SECONDS between messages: under a protocol
-        with rounds the next close may be a round away, and an evaluation that waited for it would be a round
-        late, and would stretch the evaluation interval (`Evaluation.due`) by as much.
-        """
+        """Handle the next message, if one comes within a fifth of a second; first act on a signal. An awaited
+        snapshot is looked for between messages: under rounds the next close may be a round away."""
         self._raise_if_interrupted()
         awaited = self.evaluation.pending_snapshot is not None
         body = self.transport.receive(timeout=SNAPSHOT_POLL_SECONDS if awaited else 0.2)
@@ -384,12 +382,21 @@ class Supervisor:
             self.close_sent_at = time.monotonic()
         if time.monotonic() - self.step_opened > self.job.worker_timeout_seconds:
             reported = self.reports.get(self.closed + 1, {})
-            for rank in self.live:
-                if rank not in reported:
+            silent = [rank for rank in self.live if rank not in reported]
+            if not (silent and self._in_an_outage()):
+                for rank in silent:
                     self._drop(rank, f"no report for step {self.closed + 1} in {self.job.worker_timeout_seconds:g}s")
             self.step_opened = time.monotonic()
         if self.stop_reason is None:
             self._close_ready_steps()
+
+    def _in_an_outage(self) -> bool:
+        """Whether the services were out of reach within the worker timeout: silent workers are waiting it out, not
+        gone. Looking at the store waits out a Redis outage here too; past the transport's window, `service lost`."""
+        looked = time.monotonic()
+        self.transport.probe_store()
+        now = time.monotonic()
+        return now - looked > OUTAGE_SIGN_SECONDS or now - self.transport.reconnected_at < self.job.worker_timeout_seconds
 
     def _drop(self, rank: int, why: str) -> None:
         if self.members.drop(rank, self.closed, why) and not self.live and self.members.all_started():
