@@ -39,6 +39,13 @@ def test_a_number_yaml_has_and_json_has_not_is_refused_by_name(tmp_path, moviele
     assert code == 2 and "spec.optimizer.learningRate" in err and "not a finite number" in err
 
 
+def test_a_price_whose_cost_would_overflow_is_refused_by_name(tmp_path, movielens_dir, capsys):
+    """Issue #22: pricePerGBSecond 1e300 made the cost infinite, and the run crashed writing it."""
+    job = manifest(tmp_path, movielens_dir, extra="  pricing: {pricePerGBSecond: 1.0e+300}\n")
+    code, err = run(capsys, "validate", str(job))
+    assert code == 2 and "spec.pricing.pricePerGBSecond" in err
+
+
 def test_a_manifest_that_is_not_utf8_is_named(tmp_path, movielens_dir, capsys):
     job = tmp_path / "job.yaml"
     job.write_bytes(MANIFEST.format(model="pmf", data=movielens_dir, extra="").encode().replace(b"name: bad", b"name: b\xffd"))

@@ -222,12 +222,14 @@ SPEC_SCHEMA: Schema = _obj(
         "pricing": _obj(
             "Prices for the serverless cost estimate. Defaults are the papers' IBM Cloud prices (2021).",
             {
-                "functionMemoryGB": _num("Memory of each function.", 0, exclusive=True, default=2.0),
-                "pricePerGBSecond": _num("Function price in $ per GB-second.", 0, default=1.7e-5),
-                "billingGranularitySeconds": _num("Billing unit of a function invocation.", 0, exclusive=True, default=0.1),
-                "redisPerHour": _num("Redis instance price in $/h.", 0, default=0.17),
-                "rabbitmqPerHour": _num("RabbitMQ instance price in $/h.", 0, default=0.15),
-                "vmPerHour": _num("Optional: price of a VM that would run the same job, for the IaaS comparison (papers: 0.2 $/h, 4 vCPU).", 0),
+                # Upper bounds far above any real price: a cost that overflows to infinity cannot be reported.
+                "functionMemoryGB": _num("Memory of each function.", 0, exclusive=True, below=1e4, default=2.0),
+                "pricePerGBSecond": _num("Function price in $ per GB-second.", 0, below=1e3, default=1.7e-5),
+                "billingGranularitySeconds": _num("Billing unit of a function invocation.", 0, exclusive=True,
+                                                  below=86400, default=0.1),
+                "redisPerHour": _num("Redis instance price in $/h.", 0, below=1e6, default=0.17),
+                "rabbitmqPerHour": _num("RabbitMQ instance price in $/h.", 0, below=1e6, default=0.15),
+                "vmPerHour": _num("Optional: price of a VM that would run the same job, for the IaaS comparison (papers: 0.2 $/h, 4 vCPU).", 0, below=1e6),
             },
         ),
     },
