@@ -40,7 +40,7 @@ from mlless.runtime.supervisor.membership import INTERNAL_ERROR, INTERRUPTED, NO
 from mlless.runtime.sync import load_plugins
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
-from mlless.transport.env import service_urls
+from mlless.transport.env import JOB_KEY_FILE, service_urls
 
 log = logging.getLogger("mlless")
 
@@ -92,6 +92,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and not args.out:
         raise UsageError("--resume continues the job of a run directory: give it with --out RUNDIR")
     run_dir = Path(args.out or f"runs/{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if not (args.resume or args.force) and (run_dir / JOB_KEY_FILE).exists():
+        raise UsageError(f"{run_dir}: holds a job that can still be resumed; continue it with --resume, or start "
+                         "over with --force (its record and key are replaced)")
     job_id = resumed_job_id(run_dir) if args.resume else None
     progress = Progress(enabled=not args.quiet)
     progress.message(
@@ -279,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue the job in --out RUNDIR after a crash, a kill or a Ctrl-C: steps, the run record "
                         "and the cost carry on from its newest checkpoint, or from its surviving workers")
+    p.add_argument("--force", action="store_true",
+                   help="start a new job in --out RUNDIR even if it holds one that can be resumed")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on this port while training")
     _add_service_args(p)
