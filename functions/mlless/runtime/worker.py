@@ -29,7 +29,7 @@ from mlless.data.dataset import Dataset
 from mlless.training.models import build_model
 from mlless.protocol import keys, layouts
 from mlless.runtime.sync import sync_strategy
-from mlless.runtime.sync.exchange import Published
+from mlless.runtime.sync.exchange import Published, sparse_sum
 from mlless.spec import TrainingJob
 from mlless.telemetry.timing import PhaseTimer
 from mlless.training.replica import Replica
@@ -334,10 +334,8 @@ class Worker:
         arrays = self.replica.snapshot()
         if unshared:
             indices, values = layouts.pending(arrays)
-            indices = np.concatenate([indices, *(p.indices for p in unshared)])
-            summed, at = np.unique(indices, return_inverse=True)
-            totals = np.bincount(at, weights=np.concatenate([values, *(p.values for p in unshared)]))
-            arrays |= {layouts.PENDING_INDICES: summed.astype(np.int32), layouts.PENDING_VALUES: totals.astype(np.float32)}
+            entries, sums, _ = sparse_sum([indices, *(p.indices for p in unshared)], [values, *(p.values for p in unshared)])
+            arrays |= {layouts.PENDING_INDICES: entries.astype(np.int32), layouts.PENDING_VALUES: sums.astype(np.float32)}
         # only ever put through the transport, which seals it: the MAC stands for the checksum
         return encode(Tensors(sender=self.rank, step=self.view.closed, arrays=arrays), sealed=True)
 

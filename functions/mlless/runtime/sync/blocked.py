@@ -69,15 +69,16 @@ class BlockedFeed(Feed):
     def _split(self, blocks: int, block: int) -> list[RatingsBatch]:
         """The ratings of user block `block` of `blocks`, by item block, each in the order of the batch files
         (`mlless prepare` shuffled the ratings into them; the pieces are taken in a shuffled order)."""
-        batches = [self.dataset.batch(i) for i in range(self.dataset.n_batches)]
-        if any(not isinstance(b, RatingsBatch) for b in batches):
+        if self.dataset.kind != "ratings":
             raise ValueError(f"spec.sync.protocol: blocked needs ratings data, {self.dataset.uri} holds {self.dataset.kind}")
+        batches = [self.dataset.batch(i) for i in range(self.dataset.n_batches)]
         users, items, ratings = (np.concatenate([getattr(b, name) for b in batches]) for name in ("users", "items", "ratings"))
         if blocks == 1:
             return [RatingsBatch(users, items, ratings)]
+        item_block_of = balanced_blocks(items, blocks)  # over every rating, as every worker computes it
         mine = balanced_blocks(users, blocks)[users] == block
         users, items, ratings = users[mine], items[mine], ratings[mine]
-        item_blocks = balanced_blocks(np.concatenate([b.items for b in batches]), blocks)[items]
+        item_blocks = item_block_of[items]
         strata = []
         for item_block in range(blocks):
             rows = item_blocks == item_block

@@ -17,7 +17,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -26,6 +26,13 @@ from mlless.protocol.messages import Close, Update
 from mlless.transport import Transport
 
 log = logging.getLogger(__name__)
+
+def sparse_sum(indices: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sparse updates added up: the sorted union of their entries, the sum at each (float64), and where each input
+    entry went in the union."""
+    entries, at = np.unique(np.concatenate(indices), return_inverse=True)
+    return entries, np.bincount(at, weights=np.concatenate(values), minlength=len(entries)), at
+
 
 #: Where `rank` publishes its update of a step: `SyncStrategy.update_key`.
 KeyOf = Callable[[int, int], str]

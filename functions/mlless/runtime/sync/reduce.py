@@ -35,7 +35,7 @@ import numpy as np
 
 from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import Close, Update
-from mlless.runtime.sync.exchange import EXCHANGES, Exchange, Published
+from mlless.runtime.sync.exchange import EXCHANGES, Exchange, Published, sparse_sum
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +96,7 @@ class ScatterReduce(Exchange):
                     if p.step == step and p.key == self.part_key(self.rank, part, step)]
         if not updates:
             return Update(self.rank, step, np.zeros(0, np.int32), np.zeros(0, np.float32))
-        entries, at = np.unique(np.concatenate([u.indices for u in updates]), return_inverse=True)
-        sums = np.bincount(at, weights=np.concatenate([u.values for u in updates]), minlength=len(entries))
+        entries, sums, at = sparse_sum([u.indices for u in updates], [u.values for u in updates])
         counts = np.bincount(at, minlength=len(entries))
         # The count most entries have (1 for sparse rows, every update for dense ones) goes last, as entry 2N.
         usual = len(updates) if 2 * np.count_nonzero(counts == len(updates)) > len(counts) else 1
