@@ -80,6 +80,18 @@ def test_every_update_is_applied_exactly_once_through_a_scale_in_mid_round(movie
 
 
 @pytest.mark.parametrize("protocol", ROUNDS)
+def test_a_worker_taken_out_in_the_last_round_still_hands_on_its_updates(movielens_dir, tmp_path, redis_url,
+                                                                         amqp_url, audit, protocol):
+    # Taken out at step 1, the leaver reads that close only at the round's end (step 32), after the job stopped
+    # at step 8: the supervisor waits for its replica, or its unsent updates are lost (the audit's error).
+    job = job_for(movielens_dir, sync={"protocol": protocol, "localSteps": 32}, stop={"maxSteps": 8})
+    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: s.request_workers(2))
+    assert summary["dropped_workers"] == [] and summary["steps"] == 8
+    assert summary["audit"]["replicas"] == 3  # the leaver's replica is as final as the survivors'
+    assert_conserved(summary)
+
+
+@pytest.mark.parametrize("protocol", ROUNDS)
 def test_auto_tuner_scales_in_under_rounds(movielens_dir, tmp_path, redis_url, amqp_url, audit, protocol):
     autoscaler = {"enabled": True, "intervalSeconds": 0.5, "horizonSeconds": 0.5, "minWorkers": 2}
     # Rounds of 8 steps: the tuner's scale-in takes effect at a round's end, and the job must have a few.

@@ -91,9 +91,8 @@ def test_sigterm_makes_a_worker_leave_gracefully(movielens_dir, tmp_path, redis_
 
 def test_auto_tuner_removes_workers_after_the_knee_down_to_min_workers(movielens_dir, tmp_path, redis_url, amqp_url):
     autoscaler = {"enabled": True, "intervalSeconds": 0.5, "horizonSeconds": 0.5, "minWorkers": 2}
-    # ISP, the protocol this test was written for: under blocked (PMF's default) one CI run of four broke the
-    # conservation check here (max error 1.15, 1 leaver); under investigation, see the #21 note. The tuner under
-    # blocked and averaging is tested in tests/test_averaging.py.
+    # ISP, whose loss curve this test's two removals were set for; the tuner under blocked and averaging is tested
+    # in tests/test_averaging.py.
     job = job_for(movielens_dir, workers=4, autoscaler=autoscaler, sync={"protocol": "isp"}, stop={"maxEpochs": 8})
     summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: None)
     tuner = summary["autoscaler"]

@@ -436,12 +436,14 @@ class Supervisor:
     def _finish(self, reachable: bool = True) -> dict[str, Any]:
         """The summary and the model; without `reachable` services, from what the supervisor holds itself."""
         finishing = set(self.live) if reachable else set()
-        self._await_workers(finishing, WorkerState.LIVE, FINISH_TIMEOUT, "its process ended before publishing its replica")
+        # Workers that left after the last close (stopped with the supervisor: a deleted job, activeDeadlineSeconds;
+        # taken out by a close they read only at their round's end) hand on replicas no survivor merges: final ones.
+        leaving = {r for r, w in self.workers.items() if w.state == WorkerState.LEAVING} if reachable else set()
+        for ranks, state in ((finishing, WorkerState.LIVE), (leaving, WorkerState.LEAVING)):
+            self._await_workers(ranks, state, FINISH_TIMEOUT, "its process ended before publishing its replica")
         now = time.monotonic()
         collect = self.evaluation.collect_replicas
         finals = collect(keys.final_replica, [r for r in finishing if self.workers[r].state == WorkerState.DONE])
-        # Workers that left after the last close (stopped together with the supervisor: a deleted job,
-        # activeDeadlineSeconds) never had their replicas merged into anyone's; they are as final as the rest.
         left_at_end = sorted(set(self.scaling.pending_merges)) if reachable else []
         finals += collect(keys.leaver_replica, left_at_end)
         self.accounting.flush()
@@ -462,10 +464,8 @@ class Supervisor:
         summary["takeovers"] = self.takeovers
         if self.x0 is not None and reachable:
             leavers = collect(keys.leaver_replica, [r for r, w in self.workers.items() if w.state == WorkerState.LEFT and r not in left_at_end])
-            summary["audit"] = audit_conservation(self.x0, finals, leavers) if not self.members.dropped else {
-                "checked": False,
-                "reason": "a dropped worker took its unsent updates with it",
-            }
+            summary["audit"] = audit_conservation(self.x0, finals, leavers) if not self.members.dropped else \
+                {"checked": False, "reason": "a dropped worker took its unsent updates with it"}
         self.record.summary(summary)
         final = self._status_fields(summary["cost_usd"]) | {"modelURI": self._export(summary["model_path"])}
         # The suspend checkpoint is the average of the final replicas; a best snapshot alone (no replica survived) is not one.
