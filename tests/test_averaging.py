@@ -75,7 +75,8 @@ def test_every_update_is_applied_exactly_once_through_a_scale_in_mid_round(movie
     summary = _supervise_with(job, tmp_path, redis_url, amqp_url, scale_in)
     assert summary["workers_final"] == 2 and summary["dropped_workers"] == []
     assert summary["audit"]["leavers"] == 1 and summary["audit"]["leaver_pending_entries"] > 0
-    assert summary["replica_spread"] < 1e-4  # step 96 ends a round: the replicas are equal again, as under BSP
+    # Step 96 ends a round: averaging's replicas are equal again, as under BSP; blocked's differ by their home rows.
+    assert (summary["replica_spread"] < 1e-4) == (protocol == "averaging")
     assert_conserved(summary)
 
 

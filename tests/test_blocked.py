@@ -72,3 +72,5 @@ def test_pmf_trains_under_blocked(movielens_dir, tmp_path, redis_url, amqp_url, 
     assert summary["validation_loss"] <= 0.92
     rows = read_metrics(tmp_path)
     assert len(rows) == summary["steps"] and rows[-1]["epoch"] == pytest.approx(15, abs=0.1)
+    # The users' rows stay at home: an evaluation's snapshot without the peer's would score its users untrained.
+    assert min(r["validation_loss"] for r in rows if r["validation_loss"] is not None) <= 0.92

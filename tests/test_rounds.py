@@ -65,3 +65,21 @@ def test_steps_alone_between_shared_ones_are_not_pending():
         results = [r.step(b, 1, 1, share=share, select=select) for r in (wheel, rounds)]
         same(layouts.pending(wheel.snapshot()), layouts.pending(rounds.snapshot()))
     same(*[(r.indices, r.values) for r in results])
+
+
+def test_held_entries_stay_pending_at_a_rounds_end_until_released():
+    rng = np.random.default_rng(6)
+    _, rounds = pair()
+    held = np.zeros(rounds.params.shape[0], np.uint8)
+    held[: DIMS["n_users"] * 4] = 1  # the first users' rows
+    rounds.filter.hold(held)
+    for t in range(1, 4):
+        rounds.step(batch(rng), 1, t, select=False)
+    pending = layouts.pending(rounds.snapshot())
+    selected = rounds.step(batch(rng), 1, 4)
+    assert len(selected.indices) and not held[selected.indices].any()  # the rest is published...
+    left = layouts.pending(rounds.snapshot())
+    assert len(left[0]) and held[left[0]].all() and set(pending[0][held[pending[0]] == 1]) <= set(left[0])  # ...these wait
+    rounds.filter.hold(np.zeros_like(held))
+    released = rounds.step(batch(rng), 1, 5)
+    assert set(left[0]) <= set(released.indices) and rounds.pending_count() == 0

@@ -20,10 +20,10 @@ import pytest
 import redis
 import yaml
 
-from mlless.protocol import keys
+from mlless.protocol import keys, layouts
 from mlless.runtime.local import new_job_id
 from mlless.runtime.supervisor.failover import (
-    CHECKPOINT_FILE, STATE_FILE, Checkpoint, JobState, merge_survivors,
+    CHECKPOINT_FILE, STATE_FILE, Checkpoint, JobState,
 )
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.supervisor.stopping import Best
@@ -252,6 +252,6 @@ def test_merging_survivors_keeps_every_unsent_update_once():
         replica = shared.copy()
         replica[idx] += val  # a replica is the shared model plus what it has not sent yet
         replicas.append(replica)
-    merged = merge_survivors(replicas, pending)
+    merged = layouts.model_of([layouts.replica_arrays(r, p) for r, p in zip(replicas, pending)])
     assert np.allclose(merged, shared + np.array([0.5, 0, 0.75, 0]))
     assert not np.allclose(merged, np.mean(replicas, axis=0))  # averaging would halve the unsent updates

@@ -22,6 +22,11 @@ def snapshot() -> str:
     return "snapshot"
 
 
+def snapshot_pending(rank: int) -> str:
+    """A peer's pending entries at a snapshot, under a protocol whose replicas keep rows at home (blocked)."""
+    return f"snapshot-pending:{rank}"
+
+
 def final_replica(rank: int) -> str:
     return f"final:{rank}"
 
@@ -36,7 +41,7 @@ def checkpoint(rank: int) -> str:
 
 
 def job_checkpoint() -> str:
-    """The model a job resumes from: a suspended job's averaged model, or the newest checkpoint a supervisor
+    """The model a job resumes from: a suspended job's merged model, or the newest checkpoint a supervisor
     wrote for its successor."""
     return "job-checkpoint"
 

@@ -16,7 +16,7 @@ reader of these frames goes through this module, so a name is written once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -66,6 +66,22 @@ def pending(arrays: Arrays) -> tuple[np.ndarray, np.ndarray]:
     if indices is None or values is None:
         raise ValueError(f"expected a replica's unsent entries ({PENDING_INDICES!r}, {PENDING_VALUES!r})")
     return indices, values
+
+
+def model_of(replicas: Sequence[Arrays]) -> np.ndarray:
+    """The model the replicas of one job stand for: their shared part (a replica minus its pending entries),
+    averaged, plus every replica's pending entries, which is what the shared state becomes once each replica has
+    sent them. Averaging the replicas would count a pending entry 1/P times (blocked's home rows, only ever pending
+    on their owner, would shrink by P)."""
+    shared = np.zeros(replicas[0][PARAMS].shape, np.float64)
+    unsent = np.zeros(replicas[0][PARAMS].shape, np.float64)
+    for arrays in replicas:
+        own = arrays[PARAMS].astype(np.float64)
+        idx, val = pending(arrays)
+        own[idx] -= val
+        shared += own
+        unsent[idx] += val  # a replica's pending entries never repeat an index
+    return (shared / len(replicas) + unsent).astype(np.float32)
 
 
 def optimizer_state(arrays: Arrays) -> dict[str, np.ndarray]:
@@ -119,7 +135,7 @@ class JobPosition:
     cursor: int
 
     def checkpoint_arrays(self, params: np.ndarray) -> dict[str, np.ndarray]:
-        """The job checkpoint: the averaged model, read by a worker like any replica (it has no unsent entries)."""
+        """The job checkpoint: the merged model, read by a worker like any replica (it has no unsent entries)."""
         return replica_arrays(params, no_pending()) | {POSITION: np.array([self.steps, self.cursor], np.int64)}
 
     @classmethod

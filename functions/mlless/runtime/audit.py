@@ -5,8 +5,8 @@ shared state must be the initial model plus every update any worker ever
 computed, minus those still unsent somewhere. The check therefore fails if a
 leaver's unsent updates were lost or applied twice, if an update frame was
 applied by some workers and not others, or if a joiner started from the
-wrong state. Workers that crash take their unsent updates with them, so the
-supervisor runs it only when no worker was dropped.
+wrong state. Workers that crash take their unsent updates with them, so it
+is not checked once a worker was dropped.
 """
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ from mlless.protocol.messages import Tensors
 from mlless.protocol.layouts import CONTRIBUTION, PARAMS
 
 
-def audit_conservation(x0: np.ndarray, finals: list[Tensors], leavers: list[Tensors]) -> dict[str, Any]:
+def audit_conservation(x0: np.ndarray, finals: list[Tensors], leavers: list[Tensors], dropped: bool) -> dict[str, Any]:
     """Compare each final replica with what conservation predicts; frames carry params, pending and contribution."""
+    if dropped:
+        return {"checked": False, "reason": "a dropped worker took its unsent updates with it"}
     if any(CONTRIBUTION not in t.arrays for t in finals + leavers):
         return {"checked": False, "reason": "a worker did not track its contribution (MLLESS_AUDIT unset there)"}
     size = len(x0)

@@ -87,10 +87,10 @@ class Worker:
         model = build_model(job.model.type, dataset.dims(), job.model, job.seed)
         self.replica = Replica(model, job.optimizer, self.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)),
                                accumulator=self.sync.accumulator(model.params))
+        self.feed = self.sync.feed(dataset, job.seed)
         # This worker's half of the protocol; a peer's frame the store lost is waited for half the worker timeout.
         self.half = self.sync.worker(rank, self.replica, transport, job.worker_timeout_seconds / 2, self._reject,
-                                     workers=job.workers)
-        self.feed = self.sync.feed(dataset, job.seed)
+                                     self.feed, workers=job.workers)
         self.view = _View()
         self.step = 0
         self.started = time.monotonic()
@@ -153,7 +153,7 @@ class Worker:
         raise Checkpointed
 
     def start_from_job_checkpoint(self) -> None:
-        """A resumed job starts from its checkpoint (if there is one): the model its supervisor averaged at a suspend,
+        """A resumed job starts from its checkpoint (if there is one): the model its supervisor merged at a suspend,
         or the one a new supervisor continues from. Read when step 0 is closed: by then it is written."""
         frame = self.transport.get_many([keys.job_checkpoint()])[0]
         if frame is None:
@@ -313,29 +313,42 @@ class Worker:
             # Its own update of this step is named by the close too, and its peers apply it as the protocol combines
             # it (averaging: a share of it); combining first makes the leaver's replica agree with what they applied.
             self._leave(after=close.step)
-        self.view = _View(closed=close.step, cursor=close.cursor, live=close.live)
-        if close.flags & CLOSE_SNAPSHOT and self._is_donor(close):
-            # Frames this worker published for later steps (a round's end, SSP's slack) are in its replica but not
-            # yet shared: a joiner starting from the snapshot minus its pending entries must not count them twice.
-            self.transport.put(keys.snapshot(), self._replica_frame(self.half.exchange.unread(close.step)))
+        before, self.view = self.view.live, _View(closed=close.step, cursor=close.cursor, live=close.live)
+        if close.flags & CLOSE_SNAPSHOT:
+            self._snapshot(close, before)
         self._barrier["read"] += read_done - started
         self._barrier["apply"] += time.perf_counter() - read_done
         if close.flags & CLOSE_FINAL:
             self.half.take_back(close.step)  # frames of steps trained past the job's end, which no one reads
             self._finish()
 
-    def _is_donor(self, close: Close) -> bool:
-        """The first worker of the step that was just closed provides snapshots."""
-        senders = [r for r in close.live if r in self.view.live] or list(close.live)
-        return senders[0] == self.rank
+    def _snapshot(self, close: Close, before: tuple[int, ...]) -> None:
+        """The close's snapshot, after one that named `before`: its donor, the first worker that was in the job,
+        puts its replica, with its pending entries only if a joiner starts from it (replica minus them); under a
+        protocol that keeps rows at home, every other worker puts its pending entries, which the supervisor adds
+        to the donor's replica (`SyncStrategy.keeps_home`). Frames published for later steps (a round's end, SSP's
+        slack) are in a replica but not yet shared: counted as pending, a joiner starting from the snapshot minus
+        them, or the supervisor adding them, does not count them twice."""
+        unshared = self.half.exchange.unread(close.step)
+        senders = [r for r in close.live if r in before] or list(close.live)
+        if senders[0] == self.rank:
+            joiners = set(close.live) - set(before)
+            self.transport.put(keys.snapshot(), self._replica_frame(unshared, pending=bool(joiners)))
+        elif self.sync.keeps_home:
+            self.transport.put(keys.snapshot_pending(self.rank), self._replica_frame(unshared, params=False))
 
-    def _replica_frame(self, unshared: Sequence[Published] = ()) -> bytes:
-        """The replica, with `unshared` published updates counted among its pending entries."""
+    def _replica_frame(self, unshared: Sequence[Published] = (), params: bool = True, pending: bool = True) -> bytes:
+        """The replica: its `params` and its `pending` entries, with `unshared` published updates counted among
+        them."""
         arrays = self.replica.snapshot()
         if unshared:
             indices, values = layouts.pending(arrays)
             entries, sums, _ = sparse_sum([indices, *(p.indices for p in unshared)], [values, *(p.values for p in unshared)])
             arrays |= {layouts.PENDING_INDICES: entries.astype(np.int32), layouts.PENDING_VALUES: sums.astype(np.float32)}
+        if not params:
+            arrays = {name: arrays[name] for name in (layouts.PENDING_INDICES, layouts.PENDING_VALUES)}
+        if not pending:
+            arrays = {layouts.PARAMS: arrays[layouts.PARAMS]}
         # only ever put through the transport, which seals it: the MAC stands for the checksum
         return encode(Tensors(sender=self.rank, step=self.view.closed, arrays=arrays), sealed=True)
 

@@ -6,6 +6,10 @@ cost a worker as long as the step's training (`benchmarks/scaling.py`, the filte
 marks the entries it changed; the accumulated update is read off at the round's end as the replica minus a copy
 of the shared state, which moves with every change the worker did not train itself (a peer's update, a leaver's
 merge, an averaging correction). `Replica` drives it through the same methods as `SignificanceFilter`.
+
+Entries it `hold`s stay pending at a round's end: blocked keeps the rows of its own users at home
+(`runtime/sync/blocked.py`); they are shared with the rest once no longer held, or as pending entries (a leaver's
+merge, the final replicas, a snapshot's).
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ class RoundAccumulator:
         self.x = x
         self.shared = x.copy()
         self.changed = np.zeros(x.shape[0], dtype=np.uint8)
+        self.held = np.zeros(x.shape[0], dtype=np.uint8)
+        self.marked = 0  # how many entries `changed` marks: counting them at every step cost a PMF worker 5 %
         # Alone in the job, a step's move is the shared state's (`Replica.step`); rather than move `shared` with
         # each such step, the pending entries are set aside and `shared` is rebuilt from them when a peer appears.
         self._set_aside: tuple[np.ndarray, np.ndarray] | None = None
@@ -43,7 +49,7 @@ class RoundAccumulator:
         """The replica moved by its own update at ``idx``: already in x − shared, so only marked."""
         if self._rejoin():
             self.shared[idx] -= delta  # x has moved by it already
-        _optim.mark(self.changed, np.ascontiguousarray(idx, dtype=np.int32))
+        self.marked += _optim.mark(self.changed, np.ascontiguousarray(idx, dtype=np.int32))
 
     def step(self, idx: np.ndarray, delta: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
         self.accumulate(idx, delta)
@@ -59,17 +65,23 @@ class RoundAccumulator:
         self._rejoin()
         self.shared[idx] -= values
         self.changed[idx] = 1
+        self.marked = int(np.count_nonzero(self.changed))
+
+    def hold(self, entries: np.ndarray) -> None:
+        """From now on `select` leaves the entries of the uint8 mask `entries` pending; others held so far are not."""
+        self.held[:] = entries
 
     def select(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Everything accumulated (threshold 0), which becomes shared."""
+        """Everything accumulated but the held entries (threshold 0), which becomes shared."""
         self._rejoin()
-        return _optim.take_changed(self.x, self.shared, self.changed)
+        idx, values, self.marked = _optim.take_changed(self.x, self.shared, self.changed, self.held)
+        return idx, values
 
     def pending_count(self) -> int:
         """Entries changed since the round's start (an upper bound: a change may have cancelled out)."""
         if self._set_aside is not None:
             return len(self._set_aside[0])
-        return int(np.count_nonzero(self.changed))
+        return self.marked
 
     def pending(self) -> tuple[np.ndarray, np.ndarray]:
         if self._set_aside is not None:
@@ -86,3 +98,4 @@ class RoundAccumulator:
         self.shared[idx] -= values
         self.changed[:] = 0
         self.changed[idx] = 1
+        self.marked = len(idx)

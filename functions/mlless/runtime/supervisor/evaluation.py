@@ -15,7 +15,7 @@ from mlless.data.batches import Batch
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys, layouts
 from mlless.protocol.framing import FrameError, decode
-from mlless.protocol.messages import Tensors
+from mlless.protocol.messages import Tensors, Update
 from mlless.runtime.supervisor.stopping import Best, ValidationWatch
 from mlless.spec import TrainingJob
 from mlless.training.models import build_model
@@ -36,11 +36,11 @@ class FinalModel:
     """The model a job hands back, and how it was chosen."""
 
     validation_loss: float | None  # of the model handed back (None: there is none)
-    final_loss: float | None  # of the final replicas' average
+    final_loss: float | None  # of the final replicas' model (`layouts.model_of`)
     model_step: int | None
     best: Best | None  # the best snapshot, its loss read on the whole validation split
-    spread: float | None  # largest difference between a final replica and their average
-    replicas: int  # final replicas averaged
+    spread: float | None  # largest difference between a final replica and their model
+    replicas: int  # final replicas merged
     model_path: Path | None
 
 
@@ -71,10 +71,13 @@ class Evaluation:
         self.validation: tuple[int, float] | None = None  # (step, loss) of the newest evaluation
         self.pending_snapshot: int | None = None
         self.snapshot_cursor = 0  # the mini-batch cursor at the pending snapshot's step
+        self.snapshot_peers: tuple[int, ...] = ()  # whose pending entries the snapshot adds (`snapshot_peers`)
+        self.donor: Tensors | None = None  # the pending snapshot's donor replica, once it arrived
+        self.peer_entries: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # the peers' pending entries that arrived
         self.snapshot_requested = 0.0  # when the pending snapshot was asked for (monotonic)
         self.last_evaluated = 0  # step of the newest snapshot asked for
         self.evaluation_seconds = OnlineEwma(span=5)  # snapshot asked for -> evaluated
-        self.final_average: np.ndarray | None = None  # the average of the final replicas, which a suspended job resumes from
+        self.final_params: np.ndarray | None = None  # the final replicas' model, which a suspended job resumes from
 
     @property
     def validation_loss(self) -> float | None:
@@ -92,29 +95,56 @@ class Evaluation:
         cost = self.evaluation_seconds.value
         return not cost or time.monotonic() - self.snapshot_requested >= cost / EVALUATION_SHARE
 
-    def request_snapshot(self, step: int, cursor: int) -> None:
-        """The close of `step`, with the mini-batch cursor at `cursor`, asks its donor for a snapshot."""
+    def request_snapshot(self, step: int, cursor: int, peers: tuple[int, ...] = ()) -> None:
+        """The close of `step`, with the mini-batch cursor at `cursor`, asks its donor for a snapshot, and `peers`
+        for their pending entries (`SupervisorHalf.snapshot_peers`)."""
         self.pending_snapshot = self.last_evaluated = step
         self.snapshot_cursor = cursor
+        self.snapshot_peers, self.donor, self.peer_entries = peers, None, {}
         self.snapshot_requested = time.monotonic()
 
     def evaluate_snapshot(self, steps_before: int) -> Snapshot | None:
         """Evaluate the snapshot asked for, if it has arrived; `steps_before` were closed before this run."""
         if self.pending_snapshot is None:
             return None
-        frame = self.transport.get_many([keys.snapshot()])[0]
-        if frame is None:
+        if self.donor is None:
+            frame = self.transport.get_many([keys.snapshot()])[0]
+            tensors = self.decode_replica(frame) if frame is not None else None
+            if tensors is None or tensors.step != self.pending_snapshot:
+                return None
+            self.donor = tensors
+        params = self._with_peers(self.donor)
+        if params is None:
             return None
-        tensors = self.decode_replica(frame)
-        if tensors is None or tensors.step != self.pending_snapshot:
-            return None
-        params = tensors.arrays[layouts.PARAMS]
-        self.validation = (tensors.step, self.evaluate(params, self.evaluation_batch))
-        self.watch.observe(steps_before + tensors.step, self.validation[1], params)
+        self.validation = (self.pending_snapshot, self.evaluate(params, self.evaluation_batch))
+        self.watch.observe(steps_before + self.pending_snapshot, self.validation[1], params)
         self.evaluation_seconds.update(time.monotonic() - self.snapshot_requested)
         self.on_validation(self.validation[1])
         self.pending_snapshot = None
-        return Snapshot(steps_before + tensors.step, self.snapshot_cursor, params)
+        return Snapshot(steps_before + self.validation[0], self.snapshot_cursor, params)
+
+    def _with_peers(self, donor: Tensors) -> np.ndarray | None:
+        """The donor's replica plus its peers' pending entries of the same step; None until every one arrived (a
+        peer that left leaves this snapshot to be replaced by the next)."""
+        params = donor.arrays[layouts.PARAMS]
+        missing = [r for r in self.snapshot_peers if r != donor.sender and r not in self.peer_entries]
+        for rank, frame in zip(missing, self.transport.get_many([keys.snapshot_pending(r) for r in missing])):
+            try:
+                msg = decode(frame) if frame is not None else None
+                if not isinstance(msg, Tensors) or msg.sender != rank or msg.step != donor.step:
+                    continue  # not there yet
+                idx, values = layouts.pending(msg.arrays)
+                Update(sender=rank, step=msg.step, indices=idx, values=values).check_size(params.shape[0])
+                self.peer_entries[rank] = idx, values
+            except (FrameError, ValueError) as exc:
+                self.count_rejected(1)
+                log.error("supervisor: rejected pending entries of worker %d: %s", rank, exc)
+        if len(self.peer_entries) < len(self.snapshot_peers) - (donor.sender in self.snapshot_peers):
+            return None
+        params = params.copy()
+        for idx, values in self.peer_entries.values():
+            params[idx] += values  # a replica's pending entries never repeat an index
+        return params
 
     def decode_replica(self, frame: bytes) -> Tensors | None:
         """A replica frame whose parameters fit the model, or None (counted as rejected)."""
@@ -146,8 +176,9 @@ class Evaluation:
         loss_sum, n = self.model.evaluate(batch)
         return self.model.loss(loss_sum, n)
 
-    def final_model(self, replicas: list[np.ndarray], step: int, run_dir: Path, job_id: str) -> FinalModel:
-        """Average the final replicas of `step`, pick the model to hand back and save it to run_dir/model.npz."""
+    def final_model(self, replicas: list[layouts.Arrays], step: int, run_dir: Path, job_id: str) -> FinalModel:
+        """Merge the final replicas of `step` (`layouts.model_of`), pick the model to hand back and save it to
+        run_dir/model.npz."""
         validation_loss = final_loss = None
         spread = None
         model_path = None
@@ -156,12 +187,11 @@ class Evaluation:
         if best is not None and len(self.evaluation_batch) < len(self.validation_batch):
             best = dataclasses.replace(best, loss=self.evaluate(best.params, self.validation_batch))
         if replicas:
-            stacked = np.stack(replicas)
-            self.final_average = stacked.mean(axis=0, dtype=np.float64).astype(np.float32)
-            spread = float(np.max(np.abs(stacked - self.final_average))) if len(replicas) > 1 else 0.0
-            validation_loss = final_loss = self.evaluate(self.final_average, self.validation_batch)
+            self.final_params = layouts.model_of(replicas)
+            spread = max(float(np.max(np.abs(r[layouts.PARAMS] - self.final_params))) for r in replicas)
+            validation_loss = final_loss = self.evaluate(self.final_params, self.validation_batch)
             model_step = step
-            self.model.params[:] = self.final_average
+            self.model.params[:] = self.final_params
         # Hand back the best snapshot evaluated when the model trained past it (overfitting, a noisy end), when
         # the final replicas are not finite, or when none survived (every worker diverged or was lost).
         if best is not None and not (final_loss is not None and final_loss <= best.loss):

@@ -176,19 +176,6 @@ class Resumed:
     held: list[bytes]  # hellos of workers that started during the takeover, for the supervisor to take in
 
 
-def merge_survivors(replicas: list[np.ndarray], pending: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """One model holding every update of the survivors: their shared part (a replica minus its unsent entries),
-    averaged, plus every unsent entry once. Averaging the replicas would halve what each still held back."""
-    shared = np.zeros(replicas[0].shape, np.float64)
-    unsent = np.zeros(replicas[0].shape, np.float64)
-    for params, (idx, val) in zip(replicas, pending):
-        own = params.astype(np.float64)
-        own[idx] -= val
-        shared += own
-        np.add.at(unsent, idx, val)
-    return (shared / len(replicas) + unsent).astype(np.float32)
-
-
 class Failover:
     """Saves the job's state as it runs, and finds it again for a successor."""
 
@@ -273,8 +260,7 @@ class Failover:
             survivors, held = self.harvest(decode_replica)
             ahead = survivors[0].step - state.run_step if survivors else 0
             if survivors and (checkpoint is None or state.steps + ahead > checkpoint.steps):
-                params = merge_survivors([t.arrays[layouts.PARAMS] for t in survivors],
-                                         [layouts.pending(t.arrays) for t in survivors])
+                params = layouts.model_of([t.arrays for t in survivors])
                 checkpoint = Checkpoint(state.steps + ahead, state.cursor + ahead * state.live, params,
                                         None if checkpoint is None else checkpoint.best)
                 source = f"replicas of {len(survivors)} surviving workers"

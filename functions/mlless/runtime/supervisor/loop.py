@@ -6,7 +6,7 @@ it, and broadcasts the close with the list of updates to fetch and the
 mini-batch cursor for the next step. A worker whose process ends or that
 stalls past the timeout is dropped from the barrier, so the job goes on
 without it. When a stop condition holds, the closing message is marked
-final; the workers publish their replicas, which are averaged, evaluated on
+final; the workers publish their replicas, which are merged, evaluated on
 the validation split and saved.
 
 Who is in the job is `membership`, how many it wants `scaling`, when it
@@ -29,7 +29,7 @@ from typing import Any
 from mlless.contract import ENV_AUDIT
 from mlless.data.dataset import Dataset
 from mlless.progress import Progress
-from mlless.protocol import keys, layouts
+from mlless.protocol import keys
 from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import (
     CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Left, Report,
@@ -240,6 +240,7 @@ class Supervisor:
         if self.takeovers and "seconds" not in self.takeovers[-1]:
             # How long the takeover kept the job from training: the survivors' hand-in and the new workers' start.
             self.takeovers[-1]["seconds"] = round(self.training_started - self.started, 3)
+        self.announced_live = self.live
         self.transport.broadcast(encode(Close(sender=-1, step=0, cursor=0, flags=0, live=self.live, updates=())))
 
     def _await_workers(self, ranks: set[int], state: WorkerState, timeout: float, exit_reason: str) -> None:
@@ -357,7 +358,7 @@ class Supervisor:
             # A joiner starts from this snapshot; the supervisor evaluates it too. An evaluation waits for a close
             # the workers hear at once (averaging: a round's end), so its snapshot is not a round late.
             flags |= CLOSE_SNAPSHOT
-            self.evaluation.request_snapshot(step, self.cursor)
+            self.evaluation.request_snapshot(step, self.cursor, self.sync.snapshot_peers(self.live, self.announced_live))
         close = Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=self.sync.updates(reports),
                       merges=self.scaling.take_merges())
         if not (flags or close.updates or close.merges or close.live != self.announced_live or self.sync.announces(step)):
@@ -447,7 +448,7 @@ class Supervisor:
         left_at_end = sorted(set(self.scaling.pending_merges)) if reachable else []
         finals += collect(keys.leaver_replica, left_at_end)
         self.accounting.flush()
-        final_model = self.evaluation.final_model([t.arrays[layouts.PARAMS] for t in finals], self.steps_before + self.closed,
+        final_model = self.evaluation.final_model([t.arrays for t in finals], self.steps_before + self.closed,
                                                   self.record.run_dir, self.job_id)
         summary = self.accounting.summary(
             stop_reason=self.stop_reason,
@@ -464,13 +465,12 @@ class Supervisor:
         summary["takeovers"] = self.takeovers
         if self.x0 is not None and reachable:
             leavers = collect(keys.leaver_replica, [r for r, w in self.workers.items() if w.state == WorkerState.LEFT and r not in left_at_end])
-            summary["audit"] = audit_conservation(self.x0, finals, leavers) if not self.members.dropped else \
-                {"checked": False, "reason": "a dropped worker took its unsent updates with it"}
+            summary["audit"] = audit_conservation(self.x0, finals, leavers, dropped=bool(self.members.dropped))
         self.record.summary(summary)
         final = self._status_fields(summary["cost_usd"]) | {"modelURI": self._export(summary["model_path"])}
-        # The suspend checkpoint is the average of the final replicas; a best snapshot alone (no replica survived) is not one.
-        average = self.evaluation.final_average
-        checkpoint = None if average is None else Checkpoint(self.steps_before + self.closed, self.cursor, average)
+        # The suspend checkpoint is the final replicas' model; a best snapshot alone (no replica survived) is not one.
+        merged = self.evaluation.final_params
+        checkpoint = None if merged is None else Checkpoint(self.steps_before + self.closed, self.cursor, merged)
         if self.stop_reason == "suspended" and checkpoint is not None:
             self.suspend_checkpoint = checkpoint.frame()
             final["checkpointStep"] = checkpoint.steps

@@ -37,11 +37,12 @@ from mlless.transport import Transport
 class WorkerHalf:
     """What a worker does for its protocol: publish after a local step, combine the peers' updates at a close."""
 
-    def __init__(self, strategy: SyncStrategy, rank: int, replica: Replica, exchange: Exchange) -> None:
+    def __init__(self, strategy: SyncStrategy, rank: int, replica: Replica, exchange: Exchange, feed: Feed) -> None:
         self.strategy = strategy
         self.rank = rank
         self.replica = replica
         self.exchange = exchange
+        self.feed = feed
 
     def train(self, batch: Batch, epoch: int, step: int, alone: bool) -> StepResult:
         """Train `step` on `batch`, selecting what the protocol shares after it.
@@ -89,6 +90,12 @@ class SupervisorHalf:
         """The ranks whose updates of the closed step the workers read: those that published one."""
         return tuple(r.sender for r in reports if r.has_update)
 
+    def snapshot_peers(self, live: tuple[int, ...], before: tuple[int, ...]) -> tuple[int, ...]:
+        """Whose pending entries an evaluation's snapshot adds to its donor's replica, at a close naming `live` after
+        one naming `before`: under a protocol that keeps rows at home, every worker already in the job (a joiner
+        holds nothing back; the supervisor leaves out the donor), else nobody."""
+        return tuple(r for r in live if r in before) if self.strategy is not None and self.strategy.keeps_home else ()
+
     def announces(self, step: int) -> bool:
         """Whether the close of `step` is broadcast though it carries no news (no flag, no change of the worker set,
         no merge): a close the workers' loop does not wait for (`must_have_closed`) and that names no update is
@@ -106,6 +113,9 @@ class SyncStrategy(ABC):
     #: The classes of its halves, for a protocol that changes what a worker or the supervisor does.
     worker_half: ClassVar[type[WorkerHalf]] = WorkerHalf
     supervisor_half: ClassVar[type[SupervisorHalf]] = SupervisorHalf
+    #: Whether replicas keep entries unsent for many rounds (blocked's home rows): an evaluation's snapshot is then
+    #: the donor's replica plus every peer's pending entries, not the donor's replica alone.
+    keeps_home: ClassVar[bool] = False
 
     @property
     @abstractmethod
@@ -138,12 +148,13 @@ class SyncStrategy(ABC):
         return keys.update_slots(self.staleness)
 
     def worker(self, rank: int, replica: Replica, transport: Transport, patience: float,
-               reject: Callable[[str], None], workers: int = 1) -> WorkerHalf:
-        """The worker `rank`'s half, over `replica`; `reject` counts and logs a frame that cannot be applied, and a
-        frame the store lost is waited for `patience` seconds; `workers`: the job's (a pattern's partitions)."""
+               reject: Callable[[str], None], feed: Feed, workers: int = 1) -> WorkerHalf:
+        """The worker `rank`'s half, over `replica` trained on `feed`; `reject` counts and logs a frame that cannot
+        be applied, and a frame the store lost is waited for `patience` seconds; `workers`: the job's (a pattern's
+        partitions)."""
         exchange = EXCHANGES[self.config.exchange](transport, rank, self.update_key, self.slots, patience, reject,
                                                    size=replica.params.shape[0], parts=workers)
-        return self.worker_half(self, rank, replica, exchange)
+        return self.worker_half(self, rank, replica, exchange, feed)
 
     def accumulator(self, params: np.ndarray) -> Accumulator | None:
         """What keeps a replica's unsent updates, over its `params`; None: the significance filter at `threshold`."""

@@ -13,10 +13,14 @@ pieces is passed over more than once in that round.
 
 Rounds are model averaging's (`averaging.py`, which this strategy extends): the workers publish what they changed
 at a round's last step, wait for its close, and add their peers' changes as they are, since no two workers changed
-the same row (averaging's mean over the workers that changed an entry would divide by one). Unlike
-DSGD, user rows are published once per round too: every replica stays the shared model, which evaluation,
-checkpoints, failover, joins and scale-in rely on. That costs each worker its touched user rows once per round,
-against averaging's touched users and items (the popular items every round, by every worker).
+the same row (averaging's mean over the workers that changed an entry would divide by one). As in DSGD, the rows
+of a worker's own users stay at home: no peer trains them while the blocks stand, so a worker publishes only the
+item rows it changed, and its users' rows stay pending in its accumulator (`RoundAccumulator.hold`). A replica is
+still the shared state plus its own pending entries, so what needs the whole model assembles it from those:
+an evaluation's snapshot adds every peer's pending entries to the donor's replica (`keeps_home`), the final model
+adds every final replica's (`layouts.model_of`), a leaver's go to the survivors and a joiner starts from the shared
+state. When the blocks change, rows a worker no longer owns are published at its next round's end, so their new
+owner trains them one round stale, once.
 
 Data placement: each worker reads the training batches once, keeps the ratings of its user block and splits them
 into its P strata (`BlockedFeed`); a change of its index or of P (a scale-in, a join, a leaver) re-splits them at
@@ -28,6 +32,7 @@ other models (`mlless.spec.schema.PAIRINGS`).
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +42,7 @@ from mlless.runtime.striding import Feed
 from mlless.runtime.sync import register
 from mlless.runtime.sync.averaging import Averaging
 from mlless.runtime.sync.base import WorkerHalf
+from mlless.training.replica import StepResult
 
 
 class BlockedFeed(Feed):
@@ -50,6 +56,7 @@ class BlockedFeed(Feed):
         self.piece = max(1, round(dataset.manifest.n_train / dataset.n_batches))
         self.layout: tuple[int, int] | None = None  # (P, w) the strata were split for
         self.strata: list[RatingsBatch] = []
+        self.home: np.ndarray | None = None  # over user ids: this worker's user block, None alone in the job
 
     def take(self, position: int, step: int, live: tuple[int, ...], rank: int) -> Batch:
         blocks, block = len(live), live.index(rank)
@@ -74,9 +81,11 @@ class BlockedFeed(Feed):
         batches = [self.dataset.batch(i) for i in range(self.dataset.n_batches)]
         users, items, ratings = (np.concatenate([getattr(b, name) for b in batches]) for name in ("users", "items", "ratings"))
         if blocks == 1:
+            self.home = None
             return [RatingsBatch(users, items, ratings)]
         item_block_of = balanced_blocks(items, blocks)  # over every rating, as every worker computes it
-        mine = balanced_blocks(users, blocks)[users] == block
+        self.home = balanced_blocks(users, blocks) == block
+        mine = self.home[users]
         users, items, ratings = users[mine], items[mine], ratings[mine]
         item_blocks = item_block_of[items]
         strata = []
@@ -105,14 +114,31 @@ def _piece_order(pieces: int, seed: int, blocks: int, block: int, item_block: in
     return np.random.default_rng([seed, blocks, block, item_block, wrap]).permutation(pieces)
 
 
+class BlockedHalf(WorkerHalf):
+    """BSP's combine (a round's updates are disjoint: averaging's mean over carriers would only divide by one, at
+    the cost of counting them and applying a zero correction); the rows of this worker's users stay at home."""
+
+    feed: BlockedFeed
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.held_for: tuple[int, int] | None = None  # the feed's layout the held rows were set for
+
+    def train(self, batch: Batch, epoch: int, step: int, alone: bool) -> StepResult:
+        if self.feed.layout != self.held_for:  # the feed re-split its strata for this step: new home users
+            home = self.feed.home if self.feed.home is not None else np.zeros(0, dtype=bool)
+            self.replica.filter.hold(self.replica.model.entries_of_users(home))
+            self.held_for = self.feed.layout
+        return super().train(batch, epoch, step, alone)
+
+
 @register
 class Blocked(Averaging):
     """Model averaging's rounds over disjoint strata: users and items in P blocks, item blocks rotating."""
 
     name = "blocked"
-    # A round's updates are disjoint, so the peers' are added as they are (BSP's combine): averaging's mean over
-    # carriers would only divide by one, at the cost of counting them and applying a zero correction.
-    worker_half = WorkerHalf
+    worker_half = BlockedHalf
+    keeps_home = True
 
     def feed(self, dataset: Dataset, seed: int) -> Feed:
         return BlockedFeed(dataset, seed, self.config.local_steps)

@@ -78,7 +78,7 @@ def _validation_points(run: Run, x_key: str) -> tuple[list[float], list[float]]:
 
 
 def _final_point(run: Run, x_key: str) -> tuple[float, float] | None:
-    """The final averaged model's validation loss, placed at the run's end."""
+    """The final merged model's validation loss, placed at the run's end."""
     v = run.summary.get("validation_loss")
     x = run.summary.get({"time": "wall_seconds", "cost_usd": "cost_usd"}[x_key])
     if isinstance(v, (int, float)) and isinstance(x, (int, float)):
@@ -206,7 +206,7 @@ def _no_data(ax) -> None:
 PLOTS: tuple[Plot, ...] = (
     Plot("loss.png", "Training and validation loss over time",
          "Training loss per step (faint) and its moving average; dashed: validation loss of the periodic "
-         "replica snapshots; star: the final averaged model.", draw_loss),
+         "replica snapshots; star: the final merged model.", draw_loss),
     Plot("workers.png", "Workers over time",
          "Live workers in the step barrier; a drop is a worker removed by the auto-tuner or lost.", draw_workers),
     Plot("cost_loss.png", "Loss against cumulative cost",

@@ -91,6 +91,12 @@ class PMF(Model):
                                          self.mean, self.l2, self._slots)
         return idx, grad, float(sse), len(b)
 
+    def entries_of_users(self, users: np.ndarray) -> np.ndarray:
+        """The entries of the rows of `users` (a boolean mask over the first user ids), as a uint8 mask over params."""
+        entries = np.zeros(self.size, dtype=np.uint8)
+        entries[: len(users) * (self.rank + 1)] = np.repeat(users.astype(np.uint8), self.rank + 1)
+        return entries
+
     @property
     def accumulator_size(self) -> int:
         """LIBMF's row-wise AdaGrad: one accumulator for a row's factors and one for its bias."""
