@@ -13,6 +13,7 @@ from mlless.data.dataset import Dataset
 from mlless.training.models import load_model
 from mlless.runtime.local import Services, train_local
 from mlless.progress import Progress
+from mlless.protocol import keys
 from mlless.runtime.supervisor.evaluation import EVALUATION_SHARE, Evaluation
 from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN, ValidationWatch, smoothed_losses
 from mlless.spec import from_manifest
@@ -179,11 +180,17 @@ def test_evaluations_are_spaced_in_time_when_a_rounds_closes_come_together(movie
     """Evaluation.due: every evaluation.everySteps closes, and no more often than the evaluations' cost allows
     (EVALUATION_SHARE of the time), in seconds: under averaging or blocked a round's closes arrive within a
     millisecond of each other, and a step time averaged over them would stretch the interval by the round."""
+    class Store(dict):  # the keys a request empties (so polling reads no stale frame), nothing else
+        def put(self, key, value):
+            self[key] = value
+
     job = job_for(movielens_dir, evaluation={"everySteps": 5})
-    evaluation = Evaluation(job, Dataset.open(str(movielens_dir)), None, ValidationWatch(None, None, 1),
+    store = Store()
+    evaluation = Evaluation(job, Dataset.open(str(movielens_dir)), store, ValidationWatch(None, None, 1),
                             lambda loss: None, lambda n: None)
     assert not evaluation.due(4) and evaluation.due(5)
-    evaluation.request_snapshot(5, 0)
+    evaluation.request_snapshot(5, 0, peers=(0, 1))
+    assert store == {keys.snapshot(): b"", keys.snapshot_pending(0): b"", keys.snapshot_pending(1): b""}
     evaluation.evaluation_seconds.update(0.05)
     assert not evaluation.due(40)  # 35 closes later, but within a millisecond
     evaluation.snapshot_requested -= 0.05 / EVALUATION_SHARE

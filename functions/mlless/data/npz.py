@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
+import struct
 import zipfile
 from typing import Mapping
 
@@ -33,9 +35,56 @@ def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
 
 
 def load_npz_bytes(data: bytes, source: str) -> dict[str, np.ndarray]:
-    """Load every array of an npz held in memory, refusing pickled objects."""
-    with np.load(io.BytesIO(data), allow_pickle=False) as f:
-        return {name: f[name] for name in f.files}
+    """Load every array of an npz held in memory, refusing pickled objects; ValueError if it is not an npz.
+
+    The members `npz_bytes` writes (stored, plain little-endian numbers) are read straight from the bytes: through
+    `np.load` a 10M-rating data set's 1,441 batches took 0.8 s to read, most of it parsing their 4,323 headers.
+    Anything else goes through `np.load`.
+    """
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            members = zf.infolist()
+        try:
+            return _stored_arrays(bytearray(data), members)
+        except _Unusual:
+            with np.load(io.BytesIO(data), allow_pickle=False) as f:
+                return {name: f[name] for name in f.files}
+    except zipfile.BadZipFile as exc:
+        raise ValueError(f"not a zip archive: {exc}") from None
+
+
+class _Unusual(Exception):
+    """An npz member `npz_bytes` would not have written: left to `np.load`."""
+
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # a zip member's local header: signature, ..., name and extra lengths
+_NPY_HEADER = re.compile(rb"\{'descr': '([<|][a-z][0-9]+)', 'fortran_order': False, 'shape': \(([0-9, ]*)\), \} *\n")
+
+
+def _stored_arrays(data: bytearray, members: list[zipfile.ZipInfo]) -> dict[str, np.ndarray]:
+    arrays = {}
+    for info in members:
+        if info.compress_type != zipfile.ZIP_STORED or not info.filename.endswith(".npy"):
+            raise _Unusual
+        signature, name_length, extra_length = _LOCAL_HEADER.unpack_from(data, info.header_offset)
+        start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+        member = memoryview(data)[start: start + info.file_size]
+        if signature != b"PK\x03\x04" or len(member) != info.file_size or member[:6] != b"\x93NUMPY":
+            raise _Unusual
+        length_bytes = 2 if member[6] == 1 else 4
+        header_start = 8 + length_bytes
+        (header_length,) = struct.unpack_from("<H" if length_bytes == 2 else "<I", member, 8)
+        header = _NPY_HEADER.fullmatch(bytes(member[header_start: header_start + header_length]))
+        if header is None:
+            raise _Unusual
+        dtype = np.dtype(header[1].decode())
+        shape = tuple(int(n) for n in header[2].split(b",") if n.strip())
+        count = int(np.prod(shape))
+        offset = header_start + header_length
+        if offset + count * dtype.itemsize != info.file_size:
+            raise _Unusual
+        arrays[info.filename[:-4]] = np.frombuffer(data, dtype, count, start + offset).reshape(shape)
+    return arrays
 
 
 def sha256(data: bytes) -> str:

@@ -87,7 +87,7 @@ class Worker:
         model = build_model(job.model.type, dataset.dims(), job.model, job.seed)
         self.replica = Replica(model, job.optimizer, self.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)),
                                accumulator=self.sync.accumulator(model.params))
-        self.feed = self.sync.feed(dataset, job.seed)
+        self.feed = self.sync.feed(dataset, job.seed, job.workers)
         # This worker's half of the protocol; a peer's frame the store lost is waited for half the worker timeout.
         self.half = self.sync.worker(rank, self.replica, transport, job.worker_timeout_seconds / 2, self._reject,
                                      self.feed, workers=job.workers)
@@ -389,7 +389,7 @@ class Worker:
         deadline = time.monotonic() + self.job.worker_timeout_seconds
         while time.monotonic() < deadline:
             frame = self.transport.get_many([keys.snapshot()])[0]
-            replica = self._decode_replica(frame, None, "snapshot") if frame is not None else None
+            replica = self._decode_replica(frame, None, "snapshot") if frame else None  # empty: asked for, not put yet
             if replica is not None and replica.step == close.step:
                 self.replica.adopt_shared(replica.arrays)
                 self.view = _View(closed=close.step, cursor=close.cursor, live=close.live)

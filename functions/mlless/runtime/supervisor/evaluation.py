@@ -102,6 +102,10 @@ class Evaluation:
         self.snapshot_cursor = cursor
         self.snapshot_peers, self.donor, self.peer_entries = peers, None, {}
         self.snapshot_requested = time.monotonic()
+        # Emptied, the keys read as not there yet until the new frames come: polling an earlier snapshot's frames
+        # read megabytes every few milliseconds only to find their step stale.
+        for key in [keys.snapshot(), *map(keys.snapshot_pending, peers)]:
+            self.transport.put(key, b"")
 
     def evaluate_snapshot(self, steps_before: int) -> Snapshot | None:
         """Evaluate the snapshot asked for, if it has arrived; `steps_before` were closed before this run."""
@@ -109,7 +113,7 @@ class Evaluation:
             return None
         if self.donor is None:
             frame = self.transport.get_many([keys.snapshot()])[0]
-            tensors = self.decode_replica(frame) if frame is not None else None
+            tensors = self.decode_replica(frame) if frame else None
             if tensors is None or tensors.step != self.pending_snapshot:
                 return None
             self.donor = tensors
@@ -130,7 +134,7 @@ class Evaluation:
         missing = [r for r in self.snapshot_peers if r != donor.sender and r not in self.peer_entries]
         for rank, frame in zip(missing, self.transport.get_many([keys.snapshot_pending(r) for r in missing])):
             try:
-                msg = decode(frame) if frame is not None else None
+                msg = decode(frame) if frame else None
                 if not isinstance(msg, Tensors) or msg.sender != rank or msg.step != donor.step:
                     continue  # not there yet
                 idx, values = layouts.pending(msg.arrays)
