@@ -46,6 +46,21 @@ def test_a_price_whose_cost_would_overflow_is_refused_by_name(tmp_path, movielen
     assert code == 2 and "spec.pricing.pricePerGBSecond" in err
 
 
+BOMB = "".join(f"x{k}: &x{k} [{', '.join([f'*x{k - 1}'] * 9) if k else '1'}]\n" for k in range(9))
+
+
+@pytest.mark.parametrize("extra, says", [
+    (BOMB, "more than 32 aliases"),  # 9^8 elements once expanded: validate used to hang walking them
+    ("  model: {type: logistic-regression}\n", "key 'model' given twice"),
+    ("owner: someone\n", "'owner' was unexpected"),
+    ("  stop: {maxSteps: 100000000000000000000000000}\n", "spec.stop.maxSteps"),
+])
+def test_manifests_that_yaml_would_accept_are_refused_in_one_line(tmp_path, movielens_dir, capsys, extra, says):
+    job = manifest(tmp_path, movielens_dir, extra=extra)
+    code, err = run(capsys, "validate", str(job))
+    assert code == 2 and says in err and "job.yaml" in err
+
+
 def test_a_manifest_that_is_not_utf8_is_named(tmp_path, movielens_dir, capsys):
     job = tmp_path / "job.yaml"
     job.write_bytes(MANIFEST.format(model="pmf", data=movielens_dir, extra="").encode().replace(b"name: bad", b"name: b\xffd"))

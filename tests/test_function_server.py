@@ -67,13 +67,22 @@ def function_server(redis_url, amqp_url, tmp_path):
 
 
 def post(url: str, doc: object, token: str | None = None) -> tuple[int, dict]:
+    return post_raw(url, json.dumps(doc).encode(), token)
+
+
+def post_raw(url: str, body: bytes, token: str | None = None) -> tuple[int, dict]:
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token or TOKEN}"}
-    request = urllib.request.Request(url, data=json.dumps(doc).encode(), headers=headers, method="POST")
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+def server_address(url: str) -> tuple[str, int]:
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    return host, int(port)
 
 
 @pytest.mark.parametrize("protocol", ["bsp", "isp"])
@@ -116,11 +125,16 @@ def test_malformed_invocations_get_an_error_naming_the_field(function_server, mo
         ({"rank": 0, "jobId": "other-job", "job": job}, "jobId"),
         ({"rank": 0, "jobId": job_id, "job": {"model": 3}}, "job"),
         ({"rank": 0, "jobId": job_id, "job": job, "deadlineSeconds": "soon"}, "deadlineSeconds"),
+        ({"rank": 10**30, "jobId": job_id, "job": job}, "rank"),
+        ({"rank": 0, "jobId": job_id, "job": job, "deadlineSeconds": float("nan")}, "deadlineSeconds"),
+        ({"rank": 0, "jobId": job_id, "job": job, "deadlineSeconds": float("inf")}, "deadlineSeconds"),
         ([1, 2], "JSON object"),
     ]
     for doc, field in cases:
         status, reply = post(url, doc)
         assert status == 400 and field in reply["error"], (doc, reply)
+    status, reply = post_raw(url, b"[" * 100_000 + b"]" * 100_000)  # json's decoder recurses once per level
+    assert status == 400 and "nested too deeply" in reply["error"]
     request = urllib.request.Request(url, data=b"\x80not json", headers={"Authorization": f"Bearer {TOKEN}"}, method="POST")
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(request, timeout=10)
@@ -143,33 +157,86 @@ def test_an_invocation_without_the_jobs_token_is_refused(function_server, moviel
 
 def test_a_content_length_that_is_not_a_number_gets_400(function_server):
     url, _, _ = function_server
-    host, port = url.split("//")[1].split("/")[0].split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
+    with socket.create_connection(server_address(url), timeout=10) as sock:
         sock.sendall(f"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: abc\r\n\r\n".encode())
         assert sock.recv(4096).startswith(b"HTTP/1.1 400")
 
 
-def test_idle_connections_beyond_the_limit_are_closed_and_the_server_still_answers(function_server):
+def healthz_seconds(url: str) -> float:
+    started = time.monotonic()
+    assert urllib.request.urlopen(url + "healthz", timeout=5).status == 200
+    return time.monotonic() - started
+
+
+def test_slow_and_idle_clients_cannot_lock_the_server_out(function_server):
     from mlless.runtime.function_server import MAX_CONNECTIONS
 
     url, _, _ = function_server
-    port = int(url.rsplit(":", 1)[1].strip("/"))
-    idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(MAX_CONNECTIONS)]
+    address = server_address(url)
+    # Slowloris: more than MAX_CONNECTIONS clients, each dribbling out a request that would never end.
+    slow = [socket.create_connection(address, timeout=5) for _ in range(MAX_CONNECTIONS + 4)]
+    stop = threading.Event()
+
+    def dribble() -> None:
+        for sock in slow:
+            try:
+                sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\n")
+            except OSError:
+                pass
+        while not stop.wait(0.3):
+            for sock in slow:
+                try:
+                    sock.sendall(b"X")
+                except OSError:
+                    pass  # cut by the server
+
+    dribbler = threading.Thread(target=dribble, daemon=True)
+    dribbler.start()
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
-            assert extra.recv(1) == b""  # closed by the server, not left waiting for a thread
-    finally:
-        for sock in idle:
+        time.sleep(1.0)
+        assert max(healthz_seconds(url) for _ in range(5)) < 1.0  # each probe takes an idle client's place
+        # A flood of connections that send nothing: the server still answers at once.
+        flood = [socket.create_connection(address, timeout=5) for _ in range(3 * MAX_CONNECTIONS)]
+        assert healthz_seconds(url) < 1.0
+        for sock in flood:
             sock.close()
-    deadline = time.monotonic() + 10
-    while True:  # the idle connections' threads end once their sockets close
-        try:
-            assert urllib.request.urlopen(url + "healthz", timeout=2).status == 200
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    finally:
+        stop.set()
+        dribbler.join(timeout=5)
+        for sock in slow:
+            sock.close()
+
+
+def test_a_request_that_does_not_arrive_in_time_is_cut_off(function_server):
+    from mlless.runtime.function_server import REQUEST_SECONDS
+
+    url, _, _ = function_server
+    with socket.create_connection(server_address(url), timeout=1.0) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        while time.monotonic() - started < REQUEST_SECONDS + 5:  # a byte a second never trips a per-read timeout
+            try:
+                sock.sendall(b"X")
+                if sock.recv(1) == b"":
+                    break  # closed by the server
+            except socket.timeout:
+                continue  # still open, a second later
+            except OSError:
+                break  # reset by the server
+        cut = time.monotonic() - started
+    assert REQUEST_SECONDS - 1 <= cut <= REQUEST_SECONDS + 2
+
+
+def test_an_error_reply_closes_the_connection_so_a_body_is_never_read_as_a_request(function_server):
+    url, job_id, _ = function_server
+    smuggled = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(server_address(url), timeout=10) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Length: "
+                     + str(len(smuggled)).encode() + b"\r\n\r\n" + smuggled)
+        replies = b""
+        while chunk := sock.recv(65536):
+            replies += chunk
+    assert replies.startswith(b"HTTP/1.1 401") and replies.count(b"HTTP/1.1") == 1  # the GET got no answer
 
 
 def test_a_busy_function_answers_429_and_a_worker_without_supervisor_fails(function_server, movielens_dir):

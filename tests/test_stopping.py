@@ -15,7 +15,10 @@ from mlless.runtime.local import Services, train_local
 from mlless.progress import Progress
 from mlless.protocol import keys
 from mlless.runtime.supervisor.evaluation import EVALUATION_SHARE, Evaluation
-from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN, ValidationWatch, smoothed_losses
+from mlless.runtime.supervisor.stopping import (
+    DIVERGED, SMOOTHING_SPAN, Standing, StopRules, ValidationWatch, smoothed_losses,
+)
+from mlless.spec.config import StopConfig
 from mlless.spec import from_manifest
 
 from test_training import job_for
@@ -123,14 +126,22 @@ def test_patience_stops_an_ssp_job_that_overfits_after_a_warm_up():
     assert stopped == SSP_CLICKS[minimum + 3][0]
 
 
-def test_non_finite_evaluation_counts_against_patience_and_is_never_best():
+def test_a_non_finite_or_exploding_evaluation_means_diverged_and_is_never_best():
     watch = ValidationWatch(patience=2, target_loss=1.0, target_steps=1)
     feed(watch, [0.5])
+    assert not watch.diverged
     watch.observe(20, math.nan, np.zeros(3, np.float32))
-    watch.observe(30, math.inf, np.zeros(3, np.float32))
-    assert watch.best is not None and watch.best.loss == 0.5
-    assert watch.patience_exhausted()
+    assert watch.diverged and watch.best is not None and watch.best.loss == 0.5
     assert not watch.target_held(100)
+    # Overfitting moves the loss by percents, and is not divergence; a loss several times its best is.
+    watch = ValidationWatch(patience=None, target_loss=None, target_steps=1)
+    feed(watch, [1.0, 0.6, 0.5, 0.55, 0.6, 0.7, 0.8])
+    assert not watch.diverged
+    feed(watch, [5.0, 9.0, 20.0])
+    assert watch.diverged and watch.best.loss == 0.5
+    rules = StopRules(StopConfig(max_steps=1000), evaluate_every=10)
+    rules.watch = watch
+    assert rules.check(Standing(100, 0, 10, 1.0, 1.0), lambda: 0.0) == DIVERGED
 
 
 # ---- whole jobs ---------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from mlless.runtime.launcher import Launcher
 from mlless.progress import Progress
 from mlless.runtime.supervisor.failover import ResumeError, resumable
 from mlless.runtime.supervisor.membership import INTERNAL_ERROR, INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST, JobFailed
+from mlless.runtime.supervisor.stopping import DIVERGED
 from mlless.runtime.sync import load_plugins
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
@@ -111,9 +112,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _failed(summary: dict[str, Any]) -> bool:
-    """No model, or the job ended on a fault rather than a stop rule (its model is the best snapshot)."""
+    """No model, or the job ended on a fault or diverged rather than on a stop rule (its model is the best
+    snapshot)."""
     reason = summary["stop_reason"]
-    return (summary["validation_loss"] is None or reason == NO_LIVE_WORKERS
+    return (summary["validation_loss"] is None or reason in (NO_LIVE_WORKERS, DIVERGED)
             or reason.startswith((SERVICE_LOST, INTERNAL_ERROR)))
 
 

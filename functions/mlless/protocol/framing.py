@@ -53,6 +53,7 @@ __all__ = [
     "MAGIC",
     "VERSION",
     "HEADER",
+    "MAX_RANK",
     "FLAG_COMPRESSED",
     "FLAG_SEALED",
     "MAX_PAYLOAD",
@@ -75,6 +76,8 @@ __all__ = [
 MAGIC = b"MLs"
 VERSION = 2
 HEADER = struct.Struct("<3sBBBiqII")
+#: The largest worker rank the header's i32 sender holds.
+MAX_RANK = 2**31 - 1
 FLAG_COMPRESSED = 0x01
 FLAG_SEALED = 0x02
 _KNOWN_FLAGS = FLAG_COMPRESSED | FLAG_SEALED

@@ -11,6 +11,8 @@ def json_object(raw: bytes) -> dict[str, Any]:
         doc = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"not JSON: {exc}") from None
+    except RecursionError:  # json's decoder recurses once per nested array or object
+        raise ValueError("not JSON this program reads: nested too deeply") from None
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
     return doc

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mlless.contract import ENV_DEADLINE_SECONDS, ENV_JOB_FILE, ENV_JOB_ID, ENV_RANK, ENV_RESUME, EXIT_CHECKPOINTED
+from mlless.protocol.framing import MAX_RANK
 from mlless.runtime import json_object
 from mlless.spec import SpecError, TrainingJob
 from mlless.transport.base import TransportError, check_job_id
@@ -46,8 +48,14 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20  # a resolved job is a few kB
 #: Open connections served at once. The platform sends one invocation at a time plus health probes, so a
-#: handful is plenty; beyond it a connection is closed at once instead of getting a thread of its own.
+#: handful is plenty. Beyond it a new connection takes the place of the oldest one still sending its request
+#: (a slow or stalled client), or is closed at once if every open one is running an invocation.
 MAX_CONNECTIONS = 16
+#: A request's line, headers and body must arrive within this, whatever the pace of single reads: a client that
+#: sends a byte a second never trips a per-read timeout (slowloris), and would keep its connection for ever.
+REQUEST_SECONDS = 10.0
+#: The longest invocation deadline a request may ask for: a day, beyond any function platform's timeout.
+MAX_DEADLINE_SECONDS = 86400.0
 
 
 class InvocationError(ValueError):
@@ -69,8 +77,8 @@ class Invocation:
         except ValueError as exc:
             raise InvocationError(f"body is {exc}") from None
         rank = doc.get("rank")
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
-            raise InvocationError("rank must be an integer >= 0")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank <= MAX_RANK:
+            raise InvocationError(f"rank must be an integer from 0 to {MAX_RANK}")
         job_id = doc.get("jobId")
         try:
             check_job_id(job_id)
@@ -85,8 +93,9 @@ class Invocation:
         except (SpecError, ValueError, TypeError, KeyError) as exc:
             raise InvocationError(f"job: not a resolved TrainingJob: {exc}") from None
         deadline = doc.get("deadlineSeconds")
-        if deadline is not None and (not isinstance(deadline, (int, float)) or isinstance(deadline, bool) or deadline <= 0):
-            raise InvocationError("deadlineSeconds must be a number > 0")
+        if deadline is not None and (not isinstance(deadline, (int, float)) or isinstance(deadline, bool)
+                                     or not 0 < deadline <= MAX_DEADLINE_SECONDS):  # NaN fails the comparison too
+            raise InvocationError(f"deadlineSeconds must be a number > 0 and <= {MAX_DEADLINE_SECONDS:g}")
         resume = doc.get("resume", False)
         if not isinstance(resume, bool):
             raise InvocationError("resume must be true or false")
@@ -111,20 +120,53 @@ class FunctionServer(ThreadingHTTPServer):
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.lock = threading.Lock()
         self.stopping = False
-        self.connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.guard = threading.Lock()
+        self.open = 0  # connections with a thread
+        self.reading: dict[socket.socket, float] = {}  # connections still sending a request: since when
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.connections.acquire(blocking=False):
-            log.warning("refusing a connection from %s: %d already open", client_address[0], MAX_CONNECTIONS)
-            self.shutdown_request(request)
-            return
+        with self.guard:
+            if self.open >= MAX_CONNECTIONS:
+                if not self.reading:
+                    log.warning("refusing a connection from %s: %d invocations running", client_address[0], self.open)
+                    self.shutdown_request(request)
+                    return
+                self._cut(min(self.reading, key=self.reading.__getitem__), "gave way to a new connection")
+            self.open += 1
+            self.reading[request] = time.monotonic()
         super().process_request(request, client_address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.connections.release()
+            with self.guard:
+                self.open -= 1
+                self.reading.pop(request, None)
+
+    def awaiting_request(self, connection: socket.socket, reading: bool) -> None:
+        """`connection` starts waiting for a request (again, on a kept-alive connection), or has read one."""
+        with self.guard:
+            if reading:
+                self.reading[connection] = time.monotonic()
+            else:
+                self.reading.pop(connection, None)
+
+    def service_actions(self) -> None:
+        """Between accepts (every poll interval): cut connections whose request is overdue (REQUEST_SECONDS)."""
+        with self.guard:
+            now = time.monotonic()
+            for connection in [c for c, since in self.reading.items() if now - since > REQUEST_SECONDS]:
+                self._cut(connection, f"sent no whole request in {REQUEST_SECONDS:g}s")
+
+    def _cut(self, connection: socket.socket, why: str) -> None:
+        """Shut `connection` down (its thread's read ends at once); called holding the guard."""
+        self.reading.pop(connection, None)
+        log.warning("closing a connection that %s", why)
+        try:
+            connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed by the client
 
     def invoke(self, inv: Invocation) -> dict[str, Any]:
         started = time.monotonic()
@@ -182,15 +224,24 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
+    def handle_one_request(self) -> None:
+        self.server.awaiting_request(self.connection, True)
+        super().handle_one_request()
+
     def _reply(self, status: HTTPStatus, doc: Mapping[str, Any]) -> None:
         body = json.dumps(doc).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        if status >= 400:
+            # What is left of the request (an unread body) must never be read as the next request.
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
         self.wfile.write(body)
 
     def do_GET(self) -> None:
+        self.server.awaiting_request(self.connection, False)
         if self.path in ("/healthz", "/_/health", "/_/ready"):
             self._reply(HTTPStatus.OK, {"status": "ok"})
         else:
@@ -212,8 +263,10 @@ class _Handler(BaseHTTPRequestHandler):
         if length <= 0 or length > MAX_BODY:
             self._reply(HTTPStatus.BAD_REQUEST, {"error": f"body must be 1 to {MAX_BODY} bytes of JSON"})
             return
+        body = self.rfile.read(length)
+        self.server.awaiting_request(self.connection, False)
         try:
-            inv = Invocation.parse(self.rfile.read(length), self.server.job_id)
+            inv = Invocation.parse(body, self.server.job_id)
         except InvocationError as exc:
             self._reply(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
             return

@@ -158,6 +158,36 @@ def _resolve(uri: str, base_dir: Path | None) -> str:
     return uri
 
 
+#: Aliases a manifest may use: a few, to repeat a section; a kilobyte of nested aliases expands to gigabytes.
+MAX_ALIASES = 32
+
+
+class _ManifestLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing what a TrainingJob never needs: many aliases, and keys given twice (YAML keeps
+    the last one silently, so a setting could be overridden unnoticed)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                raise yaml.composer.ComposerError(None, None, f"more than {MAX_ALIASES} aliases",
+                                                  self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_manifest(path: str | Path, overrides: Mapping[str, Any] | None = None) -> TrainingJob:
     """Read a TrainingJob YAML file (the same file `kubectl apply` takes); `overrides` replace top-level spec
     fields (the CLI's --workers) before validation, so they pass the same checks."""
@@ -169,7 +199,11 @@ def load_manifest(path: str | Path, overrides: Mapping[str, Any] | None = None) 
     except UnicodeDecodeError as exc:
         raise SpecError(f"{path}: not UTF-8 text (byte {exc.start}): a manifest is YAML in UTF-8") from None
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_ManifestLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise SpecError(f"{path}: not valid YAML: {exc.problem or exc.context}{where}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
     if overrides and isinstance(doc, dict) and isinstance(doc.get("spec"), dict):

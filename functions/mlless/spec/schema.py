@@ -63,12 +63,15 @@ def _num(description: str, minimum: float | None = None, exclusive: bool = False
     return _with_default(node, default)
 
 
-def _int(description: str, minimum: int | None = None, maximum: int | None = None, default: int | None = None) -> Schema:
-    node: Schema = {"type": "integer", "description": description}
+#: The largest value of an integer field without a tighter bound: Kubernetes' int32 (a maxSteps of 1e26 used to be
+#: accepted, and overflowed what was computed from it).
+MAX_INT = 2**31 - 1
+
+
+def _int(description: str, minimum: int | None = None, maximum: int = MAX_INT, default: int | None = None) -> Schema:
+    node: Schema = {"type": "integer", "description": description, "maximum": maximum}
     if minimum is not None:
         node["minimum"] = minimum
-    if maximum is not None:
-        node["maximum"] = maximum
     return _with_default(node, default)
 
 
@@ -436,6 +439,7 @@ def manifest_schema(strict: bool) -> Schema:
     return {
         "type": "object",
         "required": ["apiVersion", "kind", "spec"],
+        **({"additionalProperties": False} if strict else {}),
         "properties": {
             "apiVersion": {"type": "string", "enum": [API_VERSION]},
             "kind": {"type": "string", "enum": [KIND]},

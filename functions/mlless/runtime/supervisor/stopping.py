@@ -9,7 +9,10 @@ rule that ends the job, if one does. The supervisor evaluates a replica snapshot
   be worse once a model overfits),
 * whether the *smoothed* validation loss has stopped improving for
   `stop.patience` evaluations,
-* whether it has stayed at or below `stop.targetLoss` for `stop.targetSteps` steps.
+* whether it has stayed at or below `stop.targetLoss` for `stop.targetSteps` steps,
+* whether training diverged: an evaluation that is not finite, or a smoothed loss `DIVERGENCE_FACTOR` times its
+  best. The job then ends with `DIVERGED`, a failure, and hands back the best snapshot: a run whose replicas blew
+  up (a learning rate far too high, an insider's oversized updates) must not end as a success.
 
 The smoothing is a short causal EWMA (span 3) over the newest 3 evaluations
 only: one snapshot can land on a bad mini-batch, and a stop rule should not fire
@@ -39,6 +42,10 @@ from mlless.spec.job import StopConfig
 
 #: EWMA span of the validation loss the stop rules read, and how many of the newest evaluations it reads.
 SMOOTHING_SPAN = 3
+#: A smoothed validation loss this many times its best means training diverged: overfitting moves it by percents.
+DIVERGENCE_FACTOR = 3.0
+#: The stop reason of a job whose validation loss diverged (a failure: `mlless train` exits non-zero).
+DIVERGED = "diverged"
 
 
 def smoothed_losses(losses: Iterable[float]) -> list[float]:
@@ -66,11 +73,12 @@ class ValidationWatch:
         self._best_smoothed = math.inf
         self._stale = 0  # evaluations since the smoothed loss last improved
         self._below_since: int | None = None  # step of the first evaluation of the current run at or below target
+        self.diverged = False
 
     def observe(self, step: int, loss: float, params: np.ndarray) -> None:
         """One evaluation of the snapshot of `step`; `params` is copied only when it is the best so far."""
         if not math.isfinite(loss):
-            self._stale += 1
+            self.diverged = True
             self._below_since = None
             return
         if self.best is None or loss < self.best.loss:
@@ -81,6 +89,7 @@ class ValidationWatch:
             self._stale = 0
         else:
             self._stale += 1
+            self.diverged = smoothed > DIVERGENCE_FACTOR * self._best_smoothed
         if self.target_loss is not None and smoothed <= self.target_loss:
             if self._below_since is None:
                 self._below_since = step
@@ -132,6 +141,8 @@ class StopRules:
             self.below_target = self.below_target + 1 if at.train_loss <= stop.target_loss else 0
         if self.requested is not None:
             return self.requested
+        if self.watch.diverged:
+            return DIVERGED
         if self.watch.target_held(at.steps) or (stop.target_loss is not None and self.below_target >= stop.target_steps):
             return "target loss reached"
         if self.watch.patience_exhausted():
