@@ -147,6 +147,15 @@ def test_truncated_file(sparse_dir: Path) -> None:
     path.unlink()
     with pytest.raises(DatasetError, match=r"validation\.npz: not found"):
         Dataset.open(str(sparse_dir)).validation()
+    # Truncated, with a checksum that matches: zipfile's BadZipFile used to escape without the file's name.
+    name = "train/batch-000001.npz"
+    data = (sparse_dir / name).read_bytes()[:-40]
+    (sparse_dir / name).write_bytes(data)
+    manifest = json.loads((sparse_dir / "manifest.json").read_text())
+    manifest["checksums"][name] = sha256(data)
+    (sparse_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DatasetError, match=r"batch-000001\.npz: not a readable npz"):
+        Dataset.open(str(sparse_dir)).batch(1)
 
 
 def test_checksum_verified_once_and_lru_cache(ratings_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
