@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,21 @@ def test_missing_dataset_and_manifest_fields(tmp_path: Path, ratings_dir: Path) 
     with pytest.raises(DatasetError, match="not valid JSON"):
         Dataset.open(str(ratings_dir))
     assert issubclass(DatasetError, ValueError)
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"n_users": 10**12}, "'n_users' is 1000000000000; at most the"),  # a reader would allocate the model first
+    ({"mean_rating": float("nan")}, "'mean_rating' is nan, not a finite number"),
+    ({"rating_min": 5.0, "rating_max": 1.0}, "'rating_min' <= 'mean_rating' <= 'rating_max' do not hold"),
+    ({"n_train": 10**30, "n_batches": 10**28}, "'n_train' out of range"),  # the checksum loop would not end
+    ({"n_train": 10**11, "n_batches": 10**9}, "11 checksums for 1000000000 batches"),
+    ({"validation_fraction": 1.5}, "'validation_fraction' is 1.5"),
+])
+def test_an_implausible_manifest_is_refused_naming_the_field(ratings_dir: Path, changes, says) -> None:
+    path = ratings_dir / "manifest.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes))  # NaN as JSON's NaN, as json writes it
+    with pytest.raises(DatasetError, match=r"manifest\.json: (fields? )?" + re.escape(says)):
+        Dataset.open(str(ratings_dir))
 
 
 def test_flipped_bytes_detected_by_checksum(ratings_dir: Path) -> None:

@@ -65,6 +65,9 @@ class Forger(threading.Thread):
         super().__init__(daemon=True)
         self.r, self.prefix, self.key = redis.Redis.from_url(redis_url), key_prefix(job_id), key
         self.stop, self.written = threading.Event(), 0
+        self.snapshot: tuple[int, int] | None = None  # (step, size) of the newest real snapshot
+        # A snapshot is read within milliseconds of being put: a thread of its own looks for it all the time.
+        self.snapshots = threading.Thread(target=self.forge_snapshots, daemon=True)
 
     def sealed(self, name: str, forged: bytes) -> bytes:
         return seal(forged, self.key, value_context(name))
@@ -86,11 +89,18 @@ class Forger(threading.Thread):
                 _, _, _, _, sender, step, _, _ = HEADER.unpack_from(current)
                 self.r.set(full, self.forgeries(name, sender, step)[self.written % 4])
                 self.written += 1
+
+    def forge_snapshots(self) -> None:
+        """Overwrite each real snapshot, and the empty value of one asked for and not put yet, with a forgery."""
+        while not self.stop.wait(0.0005):
             snapshot = unseal(self.r.get(self.prefix + keys.snapshot()) or b"", self.key, value_context(keys.snapshot()))
-            if not isinstance(snapshot, Rejected):
+            if isinstance(snapshot, Rejected):
+                continue  # not there, or a forgery of ours
+            if snapshot:
                 replica = decode(snapshot)
-                size = replica.arrays[layouts.PARAMS].size
-                self.r.set(self.prefix + keys.snapshot(), self.sealed(keys.snapshot(), snapshot_frame(replica.step, size)))
+                self.snapshot = replica.step, replica.arrays[layouts.PARAMS].size
+            if self.snapshot is not None:
+                self.r.set(self.prefix + keys.snapshot(), self.sealed(keys.snapshot(), snapshot_frame(*self.snapshot)))
 
 
 def test_forged_frames_are_rejected_counted_and_never_applied(rabbit, private_redis, movielens_dir, tmp_path):
@@ -105,6 +115,7 @@ def test_forged_frames_are_rejected_counted_and_never_applied(rabbit, private_re
 
     forger = Forger(private_redis, job_id, key)
     forger.start()
+    forger.snapshots.start()
     # Control frames too: a Failed from worker 0 would drop it, a Finish would end the job early.
     names = queue_names(job_id)
     with pika.BlockingConnection(pika.URLParameters(rabbit.url)) as conn:
@@ -116,6 +127,7 @@ def test_forged_frames_are_rejected_counted_and_never_applied(rabbit, private_re
     wait_for_steps(run_dir, proc, STEPS * 2 // 3)
     forger.stop.set()
     forger.join(timeout=10)
+    forger.snapshots.join(timeout=10)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())

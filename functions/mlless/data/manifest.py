@@ -8,10 +8,14 @@ it.  It holds no timestamps, so the same input and seed give the same bytes.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 FORMAT_VERSION = 1
+#: Bounds of a data set's counts: far above any real one (row ids and feature indices are int32 in batches).
+MAX_ROWS = 2**40
+MAX_FEATURES = 2**31 - 1
 KINDS = ("ratings", "sparse")
 
 
@@ -53,6 +57,28 @@ class Manifest:
     skipped_lines: int
     skipped_examples: list[str]
     checksums: dict[str, str] = field(default_factory=dict)
+
+    def _check_values(self, source: str) -> None:
+        """Plausible values: finite numbers, a consistent rating range, and dimensions no larger than the rows
+        that define them (prepare numbers only the users and items it saw), so a manifest cannot make a reader
+        allocate a model of any size."""
+        rows = self.n_train + self.n_validation + self.n_validation_dropped
+        for name in ("n_users", "n_items"):
+            v = getattr(self, name)
+            if v is not None and not 0 <= v <= rows:
+                raise DatasetError(f"{source}: field '{name}' is {v}; at most the {rows} rows can define")
+        if self.n_features is not None and not 0 <= self.n_features <= MAX_FEATURES:
+            raise DatasetError(f"{source}: field 'n_features' is {self.n_features}, not in [0, {MAX_FEATURES}]")
+        for name in ("mean_rating", "rating_min", "rating_max", "validation_fraction"):
+            v = getattr(self, name)
+            if v is not None and not math.isfinite(v):
+                raise DatasetError(f"{source}: field '{name}' is {v}, not a finite number")
+        if not 0 <= self.validation_fraction < 1:
+            raise DatasetError(f"{source}: field 'validation_fraction' is {self.validation_fraction}, not in [0, 1)")
+        if self.rating_min is not None and self.rating_max is not None and self.mean_rating is not None \
+                and not self.rating_min <= self.mean_rating <= self.rating_max:
+            raise DatasetError(f"{source}: fields 'rating_min' <= 'mean_rating' <= 'rating_max' do not hold: "
+                               f"{self.rating_min}, {self.mean_rating}, {self.rating_max}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -114,15 +140,14 @@ class Manifest:
         m = cls(**values)
         if m.format_version != FORMAT_VERSION:
             raise DatasetError(f"{source}: unsupported format_version {m.format_version} (this reader knows {FORMAT_VERSION})")
-        for name in ("batch_size", "n_train", "n_batches"):
-            if getattr(m, name) < (1 if name == "batch_size" else 0):
+        for name in ("batch_size", "n_train", "n_batches", "n_validation", "n_validation_dropped"):
+            if not (1 if name == "batch_size" else 0) <= getattr(m, name) <= MAX_ROWS:
                 raise DatasetError(f"{source}: field '{name}' out of range: {getattr(m, name)}")
         if m.n_batches != -(-m.n_train // m.batch_size):
             raise DatasetError(f"{source}: n_batches={m.n_batches} disagrees with n_train={m.n_train} and batch_size={m.batch_size}")
-        for name in ("n_users", "n_items", "n_features"):
-            v = getattr(m, name)
-            if v is not None and v < 0:
-                raise DatasetError(f"{source}: field '{name}' must be >= 0")
+        m._check_values(source)
+        if len(m.checksums) < m.n_batches + 1:  # before looking for each: n_batches may be absurd
+            raise DatasetError(f"{source}: {len(m.checksums)} checksums for {m.n_batches} batches and the validation split")
         for i in range(m.n_batches):
             if batch_name(i) not in m.checksums:
                 raise DatasetError(f"{source}: no checksum for {batch_name(i)}")

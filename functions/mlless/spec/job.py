@@ -15,7 +15,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, get_type_hints
+from typing import Any, Callable, Hashable, Iterator, Mapping, get_type_hints
 
 import jsonschema
 import yaml
@@ -182,6 +182,8 @@ class _ManifestLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                break  # the safe loader refuses it, naming it
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
             seen.add(key)

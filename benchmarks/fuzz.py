@@ -1,0 +1,82 @@
+"""Coverage-guided fuzzing (atheris, libFuzzer) of every parser of untrusted input (#22).
+
+The targets are tests/fuzz_targets.py's, which tests/test_fuzz.py runs under hypothesis in the default suite
+(a few hundred examples each); here each runs for `--seconds` in a child process, from a corpus of valid
+inputs, with mlless's code instrumented for coverage. A target fails if anything but its parser's error escapes
+(a crash), or an input takes longer than `--timeout` (a hang), or more than `--rss-mb` of memory. Prints a
+markdown table: runs, executions per second, edges covered, and findings; a finding's input is kept in
+`--out` (libFuzzer's crash-*/timeout-*/oom-* files).
+
+    python benchmarks/fuzz.py --seconds 60            # every target, a minute each
+    python benchmarks/fuzz.py --targets batch --seconds 10
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent / "tests"
+STATS = re.compile(r"stat::(\w+):\s+(\d+)")
+
+
+def child(name: str, seconds: float, timeout: int, rss_mb: int, out: Path) -> None:
+    import atheris
+
+    sys.path.insert(0, str(TESTS))
+    with atheris.instrument_imports(include=["mlless", "fuzz_targets"]):
+        import fuzz_targets
+    corpus = Path(tempfile.mkdtemp(prefix=f"fuzz-{name}-"))
+    for k, seed in enumerate(fuzz_targets.valid_seeds(corpus / "data")[name]):
+        (corpus / f"seed-{k}").write_bytes(seed)
+    target = fuzz_targets.TARGETS[name]
+    atheris.Setup([sys.argv[0], str(corpus), f"-max_total_time={int(seconds)}", f"-timeout={timeout}",
+                   f"-rss_limit_mb={rss_mb}", "-print_final_stats=1", f"-artifact_prefix={out}/{name}-"],
+                  target)
+    atheris.Fuzz()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=60, help="per target (default %(default)s)")
+    p.add_argument("--targets", help="comma list (default: every target of tests/fuzz_targets.py)")
+    p.add_argument("--timeout", type=int, default=5, help="seconds one input may take (default %(default)s)")
+    p.add_argument("--rss-mb", type=int, default=2048, help="memory limit (default %(default)s)")
+    p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "mlless-fuzz", help="findings' inputs")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(args.child, args.seconds, args.timeout, args.rss_mb, args.out)
+        return 0
+    sys.path.insert(0, str(TESTS))
+    from fuzz_targets import TARGETS
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    names = args.targets.split(",") if args.targets else sorted(TARGETS)
+    rows, failed = [], False
+    for name in names:
+        run = subprocess.run([sys.executable, __file__, "--child", name, "--seconds", str(args.seconds),
+                              "--timeout", str(args.timeout), "--rss-mb", str(args.rss_mb), "--out", str(args.out)],
+                             capture_output=True, text=True)
+        stats = {k: int(v) for k, v in STATS.findall(run.stderr)}
+        edges = re.findall(r"cov: (\d+)", run.stderr)
+        finding = "none" if run.returncode == 0 else (re.findall(r"(crash|timeout|oom|leak)-\w+", run.stderr) or [
+            f"exit {run.returncode}"])[0]
+        failed |= run.returncode != 0
+        rows.append((name, stats.get("number_of_executed_units", 0), stats.get("average_exec_per_sec", 0),
+                     edges[-1] if edges else "?", finding))
+        if run.returncode != 0:
+            print(run.stderr[-3000:], file=sys.stderr)
+    print("| target | runs | exec/s | edges covered | finding |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(str(v) for v in row) + " |")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
