@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 import pytest
 
 from mlless.cli import main
@@ -87,6 +89,13 @@ def test_evaluate_refuses_what_is_not_a_model_and_a_model_of_other_dimensions(tm
     other.save(tmp_path / "other.npz", {})
     code, err = run(capsys, "evaluate", str(tmp_path / "other.npz"), str(movielens_dir))
     assert code == 2 and "n_users" in err and "other.npz" in err
+
+    # A few bytes whose metadata claims 10^12 users: refused before a model of that size is allocated.
+    meta = {"kind": "pmf", "rank": 2, "dims": {"n_users": 10**12, "n_items": 5, "mean_rating": 3.0}, "version": 1}
+    with open(tmp_path / "huge.npz", "wb") as fh:
+        np.savez(fh, params=np.zeros(10, np.float32), metadata=np.array(json.dumps(meta)))
+    code, err = run(capsys, "evaluate", str(tmp_path / "huge.npz"), str(movielens_dir))
+    assert code == 2 and "huge.npz" in err and "n_users 1000000000000 is more than the file's 10 parameters" in err
 
 
 def test_prepare_refuses_a_rating_float32_cannot_hold(tmp_path, capsys):

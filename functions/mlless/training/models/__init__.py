@@ -41,6 +41,12 @@ def load_model(path: str | os.PathLike[str]) -> Model:
     params, meta = read_model_file(name)
     try:
         config = ModelConfig(meta["kind"], rank=int(meta.get("rank", ModelConfig.rank)), l2=meta.get("l2"))
+        # Every user, item, feature and factor has a parameter of its own: dimensions beyond the file's parameter
+        # count are refused before the model they describe is allocated (a few bytes could ask for terabytes).
+        sizes = {"rank": config.rank} | {k: v for k, v in dict(meta["dims"]).items() if isinstance(v, int)}
+        for key, value in sizes.items():
+            if value > params.shape[0]:
+                raise ValueError(f"{key} {value} is more than the file's {params.shape[0]} parameters")
         model = build_model(meta["kind"], meta["dims"], config)
     except (ValueError, TypeError, KeyError) as exc:
         raise ModelFileError(f"{name}: invalid model metadata ({exc})") from exc
