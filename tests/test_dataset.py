@@ -110,7 +110,11 @@ def test_flipped_bytes_detected_by_checksum(ratings_dir: Path) -> None:
 
 def _replace_batch(root: Path, name: str, arrays: dict[str, np.ndarray]) -> None:
     """Write a batch and patch the manifest checksum, so only the content checks can catch it."""
-    data = npz_bytes(arrays)
+    _replace_file(root, name, npz_bytes(arrays))
+
+
+def _replace_file(root: Path, name: str, data: bytes) -> None:
+    """Write `data` as the data set's file `name`, its checksum in the manifest patched to match."""
     (root / name).write_bytes(data)
     manifest = json.loads((root / "manifest.json").read_text())
     manifest["checksums"][name] = sha256(data)
@@ -146,11 +150,7 @@ def test_feature_index_out_of_range_and_pickles_refused(sparse_dir: Path) -> Non
         Dataset.open(str(sparse_dir)).batch(0)
     buf = io.BytesIO()
     np.savez(buf, indptr=good["indptr"], indices=np.array([{"a": 1}], dtype=object), values=good["values"], labels=good["labels"])
-    data = buf.getvalue()
-    (sparse_dir / name).write_bytes(data)
-    manifest = json.loads((sparse_dir / "manifest.json").read_text())
-    manifest["checksums"][name] = sha256(data)
-    (sparse_dir / "manifest.json").write_text(json.dumps(manifest))
+    _replace_file(sparse_dir, name, buf.getvalue())
     with pytest.raises(DatasetError, match=r"batch-000000\.npz"):
         Dataset.open(str(sparse_dir)).batch(0)
 
@@ -165,11 +165,7 @@ def test_truncated_file(sparse_dir: Path) -> None:
         Dataset.open(str(sparse_dir)).validation()
     # Truncated, with a checksum that matches: zipfile's BadZipFile used to escape without the file's name.
     name = "train/batch-000001.npz"
-    data = (sparse_dir / name).read_bytes()[:-40]
-    (sparse_dir / name).write_bytes(data)
-    manifest = json.loads((sparse_dir / "manifest.json").read_text())
-    manifest["checksums"][name] = sha256(data)
-    (sparse_dir / "manifest.json").write_text(json.dumps(manifest))
+    _replace_file(sparse_dir, name, (sparse_dir / name).read_bytes()[:-40])
     with pytest.raises(DatasetError, match=r"batch-000001\.npz: not a readable npz"):
         Dataset.open(str(sparse_dir)).batch(1)
 

@@ -69,11 +69,11 @@ class Manifest:
                 raise DatasetError(f"{source}: field '{name}' is {v}; at most the {rows} rows can define")
         if self.n_features is not None and not 0 <= self.n_features <= MAX_FEATURES:
             raise DatasetError(f"{source}: field 'n_features' is {self.n_features}, not in [0, {MAX_FEATURES}]")
-        for name in ("mean_rating", "rating_min", "rating_max", "validation_fraction"):
+        for name in ("mean_rating", "rating_min", "rating_max"):
             v = getattr(self, name)
             if v is not None and not math.isfinite(v):
                 raise DatasetError(f"{source}: field '{name}' is {v}, not a finite number")
-        if not 0 <= self.validation_fraction < 1:
+        if not 0 <= self.validation_fraction < 1:  # NaN fails it too
             raise DatasetError(f"{source}: field 'validation_fraction' is {self.validation_fraction}, not in [0, 1)")
         if self.rating_min is not None and self.rating_max is not None and self.mean_rating is not None \
                 and not self.rating_min <= self.mean_rating <= self.rating_max:
