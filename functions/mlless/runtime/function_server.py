@@ -106,6 +106,9 @@ class FunctionServer(ThreadingHTTPServer):
     """Runs at most `concurrency` invocations at a time, each a `mlless worker` child process."""
 
     daemon_threads = True
+    # socketserver's default listen backlog is 5: during a flood of connections a health probe's SYN found the
+    # queue full, was dropped, and was answered only after the client's 1 s SYN retransmission.
+    request_queue_size = 128
 
     def __init__(
         self, port: int, services: Mapping[str, str], job_id: str | None = None, concurrency: int = 1,
