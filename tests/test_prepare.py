@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import fsspec
@@ -14,7 +15,13 @@ import pytest
 
 from mlless.data.cli import main as cli_main
 from mlless.data.dataset import Dataset
-from mlless.data.formats import CRITEO_INT_COLUMNS, LibsvmOptions, criteo_feature_indices, read_criteo
+from mlless.data.formats import (
+    CRITEO_INT_COLUMNS,
+    LibsvmOptions,
+    criteo_feature_indices,
+    infer_rating_range,
+    read_criteo,
+)
 from mlless.data.hashing import hash_strings
 from mlless.data.prepare import (
     PrepareError,
@@ -267,6 +274,48 @@ def test_malformed_lines_skipped_and_counted(tmp_path: Path) -> None:
     assert m.skipped_examples[0].startswith(f"{src}:3:") and ":10:" in m.skipped_examples[1]
     data = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert data["skipped_lines"] == 2
+
+
+def test_implausible_ratings_are_malformed_lines(tmp_path: Path) -> None:
+    """A rating of 1e38 or -7 among 1-5 stars used to be trained on (validation RMSE 3.7e34, exit 0)."""
+    rng = np.random.default_rng(0)
+    rows = [f"{u},{i},{r},0" for u, i, r in zip(rng.integers(0, 30, 400), rng.integers(0, 40, 400), rng.integers(1, 6, 400))]
+    rows[100], rows[300] = "3,4,1e38,0", "5,6,-7,0"
+    src = tmp_path / "r.csv"
+    src.write_text("userId,movieId,rating,timestamp\n" + "\n".join(rows) + "\n")
+    with pytest.raises(MalformedInputError, match=r"r\.csv:102: rating outside \[0, 9\] .*--rating-range.*'1e\+38'"):
+        prepare_file("movielens", str(src), str(tmp_path / "o"), OPTS)
+    skip = replace(OPTS, on_error="skip")
+    m = prepare_file("movielens", str(src), str(tmp_path / "o"), skip)
+    assert m.skipped_lines == 2 and m.n_train + m.n_validation + m.n_validation_dropped == 398
+    assert m.rating_min == 1 and m.rating_max == 5 and m.source["rating_range"] == [0, 9]
+    # Given, the range is enforced as given: here it also rules out the 5-star ratings.
+    m = prepare_file("movielens", str(src), str(tmp_path / "o"), replace(skip, rating_range=(1.0, 4.0)))
+    assert m.rating_max == 4 and m.skipped_lines == 2 + sum(r.endswith(",5,0") for r in rows)
+    assert m.source["rating_range"] == [1.0, 4.0]
+    with pytest.raises(PrepareError, match="rating range"):
+        prepare_file("movielens", str(src), str(tmp_path / "o"), replace(skip, rating_range=(4.0, 1.0)))
+
+
+def test_infer_rating_range_ignores_the_extremes() -> None:
+    stars = np.repeat(np.arange(1, 11) / 2, 1000)
+    assert infer_rating_range(stars) == (0.0, 9.5)
+    assert infer_rating_range(np.append(stars, [1e38, -7])) == (0.0, 9.5)
+    assert infer_rating_range(np.array([-10.0, 0.0, 10.0])) == (-30.0, 30.0)  # too few to trim
+    assert infer_rating_range(np.linspace(-10, 10, 5000))[0] < -10
+
+
+def test_criteo_categoricals_must_be_hexadecimal(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    lines = [criteo_line(rng, blank_p=0.0) for _ in range(20)]
+    fields = lines[4].split("\t")
+    fields[20] = "0a1bXYZ2"
+    lines[4] = "\t".join(fields)
+    lines[5] = lines[5].upper()  # upper-case hexadecimal is hexadecimal
+    src = tmp_path / "c.tsv"
+    src.write_text("\n".join(lines) + "\n")
+    with pytest.raises(MalformedInputError, match=r"c\.tsv:5: .*categorical columns hexadecimal"):
+        prepare_file("criteo", str(src), str(tmp_path / "o"), OPTS)
 
 
 # ------------------------------------------------------------------ LIBSVM

@@ -81,6 +81,9 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     o.add_argument("--max-validation-rows", type=int, default=None, help="cap the validation split (memory); extra rows train")
     o.add_argument("--seed", type=int, default=0, help="seed of the split and the shuffle (default 0)")
     o.add_argument("--on-error", choices=["fail", "skip"], default="fail", help="malformed lines: fail naming file:line (default) or skip and count")
+    o.add_argument("--rating-range", type=float, nargs=2, metavar=("MIN", "MAX"), default=None,
+                   help="movielens: ratings outside [MIN, MAX] are malformed lines (default: inferred from the first "
+                        "ratings read, e.g. [0, 9.5] for 0.5-5 stars; the manifest's source records it)")
     o.add_argument("--tmp-dir", default=None, help="where shuffle buckets are spilled (default: system temp)")
     o.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
@@ -126,6 +129,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         max_validation_rows=args.max_validation_rows,
         progress=not args.quiet,
         tmp_dir=args.tmp_dir,
+        rating_range=None if args.rating_range is None else tuple(args.rating_range),
     )
     try:
         if args.format:

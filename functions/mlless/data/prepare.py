@@ -24,6 +24,7 @@ The validation split is held in memory once at the end; cap it with
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
@@ -41,6 +42,7 @@ from mlless.data.formats import (
     read_criteo,
     read_libsvm,
     read_movielens,
+    within_rating_range,
 )
 from mlless.data.hashing import hash_ints, unit_interval
 from mlless.data.manifest import (
@@ -83,6 +85,7 @@ class PrepareOptions:
     progress: bool = True
     tmp_dir: str | None = None
     bucket_bytes: int = DEFAULT_BUCKET_BYTES  # memory knob: shuffle bucket size and pass-1 write buffer
+    rating_range: tuple[float, float] | None = None  # MovieLens: plausible ratings; None infers it from the data
 
     def check(self) -> None:
         if self.batch_size < 1:
@@ -95,6 +98,9 @@ class PrepareOptions:
             raise PrepareError(f"on_error must be 'fail' or 'skip', got {self.on_error!r}")
         if self.integer_transform not in ("log1p", "minmax"):
             raise PrepareError(f"integer transform must be 'log1p' or 'minmax', got {self.integer_transform!r}")
+        if self.rating_range is not None and not (
+                all(math.isfinite(x) for x in self.rating_range) and self.rating_range[0] < self.rating_range[1]):
+            raise PrepareError(f"rating range must be two finite numbers MIN < MAX, got {self.rating_range}")
 
 
 @dataclass
@@ -141,9 +147,17 @@ def _file_size(path: str) -> int:
     return size * 5 if path.endswith((".gz", ".bz2", ".xz", ".zst")) else size
 
 
-def movielens_source(path: str) -> Source:
+def movielens_source(path: str, rating_range: tuple[float, float] | None = None) -> Source:
+    description: dict[str, Any] = {"format": "movielens", "path": path}
+    if rating_range is not None:
+        description["rating_range"] = list(rating_range)
+
+    def found(bounds: tuple[float, float]) -> None:
+        description["rating_range"] = list(bounds)
+
     # 20 spilled bytes per rating vs ~25 text bytes per line.
-    return Source("ratings", {"format": "movielens", "path": path}, lambda e: read_movielens(path, e), _file_size(path))
+    return Source("ratings", description,
+                  lambda e: within_rating_range(read_movielens(path, e), path, e, rating_range, found), _file_size(path))
 
 
 def criteo_source(path: str, hash_bits: int) -> Source:
@@ -430,7 +444,7 @@ def _manifest(
 def prepare_file(fmt: str, path: str, out: str, options: PrepareOptions, libsvm: LibsvmOptions | None = None) -> Manifest:
     """Prepare one input file of format 'movielens', 'criteo' or 'libsvm'."""
     if fmt == "movielens":
-        source = movielens_source(path)
+        source = movielens_source(path, options.rating_range)
     elif fmt == "criteo":
         source = criteo_source(path, options.hash_bits)
     elif fmt == "libsvm":
