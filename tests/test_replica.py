@@ -7,7 +7,7 @@ import pytest
 from mlless.data.batches import RatingsBatch
 from mlless.training.models import build_model
 from mlless.protocol.layouts import PARAMS
-from mlless.spec.config import default_optimizer
+from mlless.spec.config import ModelConfig, default_optimizer
 from mlless.training.replica import Replica, TrainingDiverged
 
 DIMS = {"n_users": 40, "n_items": 30, "mean_rating": 3.0}
@@ -102,6 +102,14 @@ def test_alone_a_replica_shares_nothing_and_keeps_no_accumulator():
 def test_a_diverging_step_is_reported_not_published():
     replica = replicas(1, 0.7, default_optimizer("pmf").replace(type="sgd", learning_rate=1e30))[0]
     with pytest.raises(TrainingDiverged, match="learningRate"):
+        for t in range(1, 5):
+            replica.step(batch(np.random.default_rng(t)), 1, t)
+
+
+def test_a_diverging_decay_is_blamed_on_l2_not_the_learning_rate():
+    model = build_model("pmf", DIMS, ModelConfig("pmf", l2=1e300), seed=5)
+    replica = Replica(model, default_optimizer("pmf").replace(type="sgd"), 0.7)
+    with pytest.raises(TrainingDiverged, match=r"; lower spec\.model\.l2 \(1e\+300 at learning rate .* overshoots"):
         for t in range(1, 5):
             replica.step(batch(np.random.default_rng(t)), 1, t)
 

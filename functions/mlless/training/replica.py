@@ -84,7 +84,7 @@ class Replica:
         started = time.perf_counter()
         idx, delta, loss_sum, samples = self.optimizer.update(self.model, batch, self.config.lr_at(epoch))
         if not math.isfinite(loss_sum):
-            raise TrainingDiverged(f"loss is {loss_sum} at step {t}; lower spec.optimizer.learningRate")
+            raise TrainingDiverged(f"loss is {loss_sum} at step {t}; {self._advice(epoch)}")
         if self.contribution is not None:
             self.contribution[idx] += delta  # the optimizers' idx never repeats
         computed = time.perf_counter()
@@ -98,8 +98,18 @@ class Replica:
             try:  # peers would reject the frame; say why here, where the advice is known
                 check_bounded("the update's values", selected[1])
             except FrameError as exc:
-                raise TrainingDiverged(f"{exc} at step {t}; lower spec.optimizer.learningRate") from None
+                raise TrainingDiverged(f"{exc} at step {t}; {self._advice(epoch)}") from None
         return StepResult(*selected, float(loss_sum), int(samples), computed - started, time.perf_counter() - computed)
+
+    def _advice(self, epoch: int) -> str:
+        """What to change after a diverging step: the L2 penalty when it overshoots by itself (its gradient moves a
+        parameter by learning rate x l2 of itself, so at 1 or more it overshoots zero) and is beyond any sensible
+        penalty (1 or more: the defaults are below 0.1), else the learning rate."""
+        lr = self.config.lr_at(epoch)
+        l2 = self.model.config().l2 or 0.0
+        if l2 >= 1.0 and lr * l2 >= 1.0:
+            return f"lower spec.model.l2 ({l2:g} at learning rate {lr:g} overshoots every step)"
+        return "lower spec.optimizer.learningRate"
 
     def apply(self, indices: np.ndarray, values: np.ndarray) -> None:
         """Add a peer's update (or a leaver's unsent accumulator), all or nothing; ValueError names a bad index."""
