@@ -10,9 +10,10 @@ PMF (validation RMSE; rank 20 everywhere)
   * scikit-surprise `SVD` (its defaults: lr 0.005, reg 0.02, init std 0.1) for 1, 2, 5, 10, 20 epochs.
   * PyTorch: biased MF with sparse embeddings and `SparseAdam` (lr 0.01, batch 1024), as its docs show
     sparse embeddings trained; torch threads = the machine's cores; one evaluation per epoch.
-  * mlless: `mlless train` with only `model.type` (plus the P, transport and protocol under test), P = 1 and 2
-    on the embedded transport, P = 1, 2 and 3 over Redis + RabbitMQ, BSP and ISP. Its time is read from metrics.jsonl:
-    the first evaluation at or below the target, from the job's start and from its first step.
+  * mlless: `mlless train` with only `model.type` (plus the P, transport and protocol under test): the model's
+    default protocol at P = 1, 2 and 3, and at P = 2 each other protocol the model pairs with (the evidence for the
+    default), on the embedded transport and (without --quick) over Redis + RabbitMQ. Its time is read from
+    metrics.jsonl: the first evaluation at or below the target, from the job's start and from its first step.
 
 LR (validation BCE)
   * Vowpal Wabbit (PyPI `vowpalwabbit`): `--loss_function logistic --link logistic -b 18` (its defaults:
@@ -48,6 +49,8 @@ import _common  # noqa: E402
 
 from mlless.data.batches import RatingsBatch, SparseBatch  # noqa: E402
 from mlless.data.dataset import Dataset  # noqa: E402
+from mlless.spec.config import default_sync  # noqa: E402
+from mlless.spec.schema import pairing_errors  # noqa: E402
 
 RANK = 20
 CORES = os.cpu_count() or 1
@@ -309,13 +312,13 @@ def run_logistic_regression(ds: Dataset, max_iter: int) -> Curve:
 class MllessRun:
     workers: int
     services: bool
-    protocol: str
+    protocol: str | None  # None: the model's default, as a user would get it
     v: float | None = None  # ISP's significance threshold; None keeps the default, as a user would
 
-    @property
-    def label(self) -> str:
+    def label(self, kind: str) -> str:
         v = "" if self.v is None else f" v={self.v:g}"
-        return f"mlless P={self.workers} {'Redis+RabbitMQ' if self.services else 'embedded'} {self.protocol.upper()}{v}"
+        protocol = f"default ({default_sync(kind).protocol})" if self.protocol is None else self.protocol.upper()
+        return f"mlless P={self.workers} {'Redis+RabbitMQ' if self.services else 'embedded'} {protocol}{v}"
 
 
 def run_mlless(ds: Dataset, data: Path, kind: str, run: MllessRun, target: float, max_seconds: float, base: Path,
@@ -324,14 +327,14 @@ def run_mlless(ds: Dataset, data: Path, kind: str, run: MllessRun, target: float
     every evaluation in metrics.jsonl, timed from the job's start."""
     import yaml
 
-    name = f"ttq-{kind[:3]}-{run.workers}-{'svc' if run.services else 'emb'}-{run.protocol}"
-    sync: dict[str, Any] = {"protocol": run.protocol}
+    name = f"ttq-{kind[:3]}-{run.workers}-{'svc' if run.services else 'emb'}-{run.protocol or 'default'}"
+    sync: dict[str, Any] = {} if run.protocol is None else {"protocol": run.protocol}
     if run.v is not None:
         name += f"-v{run.v:g}".replace(".", "-")
         sync["significanceThreshold"] = run.v
     job = base / f"{name}.yaml"
     spec = {"workers": run.workers, "model": {"type": kind}, "dataset": {"uri": str(data), "cacheBatches": True},
-            "sync": sync, "stop": {"targetLoss": float(target), "maxSeconds": float(max_seconds)}}
+            **({"sync": sync} if sync else {}), "stop": {"targetLoss": float(target), "maxSeconds": float(max_seconds)}}
     job.write_text(yaml.safe_dump({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob",
                                    "metadata": {"name": name}, "spec": spec}, sort_keys=False))
     out = base / f"run-{name}-{int(time.time() * 1000) % 10**8}"
@@ -340,7 +343,7 @@ def run_mlless(ds: Dataset, data: Path, kind: str, run: MllessRun, target: float
     process_seconds = time.perf_counter() - started
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    curve = Curve(run.label, startup=summary["startup_seconds"], summary=summary, run_dir=out)
+    curve = Curve(run.label(kind), startup=summary["startup_seconds"], summary=summary, run_dir=out)
     last = None
     for row in rows:
         if row["validation_loss"] is not None and row["validation_loss"] != last:
@@ -351,12 +354,19 @@ def run_mlless(ds: Dataset, data: Path, kind: str, run: MllessRun, target: float
     return curve
 
 
-def mlless_runs(quick: bool) -> list[MllessRun]:
-    runs = [MllessRun(1, False, "isp"), MllessRun(2, False, "bsp"), MllessRun(2, False, "isp")]
-    if not quick:
-        runs += [MllessRun(1, True, "isp"), MllessRun(2, True, "bsp"), MllessRun(2, True, "isp"),
-                 MllessRun(3, True, "bsp"), MllessRun(3, True, "isp")]
-    return runs
+#: The protocols tried beside a model's default, at P = 2: the evidence for the default (RESULTS.md).
+ALTERNATIVES = ("isp", "bsp", "averaging", "blocked")
+
+
+def mlless_runs(kind: str, quick: bool) -> list[MllessRun]:
+    """The default protocol at P = 1, 2 and 3, and at P = 2 every other one the model pairs with; on the embedded
+    transport, and (unless `quick`) over Redis + RabbitMQ."""
+    default = default_sync(kind).protocol
+    others = [p for p in ALTERNATIVES if p != default and not any(pairing_errors({"model": {"type": kind},
+                                                                                   "sync": {"protocol": p}}))]
+    return [MllessRun(workers, services, protocol)
+            for services in ([False] if quick else [False, True])
+            for workers, protocol in [(1, None), (2, None), (3, None)] + [(2, p) for p in others]]
 
 
 # ---- the comparison --------------------------------------------------------------------------------------------
@@ -385,7 +395,7 @@ def pmf_comparison(key: str, ds: Dataset, data: Path, base: Path, args: argparse
     curves.append(surprise)
     anchor, target = pmf_target(key, ds, curves[0], surprise)
     curves.append(run_torch(ds, args.torch_epochs, args.torch_seconds))
-    for run in mlless_runs(args.quick):
+    for run in mlless_runs("pmf", args.quick):
         curves.append(run_mlless(ds, data, "pmf", run, target, args.max_seconds, base))
     return section(DATASETS.get(key, QUICK.get(key)).title, anchor.system, target, curves)
 
@@ -394,7 +404,7 @@ def lr_comparison(key: str, ds: Dataset, data: Path, base: Path, args: argparse.
     print(f"== {key}", flush=True)
     vw, target = lr_target(ds, data)
     curves = [vw, run_sgd_classifier(ds, 5), run_logistic_regression(ds, args.lbfgs_iter)]
-    for run in mlless_runs(args.quick):
+    for run in mlless_runs("logistic-regression", args.quick):
         curves.append(run_mlless(ds, data, "logistic-regression", run, target, args.max_seconds, base))
     return section(DATASETS.get(key, QUICK.get(key)).title, vw.system, target, curves)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,20 @@ def test_a_model_on_the_other_kind_of_dataset_is_refused_before_anything_starts(
     code, err = run(capsys, "train", str(job), "--out", str(tmp_path / "run"), "-q")
     assert code == 2 and "spec.model.type logistic-regression" in err and "ratings" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_corrupt_batch_is_found_before_the_first_step(tmp_path, movielens_dir, capsys):
+    """Issue #22: a corrupt batch was found only when first read, up to 23 steps into a job."""
+    data = tmp_path / "data"
+    shutil.copytree(movielens_dir, data)
+    last = sorted(data.glob("train/batch-*.npz"))[-1]
+    raw = bytearray(last.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    last.write_bytes(bytes(raw))
+    job = manifest(tmp_path, data, extra="  workers: 1\n")
+    code, err = run(capsys, "train", str(job), "--out", str(tmp_path / "run"), "-q")
+    assert code == 2 and f"{last.name}: sha256" in err and "does not match the manifest" in err
+    assert not (tmp_path / "run" / "summary.json").exists()
 
 
 def test_evaluate_refuses_what_is_not_a_model_and_a_model_of_other_dimensions(tmp_path, movielens_dir, capsys):

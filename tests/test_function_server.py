@@ -129,6 +129,9 @@ def test_malformed_invocations_get_an_error_naming_the_field(function_server, mo
         ({"rank": 0, "jobId": job_id, "job": job, "deadlineSeconds": float("nan")}, "deadlineSeconds"),
         ({"rank": 0, "jobId": job_id, "job": job, "deadlineSeconds": float("inf")}, "deadlineSeconds"),
         ([1, 2], "JSON object"),
+        # A well-formed job with a value its manifest could not have: refused here, not by a worker 31 s later.
+        ({"rank": 0, "jobId": job_id, "job": {**job, "workers": 0}}, "spec.workers: 0 is less than the minimum of 1"),
+        ({"rank": 0, "jobId": job_id, "job": {**job, "evaluate_every": "x"}}, "spec.evaluation.everySteps"),
     ]
     for doc, field in cases:
         status, reply = post(url, doc)

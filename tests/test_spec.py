@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import copy
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -111,6 +113,23 @@ def test_load_manifest_resolves_relative_dataset_and_reports_bad_yaml(tmp_path: 
 def test_resolved_job_round_trips_through_json():
     job = from_manifest(with_spec(stop={"targetLoss": 0.9, "maxSeconds": 60}, sync={"protocol": "ssp", "slack": 1}))
     assert TrainingJob.from_json(job.to_json()) == job
+
+
+@pytest.mark.parametrize("example", sorted(Path(__file__).parent.parent.joinpath("examples").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_a_resolved_job_is_the_manifest_it_resolves(example):
+    job = load_manifest(example)
+    assert from_manifest(job.to_manifest()) == job
+
+
+@pytest.mark.parametrize("field, value, path", [
+    ("workers", 0, "spec.workers"), ("seed", -1, "spec.seed"), ("supervisor_timeout_seconds", 1, "spec.liveness"),
+    ("name", "Not_A_Name", "metadata.name"), ("dataset_uri", 7, "spec.dataset.uri"),
+])
+def test_a_resolved_job_with_a_value_no_manifest_could_have_is_refused(field, value, path):
+    doc = json.loads(from_manifest(with_spec()).to_json())
+    with pytest.raises(SpecError, match=rf"^resolved job: invalid TrainingJob; {re.escape(path)}"):
+        TrainingJob.from_json(json.dumps({**doc, field: value}))
 
 
 def test_structural_schema_has_no_additional_properties_but_cli_schema_forbids_unknown():

@@ -8,7 +8,7 @@ import pytest
 from mlless.spec import TrainingJob
 from mlless.spec.config import KneeConfig, ModelConfig, OptimizerConfig, PricingConfig, StopConfig, SyncConfig, TunerConfig
 from mlless.spec.job import _snake_case
-from mlless.spec.schema import _field, default
+from mlless.spec.schema import default, schema_field
 
 SECTIONS = {
     "model": ModelConfig,
@@ -31,7 +31,7 @@ def test_snake_case_keeps_acronyms_whole(camel, snake):
 @pytest.mark.parametrize("path", SECTIONS)
 def test_every_schema_field_of_a_section_names_a_field_of_its_dataclass(path):
     fields = {f.name for f in dataclasses.fields(SECTIONS[path])}
-    assert {_snake_case(key) for key in _field(path)["properties"]} <= fields
+    assert {_snake_case(key) for key in schema_field(path)["properties"]} <= fields
 
 
 def test_training_job_fields_read_from_the_spec_default_to_the_schema():

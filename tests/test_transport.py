@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+import pika
 import pytest
 import redis
 
@@ -34,7 +35,7 @@ from mlless.transport import (
     redact_url,
 )
 from mlless.transport.base import MESSAGE_CONTEXT, value_context
-from mlless.transport.bus import queue_names
+from mlless.transport.bus import REDECLARE_SECONDS, queue_names
 from mlless.transport.env import job_key
 from mlless.transport.tls import TrustedCA, ca_from_env, redis_tls_options, untrusted_certificate
 
@@ -245,6 +246,37 @@ def test_delete_job_trusts_nothing_it_reads_in_the_rank_registry(broker: Embedde
         if written == "members":  # the real rank's queue went with the job
             with pytest.raises(UnroutableError):
                 backend.send_to_worker(3, b"late")
+    finally:
+        backend.cleanup()
+
+
+def _queue_exists(name: str) -> bool:
+    with pika.BlockingConnection(pika.URLParameters(AMQP_URL)) as conn:
+        try:
+            conn.channel().queue_declare(name, passive=True)
+        except pika.exceptions.ChannelClosedByBroker:
+            return False
+    return True
+
+
+@pytest.mark.services
+def test_a_worker_declares_its_deleted_queue_again_but_not_after_the_job_ends() -> None:
+    """Issue #22: a worker whose queue was deleted (by hand, or expired) never declared it again, heard nothing
+    more, and was dropped. Now it declares it again; unless the job's exchange went too, as at a job's end."""
+    backend = Backend("services", {ENV_REDIS_URL: REDIS_URL, ENV_AMQP_URL: AMQP_URL})
+    try:
+        sup, w = backend.connect("supervisor"), backend.connect("worker", 0)
+        assert w.receive(0.1) is None  # consuming
+        queue = queue_names(backend.job)["worker"].format(rank=0)
+        with pika.BlockingConnection(pika.URLParameters(AMQP_URL)) as conn:
+            conn.channel().queue_delete(queue)
+        sup.broadcast(encode(Finish(-1, 0)))  # lost with the queue: no consumer, and no queue to hold it
+        assert w.receive(REDECLARE_SECONDS + 1.5) is None
+        sup.broadcast(encode(Finish(-1, 0)))
+        assert isinstance(decode(w.receive(2.0) or b""), Finish)
+        sup.delete_job()  # the supervisor at the end of a job: queues, then the exchange
+        assert w.receive(REDECLARE_SECONDS + 1.5) is None
+        assert not _queue_exists(queue)
     finally:
         backend.cleanup()
 

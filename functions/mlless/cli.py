@@ -54,12 +54,12 @@ def _load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> Trai
     """A TrainingJob from a manifest (YAML; `overrides` replace spec fields before validation) or from the
     resolved JSON a launcher wrote."""
     path = Path(path)
+    load_plugins()  # the sync strategies MLLESS_SYNC_PLUGINS names register themselves, and validation admits them
     if path.suffix == ".json":
         try:
             return TrainingJob.from_json(path.read_text())
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise SpecError(f"{path}: not a resolved job file: {exc}") from None
-    load_plugins()  # the sync strategies MLLESS_SYNC_PLUGINS names register themselves, and validation admits them
     return load_manifest(path, overrides)
 
 

@@ -2,7 +2,8 @@
 
 `Dataset.open(uri)` reads and validates `manifest.json`; `batch(i)` fetches
 one `.npz` with `allow_pickle=False`, checks its sha256 against the manifest
-(once per file: batches are immutable, so later reads skip the hash),
+(once per file: batches are immutable, so later reads skip the hash;
+the supervisor checks them all at start-up, `verify_in_background`),
 validates dtypes and shapes through `from_arrays`, and checks ids and feature
 indices against the manifest's dimensions so a corrupt batch can never index
 outside the model.  Every problem is a `DatasetError` naming the file.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import posixpath
 import threading
 from collections import OrderedDict
+from typing import Callable
 
 import fsspec
 from fsspec import AbstractFileSystem
@@ -116,17 +118,7 @@ class Dataset:
                     self._cache.move_to_end(name)
                     return hit
         where = self._where(name)
-        try:
-            data = self.fs.cat_file(posixpath.join(self.root, name))
-        except FileNotFoundError:
-            raise DatasetError(f"{where}: not found") from None
-        except OSError as exc:
-            raise DatasetError(f"{where}: cannot read ({exc})") from None
-        if name not in self._verified:
-            digest = sha256(data)
-            if digest != self.manifest.checksums.get(name):
-                raise DatasetError(f"{where}: sha256 {digest[:12]}... does not match the manifest (corrupt or replaced file)")
-            self._verified.add(name)
+        data = self._fetch(name)
         try:
             arrays = load_npz_bytes(data, where)
         except (ValueError, OSError, EOFError) as exc:
@@ -142,6 +134,46 @@ class Dataset:
                 while len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
         return batch
+
+    def _fetch(self, name: str) -> bytes:
+        """The bytes of file `name`, checked against the manifest's checksum on the first read."""
+        where = self._where(name)
+        try:
+            data = self.fs.cat_file(posixpath.join(self.root, name))
+        except FileNotFoundError:
+            raise DatasetError(f"{where}: not found") from None
+        except OSError as exc:
+            raise DatasetError(f"{where}: cannot read ({exc})") from None
+        if name not in self._verified:
+            digest = sha256(data)
+            if digest != self.manifest.checksums.get(name):
+                raise DatasetError(f"{where}: sha256 {digest[:12]}... does not match the manifest (corrupt or replaced file)")
+            with self._lock:
+                self._verified.add(name)
+        return data
+
+    def verify_in_background(self) -> Callable[[], None]:
+        """Start checking every training batch against its checksum on a thread of its own (reading and hashing
+        release the GIL, so it runs beside the workers' start); the function returned waits for it and raises the
+        DatasetError it found. A corrupt batch is then found before the first step, not when first read."""
+        found: list[DatasetError] = []
+
+        def check() -> None:
+            try:
+                for i in range(self.n_batches):
+                    self._fetch(batch_name(i))
+            except DatasetError as exc:
+                found.append(exc)
+
+        thread = threading.Thread(target=check, name="mlless-verify-batches", daemon=True)
+        thread.start()
+
+        def wait() -> None:
+            thread.join()
+            if found:
+                raise found[0]
+
+        return wait
 
     def _check_ranges(self, batch: RatingsBatch | SparseBatch, where: str) -> None:
         m = self.manifest

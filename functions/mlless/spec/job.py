@@ -30,7 +30,15 @@ from mlless.spec.config import (
     default_optimizer,
     default_sync,
 )
-from mlless.spec.schema import DEFAULT_MAX_EPOCHS, DEFAULT_PATIENCE, default, manifest_schema, pairing_errors
+from mlless.contract import API_VERSION, KIND
+from mlless.spec.schema import (
+    DEFAULT_MAX_EPOCHS,
+    DEFAULT_PATIENCE,
+    default,
+    manifest_schema,
+    pairing_errors,
+    schema_field,
+)
 
 
 class SpecError(ValueError):
@@ -66,7 +74,42 @@ class TrainingJob:
 
     @classmethod
     def from_json(cls, text: str) -> TrainingJob:
-        return cls(**_arguments(cls, json.loads(text), str))
+        """The job `to_json` wrote, held to the manifest's rules: a resolved job crosses a process boundary (a
+        worker's job file, a function invocation), so a bad value is refused here, not found steps later."""
+        job = cls(**_arguments(cls, json.loads(text), str))
+        try:
+            validate_manifest(job.to_manifest(), "resolved job")
+        except SpecError as exc:
+            raise SpecError("; ".join(line.strip() for line in str(exc).splitlines())) from None
+        return job
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The manifest this job resolves, defaults included: the inverse of `from_manifest` (its dataset and output
+        URIs resolved, and without the fields the manifest derives, as the optimizer's weight decay)."""
+        spec: dict[str, Any] = {"workers": self.workers, "dataset": {"uri": self.dataset_uri}}
+        if self.output_uri is not None:
+            spec["output"] = {"uri": self.output_uri}
+        for section in ("model", "optimizer", "sync", "stop", "pricing", "autoscaler"):
+            spec[section] = _section(getattr(self, section), schema_field(section))
+        for f in dataclasses.fields(self):
+            if "spec" in f.metadata:
+                *parents, leaf = f.metadata["spec"].split(".")
+                node = spec
+                for parent in parents:
+                    node = node.setdefault(parent, {})
+                node[leaf] = getattr(self, f.name)
+        return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": self.name}, "spec": spec}
+
+
+def _section(config: Any, schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec section that config dataclass `config` was read from (the inverse of `_arguments`), with each field
+    the section's `schema` names and `config` sets."""
+    section = {}
+    for key, node in schema["properties"].items():
+        value = getattr(config, _snake_case(key), None)
+        if value is not None:
+            section[key] = _section(value, node) if dataclasses.is_dataclass(value) else value
+    return section
 
 
 def _snake_case(name: str) -> str:

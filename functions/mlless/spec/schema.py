@@ -249,7 +249,8 @@ def walk(node: Schema, path: str) -> Iterator[tuple[str, Schema]]:
         yield from walk(node["items"], f"{path}[]")
 
 
-def _field(path: str, node: Schema = SPEC_SCHEMA) -> Schema:
+def schema_field(path: str, node: Schema = SPEC_SCHEMA) -> Schema:
+    """The schema of the spec field at dotted `path` ("sync.significanceThreshold")."""
     for name in path.split("."):
         node = node["properties"][name]
     return node
@@ -257,12 +258,12 @@ def _field(path: str, node: Schema = SPEC_SCHEMA) -> Schema:
 
 def default(path: str) -> Any:
     """The schema's default of a spec field, by its dotted path ("sync.significanceThreshold")."""
-    return _field(path)["default"]
+    return schema_field(path)["default"]
 
 
 def choices(path: str) -> tuple[str, ...]:
     """The allowed values of an enumerated spec field, by its dotted path ("model.type")."""
-    return tuple(_field(path)["enum"])
+    return tuple(schema_field(path)["enum"])
 
 
 #: Values a running program added to an enumerated field beyond the schema's (a sync strategy registered outside the
@@ -433,7 +434,7 @@ def manifest_schema(strict: bool) -> Schema:
     """Schema of a whole TrainingJob document; `strict` forbids unknown fields (CLI use)."""
     spec = copy.deepcopy(SPEC_SCHEMA)
     for path, values in _ADMITTED.items():
-        _field(path, spec)["enum"] += values
+        schema_field(path, spec)["enum"] += values
     if strict:
         _forbid_unknown(spec)
     return {

@@ -58,6 +58,9 @@ T = TypeVar("T")
 
 #: Messages re-published after a reconnect: more than one worker's reports in flight under SSP's default slack.
 RESEND_DEPTH = 16
+#: How long a consumer cancelled by the broker waits before its queue is declared again (`JobBus._declare_again`):
+#: long enough for a supervisor deleting a finished job's queues to delete its exchange too.
+REDECLARE_SECONDS = 1.0
 #: Broker closes that no reconnect can fix: access refused (403) and not allowed (530), e.g. a missing vhost.
 _REFUSED = (403, 530)
 
@@ -114,6 +117,7 @@ class JobBus:
         self._sub: pika.adapters.blocking_connection.BlockingChannel | None = None
         self._inbox: collections.deque[tuple[int, bytes]] = collections.deque()
         self._consumer_tag: str | None = None
+        self._cancelled_at: float | None = None  # when the broker cancelled the consumer (its queue was deleted)
         self.closed = False
         self._connected_before = False
         # (exchange, routing key, body, mandatory) of the newest publishes, and those to publish again after a
@@ -166,7 +170,7 @@ class JobBus:
             self._conn, self._pub, self._sub = conn, pub, sub
             self._declare_topology()
             self._inbox.clear()  # unacked deliveries of a dead connection are redelivered by the broker
-            self._consumer_tag = sub.basic_consume(self._own_queue, self._on_message, auto_ack=False)
+            self._consume()
             if self._connected_before:
                 log.warning("amqp %s: reconnected; re-publishing the last %d messages", self.desc, len(self._sent))
                 self._resend, self.reconnected_at = list(self._sent), time.monotonic()
@@ -193,8 +197,39 @@ class JobBus:
             ch.queue_declare(self._own_queue, durable=False, arguments=self._queue_args)
             ch.queue_bind(self._own_queue, ex)
 
+    def _consume(self) -> None:
+        assert self._sub is not None
+        self._cancelled_at = None
+        self._consumer_tag = self._sub.basic_consume(self._own_queue, self._on_message, auto_ack=False)
+        self._sub.add_on_cancel_callback(self._on_cancel)
+
     def _on_message(self, ch: object, method: pika.spec.Basic.Deliver, props: object, body: bytes) -> None:
         self._inbox.append((method.delivery_tag, body))
+
+    def _on_cancel(self, frame: object) -> None:
+        """The broker cancelled the consumer: the queue was deleted under it (by hand, or expired). A callback must
+        not block, so `_declare_again` acts on it at the next receive."""
+        if self._cancelled_at is None:
+            self._cancelled_at = time.monotonic()
+
+    def _declare_again(self) -> None:
+        """Declare this process's queue again once its consumer has been cancelled for REDECLARE_SECONDS, so a
+        deleted queue costs a step's messages (a waiting supervisor repeats its newest close) rather than the
+        worker. Not when the job's exchange is gone as well: that is the supervisor deleting a finished job's
+        queues, which a queue declared again would outlive."""
+        if self._cancelled_at is None or time.monotonic() - self._cancelled_at < REDECLARE_SECONDS:
+            return
+        assert self._conn is not None and self._pub is not None
+        try:
+            self._pub.exchange_declare(self._names["exchange"], passive=True)
+        except pe.ChannelClosedByBroker:  # 404: the job is over
+            self._pub = self._conn.channel()
+            self._pub.confirm_delivery()
+            self._cancelled_at = None
+            return
+        log.warning("amqp %s: queue %r was deleted under its consumer; declared again", self.desc, self._own_queue)
+        self._declare_topology()
+        self._consume()
 
     def _recovering(self) -> bool:
         """Within the outage window after a reconnect: a queue may not be declared again yet."""
@@ -305,6 +340,7 @@ class JobBus:
 
         def op() -> bytes | None:
             while True:
+                self._declare_again()
                 if self._inbox:
                     tag, body = self._inbox.popleft()
                     assert self._sub is not None

@@ -27,13 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from mlless.contract import ENV_AUDIT
-from mlless.data.dataset import Dataset
+from mlless.data.dataset import Dataset, DatasetError
 from mlless.progress import Progress
 from mlless.protocol import keys
 from mlless.protocol.framing import FrameError, decode, encode
-from mlless.protocol.messages import (
-    CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Left, Report,
-)
+from mlless.protocol.messages import CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Left, Report
 from mlless.runtime.audit import audit_conservation
 from mlless.runtime.launcher import Launcher
 from mlless.runtime.platform import Platform
@@ -163,7 +161,8 @@ class Supervisor:
             log.error("job %s: %s", self.job_id, exc)
             self.stop_reason = f"{SERVICE_LOST}: {exc}"
             return self._finish(reachable=False)
-        except JobFailed:
+        except (JobFailed, DatasetError):  # before the first step: nothing to save, no worker to wait for
+            self.launcher.stop_all(grace=0.0)
             raise
         except Exception as exc:
             # Whatever went wrong, the job still ends cleanly: the workers hand in their replicas, the summary and
@@ -188,9 +187,7 @@ class Supervisor:
             log.info("job %s: deleted %d keys", self.job_id, self.transport.delete_job())
         except TransportError as exc:  # every key and queue expires by itself (the transport's TTLs)
             log.warning("job %s: keys and queues left to expire: %s", self.job_id, exc)
-        if self.suspend_checkpoint is not None:
-                # Everything else of the job is gone; the model it resumes from stays, for as long as a job
-                # may reasonably stay suspended (deleting the job deletes it, on a managed or external Redis).
+        if self.suspend_checkpoint is not None:  # all else is gone; the model to resume from stays a while
             self.transport.put(keys.job_checkpoint(), self.suspend_checkpoint, ttl=SUSPEND_CHECKPOINT_TTL)
 
     def _catch_signals(self) -> dict[int, Any]:
@@ -225,6 +222,7 @@ class Supervisor:
         self.scaling.resume(resumed.state)
 
     def _start_workers(self) -> None:
+        batches_verified = self.dataset.verify_in_background()  # beside the workers' start
         for rank in range(self.job.workers):
             self.members.start(rank)
         for body in self.held:
@@ -235,6 +233,7 @@ class Supervisor:
                 self._drop(rank, "did not connect in time")
         if not self.live:
             raise JobFailed("no worker started; see the worker logs")
+        batches_verified()
         self.progress.message(f"job {self.job_id}: {len(self.live)} workers, {self.job.sync.protocol.upper()}")
         self.step_opened = self.training_started = time.monotonic()
         if self.takeovers and "seconds" not in self.takeovers[-1]:
