@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,9 @@ from mlless.data.dataset import Dataset
 from mlless.training.models import load_model
 from mlless.runtime.local import Services, train_local
 from mlless.progress import Progress
-from mlless.protocol import keys
+from mlless.protocol import keys, layouts
+from mlless.protocol.framing import encode
+from mlless.protocol.messages import Tensors
 from mlless.runtime.supervisor.evaluation import EVALUATION_SHARE, Evaluation
 from mlless.runtime.supervisor.stopping import (
     DIVERGED, SMOOTHING_SPAN, Standing, StopRules, ValidationWatch, smoothed_losses,
@@ -206,3 +209,25 @@ def test_evaluations_are_spaced_in_time_when_a_rounds_closes_come_together(movie
     assert not evaluation.due(40)  # 35 closes later, but within a millisecond
     evaluation.snapshot_requested -= 0.05 / EVALUATION_SHARE
     assert evaluation.due(40) and not evaluation.due(9)
+
+
+def test_an_evaluations_cost_is_its_own_work_not_the_wait_for_its_snapshot(movielens_dir):
+    """Under rounds a worker reads a snapshot request at its round's end; counting that wait as the evaluation's
+    cost stretched the interval between evaluations tenfold, and a job reached its target unnoticed."""
+    class Store(dict):
+        def put(self, key, value):
+            self[key] = value
+
+        def get_many(self, names):
+            return [self.get(name) for name in names]
+
+    job = job_for(movielens_dir, evaluation={"everySteps": 5})
+    store = Store()
+    evaluation = Evaluation(job, Dataset.open(str(movielens_dir)), store, ValidationWatch(None, None, 1),
+                            lambda loss: None, lambda n: None)
+    evaluation.request_snapshot(5, 0)
+    assert evaluation.evaluate_snapshot(0) is None  # not put yet
+    time.sleep(0.3)  # the rest of the donor's round
+    store.put(keys.snapshot(), encode(Tensors(0, 5, {layouts.PARAMS: evaluation.model.params.copy()})))
+    assert evaluation.evaluate_snapshot(0) is not None
+    assert evaluation.evaluation_seconds.value < 0.3 / 2
