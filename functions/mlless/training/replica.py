@@ -82,6 +82,8 @@ class Replica:
         update is accumulated, and nothing is selected yet.
         """
         started = time.perf_counter()
+        if not share:
+            self.filter.before_alone()
         idx, delta, loss_sum, samples = self.optimizer.update(self.model, batch, self.config.lr_at(epoch))
         if not math.isfinite(loss_sum):
             raise TrainingDiverged(f"loss is {loss_sum} at step {t}; {self._advice(epoch)}")

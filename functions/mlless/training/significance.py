@@ -39,6 +39,9 @@ class SignificanceFilter:
         """δ[idx] += delta (idx may repeat; each occurrence is added), after the replica moved by ``delta``."""
         self._wheel.add(_indices(idx), np.ascontiguousarray(delta, dtype=np.float32))
 
+    def before_alone(self) -> None:
+        """A step alone in the job comes next: nothing to do before it (`alone` follows it)."""
+
     def alone(self, idx: np.ndarray, delta: np.ndarray) -> None:
         """The replica moved by its own update, which no peer needs (alone in the job): it is not accumulated, and
         the pending entries' due steps change with x."""
