@@ -86,10 +86,14 @@ def test_a_corrupt_batch_is_found_before_the_first_step(tmp_path, movielens_dir,
     raw = bytearray(last.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     last.write_bytes(bytes(raw))
-    job = manifest(tmp_path, data, extra="  workers: 1\n")
+    job = manifest(tmp_path, data, extra="  workers: 1\n  stop: {maxSteps: 5}\n")
     code, err = run(capsys, "train", str(job), "--out", str(tmp_path / "run"), "-q")
     assert code == 2 and f"{last.name}: sha256" in err and "does not match the manifest" in err
     assert not (tmp_path / "run" / "summary.json").exists()
+    shutil.rmtree(data)  # the data fixed: the run directory holds nothing to resume, so the same command runs again
+    shutil.copytree(movielens_dir, data)
+    code, err = run(capsys, "train", str(job), "--out", str(tmp_path / "run"), "-q")
+    assert code == 0, err
 
 
 def test_evaluate_refuses_what_is_not_a_model_and_a_model_of_other_dimensions(tmp_path, movielens_dir, capsys):

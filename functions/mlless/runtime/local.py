@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_JOB_KEY, ENV_REDIS_URL
+from mlless.data.dataset import DatasetError
 from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.runtime.launcher import Launcher, LocalLauncher
 from mlless.runtime.platform import Platform
 from mlless.progress import Progress
 from mlless.runtime.supervisor.failover import STATE_FILE, JobState, ResumeError, resumable
 from mlless.runtime.supervisor.loop import Supervisor
+from mlless.runtime.supervisor.membership import JobFailed
 from mlless.spec import TrainingJob
 from mlless.transport import Transport, connect
 from mlless.transport.embedded_broker import EmbeddedBroker
@@ -68,21 +70,28 @@ def train_local(
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
     job_file.write_text(job.to_json())
-    job_key = run_job_key(run_dir, resume=job_id is not None)
+    resuming = job_id is not None
+    job_key = run_job_key(run_dir, resume=resuming)
     job_id = job_id or new_job_id(job.name)
     env = {ENV_JOB_ID: job_id, ENV_JOB_KEY: job_key}
     key = parse_job_key(job_key)
-    if services.external:
-        env |= services.worker_env()
-        transport = connect(job_id, role="supervisor", redis_url=services.redis_url, amqp_url=services.amqp_url, key=key)
-        summary = supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs"), run_dir, progress,
-                            metrics_port)
-    else:
-        with tempfile.TemporaryDirectory(prefix="mlless-") as tmp, EmbeddedBroker(str(Path(tmp) / "broker.sock")) as broker:
-            env[ENV_EMBEDDED_ADDRESS] = broker.address
-            transport = connect(job_id, role="supervisor", embedded_address=broker.address, key=key)
-            launcher = LocalLauncher(job_file, env, run_dir / "logs")
-            summary = supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port)
+    try:
+        if services.external:
+            env |= services.worker_env()
+            transport = connect(job_id, role="supervisor", redis_url=services.redis_url, amqp_url=services.amqp_url,
+                                key=key)
+            summary = supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs"), run_dir,
+                                progress, metrics_port)
+        else:
+            with tempfile.TemporaryDirectory(prefix="mlless-") as tmp, EmbeddedBroker(str(Path(tmp) / "broker.sock")) as broker:
+                env[ENV_EMBEDDED_ADDRESS] = broker.address
+                transport = connect(job_id, role="supervisor", embedded_address=broker.address, key=key)
+                launcher = LocalLauncher(job_file, env, run_dir / "logs")
+                summary = supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port)
+    except (JobFailed, DatasetError):
+        if not resuming:  # a new job that failed before its first step (a corrupt batch): nothing to resume
+            (run_dir / JOB_KEY_FILE).unlink(missing_ok=True)
+        raise
     if not resumable(summary["stop_reason"]):
         (run_dir / JOB_KEY_FILE).unlink(missing_ok=True)
     return summary
