@@ -355,7 +355,7 @@ def run_mlless(ds: Dataset, data: Path, kind: str, run: MllessRun, target: float
 
 
 #: The protocols tried beside a model's default, at P = 2: the evidence for the default (RESULTS.md).
-ALTERNATIVES = ("isp", "bsp", "averaging", "blocked")
+ALTERNATIVES = ("isp", "bsp", "averaging", "blocked", "async")
 
 
 def mlless_runs(kind: str, quick: bool) -> list[MllessRun]:

@@ -1,4 +1,5 @@
-"""Model averaging (spec.sync.protocol: averaging): trains PMF and LR on both transports; under it and blocked,
+"""Model averaging (spec.sync.protocol: averaging, and async without its barrier): trains PMF and LR on both
+transports; under them and blocked,
 every replica stays the shared state plus its own unsent updates (the MLLESS_AUDIT conservation check) through
 scale-in by a request and by the auto-tuner, and a killed supervisor is resumed."""
 from __future__ import annotations
@@ -38,17 +39,28 @@ def base_rate_bce(dataset_dir) -> float:
     return float(-(p * np.log(p) + (1 - p) * np.log(1 - p)))
 
 
+def test_async_waits_only_a_round_behind():
+    asynchronous = sync_strategy(SyncConfig(protocol="async", local_steps=4))
+    assert [asynchronous.publishes(t) for t in range(1, 9)] == [False, False, False, True] * 2
+    # Round 2 (steps 5..8) and round 3's first step need nothing closed; round 3's last step needs round 1's close.
+    assert [asynchronous.must_have_closed(t) for t in (3, 4, 5, 8, 9, 12, 13)] == [0, 0, 0, 4, 4, 8, 8]
+    # A round's frame is read up to a round later: two rounds' slots are in use, and never the same one.
+    assert len({asynchronous.update_key(1, t) for t in (4, 8)}) == 2
+
+
+@pytest.mark.parametrize("protocol", ["averaging", "async"])
 @pytest.mark.parametrize("services", ["embedded", "redis+rabbitmq"])
-def test_pmf_and_lr_train_under_averaging(movielens_dir, synthetic_lr_dir, tmp_path, redis_url, amqp_url, services):
+def test_pmf_and_lr_train_under_averaging(movielens_dir, synthetic_lr_dir, tmp_path, redis_url, amqp_url, services,
+                                          protocol):
     svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
-    pmf = job_for(movielens_dir, sync={"protocol": "averaging"}, stop={"maxEpochs": 15})
+    pmf = job_for(movielens_dir, sync={"protocol": protocol}, stop={"maxEpochs": 15})
     summary = train_local(pmf, tmp_path / "pmf", svc, QUIET)
     assert summary["stop_reason"] == "max epochs" and summary["rejected_frames"] == 0
     assert summary["validation_loss"] <= 0.92
     rows = read_metrics(tmp_path / "pmf")
     assert len(rows) == summary["steps"] and any(r["validation_loss"] is not None for r in rows)
     lr = from_manifest(manifest(synthetic_lr_dir, model={"type": "logistic-regression"},
-                                sync={"protocol": "averaging", "localSteps": 4}, stop={"maxEpochs": 5}))
+                                sync={"protocol": protocol, "localSteps": 4}, stop={"maxEpochs": 5}))
     summary = train_local(lr, tmp_path / "lr", svc, QUIET)
     assert summary["validation_loss"] < base_rate_bce(synthetic_lr_dir) - 0.05
 
@@ -59,7 +71,7 @@ def audit(monkeypatch):
 
 
 #: The protocols that publish once per round (blocked: tests/test_blocked.py has its own data placement tests).
-ROUNDS = ["averaging", "blocked"]
+ROUNDS = ["averaging", "blocked", "async"]
 
 
 @pytest.mark.parametrize("protocol", ROUNDS)

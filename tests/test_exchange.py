@@ -83,7 +83,7 @@ def audit(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("protocol", ["bsp", "isp", "ssp", "averaging"])
+@pytest.mark.parametrize("protocol", ["bsp", "isp", "ssp", "averaging", "async"])
 @pytest.mark.parametrize("exchange", PATTERNS)
 def test_every_protocol_trains_pmf_under_each_pattern_and_conserves_updates(movielens_dir, tmp_path, audit,
                                                                             protocol, exchange):

@@ -138,13 +138,14 @@ SPEC_SCHEMA: Schema = _obj(
                                     "with `slack`; averaging: model averaging, each worker runs `localSteps` steps "
                                     "alone, then the replicas exchange what they changed; blocked (pmf only): "
                                     "averaging's rounds over disjoint blocks of users and items (DSGD), so no "
-                                    "two workers change the same row in a round. Default: pmf blocked, "
-                                    "logistic-regression isp.",
-                                    ["bsp", "isp", "ssp", "averaging", "blocked"]),
+                                    "two workers change the same row in a round; async: averaging without the "
+                                    "round's barrier, a worker trains the next round while the last one closes "
+                                    "(at most one round ahead). Default: pmf blocked, logistic-regression isp.",
+                                    ["bsp", "isp", "ssp", "averaging", "blocked", "async"]),
                 "significanceThreshold": _num("ISP threshold v; an entry is sent when |delta/x| > v/sqrt(step). "
                                               "Default: pmf 3, logistic-regression 0.7 (the papers').", 0),
                 "slack": _int("SSP slack s: a worker at step t has applied every update up to t-s-1.", 0, 1000, default=3),
-                "localSteps": _int("averaging, blocked: the steps H a worker trains between two exchanges; each worker then "
+                "localSteps": _int("averaging, blocked, async: the steps H a worker trains between two exchanges; each worker then "
                                    "publishes every entry it changed in those steps, and adds its peers'.", 1, 10000,
                                    default=LOCAL_STEPS),
                 "exchange": _choice("Who reads what. all-to-all: each worker reads every peer's update; allreduce: one "
