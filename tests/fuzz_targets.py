@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import yaml
 
 from mlless.data.batches import BATCH_TYPES, BatchError
@@ -16,11 +17,17 @@ from mlless.data.formats import LibsvmOptions, read_criteo, read_libsvm, read_mo
 from mlless.data.manifest import DatasetError, Manifest
 from mlless.data.npz import load_npz_bytes
 from mlless.data.text import ErrorLog, MalformedInputError
+from mlless.protocol.framing import FrameError, decode
+from mlless.protocol.sealing import Verified, unseal
 from mlless.runtime.function_server import InvocationError, Invocation
 from mlless.spec import SpecError
 from mlless.spec.job import load_manifest
 
 JOB_ID = "fuzz-0123456789"
+#: The job key the sealed-message target's seeds are sealed with (any 32 bytes: the fuzzer never sees it).
+KEY = bytes(range(32))
+#: The context control messages are sealed under (`transport/base.py` MESSAGE_CONTEXT).
+CONTEXT = "message"
 
 
 def _in_file(data: bytes, suffix: str, parse: Callable[[str], object]) -> None:
@@ -67,6 +74,24 @@ def batch(data: bytes) -> None:
             pass
 
 
+def frame(data: bytes) -> None:
+    """Any frame, every control message and update among them: as it comes from the embedded broker (with its
+    checksum), and as a MAC-verified one (without it), which reaches every field's checks."""
+    for given in (data, Verified(data)):
+        try:
+            decode(given)
+        except FrameError:
+            pass
+
+
+def sealed(data: bytes) -> None:
+    """A message as a worker or the supervisor receives it: unsealed under the job's key, then decoded."""
+    try:
+        decode(unseal(data, KEY, CONTEXT))
+    except FrameError:
+        pass
+
+
 def _lines(read: Callable[..., object], suffix: str) -> Callable[[bytes], None]:
     def target(data: bytes) -> None:
         for policy in ("fail", "skip"):
@@ -82,6 +107,8 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "invocation": invocation,
     "dataset-manifest": dataset_manifest,
     "batch": batch,
+    "frame": frame,
+    "sealed": sealed,
     "movielens": _lines(read_movielens, ".csv"),
     "criteo": _lines(lambda path, errors: read_criteo(path, errors, hash_bits=12), ".tsv"),
     "libsvm": _lines(lambda path, errors: read_libsvm(path, errors, LibsvmOptions()), ".svm"),
@@ -92,6 +119,11 @@ def valid_seeds(tmp: Path) -> dict[str, list[bytes]]:
     """A few valid inputs for each target, which mutations start from."""
     from mlless.data.prepare import PrepareOptions, prepare, synthetic_lr_source, synthetic_pmf_source
     from mlless.data.synthetic import LrParams, PmfParams
+    from mlless.protocol.framing import encode
+    from mlless.protocol.messages import (
+        CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Leave, Left, Report, Takeover, Tensors, Update,
+    )
+    from mlless.protocol.sealing import seal
     from mlless.spec import from_manifest
 
     options = PrepareOptions(batch_size=50, validation_fraction=0.2, progress=False)
@@ -101,6 +133,11 @@ def valid_seeds(tmp: Path) -> dict[str, list[bytes]]:
            "spec": {"workers": 2, "model": {"type": "pmf"}, "dataset": {"uri": str(tmp / "ratings")},
                     "stop": {"maxSteps": 10}, "sync": {"protocol": "blocked", "localSteps": 4}}}
     resolved = json.loads(from_manifest(job).to_json())
+    messages = [Hello(0, 0, 7), Report(1, 3, 2.5, 40, True, 100, 10, 5, (0.1,) * 7, 64),
+                Close(-1, 3, 12, CLOSE_SNAPSHOT, (0, 1), (1,), ()), Leave(-1, 3, 1), Left(1, 3, True), Finish(-1, 4),
+                Takeover(-1, 4), Done(0, 4, 1.5, 10, 20), Failed(1, 2, "no data"),
+                Update(0, 3, np.array([1, 2, 5], np.int32), np.array([0.5, -1.0, 2.0], np.float32)),
+                Tensors(0, 3, {"params": np.zeros(4, np.float32)})]
     criteo = "1\t" + "\t".join(str(k) for k in range(13)) + "\t" + "\t".join(f"{k:08x}" for k in range(26))
     return {
         "manifest": [yaml.safe_dump(job).encode(), json.dumps(job).encode()],
@@ -112,4 +149,6 @@ def valid_seeds(tmp: Path) -> dict[str, list[bytes]]:
                       b"1::10::4::978300760\n2::11::5::978302109\n"],
         "criteo": [(criteo + "\n" + criteo.replace("1\t", "0\t", 1) + "\n").encode()],
         "libsvm": [b"1 1:0.5 7:1\n0 2:1.5 3:-2\n", b"-1 4:1\n+1 1:1 2:2\n"],
+        "frame": [encode(m) for m in messages] + [encode(m, sealed=True) for m in messages],
+        "sealed": [seal(encode(m, sealed=True), KEY, CONTEXT) for m in messages],
     }
