@@ -219,17 +219,22 @@ class JobBus:
         queues, which a queue declared again would outlive."""
         if self._cancelled_at is None or time.monotonic() - self._cancelled_at < REDECLARE_SECONDS:
             return
-        assert self._conn is not None and self._pub is not None
+        assert self._pub is not None
         try:
             self._pub.exchange_declare(self._names["exchange"], passive=True)
         except pe.ChannelClosedByBroker:  # 404: the job is over
-            self._pub = self._conn.channel()
-            self._pub.confirm_delivery()
+            self._reopen_publisher()
             self._cancelled_at = None
             return
         log.warning("amqp %s: queue %r was deleted under its consumer; declared again", self.desc, self._own_queue)
         self._declare_topology()
         self._consume()
+
+    def _reopen_publisher(self) -> None:
+        """A new publishing channel, with confirms, after the broker closed the last one (a channel error)."""
+        assert self._conn is not None
+        self._pub = self._conn.channel()
+        self._pub.confirm_delivery()
 
     def _recovering(self) -> bool:
         """Within the outage window after a reconnect: a queue may not be declared again yet."""
@@ -320,9 +325,7 @@ class JobBus:
                 raise TransportError(f"broker nacked a message to {routing_key or exchange!r}") from None
             except pe.ChannelClosedByBroker as exc:
                 # e.g. the exchange was deleted: reopen the publishing channel, report the error.
-                assert self._conn is not None
-                self._pub = self._conn.channel()
-                self._pub.confirm_delivery()
+                self._reopen_publisher()
                 raise TransportError(f"amqp publish to {exchange or routing_key!r} refused: {exc}") from None
 
         self.call(op)
