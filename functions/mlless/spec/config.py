@@ -137,6 +137,7 @@ class SyncConfig:
     significance_threshold: float = PAPERS_V
     slack: int = default("sync.slack")
     local_steps: int = default("sync.localSteps")
+    rho: float = default("sync.rho")
     exchange: str = default("sync.exchange")
 
 

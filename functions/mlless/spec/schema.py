@@ -24,6 +24,10 @@ Schema = dict[str, Any]
 #: loaded 2-core machine, 3 runs each), H = 8, 16 and 32 reached the target within each other's noise; 8 sent twice
 #: 16's bytes, and 32 needed up to twice 16's epochs on the ratings.
 LOCAL_STEPS = 16
+#: admm's ρ. On the 1M clicks of benchmarks/scaling.py (embedded, H = 16, one run each; RESULTS.md, "ADMM"),
+#: ρ = 0.01 to 1 reached the target in the same epochs at P = 2 (2.7); at P = 3, 0.01 and 0.1 took 4.0 epochs and
+#: 0.3 and 1 took 4.7; ρ = 10 took 4.0 and 7.4.
+RHO = 0.1
 #: Without a step, epoch or seconds limit, stop after this many evaluations without improvement...
 DEFAULT_PATIENCE = 5
 #: ...or, should the validation loss keep creeping down (or evaluation be off), after this many epochs.
@@ -140,14 +144,19 @@ SPEC_SCHEMA: Schema = _obj(
                                     "averaging's rounds over disjoint blocks of users and items (DSGD), so no "
                                     "two workers change the same row in a round; async: averaging without the "
                                     "round's barrier, a worker trains the next round while the last one closes "
-                                    "(at most one round ahead). Default: pmf blocked, logistic-regression isp.",
-                                    ["bsp", "isp", "ssp", "averaging", "blocked", "async"]),
+                                    "(at most one round ahead); admm (logistic-regression only): consensus ADMM, "
+                                    "averaging's rounds with each worker's local steps pulled towards the consensus "
+                                    "by `rho` and its dual variables. Default: pmf blocked, logistic-regression isp.",
+                                    ["bsp", "isp", "ssp", "averaging", "blocked", "async", "admm"]),
                 "significanceThreshold": _num("ISP threshold v; an entry is sent when |delta/x| > v/sqrt(step). "
                                               "Default: pmf 3, logistic-regression 0.7 (the papers').", 0),
                 "slack": _int("SSP slack s: a worker at step t has applied every update up to t-s-1.", 0, 1000, default=3),
-                "localSteps": _int("averaging, blocked, async: the steps H a worker trains between two exchanges; each worker then "
+                "localSteps": _int("averaging, blocked, async, admm: the steps H a worker trains between two exchanges; each worker then "
                                    "publishes every entry it changed in those steps, and adds its peers'.", 1, 10000,
                                    default=LOCAL_STEPS),
+                "rho": _num("admm: the penalty rho of the augmented Lagrangian, how hard a worker's local steps are "
+                            "pulled towards the consensus minus its dual variable.", 0, exclusive=True, below=1e6,
+                            default=RHO),
                 "exchange": _choice("Who reads what. all-to-all: each worker reads every peer's update; allreduce: one "
                                     "worker per step merges them and every other worker reads the merged frame; "
                                     "scatter-reduce: the parameters are split into one partition per worker, each "
@@ -398,6 +407,8 @@ STATUS_SCHEMA: Schema = _obj(
 PAIRINGS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     # Blocks of users and items exist only in ratings data (runtime/sync/blocked.py).
     ("sync.protocol", "blocked"): ("model.type", ("pmf",)),
+    # Consensus ADMM needs a convex loss; PMF's is not (runtime/sync/admm.py).
+    ("sync.protocol", "admm"): ("model.type", ("logistic-regression",)),
 }
 
 

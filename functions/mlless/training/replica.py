@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -67,6 +67,9 @@ class Replica:
         # A protocol that publishes once per round brings its own (`training/rounds.py`), over model.params.
         self.filter = accumulator or SignificanceFilter(model.params, v)
         self.contribution = np.zeros(model.size, np.float64) if audit else None
+        #: A proximal step a protocol adds to each shared local step (ADMM's pull towards the consensus,
+        #: runtime/sync/admm.py): given the step's entries and learning rate, it moves them and returns the move.
+        self.proximal: Callable[[np.ndarray, float], np.ndarray] | None = None
 
     @property
     def params(self) -> np.ndarray:
@@ -84,7 +87,10 @@ class Replica:
         started = time.perf_counter()
         if not share:
             self.filter.before_alone()
-        idx, delta, loss_sum, samples = self.optimizer.update(self.model, batch, self.config.lr_at(epoch))
+        lr = self.config.lr_at(epoch)
+        idx, delta, loss_sum, samples = self.optimizer.update(self.model, batch, lr)
+        if self.proximal is not None and share:
+            delta = delta + self.proximal(idx, lr)
         if not math.isfinite(loss_sum):
             raise TrainingDiverged(f"loss is {loss_sum} at step {t}; {self._advice(epoch)}")
         if self.contribution is not None:

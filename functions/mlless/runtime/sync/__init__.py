@@ -64,4 +64,4 @@ def load_plugins() -> None:
 
 # The built-in protocols register themselves on import; they import `register` from here, defined above (and
 # `reduce`, its exchange patterns, into `exchange.EXCHANGES`).
-from mlless.runtime.sync import asynchronous, averaging, blocked, bsp, isp, reduce, ssp  # noqa: E402,F401
+from mlless.runtime.sync import admm, asynchronous, averaging, blocked, bsp, isp, reduce, ssp  # noqa: E402,F401
