@@ -132,3 +132,20 @@ def test_a_killed_supervisor_of_a_job_with_rounds_is_resumed(movielens_dir, tmp_
     [takeover] = summary["takeovers"]
     assert takeover["from"] == "replicas of 2 surviving workers"
     assert summary["validation_loss"] < 0.95
+
+
+def test_each_steps_staleness_is_measured(synthetic_lr_dir, tmp_path):
+    """A report says how many earlier steps' closes the replica lacked: none under BSP; at a round's last step
+    under averaging the H − 1 before it in the round; under async, at a round's last step, at least the H steps
+    since the last close it waited for (the previous round's, which it need not have), at most 2H − 1."""
+    staleness = {}
+    for protocol in ("bsp", "averaging", "async"):
+        job = from_manifest(manifest(synthetic_lr_dir, workers=2, model={"type": "logistic-regression"},
+                                     sync={"protocol": protocol, "localSteps": 4}, stop={"maxSteps": 48}))
+        summary = train_local(job, tmp_path / protocol, Services(), QUIET)
+        rows = read_metrics(tmp_path / protocol)
+        assert summary["max_staleness"] == max(r["staleness"] for r in rows)
+        staleness[protocol] = [r["staleness"] for r in rows]
+    assert set(staleness["bsp"]) == {0}
+    assert max(staleness["averaging"]) == 3 and staleness["averaging"][3::4] == [3] * 12
+    assert 4 <= max(staleness["async"]) <= 7

@@ -44,7 +44,8 @@ def drive(m: SupervisorMetrics) -> None:
     """A short job: two steps, a validation, billing, cost, tuner events."""
     phases = {"fetch": 0.0002, "compute": 0.003, "filter": 0.0004, "write": 0.02, "wait": 0.05, "read": 0.7, "apply": 4.0}
     m.step_closed(step=1, train_loss=1.1, workers=3, bytes_published=1000, entries_filtered=50, phases=phases)
-    m.step_closed(step=2, train_loss=0.9, workers=2, bytes_published=500, entries_filtered=25, phases={**phases, "wait": None})
+    m.step_closed(step=2, train_loss=0.9, workers=2, bytes_published=500, entries_filtered=25, phases={**phases, "wait": None},
+                   staleness=3)
     m.validation(0.95)
     m.worker_invocation_started(0, "pod-0")
     m.worker_billed(0, "pod-0", 0.05)
@@ -68,7 +69,7 @@ def test_names_follow_prometheus_conventions(metrics):
     text = scrape(metrics)
     # The text format also lists each counter's and histogram's `_created` timestamp as a gauge family.
     fams = [f for f in text_string_to_metric_families(text) if not f.name.endswith("_created")]
-    assert len(fams) == 13
+    assert len(fams) == 14
     for f in fams:
         assert f.name.startswith("mlless_"), f.name
         assert f.documentation, f"{f.name} has no HELP text"
@@ -93,6 +94,7 @@ def test_step_closed(metrics):
     assert value(text, "mlless_train_loss") == pytest.approx(0.9)
     assert value(text, "mlless_validation_loss") == pytest.approx(0.95)
     assert value(text, "mlless_active_workers") == 2
+    assert value(text, "mlless_step_staleness") == 3
     assert value(text, "mlless_update_bytes_total") == 1500
     assert value(text, "mlless_filtered_entries_total") == 75
 

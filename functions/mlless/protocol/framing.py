@@ -9,7 +9,8 @@ built from the field types of ``mlless.protocol.fields``).
 Header (``HEADER``, 26 bytes)::
 
     magic    3s   b"MLs"
-    version  u8   2 (1 listed every update index; 2 sends runs of them, `mlless.protocol.runs`)
+    version  u8   3 (1 listed every update index; 2 sends runs of them, `mlless.protocol.runs`; 3 adds the
+                  report's staleness)
     type     u8   FrameType
     flags    u8   bit0 = payload is zlib-compressed; bit1 = sealed, no checksum (crc32 is 0);
                   other bits must be 0
@@ -74,7 +75,7 @@ __all__ = [
 ]
 
 MAGIC = b"MLs"
-VERSION = 2
+VERSION = 3
 HEADER = struct.Struct("<3sBBBiqII")
 #: The largest worker rank the header's i32 sender holds.
 MAX_RANK = 2**31 - 1

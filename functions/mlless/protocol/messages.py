@@ -312,7 +312,9 @@ class Report(Message):
     ``timings`` are seconds spent in (fetch, compute, filter, write, wait, read,
     apply), see ``STEP_PHASES``. The barrier phases (wait, read, apply) and
     ``bytes_read`` (update frames read from the store) are those of the previous
-    step's close, which comes after its report.
+    step's close, which comes after its report. ``staleness``: how many earlier
+    steps' closes the replica had not applied when it trained this step (0
+    under BSP; up to SSP's slack, or a round's steps under averaging and async).
     """
 
     TYPE: ClassVar[FrameType] = FrameType.REPORT
@@ -325,6 +327,7 @@ class Report(Message):
         ("entries_pending", INT64),
         ("timings", TIMINGS),
         ("bytes_read", INT64),
+        ("staleness", INT64),
     )
 
     sender: int
@@ -337,6 +340,7 @@ class Report(Message):
     entries_pending: int
     timings: tuple[float, ...]
     bytes_read: int = 0
+    staleness: int = 0
 
 
 @dataclass(frozen=True)

@@ -218,6 +218,7 @@ class Worker:
             entries_pending=self.replica.pending_count(),
             timings=timings,
             bytes_read=read,
+            staleness=ahead,
         )
         if not self._reports:
             self._oldest_report = time.monotonic()

@@ -84,6 +84,8 @@ class SupervisorMetrics:
             "mlless_validation_loss", "Validation loss of the newest replica snapshot evaluated by the supervisor.", ["job"], registry=r
         )
         self.active_workers = Gauge("mlless_active_workers", "Workers in the step barrier (live workers).", ["job"], registry=r)
+        self.staleness = Gauge("mlless_step_staleness", "Steps the stalest worker trained the last step ahead of the "
+                               "closes its replica had applied (0 under BSP).", ["job"], registry=r)
         self.update_bytes = Counter(
             "mlless_update_bytes_total", "Bytes of model updates the workers published to Redis.", ["job"], registry=r
         )
@@ -173,6 +175,7 @@ class SupervisorMetrics:
         bytes_published: int,
         entries_filtered: int,
         phases: Mapping[str, float | None],
+        staleness: int = 0,
     ) -> None:
         """Record a closed step.
 
@@ -186,6 +189,7 @@ class SupervisorMetrics:
             self._last_step = step
         self.train_loss.labels(self.job).set(train_loss)
         self.active_workers.labels(self.job).set(workers)
+        self.staleness.labels(self.job).set(staleness)
         self.update_bytes.labels(self.job).inc(max(bytes_published, 0))
         self.filtered_entries.labels(self.job).inc(max(entries_filtered, 0))
         for phase, seconds in phases.items():

@@ -29,6 +29,8 @@ class StepRow:
     phases: dict[str, float | None]  # mean seconds over the step's workers; None until known
     # Update frames read at the step's close, summed over the workers; None until known (and in older records).
     bytes_read: int | None = None
+    # The most steps any worker trained this one ahead of the closes its replica had applied (`Report.staleness`).
+    staleness: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -29,6 +29,7 @@ class StepTotals:
     bytes_read: int = 0  # at the previous step's close, like the barrier phases
     entries_sent: int = 0
     entries_pending: int = 0
+    staleness: int = 0  # the most any worker's replica lagged the step's closes (`Report.staleness`)
     compute_seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PHASES, 0.0))
 
@@ -42,6 +43,7 @@ class StepTotals:
             totals.bytes_read += r.bytes_read
             totals.entries_sent += r.entries_sent
             totals.entries_pending += r.entries_pending
+            totals.staleness = max(totals.staleness, r.staleness)
             totals.compute_seconds += r.timings[STEP_PHASES.index("compute")]
             for phase, seconds in zip(STEP_PHASES, r.timings):
                 totals.phases[phase] += seconds / len(reports)
@@ -66,6 +68,7 @@ class Accounting:
         self.rejected_frames = 0
         self.repaired_frames = 0  # update frames the store lost, published again by their senders and read
         self.train_loss = math.nan
+        self.max_staleness = 0  # over this supervisor's steps
         self._row: StepRow | None = None  # the previous step's row, waiting for its barrier timings
         # What the job's earlier runs took, when this supervisor took over from another (failover.py).
         self.wall_before = 0.0
@@ -100,6 +103,7 @@ class Accounting:
         self.bytes_sent += totals.bytes_sent
         self.samples += totals.samples
         self.compute_seconds += totals.compute_seconds
+        self.max_staleness = max(self.max_staleness, totals.staleness)
         self.train_loss = train_loss
 
     def count_rejected(self, n: int) -> None:
@@ -133,6 +137,7 @@ class Accounting:
             workers=totals.workers,
             bytes_published=totals.bytes_sent,
             entries_filtered=totals.entries_pending,
+            staleness=totals.staleness,
             phases=totals.phases,
         )
         self.metrics.cost(breakdown.as_dict())
@@ -153,6 +158,7 @@ class Accounting:
             entries_pending=totals.entries_pending,
             cost_usd=cost,
             phases={p: (totals.phases[p] if p not in BARRIER_PHASES else None) for p in STEP_PHASES},
+            staleness=totals.staleness,
         )
         self.progress.status(
             step=step,
@@ -215,6 +221,7 @@ class Accounting:
             "replica_spread": final.spread,
             "rejected_frames": self.rejected_frames,
             "repaired_frames": self.repaired_frames,
+            "max_staleness": self.max_staleness,
             "cost_usd": cost.total,
             "cost_breakdown_usd": cost.as_dict(),
             "perf_per_dollar": perf_per_dollar(wall, cost.total),
