@@ -4,14 +4,12 @@ and every exchange pattern, the replicas agree at a round's end and conserve eve
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from mlless.runtime.local import Services, train_local
 from mlless.runtime.sync import sync_strategy
 from mlless.spec import SpecError, SyncConfig, from_manifest
 
-from faults.test_failover import finish, kill_at, summary_of, train
-from test_averaging import base_rate_bce
+from test_averaging import base_rate_bce, resumed_after_a_kill
 from test_scaling import assert_conserved
 from test_training import QUIET, _supervise_with, manifest
 
@@ -69,17 +67,8 @@ def test_admm_replicas_agree_at_a_rounds_end_and_conserve_every_update_through_a
 
 
 def test_a_killed_supervisor_of_an_admm_job_is_resumed(synthetic_lr_dir, tmp_path, redis_url, amqp_url):
-    doc = manifest(synthetic_lr_dir, workers=2, model={"type": "logistic-regression"},
-                   sync={"protocol": "admm", "localSteps": 8}, stop={"maxSteps": 200}, evaluation={"everySteps": 10})
-    job, run_dir = tmp_path / "job.yaml", tmp_path / "run"
-    job.write_text(yaml.safe_dump(doc))
-    services = ("--redis-url", redis_url, "--amqp-url", amqp_url)
-    kill_at(train(job, run_dir, *services), run_dir, 60)  # mid-round: 60 is no multiple of 8
-    finish(train(job, run_dir, "--resume", *services))
-    summary = summary_of(run_dir)
-    assert summary["stop_reason"] == "max steps" and summary["steps"] == 200
-    [takeover] = summary["takeovers"]
-    assert takeover["from"] == "replicas of 2 surviving workers"
+    summary = resumed_after_a_kill(synthetic_lr_dir, tmp_path, redis_url, amqp_url, 200,
+                                   model={"type": "logistic-regression"}, sync={"protocol": "admm", "localSteps": 8})
     assert summary["validation_loss"] < base_rate_bce(synthetic_lr_dir) - 0.05
 
 

@@ -113,24 +113,34 @@ def test_auto_tuner_scales_in_under_rounds(movielens_dir, tmp_path, redis_url, a
     summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: None)
     leaves = [e for e in summary["scaling_events"] if e["event"] == "leave"]
     assert leaves and all(e["reason"].startswith("auto-tuner") for e in leaves)
-    assert summary["workers_final"] == 4 - len(leaves) >= 2 and summary["dropped_workers"] == []
+    # A leave takes effect at a round's end: one asked for in the job's last round (a loaded machine shifts the
+    # tuner's timing) leaves a final replica behind.
+    pending = int(leaves[-1]["step"] > summary["steps"] - 8)
+    assert summary["workers_final"] - pending == 4 - len(leaves) >= 2 - pending and summary["dropped_workers"] == []
     assert_conserved(summary)
     assert summary["validation_loss"] < 0.92
 
 
-@pytest.mark.parametrize("protocol", ROUNDS)
-def test_a_killed_supervisor_of_a_job_with_rounds_is_resumed(movielens_dir, tmp_path, redis_url, amqp_url, protocol):
-    doc = manifest(movielens_dir, workers=2, sync={"protocol": protocol, "localSteps": 8},
-                   stop={"maxSteps": 300}, evaluation={"everySteps": 10})
+def resumed_after_a_kill(dataset, tmp_path, redis_url, amqp_url, steps, **spec):
+    """A two-worker job over Redis + RabbitMQ with rounds of 8, its supervisor killed mid-round and resumed: the
+    summary, once the survivors' replicas took the job on."""
+    doc = manifest(dataset, workers=2, stop={"maxSteps": steps}, evaluation={"everySteps": 10}, **spec)
     job, run_dir = tmp_path / "job.yaml", tmp_path / "run"
     job.write_text(yaml.safe_dump(doc))
     services = ("--redis-url", redis_url, "--amqp-url", amqp_url)
-    kill_at(train(job, run_dir, *services), run_dir, 100)  # mid-round: 100 is no multiple of 8
+    kill_at(train(job, run_dir, *services), run_dir, steps // 3 // 8 * 8 + 4)  # mid-round
     finish(train(job, run_dir, "--resume", *services))
     summary = summary_of(run_dir)
-    assert summary["stop_reason"] == "max steps" and summary["steps"] == 300
+    assert summary["stop_reason"] == "max steps" and summary["steps"] == steps
     [takeover] = summary["takeovers"]
     assert takeover["from"] == "replicas of 2 surviving workers"
+    return summary
+
+
+@pytest.mark.parametrize("protocol", ROUNDS)
+def test_a_killed_supervisor_of_a_job_with_rounds_is_resumed(movielens_dir, tmp_path, redis_url, amqp_url, protocol):
+    summary = resumed_after_a_kill(movielens_dir, tmp_path, redis_url, amqp_url, 300,
+                                   sync={"protocol": protocol, "localSteps": 8})
     assert summary["validation_loss"] < 0.95
 
 

@@ -78,11 +78,13 @@ def test_a_model_on_the_other_kind_of_dataset_is_refused_before_anything_starts(
     assert not (tmp_path / "run").exists()
 
 
-def test_a_corrupt_batch_is_found_before_the_first_step(tmp_path, movielens_dir, capsys):
-    """Issue #22: a corrupt batch was found only when first read, up to 23 steps into a job."""
+@pytest.mark.parametrize("files", ["train/batch-*.npz", "users/shard-*.npz"])
+def test_a_corrupt_batch_is_found_before_the_first_step(tmp_path, movielens_dir, capsys, files):
+    """Issue #22: a corrupt batch was found only when first read, up to 23 steps into a job. A user shard (read
+    only under blocked, at P >= 2) is checked the same way."""
     data = tmp_path / "data"
     shutil.copytree(movielens_dir, data)
-    last = sorted(data.glob("train/batch-*.npz"))[-1]
+    last = sorted(data.glob(files))[-1]
     raw = bytearray(last.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     last.write_bytes(bytes(raw))

@@ -10,7 +10,11 @@ import pytest
 from mlless.data.dataset import Dataset
 from mlless.runtime.local import Services, train_local
 from mlless.runtime.sync import sync_strategy
-from mlless.runtime.sync.blocked import BlockedFeed, balanced_blocks
+import json
+import shutil
+
+from mlless.data.user_shards import MAX_BLOCKS, USER_SHARDS, deal, shard_of
+from mlless.runtime.sync.blocked import BlockedFeed, ByUserShard, EveryBatch
 from mlless.spec import SpecError, SyncConfig, from_manifest
 from mlless.spec.crd import crd_manifest
 
@@ -40,10 +44,46 @@ def test_a_step_trains_one_batchs_worth_so_the_cursor_counts_epochs(movielens_di
     dataset = Dataset.open(str(movielens_dir))
     feed = BlockedFeed(dataset, seed=0, local_steps=16)
     sizes = [len(feed.take(0, step, (4, 9), 9)) for step in range(1, 17)]
-    assert max(sizes) == round(dataset.manifest.n_train / dataset.n_batches)
+    # Each piece is every n-th rating of its stratum: no larger than a batch, and no smaller than the others but by one.
+    assert max(sizes) <= round(dataset.manifest.n_train / dataset.n_batches) and max(sizes) - min(sizes) <= 1
     assert feed.layout == (2, 1)  # the worker at index 1 of the live set owns user block 1
-    users = np.concatenate([dataset.batch(i).users for i in range(dataset.n_batches)])
-    assert set(balanced_blocks(users, 2)[feed.take(0, 1, (4, 9), 9).users]) == {1}
+    assert feed.home is not None and feed.home[feed.take(0, 1, (4, 9), 9).users].all()
+
+
+def every_rating(dataset):
+    batches = [dataset.batch(i) for i in range(dataset.n_batches)]
+    return [np.concatenate([getattr(b, name) for b in batches]) for name in ("users", "items", "ratings")]
+
+
+def test_prepare_writes_the_training_ratings_by_user_shard(movielens_dir):
+    dataset = Dataset.open(str(movielens_dir))
+    assert dataset.manifest.user_shards == USER_SHARDS
+    shard_rows, item_counts = dataset.user_counts()
+    users, items, ratings = every_rating(dataset)
+    np.testing.assert_array_equal(item_counts, np.bincount(items, minlength=dataset.manifest.n_items))
+    for s in range(USER_SHARDS):
+        shard, in_shard = dataset.user_shard(s, int(shard_rows[s])), shard_of(users) == s
+        # The shard's users' ratings, in the order of the batch files (which prepare shuffled).
+        for got, want in zip((shard.users, shard.items, shard.ratings), (users, items, ratings)):
+            np.testing.assert_array_equal(got, want[in_shard])
+
+
+def test_a_data_set_without_user_shards_and_more_than_16_blocks_read_every_batch(movielens_dir, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(movielens_dir, old, ignore=shutil.ignore_patterns("users"))
+    doc = json.loads((old / "manifest.json").read_text())
+    del doc["user_shards"]  # as prepared before there were user shards
+    doc["checksums"] = {k: v for k, v in doc["checksums"].items() if not k.startswith("users/")}
+    (old / "manifest.json").write_text(json.dumps(doc))
+    for dataset, blocks in ((Dataset.open(str(old)), 2), (Dataset.open(str(movielens_dir)), MAX_BLOCKS + 1)):
+        feed = BlockedFeed(dataset, seed=7, local_steps=16)
+        assert isinstance(feed.placement, EveryBatch)
+        feed.take(0, 1, tuple(range(blocks)), 1)
+        users = every_rating(dataset)[0]
+        expected = deal(np.bincount(users), blocks) == 1
+        np.testing.assert_array_equal(feed.home[:len(expected)], expected)
+        assert sum(len(s) for s in feed.strata) == int(expected[users].sum())
+    assert type(BlockedFeed(Dataset.open(str(movielens_dir)), seed=7, local_steps=16).placement) is ByUserShard
 
 
 def test_blocked_rounds_are_averagings():

@@ -87,7 +87,8 @@ def test_missing_dataset_and_manifest_fields(tmp_path: Path, ratings_dir: Path) 
     ({"mean_rating": float("nan")}, "'mean_rating' is nan, not a finite number"),
     ({"rating_min": 5.0, "rating_max": 1.0}, "'rating_min' <= 'mean_rating' <= 'rating_max' do not hold"),
     ({"n_train": 10**30, "n_batches": 10**28}, "'n_train' out of range"),  # the checksum loop would not end
-    ({"n_train": 10**11, "n_batches": 10**9}, "11 checksums for 1000000000 batches"),
+    ({"n_train": 10**11, "n_batches": 10**9}, "268 checksums for 1000000000 batches"),  # 256 user shards among them
+    ({"user_shards": 10**9}, "'user_shards' is 1000000000; a ratings set has up to 4096"),
     ({"validation_fraction": 1.5}, "'validation_fraction' is 1.5"),
 ])
 def test_an_implausible_manifest_is_refused_naming_the_field(ratings_dir: Path, changes, says) -> None:

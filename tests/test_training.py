@@ -269,7 +269,7 @@ class CorruptingSupervisor(Supervisor):
     def _close(self, step, reports):
         if step in self.corrupt_steps:
             self.transport.put(keys.update(2, step, sync_strategy(self.job.sync).staleness), b"MLs\x01not a frame")
-        super()._close(step, reports)
+        return super()._close(step, reports)
 
 
 def test_malformed_update_frame_is_rejected_counted_and_not_applied(movielens_dir, tmp_path, redis_url, amqp_url):
@@ -378,7 +378,7 @@ class _FailsAtStep40(Supervisor):
     def _close(self, step, reports):
         if step == 40:
             raise ZeroDivisionError("a bug at step 40")
-        super()._close(step, reports)
+        return super()._close(step, reports)
 
 
 def test_an_unexpected_supervisor_error_still_ends_the_job_cleanly(movielens_dir, tmp_path, redis_url, amqp_url):

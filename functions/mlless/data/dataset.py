@@ -15,11 +15,15 @@ import threading
 from collections import OrderedDict
 from typing import Callable
 
+import numpy as np
+
 import fsspec
 from fsspec import AbstractFileSystem
 
 from mlless.data.batches import BATCH_TYPES, BatchError, RatingsBatch, SparseBatch
-from mlless.data.manifest import MANIFEST_NAME, VALIDATION_NAME, DatasetError, Manifest, batch_name
+from mlless.data.manifest import (
+    MANIFEST_NAME, USER_COUNTS_NAME, VALIDATION_NAME, DatasetError, Manifest, batch_name, user_shard_name,
+)
 from mlless.data.npz import load_npz_bytes, sha256
 
 __all__ = ["Dataset", "DatasetError", "Manifest"]
@@ -104,14 +108,41 @@ class Dataset:
             raise DatasetError(f"{self._where(VALIDATION_NAME)}: has {len(batch)} rows, manifest says {self.manifest.n_validation}")
         return batch
 
+    def user_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each user shard's and each item's number of training ratings (`mlless.data.user_shards`)."""
+        m, where = self.manifest, self._where(USER_COUNTS_NAME)
+        try:
+            arrays = load_npz_bytes(self._fetch(USER_COUNTS_NAME), where)
+        except (ValueError, OSError, EOFError) as exc:
+            raise DatasetError(f"{where}: not a readable npz without pickles ({exc})") from None
+        counts = []
+        for name, length in (("shard_rows", m.user_shards), ("item_counts", m.n_items)):
+            a = arrays.get(name)
+            if a is None or a.dtype != np.int64 or a.shape != (length,) or (length and a.min() < 0) \
+                    or int(a.sum()) != m.n_train:
+                raise DatasetError(f"{where}: '{name}' must be {length} non-negative int64 counts summing to n_train")
+            counts.append(a)
+        return counts[0], counts[1]
+
+    def user_shard(self, s: int, rows: int) -> RatingsBatch:
+        """The training ratings of user shard `s`, of which `user_counts` says there are `rows`; not cached."""
+        if not 0 <= s < self.manifest.user_shards:
+            raise IndexError(f"user shard {s} out of range [0, {self.manifest.user_shards})")
+        shard = self._read(user_shard_name(s), cache=False)
+        if len(shard) != rows:
+            raise DatasetError(f"{self._where(user_shard_name(s))}: has {len(shard)} rows, {USER_COUNTS_NAME} says {rows}")
+        assert isinstance(shard, RatingsBatch)
+        return shard
+
     def __iter__(self):
         return (self.batch(i) for i in range(self.n_batches))
 
     def _where(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
 
-    def _read(self, name: str) -> RatingsBatch | SparseBatch:
-        if self._cache_size:
+    def _read(self, name: str, cache: bool = True) -> RatingsBatch | SparseBatch:
+        cache = cache and bool(self._cache_size)
+        if cache:
             with self._lock:
                 hit = self._cache.get(name)
                 if hit is not None:
@@ -128,7 +159,7 @@ class Dataset:
         except BatchError as exc:
             raise DatasetError(str(exc)) from None
         self._check_ranges(batch, where)
-        if self._cache_size:
+        if cache:
             with self._lock:
                 self._cache[name] = batch
                 while len(self._cache) > self._cache_size:
@@ -153,15 +184,15 @@ class Dataset:
         return data
 
     def verify_in_background(self) -> Callable[[], None]:
-        """Start checking every training batch against its checksum on a thread of its own (reading and hashing
-        release the GIL, so it runs beside the workers' start); the function returned waits for it and raises the
-        DatasetError it found. A corrupt batch is then found before the first step, not when first read."""
+        """Start checking every file of the data set against its checksum on a thread of its own (reading and
+        hashing release the GIL, so it runs beside the workers' start); the function returned waits for it and
+        raises the DatasetError it found. A corrupt batch is then found before the first step, not when first read."""
         found: list[DatasetError] = []
 
         def check() -> None:
             try:
-                for i in range(self.n_batches):
-                    self._fetch(batch_name(i))
+                for name in self.manifest.checksums:
+                    self._fetch(name)
             except DatasetError as exc:
                 found.append(exc)
 

@@ -27,6 +27,13 @@ def batch_name(i: int) -> str:
     return f"train/batch-{i:06d}.npz"
 
 
+def user_shard_name(s: int) -> str:
+    return f"users/shard-{s:03d}.npz"
+
+
+#: Every user shard's and item's rating count (`mlless.data.user_shards`).
+USER_COUNTS_NAME = "users/counts.npz"
+MAX_USER_SHARDS = 4096
 VALIDATION_NAME = "validation.npz"
 IDS_NAME = "ids.npz"
 MANIFEST_NAME = "manifest.json"
@@ -57,6 +64,9 @@ class Manifest:
     skipped_lines: int
     skipped_examples: list[str]
     checksums: dict[str, str] = field(default_factory=dict)
+    #: Ratings only: the training ratings are also in this many user shards (`mlless.data.user_shards`); 0 in
+    #: data sets prepared before there were any (the field may be absent), and for sparse data.
+    user_shards: int = 0
 
     def _check_values(self, source: str) -> None:
         """Plausible values: finite numbers, a consistent rating range, and dimensions no larger than the rows
@@ -112,6 +122,8 @@ class Manifest:
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in data:
+                if f.name == "user_shards":
+                    continue
                 if f.name == "checksums":
                     raise DatasetError(f"{source}: missing field 'checksums'")
                 raise DatasetError(f"{source}: missing field '{f.name}'")
@@ -153,6 +165,13 @@ class Manifest:
                 raise DatasetError(f"{source}: no checksum for {batch_name(i)}")
         if VALIDATION_NAME not in m.checksums:
             raise DatasetError(f"{source}: no checksum for {VALIDATION_NAME}")
+        if m.user_shards:
+            if m.kind != "ratings" or not 0 < m.user_shards <= MAX_USER_SHARDS:
+                raise DatasetError(f"{source}: field 'user_shards' is {m.user_shards}; a ratings set has up to "
+                                   f"{MAX_USER_SHARDS}, other kinds none")
+            for name in [*map(user_shard_name, range(m.user_shards)), USER_COUNTS_NAME]:
+                if name not in m.checksums:
+                    raise DatasetError(f"{source}: no checksum for {name}")
         for name, digest in m.checksums.items():
             if not isinstance(digest, str) or len(digest) != 64:
                 raise DatasetError(f"{source}: checksum of {name} is not a sha256 hex digest")

@@ -43,6 +43,6 @@ class OutputDir:
         for rel in ("manifest.json", "validation.npz", "ids.npz"):
             if self.fs.exists(self.path(rel)):
                 self.fs.rm(self.path(rel))
-        train = self.path("train")
-        if self.fs.exists(train):
-            self.fs.rm(train, recursive=True)
+        for folder in ("train", "users"):
+            if self.fs.exists(self.path(folder)):
+                self.fs.rm(self.path(folder), recursive=True)

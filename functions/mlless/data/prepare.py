@@ -59,6 +59,7 @@ from mlless.progress import Progress
 from mlless.data.sample import SAMPLES
 from mlless.data.shuffle import DEFAULT_BUCKET_BYTES, SpillBuckets, choose_buckets, shuffled_batches
 from mlless.data.synthetic import LrParams, PmfParams, generate_lr, generate_pmf
+from mlless.data.user_shards import USER_SHARDS, UserShardWriter
 from mlless.data.text import ErrorLog
 
 DEFAULT_BATCH_SIZE = 6250
@@ -230,7 +231,8 @@ def prepare(source: Source, out: str, options: PrepareOptions, log: Callable[[st
         read_seconds = progress.elapsed()
         if train.rows == 0:
             raise PrepareError(f"no training rows in {_describe(source)} (all {val.rows} rows went to validation or were skipped)")
-        manifest = _pass2(source, options, stats, train, val, output, errors, progress)
+        shards = UserShardWriter(Path(tmp), len(stats.item_ids), options.bucket_bytes) if source.kind == "ratings" else None
+        manifest = _pass2(source, options, stats, train, val, output, errors, progress, shards)
     total = progress.elapsed()
     rate = stats.rows_seen / max(read_seconds, 1e-9)
     summary = (
@@ -330,17 +332,23 @@ def _pass2(
     output: OutputDir,
     errors: ErrorLog,
     progress: Progress,
+    shards: UserShardWriter | None,
 ) -> Manifest:
+    """Write the batches, then the validation split, the ids and the user shards (`shards`, ratings only), and
+    the manifest last."""
     B = options.batch_size
     n_batches = 0
     written = 0
     for batch in shuffled_batches(train, B, options.seed):
         if isinstance(batch, RatingsChunk):
-            arrays = RatingsBatch(
+            dense = RatingsBatch(
                 np.searchsorted(stats.user_ids, batch.users).astype(np.int32),
                 np.searchsorted(stats.item_ids, batch.items).astype(np.int32),
                 batch.ratings.astype(np.float32),
-            ).arrays()
+            )
+            assert shards is not None
+            shards.add(dense)
+            arrays = dense.arrays()
         else:
             values = _transform(batch.values, batch.indices, source.integer_columns, options, stats)
             arrays = SparseBatch(batch.indptr, batch.indices.astype(np.int32), values.astype(np.float32), batch.labels).arrays()
@@ -376,6 +384,8 @@ def _pass2(
             stats.max_index = max(stats.max_index, int(vchunk.indices.max(initial=-1)))
         n_val = len(v_arrays["labels"])
     output.put(VALIDATION_NAME, npz_bytes(v_arrays))
+    if shards is not None:
+        shards.write(output)
 
     manifest = _manifest(source, options, stats, n_batches, train.rows, n_val, dropped, errors, output.checksums)
     output.put(MANIFEST_NAME, manifest.to_json().encode(), checksum=False)
@@ -435,6 +445,7 @@ def _manifest(
         skipped_lines=errors.skipped,
         skipped_examples=list(errors.examples),
         checksums=dict(sorted(checksums.items())),
+        user_shards=USER_SHARDS if ratings else 0,
     )
 
 

@@ -87,7 +87,7 @@ class Worker:
         model = build_model(job.model.type, dataset.dims(), job.model, job.seed)
         self.replica = Replica(model, job.optimizer, self.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)),
                                accumulator=self.sync.accumulator(model.params))
-        self.feed = self.sync.feed(dataset, job.seed, job.workers)
+        self.feed = self.sync.feed(dataset, job.seed, job.workers, rank)
         # This worker's half of the protocol; a peer's frame the store lost is waited for half the worker timeout.
         self.half = self.sync.worker(rank, self.replica, transport, job.worker_timeout_seconds / 2, self._reject,
                                      self.feed, workers=job.workers)

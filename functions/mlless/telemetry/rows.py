@@ -33,4 +33,8 @@ class StepRow:
     staleness: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # Not dataclasses.asdict, which deep-copies every value: a third of a step's accounting (0.1 ms).
+        return {f.name: getattr(self, f.name) for f in FIELDS} | {"phases": dict(self.phases)}
+
+
+FIELDS = dataclasses.fields(StepRow)

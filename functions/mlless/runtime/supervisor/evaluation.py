@@ -76,7 +76,7 @@ class Evaluation:
         self.peer_entries: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # the peers' pending entries that arrived
         self.snapshot_requested = 0.0  # when the pending snapshot was asked for (monotonic)
         self.last_evaluated = 0  # step of the newest snapshot asked for
-        self.evaluation_seconds = OnlineEwma(span=5)  # snapshot asked for -> evaluated
+        self.evaluation_seconds = OnlineEwma(span=5)  # the supervisor's CPU-seconds to evaluate a snapshot
         self.final_params: np.ndarray | None = None  # the final replicas' model, which a suspended job resumes from
 
     @property
@@ -111,7 +111,7 @@ class Evaluation:
         """Evaluate the snapshot asked for, if it has arrived; `steps_before` were closed before this run."""
         if self.pending_snapshot is None:
             return None
-        started = time.monotonic()
+        started = time.thread_time()
         if self.donor is None:
             frame = self.transport.get_many([keys.snapshot()])[0]
             tensors = self.decode_replica(frame) if frame else None
@@ -125,7 +125,10 @@ class Evaluation:
         self.watch.observe(steps_before + self.pending_snapshot, self.validation[1], params)
         # What evaluating costs the job is this work, not the wait for the snapshot: under rounds a worker reads the
         # request at its round's end, and counting that wait stretched the interval tenfold for a cheap evaluation.
-        self.evaluation_seconds.update(time.monotonic() - started)
+        # And its CPU time, not its wall time: on cores the workers share, an evaluation during their start (reading
+        # their data) took several times its CPU time, and spaced the next one by as much (RESULTS.md, "Scaling
+        # out, fifth pass").
+        self.evaluation_seconds.update(time.thread_time() - started)
         self.on_validation(self.validation[1])
         self.pending_snapshot = None
         return Snapshot(steps_before + self.validation[0], self.snapshot_cursor, params)

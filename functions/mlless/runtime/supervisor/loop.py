@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mlless.contract import ENV_AUDIT
 from mlless.data.dataset import Dataset, DatasetError
@@ -39,14 +39,7 @@ from mlless.runtime.supervisor.accounting import Accounting, StepTotals
 from mlless.runtime.supervisor.evaluation import Evaluation, Snapshot
 from mlless.runtime.supervisor.failover import Checkpoint, Failover, JobState, resumable
 from mlless.runtime.supervisor.membership import (
-    INTERNAL_ERROR,
-    INTERRUPTED,
-    NO_LIVE_WORKERS,
-    SERVICE_LOST,
-    JobFailed,
-    Membership,
-    WorkerRecord,
-    WorkerState,
+    INTERNAL_ERROR, INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST, JobFailed, Membership, WorkerRecord, WorkerState,
 )
 from mlless.runtime.supervisor.scaling import Scaling
 from mlless.runtime.supervisor.stopping import Standing, StopRules
@@ -298,14 +291,17 @@ class Supervisor:
             self._drop(msg.sender, f"failed: {msg.reason}")
 
     def _close_ready_steps(self) -> None:
-        while self.stop_reason is None:
-            step = self.closed + 1
-            reports = self.reports.get(step, {})
-            if not self.sync.ready(reports, self.live):
-                return
-            self._close(step, [reports[r] for r in self.live])
+        # A round's steps close together (sync/averaging.py), and the workers await the last: it goes out before the
+        # rows, metrics and checkpoints of them all are written (0.3 ms a step, benchmarks/RESULTS.md, fifth pass).
+        recorded = []
+        while self.stop_reason is None and self.sync.ready(self.reports.get(self.closed + 1, {}), self.live):
+            reports = self.reports[self.closed + 1]
+            recorded.append(self._close(self.closed + 1, [reports[r] for r in self.live]))
+        for record in recorded:
+            record()
 
-    def _close(self, step: int, reports: list[Report]) -> None:
+    def _close(self, step: int, reports: list[Report]) -> Callable[[], None]:
+        """Close `step`; returns what records it."""
         totals = StepTotals.of(reports)
         self.accounting.add(totals, self.evaluation.model.loss(totals.loss_sum, totals.samples) if totals.samples else math.nan)
         self.closed = step
@@ -320,11 +316,14 @@ class Supervisor:
         self._broadcast_close(step, reports, joined)
         self.step_opened = time.monotonic()
         snapshot = self.evaluation.evaluate_snapshot(self.steps_before)
-        cost = self.accounting.step_closed(self.steps_before + step, totals, self.closed_at,
-                                           self.cursor / self.dataset.n_batches, self.evaluation.validation_loss,
-                                           self.members)
-        self._persist(snapshot)
-        self._sync_platform(cost)
+        step_record = (self.steps_before + step, totals, self.closed_at, self.cursor / self.dataset.n_batches,
+                       self.evaluation.validation_loss, self.members)
+
+        def record() -> None:
+            cost = self.accounting.step_closed(*step_record)
+            self._persist(snapshot)
+            self._sync_platform(cost)
+        return record
 
     def _persist(self, snapshot: Snapshot | None) -> None:
         """Keep what a successor needs (failover.py): the job state, and a checkpoint of a newly evaluated snapshot."""
@@ -359,7 +358,7 @@ class Supervisor:
             flags |= CLOSE_SNAPSHOT
             self.evaluation.request_snapshot(step, self.cursor, self.sync.snapshot_peers(self.live, self.announced_live))
         close = Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=self.sync.updates(reports),
-                      merges=self.scaling.take_merges())
+                      merges=self.scaling.take_merges(step))
         if not (flags or close.updates or close.merges or close.live != self.announced_live or self.sync.announces(step)):
             return  # inside a round of model averaging: nobody waits for it (sync/base.py SupervisorHalf.announces)
         self.last_close, self.close_sent_at, self.announced_live = encode(close), time.monotonic(), close.live
@@ -446,6 +445,7 @@ class Supervisor:
         finals = collect(keys.final_replica, [r for r in finishing if self.workers[r].state == WorkerState.DONE])
         left_at_end = sorted(set(self.scaling.pending_merges)) if reachable else []
         finals += collect(keys.leaver_replica, left_at_end)
+        self.scaling.catch_up(finals, collect)
         self.accounting.flush()
         final_model = self.evaluation.final_model([t.arrays for t in finals], self.steps_before + self.closed,
                                                   self.record.run_dir, self.job_id)

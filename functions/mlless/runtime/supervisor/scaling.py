@@ -18,10 +18,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 from mlless.autotuner.tuner import AutoTuner
 from mlless.progress import Progress
+from mlless.protocol import keys, layouts
+from mlless.protocol.messages import Tensors
 from mlless.runtime.platform import Platform
 from mlless.runtime.supervisor.failover import JobState
 from mlless.runtime.supervisor.membership import Membership, WorkerRecord, WorkerState
@@ -67,6 +69,7 @@ class Scaling:
         # A scale request from another thread (the operator, tests), applied at the next step close.
         self._requested: int | None = None
         self.pending_merges: list[int] = []  # leavers whose replicas the next close asks the survivors to merge
+        self.merged: list[tuple[int, tuple[int, ...]]] = []  # (step, leavers) of each close that asked for merges
         self.removing: set[int] = set()  # ranks the auto-tuner took out, reported to the platform once they are gone
         self.events: list[dict[str, Any]] = []
         self.decisions: dict[str, int] = {}
@@ -132,10 +135,22 @@ class Scaling:
             self.pending_merges.append(worker.rank)
         return True
 
-    def take_merges(self) -> tuple[int, ...]:
-        """The leavers whose replicas a step-close asks the survivors to merge; each goes into one close."""
+    def take_merges(self, step: int) -> tuple[int, ...]:
+        """The leavers whose replicas the close of `step` asks the survivors to merge; each goes into one close."""
         merges, self.pending_merges = tuple(self.pending_merges), []
+        if merges:
+            self.merged.append((step, merges))
         return merges
+
+    def catch_up(self, finals: list[Tensors], collect: Callable[[Callable[[int], str], list[int]], list[Tensors]]) -> None:
+        """Add to each final replica the leavers' unsent entries that a close asked it to merge after the newest
+        close it applied, as the worker would have (`Worker._merge_leavers`): a worker that leaves on SIGTERM
+        inside a round reads no close, and when every worker leaves, their replicas are the final ones."""
+        for final in finals:
+            missed = [rank for step, ranks in self.merged if step > final.step for rank in ranks]
+            for leaver in collect(keys.leaver_replica, missed):
+                indices, values = layouts.pending(leaver.arrays)
+                final.arrays[layouts.PARAMS][indices] += values
 
     def adopt(self, rank: int) -> WorkerRecord:
         """The operator started a new rank (kubectl scale); it joins like a scale-out worker."""

@@ -160,9 +160,9 @@ class SyncStrategy(ABC):
         """What keeps a replica's unsent updates, over its `params`; None: the significance filter at `threshold`."""
         return None
 
-    def feed(self, dataset: Dataset, seed: int, workers: int = 1) -> Feed:
-        """Where a worker's mini-batches come from, in a job started with `workers`: by default the job's shared
-        shuffled order (`runtime/striding.py`)."""
+    def feed(self, dataset: Dataset, seed: int, workers: int = 1, rank: int = 0) -> Feed:
+        """Where the mini-batches of worker `rank` come from, in a job started with `workers`: by default the job's
+        shared shuffled order (`runtime/striding.py`)."""
         return Feed(dataset, seed)
 
     def supervisor(self) -> SupervisorHalf:
