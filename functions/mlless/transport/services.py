@@ -69,7 +69,9 @@ class ServicesTransport(Transport):
 
     @property
     def reconnected_at(self) -> float:  # type: ignore[override]
-        return self._bus.reconnected_at
+        # Either service: a supervisor that waited out a Redis outage in any call must not drop the workers that
+        # waited it out too (faults/test_outages.py).
+        return max(self._bus.reconnected_at, self._store.reconnected_at)
 
     # ------------------------------------------------------------------ key-value
     def put(self, key: str, value: bytes, ttl: int | None = None) -> None:

@@ -21,6 +21,7 @@ under names the transport has checked.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Sequence, TypeVar
 
 import redis
@@ -67,6 +68,8 @@ class JobStore:
         self.desc = redact_url(redis_url)
         #: How many times the store was found to have lost the job's keys (`Transport.store_epoch`).
         self.epoch = 0
+        #: When (monotonic) a call last came through after waiting out an outage (`Transport.reconnected_at`).
+        self.reconnected_at = -float("inf")
         self._outage_seconds = outage_seconds
         self._ca = ca
         self._prefix = key_prefix(job_id)
@@ -91,9 +94,13 @@ class JobStore:
         """Run ``fn``, waiting out a Redis that cannot be reached for up to ``outage_seconds``; redis-py's own
         retries cover a blip, this a restart."""
         outage = Outage(self._outage_seconds if window is None else window)
+        waited = False
         while True:
             try:
-                return fn()
+                result = fn()
+                if waited:
+                    self.reconnected_at = time.monotonic()
+                return result
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if (untrusted := untrusted_certificate(exc)) is not None:
                     raise untrusted_error("redis", self.desc, untrusted, self._ca) from None
@@ -101,6 +108,7 @@ class JobStore:
             except redis.RedisError as exc:
                 raise TransportError(f"redis {self.desc}: {type(exc).__name__}: {exc}") from None
             outage.wait(f"redis {self.desc}", reason)
+            waited = True
 
     def mark(self) -> None:
         """Mark the store as holding this job's keys, and register a worker's rank (the queues delete_job deletes)."""
