@@ -222,6 +222,22 @@ def test_delete_job_removes_queues(backend: Backend) -> None:
 
 
 @pytest.mark.services
+def test_a_successors_reset_clears_the_keys_but_is_no_lost_store_to_the_workers() -> None:
+    """A supervisor taking over resets the job while its predecessor's workers still run: they must see their
+    values gone, not a Redis that lost the job (which would make them drop the replica the successor asks for)."""
+    backend = Backend("services", {ENV_REDIS_URL: REDIS_URL, ENV_AMQP_URL: AMQP_URL})
+    try:
+        w = backend.connect("worker", 0)
+        w.put("replica", b"r")
+        backend.connect("supervisor").reset()
+        assert w.get_many(["replica"]) == [None]
+        w.probe_store()
+        assert w.store_epoch == 0
+    finally:
+        backend.cleanup()
+
+
+@pytest.mark.services
 @pytest.mark.parametrize("written", ["members", "type"])
 def test_delete_job_trusts_nothing_it_reads_in_the_rank_registry(broker: EmbeddedBroker, written: str,
                                                                   caplog: pytest.LogCaptureFixture) -> None:

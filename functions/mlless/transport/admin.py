@@ -16,11 +16,15 @@ from .tls import TrustedCA, redis_tls_options
 __all__ = ["delete_job_keys", "unlink_prefix"]
 
 
-def unlink_prefix(client: redis.Redis, prefix: str) -> int:
-    """SCAN for `prefix*` and UNLINK in batches; the number of keys deleted."""
+def unlink_prefix(client: redis.Redis, prefix: str, spare: tuple[str, ...] = ()) -> int:
+    """SCAN for `prefix*` and UNLINK in batches, except the keys that start with one of `spare`; the number of
+    keys deleted."""
     deleted = 0
     batch: list[bytes] = []
+    kept = tuple(s.encode() for s in spare)
     for k in client.scan_iter(match=prefix + "*", count=1000):
+        if kept and k.startswith(kept):
+            continue
         batch.append(k)
         if len(batch) >= 500:
             deleted += client.unlink(*batch)

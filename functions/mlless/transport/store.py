@@ -183,11 +183,14 @@ class JobStore:
         return sorted(int(r) for r in ranks)
 
     def reset(self) -> list[int]:
-        """Delete the job's keys and mark the store again; the worker ranks that ever connected."""
+        """Delete the job's keys but the transport's own, and mark the store again; the worker ranks that ever
+        connected. The workers' marks stay: a worker that outlived its supervisor must not take the successor's
+        reset for a Redis that lost the job's keys (it would drop the replica the successor asks it for)."""
 
         def run() -> list[int]:
             ranks = self._registered_ranks()
-            unlink_prefix(self.redis, self._prefix)
+            unlink_prefix(self.redis, self._prefix,
+                          spare=(self._prefix + _ALIVE_KEY.format(rank=""), self._prefix + _RANKS_KEY))
             self.mark()
             return ranks
 
