@@ -49,7 +49,7 @@ import _common  # noqa: E402
 
 from mlless.smoothing import ewma  # noqa: E402
 from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN  # noqa: E402
-from mlless.spec.config import PMF_V  # noqa: E402
+from mlless.spec.models import PMF_V  # noqa: E402
 
 VARIANTS = ("BSP", "ISP", "ISP + tuner")
 SLUGS = {"BSP": "bsp", "ISP": "isp", "ISP + tuner": "tuner"}

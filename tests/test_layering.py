@@ -2,7 +2,7 @@
 
 Layers, top down: the CLI and `runtime` compose everything; below them `training`, `transport`, `telemetry`,
 `autotuner` and `data`; `protocol` (which `training` and `transport` use), then `spec`; `contract`, the
-generic `smoothing` and the stderr `progress` at the bottom. The operator may use only `contract`, `spec` and
+generic `smoothing`, the stderr `progress` and the loader of `plugins` at the bottom. The operator may use only `contract`, `spec` and
 `transport` of the runtime package, and the runtime package never imports the operator (which is a program of its
 own: `mlless-operator`).
 """
@@ -24,17 +24,18 @@ ALLOWED: dict[str, set[str]] = {
     "contract": set(),
     "smoothing": set(),
     "progress": set(),
+    "plugins": {"contract"},  # imports what MLLESS_PLUGINS names, which may be anything
     "spec": {"contract"},
     "data": {"contract", "progress"},
     "protocol": {"contract"},
     "autotuner": {"contract", "spec", "smoothing"},
-    "training": {"contract", "spec", "data", "protocol"},  # a replica's snapshot is laid out as its frame is
+    "training": {"contract", "spec", "data", "protocol", "plugins"},  # a replica's snapshot is laid out as its frame is
     "transport": {"contract", "protocol"},
     "telemetry": {"contract", "spec"},
     "runtime": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "smoothing",
-                "progress"},
+                "progress", "plugins"},
     "cli": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "runtime",
-            "progress"},
+            "progress", "plugins"},
     "__main__": {"cli"},
     "__init__": set(),
 }

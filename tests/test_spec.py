@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from mlless.spec import SpecError, TrainingJob, from_manifest, load_manifest, manifest_schema
-from mlless.spec.config import DEFAULT_PROTOCOL, PAPERS_V, PMF_V
+from mlless.spec.models import MODEL_TYPES, PAPERS_V, PMF_V
 
 MINIMAL = {
     "apiVersion": "mlless.io/v1alpha1",
@@ -179,6 +179,6 @@ def test_a_minimal_manifest_resolves_to_the_schema_defaults(tmp_path):
     assert (job.workers, job.seed, job.model.rank, job.evaluate_every) == (
         default("workers"), default("seed"), default("model.rank"), default("evaluation.everySteps"))
     assert (job.sync.protocol, job.sync.significance_threshold, job.sync.slack) == (
-        DEFAULT_PROTOCOL["pmf"], PMF_V, default("sync.slack"))
+        MODEL_TYPES["pmf"].protocol, PMF_V, default("sync.slack"))
     assert job.autoscaler.knee.slope == default("autoscaler.knee.slope")
     assert job.pricing.redis_per_hour == default("pricing.redisPerHour")

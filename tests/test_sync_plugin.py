@@ -3,13 +3,13 @@
 It is model averaging whose replicas add each other's round deltas (shared + Σ_k δ_k) instead of averaging each
 entry over the replicas that changed it (runtime/sync/averaging.py): a protocol that changes only how a worker
 combines what it gathers, as one class here. Worker processes start from the job's JSON, so they import this file
-through MLLESS_SYNC_PLUGINS, without the tests' folder on their path: the tests' helpers are imported where used.
+through MLLESS_PLUGINS, without the tests' folder on their path: the tests' helpers are imported where used.
 """
 from __future__ import annotations
 
 import pytest
 
-from mlless.contract import ENV_SYNC_PLUGINS
+from mlless.contract import ENV_PLUGINS
 from mlless.runtime.local import Services, train_local
 from mlless.runtime.sync import STRATEGIES, register
 from mlless.runtime.sync.averaging import Averaging
@@ -40,7 +40,7 @@ def test_a_job_trains_with_a_strategy_defined_in_a_test(movielens_dir, tmp_path,
                                                           monkeypatch):
     from test_training import QUIET, job_for
 
-    monkeypatch.setenv(ENV_SYNC_PLUGINS, __file__)
+    monkeypatch.setenv(ENV_PLUGINS, __file__)
     svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
     job = job_for(movielens_dir, workers=2, sync={"protocol": "summed-averaging", "localSteps": 4}, stop={"maxEpochs": 10})
     summary = train_local(job, tmp_path, svc, QUIET)

@@ -38,7 +38,7 @@ from mlless.progress import Progress
 from mlless.runtime.supervisor.failover import ResumeError, resumable
 from mlless.runtime.supervisor.membership import INTERNAL_ERROR, INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST, JobFailed
 from mlless.runtime.supervisor.stopping import DIVERGED
-from mlless.runtime.sync import load_plugins
+from mlless.plugins import load_plugins
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.transport import TransportError
 from mlless.transport.env import JOB_KEY_FILE, service_urls
@@ -54,7 +54,7 @@ def _load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> Trai
     """A TrainingJob from a manifest (YAML; `overrides` replace spec fields before validation) or from the
     resolved JSON a launcher wrote."""
     path = Path(path)
-    load_plugins()  # the sync strategies MLLESS_SYNC_PLUGINS names register themselves, and validation admits them
+    load_plugins()  # what MLLESS_PLUGINS names registers itself, and validation admits its names
     if path.suffix == ".json":
         try:
             return TrainingJob.from_json(path.read_text())

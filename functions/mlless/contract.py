@@ -68,9 +68,9 @@ ENV_METRICS_PORT = "MLLESS_METRICS_PORT"
 ENV_OUTAGE_SECONDS = "MLLESS_OUTAGE_SECONDS"
 #: Debugging: check that every update applied is conserved across replicas.
 ENV_AUDIT = "MLLESS_AUDIT"
-#: Sync strategies defined outside the package: Python files or module names, comma-separated, that each process
-#: imports so that they register themselves (functions/mlless/runtime/sync/__init__.py).
-ENV_SYNC_PLUGINS = "MLLESS_SYNC_PLUGINS"
+#: Sync strategies, exchange patterns and model types defined outside the package: Python files or module names,
+#: comma-separated, that each process imports so that they register themselves (functions/mlless/plugins.py).
+ENV_PLUGINS = "MLLESS_PLUGINS"
 #: The operator's settings are the fields of `mlless_operator.config.Config`, upper-cased, after this prefix.
 ENV_OPERATOR_PREFIX = "MLLESS_OPERATOR_"
 

@@ -40,7 +40,7 @@ from typing import Any, Mapping
 from mlless.contract import ENV_DEADLINE_SECONDS, ENV_JOB_FILE, ENV_JOB_ID, ENV_RANK, ENV_RESUME, EXIT_CHECKPOINTED
 from mlless.protocol.framing import MAX_RANK
 from mlless.runtime import json_object
-from mlless.runtime.sync import load_plugins
+from mlless.plugins import load_plugins
 from mlless.spec import SpecError, TrainingJob
 from mlless.transport.base import TransportError, check_job_id
 from mlless.transport.env import invoke_token, service_urls
@@ -285,7 +285,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 def serve_functions(port: int, concurrency: int = 1, grace: float = 50.0, host: str = "") -> int:
     """Serve until SIGTERM or Ctrl-C; running workers leave gracefully first. The process's exit code."""
-    load_plugins()  # an invocation's job may name a sync strategy MLLESS_SYNC_PLUGINS registers
+    load_plugins()  # an invocation's job may name a sync strategy or model type MLLESS_PLUGINS registers
     services = service_urls(os.environ)
     if len(services) < 2:
         raise TransportError("the worker server needs REDIS_URL and AMQP_URL (environment, or files in MLLESS_SECRETS_DIR)")

@@ -2,7 +2,8 @@
 
 Every static default is written once, as a `default:` in `mlless.spec.schema`; the dataclasses read it from
 there. What cannot be static lives here beside them: the optimizer's defaults depend on the model type and
-the number of workers (`default_optimizer`), ISP's threshold on the model type (`default_sync`). Nothing here
+the number of workers (`default_optimizer`), the protocol and ISP's threshold on the model type (`default_sync`),
+each read from the type's `mlless.spec.models.ModelType`. Nothing here
 imports the training code, so validating a manifest (the CLI, the operator) loads no compiled kernel.
 """
 from __future__ import annotations
@@ -11,9 +12,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from mlless.spec.models import PAPERS_V, model_type
 from mlless.spec.schema import choices, default
 
-MODEL_TYPES = choices("model.type")
 OPTIMIZERS = choices("optimizer.type")
 LR_DECAYS = choices("optimizer.lrDecay")
 KNEE_METHODS = choices("autoscaler.knee.method")
@@ -34,8 +35,7 @@ class ModelConfig:
     l2: float | None = None
 
     def __post_init__(self) -> None:
-        if self.type not in MODEL_TYPES:
-            raise ValueError(f"model type must be one of {MODEL_TYPES}, got {self.type!r}")
+        model_type(self.type)  # a ValueError naming the known types
         if self.rank < 1:
             raise ValueError(f"rank must be >= 1, got {self.rank}")
         if self.l2 is not None and not (self.l2 >= 0 and math.isfinite(self.l2)):
@@ -85,47 +85,10 @@ class OptimizerConfig:
         return self.learning_rate
 
 
-PMF_LR = 0.2
-# Every worker's Adam step is applied to every replica, so P workers move the shared model about P times as far
-# per step; 0.01 reached Vowpal Wabbit's one-pass BCE at P = 1-4 (benchmarks/defaults.py), 0.03 did not at any P.
-LR_LR = 0.01
-
-
-def default_optimizer(model_type: str, workers: int = 1) -> OptimizerConfig:
-    """The defaults for a job of `workers` workers, chosen by seconds to a target validation loss
-    (benchmarks/RESULTS.md, "Choosing the defaults").
-
-    PMF: per-sample AdaGrad (LIBMF's rule) at lr 0.2 for up to 2 workers and
-    0.4/P beyond.  Measured against LIBMF on the MovieLens sample and on 10M
-    synthetic ratings (uniform and skewed): 0.2 reached the target in the
-    fewest epochs at P = 1 and 2, but at P = 4 0.1 was as fast or faster and
-    ended lower.  Rows touched by one worker only need no scaling (each
-    worker's accumulators see only its own gradients); the popular rows that
-    every worker touches in the same step move P-fold, hence 1/P once P > 2.
-    The papers' Nesterov (μ = 0.8) stays selectable; it sat on the bias-only
-    plateau for epochs.
-
-    LR: the papers' Adam with lr/√epoch; 0.01 reaches Vowpal Wabbit's one-pass
-    BCE in 1-1.25 epochs at P = 1-4.  Per-sample AdaGrad is faster at P = 1
-    but diverges at P ≥ 3: the dense integer features are in every row, so each
-    worker's batch moves them nearly to its own optimum and the sum of P such
-    moves overshoots P-fold, whatever the learning rate.
-    """
-    if model_type == "pmf":
-        return OptimizerConfig(type="adagrad", learning_rate=PMF_LR * min(1.0, 2.0 / max(1, workers)))
-    if model_type == "logistic-regression":
-        return OptimizerConfig(type="adam", learning_rate=LR_LR, lr_decay="sqrt-epoch")
-    raise ValueError(f"unknown model kind {model_type!r}")
-
-
-# ISP's v. The papers' 0.7 was set for mini-batch updates and stays LR's. PMF's default optimizer is per-sample
-# AdaGrad, whose updates are large relative to the parameters: at 0.7, 40-60 % of BSP's entries pass the filter.
-# v = 3 sends 3.7-5.8x fewer bytes than BSP, is as fast as 0.7 over loopback and ended at a lower validation RMSE
-# in every pair; behind 200 Mbit/s it reached the target >= 2.6x sooner than BSP on 10M ratings (P = 2) and 2.4x
-# on MovieLens (P = 4) (benchmarks/RESULTS.md, "Reproducing the papers' claims"). LR at v = 3 needed 4x BSP's
-# steps at P = 4, so LR keeps 0.7.
-PAPERS_V = 0.7
-PMF_V = 3.0
+def default_optimizer(model: str, workers: int = 1) -> OptimizerConfig:
+    """The optimizer of a job of `workers` workers that names none: its model type's (`ModelType.optimizer`,
+    chosen by seconds to a target validation loss, benchmarks/RESULTS.md, "Choosing the defaults")."""
+    return OptimizerConfig(**model_type(model).optimizer.fields(workers))
 
 
 @dataclass(frozen=True)
@@ -141,19 +104,10 @@ class SyncConfig:
     exchange: str = default("sync.exchange")
 
 
-#: Each model's protocol when the job names none, by time to target at P = 1, 2 and 3 (benchmarks/scaling.py;
-#: benchmarks/RESULTS.md, "Scaling out, second pass"): on 10M skewed ratings blocked took 3.5, 5.6 and 5.8 s where
-#: ISP took 2.9, 10.3 and 10.7 s, on 1M 0.75, 0.90 and 1.5 s against 1.2, 2.2 and 2.8 s, and it ended at the
-#: lowest validation RMSE. LR keeps the papers' ISP: blocked cannot run it, and no protocol was faster at every P.
-DEFAULT_PROTOCOL = {"pmf": "blocked", "logistic-regression": "isp"}
-
-
-def default_sync(model_type: str) -> SyncConfig:
-    """The default protocol and ISP's threshold for this model type (see DEFAULT_PROTOCOL and PMF_V)."""
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"unknown model kind {model_type!r}")
-    return SyncConfig(protocol=DEFAULT_PROTOCOL[model_type],
-                      significance_threshold=PMF_V if model_type == "pmf" else PAPERS_V)
+def default_sync(model: str) -> SyncConfig:
+    """The protocol and ISP's threshold of a job of this model type that names none (`ModelType`)."""
+    kind = model_type(model)
+    return SyncConfig(protocol=kind.protocol, significance_threshold=kind.significance_threshold)
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ prune it.
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from mlless.contract import API_VERSION, KIND
+from mlless.spec import models
 
 Schema = dict[str, Any]
 
@@ -94,6 +95,29 @@ def _obj(description: str, properties: dict[str, Schema], required: list[str] | 
     return node
 
 
+#: What a protocol needs of a model, as one of `ModelType.traits` (mlless.spec.models). `mlless validate` and
+#: `mlless train` refuse a model without it (`pairing_errors`), and so does the API server, by the CEL rules
+#: `cel_rules` puts in the spec's schema (CEL, which the CLI's JSON Schema validator ignores).
+NEEDS: dict[str, str] = {
+    # Blocks of users and items exist only in ratings data (runtime/sync/blocked.py).
+    "blocked": "blocks",
+    # Consensus ADMM needs a convex loss; PMF's is not (runtime/sync/admm.py).
+    "admm": "convex",
+}
+
+
+def pairings(types: Iterable[models.ModelType]) -> Iterator[tuple[str, str, str, tuple[str, ...]]]:
+    """(field, value, other field, its admitted values): each protocol of `NEEDS`, and the `types` it admits."""
+    types = tuple(types)
+    for protocol, trait in NEEDS.items():
+        yield "sync.protocol", protocol, "model.type", tuple(t.name for t in types if trait in t.traits)
+
+
+def _admitting(protocol: str) -> str:
+    """The built-in model types `protocol` admits, for its description."""
+    return ", ".join(t.name for t in models.BUILT_IN if NEEDS[protocol] in t.traits)
+
+
 SPEC_SCHEMA: Schema = _obj(
     "Desired state of a serverless training job: one supervisor and `workers` worker functions.",
     {
@@ -102,8 +126,8 @@ SPEC_SCHEMA: Schema = _obj(
         "model": _obj(
             "The model to train.",
             {
-                "type": _choice("pmf: biased matrix factorisation (RMSE); logistic-regression: sparse LR on hashed "
-                                "features (BCE).", ["pmf", "logistic-regression"]),
+                "type": _choice("; ".join(f"{t.name}: {t.summary} ({t.loss_metric.upper()})" for t in models.BUILT_IN)
+                                + ".", [t.name for t in models.BUILT_IN]),
                 "rank": _int("Latent factors per user and item (pmf).", 1, 1024, default=20),
                 "l2": _num("Weight decay applied to the parameters a mini-batch touches. Default per model.", 0),
             },
@@ -140,16 +164,18 @@ SPEC_SCHEMA: Schema = _obj(
             {
                 "protocol": _choice("bsp: every update every step; isp: significance filter; ssp: stale-synchronous "
                                     "with `slack`; averaging: model averaging, each worker runs `localSteps` steps "
-                                    "alone, then the replicas exchange what they changed; blocked (pmf only): "
+                                    "alone, then the replicas exchange what they changed; blocked (" + _admitting("blocked") + " only): "
                                     "averaging's rounds over disjoint blocks of users and items (DSGD), so no "
                                     "two workers change the same row in a round; async: averaging without the "
                                     "round's barrier, a worker trains the next round while the last one closes "
-                                    "(at most one round ahead); admm (logistic-regression only): consensus ADMM, "
+                                    "(at most one round ahead); admm (" + _admitting("admm") + " only): consensus ADMM, "
                                     "averaging's rounds with each worker's local steps pulled towards the consensus "
-                                    "by `rho` and its dual variables. Default: pmf blocked, logistic-regression isp.",
+                                    "by `rho` and its dual variables. Default: "
+                                    + ", ".join(f"{t.name} {t.protocol}" for t in models.BUILT_IN) + ".",
                                     ["bsp", "isp", "ssp", "averaging", "blocked", "async", "admm"]),
                 "significanceThreshold": _num("ISP threshold v; an entry is sent when |delta/x| > v/sqrt(step). "
-                                              "Default: pmf 3, logistic-regression 0.7 (the papers').", 0),
+                                              "Default: " + ", ".join(f"{t.name} {shown(t.significance_threshold)}"
+                                                                      for t in models.BUILT_IN) + ".", 0),
                 "slack": _int("SSP slack s: a worker at step t has applied every update up to t-s-1.", 0, 1000, default=3),
                 "localSteps": _int("averaging, blocked, async, admm: the steps H a worker trains between two exchanges; each worker then "
                                    "publishes every entry it changed in those steps, and adds its peers'.", 1, 10000,
@@ -401,17 +427,6 @@ STATUS_SCHEMA: Schema = _obj(
 )
 
 
-#: Values of a spec field that only some values of another admit: (field, value) -> (other field, its admitted values).
-#: `mlless validate` and `mlless train` refuse the rest (`pairing_errors`), and so does the API server, by the CEL
-#: rules `cel_rules` puts in the spec's schema (CEL, which the CLI's JSON Schema validator ignores).
-PAIRINGS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
-    # Blocks of users and items exist only in ratings data (runtime/sync/blocked.py).
-    ("sync.protocol", "blocked"): ("model.type", ("pmf",)),
-    # Consensus ADMM needs a convex loss; PMF's is not (runtime/sync/admm.py).
-    ("sync.protocol", "admm"): ("model.type", ("logistic-regression",)),
-}
-
-
 def _pairing_message(field: str, value: str, other: str, admitted: tuple[str, ...]) -> str:
     return f"spec.{field}: {value} needs spec.{other} {' or '.join(admitted)}"
 
@@ -423,15 +438,15 @@ def pairing_errors(spec: Any) -> Iterator[str]:
         for part in path.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         return node
-    for (field, value), (other, admitted) in PAIRINGS.items():
+    for field, value, other, admitted in pairings(models.MODEL_TYPES.values()):
         if given(field) == value and given(other) not in admitted:
             yield f"{_pairing_message(field, value, other, admitted)}, not {given(other)}"
 
 
 def cel_rules() -> list[Schema]:
-    """PAIRINGS as the CRD's `x-kubernetes-validations` on the spec (CEL; Kubernetes 1.25+)."""
+    """The built-in models' pairings as the CRD's `x-kubernetes-validations` on the spec (CEL; Kubernetes 1.25+)."""
     rules = []
-    for (field, value), (other, admitted) in PAIRINGS.items():
+    for field, value, other, admitted in pairings(models.BUILT_IN):
         section, name = field.split(".")
         absent = f"!has(self.{section}) || !has(self.{field})"
         rules.append({"rule": f"{absent} || self.{field} != '{value}' || self.{other} in {list(admitted)}",
@@ -447,6 +462,7 @@ def manifest_schema(strict: bool) -> Schema:
     spec = copy.deepcopy(SPEC_SCHEMA)
     for path, values in _ADMITTED.items():
         schema_field(path, spec)["enum"] += values
+    schema_field("model.type", spec)["enum"] = list(models.MODEL_TYPES)
     if strict:
         _forbid_unknown(spec)
     return {

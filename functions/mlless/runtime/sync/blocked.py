@@ -30,7 +30,7 @@ each worker read every batch instead and keep its block's (`EveryBatch`). A chan
 the next round, which is where such a change takes effect (inside a round a worker reads no close). A worker
 removed mid-round leaves its stratum's remaining pieces untrained in that round; its unsent changes are merged by
 the survivors as under averaging. Only ratings data can be blocked: `spec.sync.protocol: blocked` is refused for
-other models (`mlless.spec.schema.PAIRINGS`).
+other models (`mlless.spec.schema.NEEDS`).
 """
 from __future__ import annotations
 

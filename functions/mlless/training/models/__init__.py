@@ -11,6 +11,7 @@ import os
 import pkgutil
 from typing import Any, Mapping
 
+from mlless.plugins import load_plugins
 from mlless.spec.config import ModelConfig
 from mlless.training.models.base import REGISTRY, Model, ModelFileError, read_model_file
 
@@ -21,7 +22,8 @@ for _module in pkgutil.iter_modules(__path__):
 
 
 def model_class(kind: str) -> type[Model]:
-    """The registered model of type ``kind``."""
+    """The registered model of type ``kind`` (a plugin's too: `mlless.plugins`)."""
+    load_plugins()
     try:
         return REGISTRY[kind]
     except KeyError:
@@ -37,6 +39,7 @@ def build_model(kind: str, dims: Mapping[str, Any], config: ModelConfig | None =
 
 def load_model(path: str | os.PathLike[str]) -> Model:
     """Load a model saved by `Model.save`; raises `ModelFileError` naming the file if malformed."""
+    load_plugins()  # the file may hold a model type a plugin registers
     name = os.fspath(path)
     params, meta = read_model_file(name)
     try:

@@ -9,7 +9,6 @@ remote update is applied with ``model.params[idx] += values``.  Never rebind
 from __future__ import annotations
 
 import json
-import math
 import os
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Mapping, TypeVar
@@ -17,14 +16,15 @@ from typing import Any, ClassVar, Mapping, TypeVar
 import numpy as np
 
 from mlless.data.batches import Batch
-from mlless.spec.config import MODEL_TYPES, ModelConfig
+from mlless.spec.config import ModelConfig
+from mlless.spec.models import MODEL_TYPES, ModelType
 from mlless.training.kernels import optim as _optim
 
 FORMAT_VERSION = 1
 
-#: Every model type by name. A `Model` subclass that sets `kind` registers itself here when its module is
-#: imported; `mlless.training.models` imports every module of its package, so a new model is one module (and
-#: its kernel) plus its name in the schema's `model.type` enum, which is the CRD's list of valid types.
+#: Every model by its type's name. A `Model` subclass that sets `kind` registers itself here when its module is
+#: imported; `mlless.training.models` imports every module of its package, so a new model is one module (and its
+#: kernel) plus its `ModelType` (mlless.spec.models), which the schema, the CRD and the defaults read.
 REGISTRY: dict[str, type[Model]] = {}
 
 
@@ -36,9 +36,12 @@ class Model(ABC):
     """One replica: parameters in a flat float32 vector plus the maths over batches."""
 
     kind: ClassVar[str]
-    loss_metric: ClassVar[str]  # "rmse" | "bce"
-    #: The kind of dataset (`mlless prepare`'s manifest "kind") the model trains on.
-    dataset_kind: ClassVar[str]  # "ratings" | "sparse"
+    #: Its type as a TrainingJob sees it (set from `kind`).
+    type: ClassVar[ModelType]
+    #: How its loss is reported, and the kind of data set (`mlless prepare`'s manifest "kind") it trains on: its
+    #: type's.
+    loss_metric: ClassVar[str]
+    dataset_kind: ClassVar[str]
     #: The dimensions (of `dims()`) that fix the length of the parameter vector.
     shape_dims: ClassVar[tuple[str, ...]]
 
@@ -46,7 +49,10 @@ class Model(ABC):
         super().__init_subclass__(**kwargs)
         if "kind" in cls.__dict__:
             if cls.kind not in MODEL_TYPES:
-                raise TypeError(f"model {cls.__name__}: type {cls.kind!r} is not in the schema's model.type enum")
+                raise TypeError(f"model {cls.__name__}: type {cls.kind!r} is not a registered model type "
+                                "(mlless.spec.models)")
+            cls.type = MODEL_TYPES[cls.kind]
+            cls.loss_metric, cls.dataset_kind = cls.type.loss_metric, cls.type.dataset_kind
             REGISTRY[cls.kind] = cls
 
     @classmethod
@@ -100,12 +106,14 @@ class Model(ABC):
         """Length of the AdaGrad accumulator `adagrad_step` takes: one per parameter unless the model says less."""
         return self.size
 
-    @abstractmethod
     def adagrad_step(self, batch: Batch, g2: np.ndarray, lr: float, weight_decay: float) -> tuple[np.ndarray, np.ndarray, float, int]:
         """Per-sample AdaGrad over ``batch``, in place: (idx int32 unique, applied delta float32, loss_sum, n).
 
-        ``loss_sum`` is progressive: each sample's loss just before its own update.
+        ``loss_sum`` is progressive: each sample's loss just before its own update. A model whose kernel has no
+        such loop trains with the mini-batch optimizers only.
         """
+        raise ValueError(f"{self.kind} has no per-sample AdaGrad: set spec.optimizer.type to sgd, momentum, "
+                         "nesterov or adam")
 
     @abstractmethod
     def evaluate(self, batch: Batch) -> tuple[float, int]:
@@ -124,12 +132,8 @@ class Model(ABC):
         """The resolved hyper-parameters (defaults filled in)."""
 
     def loss(self, loss_sum: float, n: int) -> float:
-        """Turn a loss sum into the reported metric: RMSE = √(sse/n), BCE = mean."""
-        if n <= 0:
-            return float("nan")
-        if self.loss_metric == "rmse":
-            return math.sqrt(max(loss_sum, 0.0) / n)
-        return loss_sum / n
+        """Turn a loss sum into the reported metric (`ModelType.loss`): RMSE = √(sse/n), the others means."""
+        return self.type.loss(loss_sum, n)
 
     def metadata(self) -> dict[str, Any]:
         cfg = self.config()

@@ -23,8 +23,6 @@ class LogisticRegression(Model):
     """sigmoid(w·x + b) over a CSR `SparseBatch`; loss metric mean BCE."""
 
     kind = "logistic-regression"
-    loss_metric = "bce"
-    dataset_kind = "sparse"
     shape_dims = ("n_features",)
 
     @classmethod

@@ -45,8 +45,6 @@ class PMF(Model):
     """Biased matrix factorisation over a `RatingsBatch`; loss metric RMSE."""
 
     kind = "pmf"
-    loss_metric = "rmse"
-    dataset_kind = "ratings"
     shape_dims = ("n_users", "n_items")
 
     @classmethod

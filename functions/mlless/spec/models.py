@@ -1,0 +1,114 @@
+"""Model types as a TrainingJob sees them: one kernel-free `ModelType` each.
+
+A model is its module in `mlless.training.models` (the maths, over its kernel) plus its `ModelType` here: what
+validating and resolving a manifest needs, without loading a kernel (the CLI and the operator validate). The
+schema's `model.type` enum and its description, which protocols a model admits (`traits`), each model's default
+optimizer and sync settings, and how its loss is reported are read from the registered types, so nothing else
+branches on a model's name.
+
+A type registered outside the package (a test's, a user's; `mlless.plugins` loads them in every process of the
+job) is admitted by manifest validation in that process; the CRD lists the built-in ones. This module imports
+nothing of mlless, so that the schema can read it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["BUILT_IN", "LOSS_METRICS", "MODEL_TYPES", "ModelType", "OptimizerDefaults", "model_type", "register"]
+
+#: How a loss sum over n samples is reported, by the metric's name: RMSE is √(sse/n), the others are means.
+LOSS_METRICS: dict[str, Callable[[float, int], float]] = {
+    "rmse": lambda total, n: math.sqrt(max(total, 0.0) / n),
+    "bce": lambda total, n: total / n,
+    "hinge": lambda total, n: total / n,
+}
+
+# ISP's v. The papers' 0.7 was set for mini-batch updates. PMF's default optimizer is per-sample AdaGrad, whose
+# updates are large relative to the parameters: at 0.7, 40-60 % of BSP's entries pass the filter. v = 3 sends
+# 3.7-5.8x fewer bytes than BSP, is as fast as 0.7 over loopback and ended at a lower validation RMSE in every pair;
+# behind 200 Mbit/s it reached the target >= 2.6x sooner than BSP on 10M ratings (P = 2) and 2.4x on MovieLens
+# (P = 4) (benchmarks/RESULTS.md, "Reproducing the papers' claims"). LR at v = 3 needed 4x BSP's steps at P = 4.
+PAPERS_V = 0.7
+PMF_V = 3.0
+
+
+@dataclass(frozen=True)
+class OptimizerDefaults:
+    """A model's optimizer when the job names none (`OptimizerConfig` fields), for P workers."""
+
+    type: str
+    learning_rate: float
+    lr_decay: str = "none"
+    #: Beyond this many workers the learning rate shrinks as 1/P (None: never): rows that every worker touches in
+    #: a step move P-fold under the sum of updates.
+    full_rate_workers: int | None = None
+
+    def fields(self, workers: int) -> dict[str, Any]:
+        scale = 1.0 if self.full_rate_workers is None else min(1.0, self.full_rate_workers / max(1, workers))
+        return {"type": self.type, "learning_rate": self.learning_rate * scale, "lr_decay": self.lr_decay}
+
+
+@dataclass(frozen=True)
+class ModelType:
+    """What a TrainingJob needs to know of a model type."""
+
+    name: str
+    #: The phrase `model.type`'s description gives it: "biased matrix factorisation".
+    summary: str
+    #: The kind of data set (`mlless prepare`'s manifest "kind") it trains on.
+    dataset_kind: str
+    #: How its loss is reported: a name in `LOSS_METRICS`.
+    loss_metric: str
+    optimizer: OptimizerDefaults
+    #: Its protocol when the job names none.
+    protocol: str = "isp"
+    #: ISP's v for it when the job names none.
+    significance_threshold: float = PAPERS_V
+    #: What protocols need of a model (`mlless.spec.schema.NEEDS`): "blocks" (rows of users and items to split),
+    #: "convex" (a convex loss).
+    traits: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if self.loss_metric not in LOSS_METRICS:
+            raise ValueError(f"model type {self.name}: loss metric {self.loss_metric!r} is not one of {tuple(LOSS_METRICS)}")
+
+    def loss(self, total: float, n: int) -> float:
+        """A loss sum over `n` samples as the reported metric (NaN without samples)."""
+        return LOSS_METRICS[self.loss_metric](total, n) if n > 0 else float("nan")
+
+
+#: The model types of the package, in the order the schema lists them.
+BUILT_IN = (
+    # Per-sample AdaGrad (LIBMF's rule) at 0.2, 0.4/P beyond 2 workers (benchmarks/RESULTS.md, "Choosing the
+    # defaults"): 0.2 reached the target in the fewest epochs at P = 1 and 2, at P = 4 0.1 was as fast or faster and
+    # ended lower. Blocked by time to target at P = 1, 2 and 3 ("Scaling out, second pass"): on 10M skewed ratings
+    # it took 3.5, 5.6 and 5.8 s where ISP took 2.9, 10.3 and 10.7 s, and it ended at the lowest validation RMSE.
+    ModelType("pmf", "biased matrix factorisation", "ratings", "rmse",
+              OptimizerDefaults("adagrad", 0.2, full_rate_workers=2),
+              protocol="blocked", significance_threshold=PMF_V, traits=frozenset({"blocks"})),
+    # The papers' Adam with lr/√epoch. Every worker's step is applied to every replica, so P workers move the shared
+    # model about P times as far per step; 0.01 reached Vowpal Wabbit's one-pass BCE in 1-1.25 epochs at P = 1-4
+    # (benchmarks/defaults.py), 0.03 did not at any P. Per-sample AdaGrad is faster at P = 1 but diverges at P >= 3:
+    # the dense integer features are in every row, and the sum of P workers' moves overshoots P-fold.
+    ModelType("logistic-regression", "sparse logistic regression on hashed features", "sparse", "bce",
+              OptimizerDefaults("adam", 0.01, lr_decay="sqrt-epoch"), traits=frozenset({"convex"})),
+)
+
+#: Every registered model type by name.
+MODEL_TYPES: dict[str, ModelType] = {t.name: t for t in BUILT_IN}
+
+
+def register(kind: ModelType) -> ModelType:
+    """Register a model type defined outside the package; a later one of the same name replaces it."""
+    MODEL_TYPES[kind.name] = kind
+    return kind
+
+
+def model_type(name: str) -> ModelType:
+    """The registered model type `name`; ValueError naming the known ones otherwise."""
+    try:
+        return MODEL_TYPES[name]
+    except KeyError:
+        raise ValueError(f"model type must be one of {tuple(MODEL_TYPES)}, got {name!r}") from None
