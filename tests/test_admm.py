@@ -82,4 +82,5 @@ def test_admm_is_refused_for_pmf(movielens_dir):
     with pytest.raises(SpecError) as refused:
         from_manifest(manifest(movielens_dir, sync={"protocol": "admm"}))
     [line] = str(refused.value).splitlines()[1:]
-    assert line.strip() == "spec.sync.protocol: admm needs spec.model.type logistic-regression, not pmf"
+    assert line.strip() == ("spec.sync.protocol: admm needs spec.model.type logistic-regression or svm or "
+                            "linear-regression, not pmf")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlless.training.kernels import logreg as klr
+from mlless.training.kernels import linear as klin
 from mlless.training.kernels import pmf as kpmf
 
 
@@ -141,7 +141,7 @@ def test_logreg_gradient_matches_numpy_reference_and_finite_differences():
     indptr, indices, values, labels = make_csr(rng, n_features=F)
     params = rng.normal(0, 0.7, F + 1).astype(np.float32)
     slots = np.full(F, -1, np.int32)
-    idx, grad, loss_sum = klr.logreg_gradient(params, indptr, indices, values, labels, F, slots)
+    idx, grad, loss_sum = klin.gradient(klin.Log(), params, indptr, indices, values, labels, F, slots)
     _, gref, loss_ref = lr_reference(params, indptr, indices, values, labels, F)
     assert np.all(slots == -1)
     assert idx[-1] == F, "bias is always touched, last"
@@ -160,15 +160,64 @@ def test_logreg_gradient_matches_numpy_reference_and_finite_differences():
         assert dense[j] == pytest.approx(fd, rel=1e-3, abs=1e-6)
 
 
+#: Each loss of the linear kernel with its numpy reference: (loss per row, its derivative in the margin z).
+LINEAR_LOSSES = {
+    "hinge": (klin.Hinge, lambda z, y: np.maximum(0, 1 - (2 * y - 1) * z),
+              lambda z, y: np.where((2 * y - 1) * z < 1, -(2 * y - 1), 0.0)),
+    "squared": (klin.Squared, lambda z, y: (z - y) ** 2, lambda z, y: 2 * (z - y)),
+}
+
+
+@pytest.mark.parametrize("name", LINEAR_LOSSES)
+def test_every_linear_loss_runs_the_same_loops_to_its_own_gradient_and_adagrad_step(name):
+    loss_fn, loss, dloss = LINEAR_LOSSES[name]
+    rng = np.random.default_rng(5)
+    F = 10
+    indptr, indices, values, labels = make_csr(rng, n_features=F)
+    if name == "squared":
+        labels = rng.normal(3.0, 2.0, len(labels)).astype(np.float32)
+    params = rng.normal(0, 0.7, F + 1).astype(np.float32)
+    X = np.zeros((len(labels), F))
+    for r in range(len(labels)):
+        for j in range(indptr[r], indptr[r + 1]):
+            X[r, indices[j]] += values[j]
+    z = X @ params[:F].astype(np.float64) + params[F]
+    idx, grad, loss_sum = klin.gradient(loss_fn(), params, indptr, indices, values, labels, F, np.full(F, -1, np.int32))
+    resid = dloss(z, labels)
+    np.testing.assert_allclose(grad, (np.concatenate([X.T @ resid, [resid.sum()]]) / len(labels))[idx], rtol=1e-4,
+                               atol=1e-6)
+    assert loss_sum == pytest.approx(loss(z, labels).sum(), rel=1e-5)
+    assert klin.loss_sum(loss_fn(), z, labels) == pytest.approx(loss_sum, rel=1e-5)
+    # Per-sample AdaGrad: row by row, each row's loss taken just before its own update.
+    ref, g2 = params.astype(np.float64), np.ones(F + 1)
+    progressive = 0.0
+    for r in range(len(labels)):
+        cols = indices[indptr[r]:indptr[r + 1]]
+        zr = ref[cols] @ values[indptr[r]:indptr[r + 1]] + ref[F]
+        progressive += loss(zr, labels[r])
+        g = dloss(zr, labels[r])
+        for c, v in zip(cols, values[indptr[r]:indptr[r + 1]]):
+            g2[c] += (g * v) ** 2
+            ref[c] -= 0.1 * g * v / np.sqrt(g2[c])
+        g2[F] += g * g
+        ref[F] -= 0.1 * g / np.sqrt(g2[F])
+    stepped = params.copy()
+    idx, delta, loss_sum = klin.adagrad_step(loss_fn(), stepped, np.ones(F + 1, np.float32), indptr, indices, values,
+                                             labels, F, 0.1, 0.0, np.full(F, -1, np.int32))
+    np.testing.assert_allclose(stepped, ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(delta, (stepped - params)[idx], atol=1e-6)
+    assert loss_sum == pytest.approx(progressive, rel=1e-4)
+
+
 def py_bce(z: float, y: float) -> float:
     """The kernel's binary cross-entropy of one logit, through `bce_sum`."""
-    return klr.bce_sum(np.array([z]), np.array([y], np.float32))
+    return klin.loss_sum(klin.Log(), np.array([z]), np.array([y], np.float32))
 
 
 def py_sigmoid(z: float) -> float:
     """The kernel's sigmoid of one logit: the gradient of a batch of one featureless row labelled 0, at bias z."""
     empty = np.empty(0, np.int32)
-    _, grad, _ = klr.logreg_gradient(np.array([z], np.float32), np.zeros(2, np.int64), empty,
+    _, grad, _ = klin.gradient(klin.Log(), np.array([z], np.float32), np.zeros(2, np.int64), empty,
                                      np.empty(0, np.float32), np.zeros(1, np.float32), 0, empty)
     return float(grad[0])
 
@@ -192,9 +241,9 @@ def test_logreg_gradient_rejects_bad_input():
     bad = indices.copy()
     bad[0] = 10
     with pytest.raises(IndexError):
-        klr.logreg_gradient(params, indptr, bad, values, labels, 10, slots)
+        klin.gradient(klin.Log(), params, indptr, bad, values, labels, 10, slots)
     assert np.all(slots == -1)
     with pytest.raises(ValueError):
-        klr.logreg_gradient(params, indptr[:-1], indices, values, labels, 10, slots)
+        klin.gradient(klin.Log(), params, indptr[:-1], indices, values, labels, 10, slots)
     with pytest.raises(ValueError):
-        klr.logreg_gradient(np.zeros(10, np.float32), indptr, indices, values, labels, 10, slots)
+        klin.gradient(klin.Log(), np.zeros(10, np.float32), indptr, indices, values, labels, 10, slots)

@@ -82,7 +82,7 @@ def test_malformed_files_give_clear_errors(tmp_path):
         "wrongsize.npz": lambda p: np.savez(p, params=np.zeros(3, np.float32),
                                             metadata=np.array(json.dumps(m.metadata()))),
         "wrongkind.npz": lambda p: np.savez(p, params=m.params,
-                                            metadata=np.array(json.dumps({**m.metadata(), "kind": "svm"}))),
+                                            metadata=np.array(json.dumps({**m.metadata(), "kind": "no-such-model"}))),
         "float64.npz": lambda p: np.savez(p, params=m.params.astype(np.float64),
                                           metadata=np.array(json.dumps(m.metadata()))),
         "pickled.npz": lambda p: np.savez(p, params=m.params, metadata=np.array([{"a": 1}], dtype=object)),
@@ -99,8 +99,10 @@ def test_malformed_files_give_clear_errors(tmp_path):
 def test_build_model_validation():
     with pytest.raises(ValueError, match="n_items"):
         build_model("pmf", {"n_users": 3, "mean_rating": 3.0})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="n_features"):
         build_model("svm", {})
+    with pytest.raises(ValueError, match="no-such-model"):
+        build_model("no-such-model", {})
     with pytest.raises(ValueError):
         ModelConfig("pmf", rank=0)
     with pytest.raises(TypeError):

@@ -25,7 +25,7 @@ WORKER_MODULES = (
     "mlless.runtime.function_server",
     "mlless.transport",
     "mlless.training.kernels.pmf",
-    "mlless.training.kernels.logreg",
+    "mlless.training.kernels.linear",
 )
 # The supervisor's own modules; on a cluster it adds mlless.runtime.kube, which is what the `supervisor` extra is for.
 SUPERVISOR_MODULES = ("mlless.runtime.supervisor.loop", "mlless.runtime.local", "mlless.runtime.launcher")

@@ -185,7 +185,7 @@ def test_criteo_round_trip_blanks_anywhere(tmp_path: Path) -> None:
     opts = PrepareOptions(batch_size=10, validation_fraction=0.2, seed=0, hash_bits=12, progress=False)
     m = prepare_file("criteo", str(src), str(tmp_path / "o"), opts)
     ds = Dataset.open(str(tmp_path / "o"))
-    assert ds.kind == "sparse" and m.n_features == 4096 and ds.dims() == {"n_features": 4096}
+    assert ds.kind == "sparse" and m.n_features == 4096 and set(ds.dims()) == {"n_features", "mean_label"}
     assert m.n_train + m.n_validation == len(lines)
     batches = all_train(ds) + [ds.validation()]
     nnz = np.concatenate([np.diff(b.indptr) for b in batches])
@@ -378,7 +378,7 @@ def test_synthetic_pmf_and_lr_sizes() -> None:
     ml = prepare(synthetic_lr_source(LrParams(rows=5_000, hash_bits=12), 0), "memory://syn/lr", opts)
     assert ml.n_train + ml.n_validation == 5_000 and ml.n_features == 4096
     assert 30 < ml.feature_stats["nnz_per_row_mean"] < 39
-    assert 0.05 < ml.feature_stats["label_positive_rate"] < 0.6
+    assert 0.05 < ml.feature_stats["label_mean"] < 0.6
     ds = Dataset.open("memory://syn/lr")
     assert ds.batch(0).indices.max() < 4096
 

@@ -75,7 +75,7 @@ def test_bsp_and_ssp_send_every_entry():
     ("change", "path"),
     [
         ({"workers": 0}, "spec.workers"),
-        ({"model": {"type": "svm"}}, "spec.model.type"),
+        ({"model": {"type": "no-such-model"}}, "spec.model.type"),
         ({"model": {"type": "pmf", "rank": "big"}}, "spec.model.rank"),
         ({"model": {"type": "pmf", "rnak": 3}}, "spec.model"),
         ({"optimizer": {"learningRate": -1}}, "spec.optimizer.learningRate"),

@@ -31,7 +31,7 @@ from mlless.contract import (
 from mlless import __version__
 from mlless.data.cli import add_prepare_parser
 from mlless.data.dataset import Dataset, DatasetError
-from mlless.training.models import ModelFileError, load_model, model_class
+from mlless.training.models import ModelFileError, load_model
 from mlless.telemetry.report.cli import add_report_parser
 from mlless.runtime.launcher import Launcher
 from mlless.progress import Progress
@@ -40,6 +40,7 @@ from mlless.runtime.supervisor.membership import INTERNAL_ERROR, INTERRUPTED, NO
 from mlless.runtime.supervisor.stopping import DIVERGED
 from mlless.plugins import load_plugins
 from mlless.spec import SpecError, TrainingJob, load_manifest
+from mlless.spec.models import model_type
 from mlless.transport import TransportError
 from mlless.transport.env import JOB_KEY_FILE, service_urls
 
@@ -85,10 +86,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     # --workers goes through the schema like the manifest's own field, and the defaults that depend on P follow it.
     job = _load_job(args.job, {"workers": args.workers} if args.workers is not None else None)
-    kind, wanted = Dataset.open(job.dataset_uri).kind, model_class(job.model.type).dataset_kind
-    if kind != wanted:
-        raise UsageError(f"{args.job}: spec.model.type {job.model.type} trains on a {wanted} dataset, "
-                         f"and {job.dataset_uri} holds {kind} (see `mlless prepare --help`)")
+    dataset, model = Dataset.open(job.dataset_uri), model_type(job.model.type)
+    if dataset.kind != model.dataset_kind:
+        raise UsageError(f"{args.job}: spec.model.type {model.name} trains on a {model.dataset_kind} dataset, "
+                         f"and {job.dataset_uri} holds {dataset.kind} (see `mlless prepare --help`)")
+    if dataset.real_labels and not model.regression:
+        raise UsageError(f"{args.job}: spec.model.type {model.name} needs labels 0/1, and {job.dataset_uri} holds "
+                         "real ones (prepared with --labels real)")
     redis_url, amqp_url = _services(args)
     if args.resume and not args.out:
         raise UsageError("--resume continues the job of a run directory: give it with --out RUNDIR")

@@ -69,7 +69,7 @@ class SparseBatch:
     indptr: np.ndarray  # int64, len = rows + 1
     indices: np.ndarray  # int32 feature ids
     values: np.ndarray  # float32
-    labels: np.ndarray  # float32 in {0, 1}
+    labels: np.ndarray  # float32: 0/1, or real numbers in a data set of real labels (`Dataset.real_labels`)
 
     kind = "sparse"
 
@@ -101,8 +101,8 @@ class SparseBatch:
             raise BatchError(f"{source}: negative feature index")
         if not np.all(np.isfinite(values)):
             raise BatchError(f"{source}: non-finite feature value")
-        if not np.all((labels == 0) | (labels == 1)):
-            raise BatchError(f"{source}: labels must be 0 or 1")
+        if not np.all(np.isfinite(labels)):
+            raise BatchError(f"{source}: non-finite label")
         return cls(indptr, indices, values, labels)
 
 

@@ -92,6 +92,9 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument("--integer-transform", choices=["log1p", "minmax"], default="log1p", help="Criteo integer columns: log1p(max(x,0)) (default) or min-max from training stats")
     f.add_argument("--libsvm-base", type=int, choices=[0, 1], default=1, help="libsvm index base (default 1)")
     f.add_argument("--libsvm-indices", choices=["keep", "hash"], default="keep", help="keep libsvm indices (n_features = max+1) or hash them into 2**K")
+    f.add_argument("--labels", choices=["binary", "real"], default="binary",
+                   help="libsvm labels: binary (-1/0 and +1/1, for logistic-regression and svm) or real (any number, "
+                        "for linear-regression); default binary")
 
     s = p.add_argument_group("synthetic data")
     s.add_argument("--rows", type=int, default=None, help="rows to generate (default 1,000,000)")
@@ -133,7 +136,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     )
     try:
         if args.format:
-            prepare_file(args.format, args.input, args.out, options, LibsvmOptions(base=args.libsvm_base, indices=args.libsvm_indices))
+            prepare_file(args.format, args.input, args.out, options, LibsvmOptions(base=args.libsvm_base, indices=args.libsvm_indices, labels=args.labels))
         elif args.sample:
             prepare(sample_source(args.sample), args.out, options)
         elif args.synthetic == "pmf":

@@ -75,8 +75,14 @@ class Dataset:
     def __len__(self) -> int:
         return self.manifest.n_batches
 
+    @property
+    def real_labels(self) -> bool:
+        """Whether a sparse data set's labels are real numbers (`mlless prepare --labels real`), not 0/1."""
+        return self.manifest.source.get("labels") == "real"
+
     def dims(self) -> dict[str, int | float]:
-        """Model dimensions: n_users, n_items, mean_rating and the rating range (ratings) or n_features (sparse)."""
+        """Model dimensions: n_users, n_items, mean_rating and the rating range (ratings), or n_features and the
+        training labels' mean (sparse; data sets prepared before it was recorded have none)."""
         m = self.manifest
         if m.kind == "ratings":
             assert m.n_users is not None and m.n_items is not None and m.mean_rating is not None
@@ -87,7 +93,8 @@ class Dataset:
                 dims |= {"rating_min": m.rating_min, "rating_max": m.rating_max}
             return dims
         assert m.n_features is not None
-        return {"n_features": m.n_features}
+        mean = m.feature_stats.get("label_mean")
+        return {"n_features": m.n_features} | ({"mean_label": float(mean)} if isinstance(mean, (int, float)) else {})
 
     # ------------------------------------------------------------ reading
 
@@ -219,3 +226,5 @@ class Dataset:
             assert m.n_features is not None
             if len(batch.indices) and int(batch.indices.max()) >= m.n_features:
                 raise DatasetError(f"{where}: feature index {int(batch.indices.max())} >= n_features {m.n_features}")
+            if not self.real_labels and not np.all((batch.labels == 0) | (batch.labels == 1)):
+                raise DatasetError(f"{where}: labels must be 0 or 1 (the manifest's source says binary labels)")

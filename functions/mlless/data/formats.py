@@ -17,6 +17,8 @@ written, after the training statistics are known.
 """
 from __future__ import annotations
 
+import math
+
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -237,20 +239,23 @@ def _hexadecimal(words: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class LibsvmOptions:
-    """How to read feature indices: `base` 1 (svmlight default) or 0; keep or hash them."""
+    """How to read feature indices: `base` 1 (svmlight default) or 0; keep or hash them. How to read labels:
+    "binary" (-1/0 -> 0, +1/1 -> 1) or "real" (any finite number, as it is: regression)."""
 
     base: int = 1
     indices: str = "keep"  # "keep" | "hash"
     hash_bits: int = 18
+    labels: str = "binary"  # "binary" | "real"
 
 
 def read_libsvm(path: str, errors: ErrorLog, options: LibsvmOptions) -> Iterator[SparseChunk]:
-    """Parse LIBSVM text; labels -1/0 -> 0 and +1/1 -> 1, `qid:` tokens and `#` comments ignored.
+    """Parse LIBSVM text; labels as `options.labels` says, `qid:` tokens and `#` comments ignored.
 
     Lines vary in length, so this parser loops in Python (about 0.3-0.5 M
     short lines/s); the hashing of indices in "hash" mode is vectorised.
     """
     n_buckets = 1 << options.hash_bits
+    real_labels = options.labels == "real"
     for block in read_blocks(path):
         keys: list[int] = []
         labels: list[float] = []
@@ -269,8 +274,11 @@ def read_libsvm(path: str, errors: ErrorLog, options: LibsvmOptions) -> Iterator
             except ValueError:
                 errors.bad(path, line_no, "label is not a number", raw)
                 continue
-            if y not in (-1.0, 0.0, 1.0):
-                errors.bad(path, line_no, "label must be -1, 0 or +1", raw)
+            if real_labels and not math.isfinite(y):
+                errors.bad(path, line_no, "label is not a finite number", raw)
+                continue
+            if not real_labels and y not in (-1.0, 0.0, 1.0):
+                errors.bad(path, line_no, "label must be -1, 0 or +1 (--labels real reads any number)", raw)
                 continue
             feats = [p for p in parts[1:] if not p.startswith(b"qid:")]
             pairs = [p.split(b":", 1) for p in feats]
@@ -278,7 +286,7 @@ def read_libsvm(path: str, errors: ErrorLog, options: LibsvmOptions) -> Iterator
                 errors.bad(path, line_no, "features must be index:value", raw)
                 continue
             keys.append(line_no)
-            labels.append(1.0 if y > 0 else 0.0)
+            labels.append(y if real_labels else 1.0 if y > 0 else 0.0)
             lengths.append(len(pairs))
             idx_tokens.extend(p[0] for p in pairs)
             val_tokens.extend(p[1] for p in pairs)

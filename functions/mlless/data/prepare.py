@@ -178,7 +178,8 @@ def libsvm_source(path: str, options: LibsvmOptions) -> Source:
     hashed = options.indices == "hash"
     return Source(
         "sparse",
-        {"format": "libsvm", "path": path, "index_base": options.base, "indices": options.indices},
+        {"format": "libsvm", "path": path, "index_base": options.base, "indices": options.indices,
+         "labels": options.labels},
         lambda e: read_libsvm(path, e, options),
         _file_size(path) * 2,
         n_features=(1 << options.hash_bits) if hashed else None,
@@ -420,7 +421,7 @@ def _manifest(
             transform["kind"] = "none"
         feature_stats = {
             "nnz_per_row_mean": stats.nnz / n_train,
-            "label_positive_rate": stats.positives / n_train,
+            "label_mean": stats.positives / n_train,  # binary labels: the rate of positives
             "integer_transform": transform,
         }
     return Manifest(

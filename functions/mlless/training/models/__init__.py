@@ -1,4 +1,4 @@
-"""Models on one flat float32 replica each: every module of this package declares one `Model` subclass.
+"""Models on one flat float32 replica each: every module of this package declares its `Model` subclasses.
 
 Importing the package imports each of its modules, and each model registers itself under its type
 (`base.REGISTRY`), so nothing here names a model. `build_model` creates a fresh (seeded, hence identical on

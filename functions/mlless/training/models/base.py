@@ -121,7 +121,7 @@ class Model(ABC):
 
     @abstractmethod
     def predict(self, batch: Batch) -> np.ndarray:
-        """Predictions: ratings for PMF, probabilities for LR."""
+        """Predictions: ratings for PMF, probabilities for LR, margins for the SVM, labels for linear regression."""
 
     @abstractmethod
     def dims(self) -> dict[str, Any]:

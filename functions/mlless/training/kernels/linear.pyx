@@ -1,13 +1,12 @@
 # cython: language_level=3
-"""Sparse logistic-regression kernels over CSR mini-batches.
+"""Sparse linear-model kernels over CSR mini-batches: one loop per task, a small class per loss.
 
-Parameter layout, shared with `mlless.training.models.logreg`: ``params[:n_features]``
-are the weights and ``params[n_features]`` is the bias.  As in the PMF kernel,
-touched features get local slots through ``slot_map`` (int32, -1 between
-calls, reset before return), so the cost per batch is O(nnz), never
-O(n_features).  Losses use the stable forms
-``bce(z, y) = max(z, 0) − z·y + log1p(exp(−|z|))`` and a branchy sigmoid, so
-large |z| neither overflows nor returns log(0).
+As scikit-learn's ``_sgd_fast.pyx.tp``, the loops are written once and ask a `Loss` for the loss of a margin
+``z = w·x + b`` against a label ``y`` and its derivative in ``z``: `Log` (logistic regression), `Hinge` (linear
+SVM) and `Squared` (linear regression). Parameter layout, shared with `mlless.training.models.linear`:
+``params[:n_features]`` are the weights and ``params[n_features]`` is the bias. Touched features get local
+slots through ``slot_map`` (int32, -1 between calls, reset before return), so the cost per batch is O(nnz),
+never O(n_features).
 """
 import numpy as np
 cimport numpy as cnp
@@ -24,8 +23,51 @@ cdef inline double _sigmoid(double z) noexcept nogil:
     return ez / (1.0 + ez)
 
 
-cdef inline double _bce(double z, double y) noexcept nogil:
-    return (z if z > 0 else 0.0) - z * y + log1p(exp(-fabs(z)))
+cdef class Loss:
+    """A loss of the margin z against the label y: `loss` and its derivative `dloss` in z."""
+
+    cdef double loss(self, double z, double y) noexcept nogil:
+        return 0.0
+
+    cdef double dloss(self, double z, double y) noexcept nogil:
+        return 0.0
+
+    def value(self, double z, double y):
+        """The loss, from Python (tests)."""
+        return self.loss(z, y)
+
+
+cdef class Log(Loss):
+    """Binary cross-entropy of sigmoid(z) against y in {0, 1}, the stable way:
+    ``max(z, 0) − z·y + log1p(exp(−|z|))``, so a large |z| neither overflows nor returns log(0)."""
+
+    cdef double loss(self, double z, double y) noexcept nogil:
+        return (z if z > 0 else 0.0) - z * y + log1p(exp(-fabs(z)))
+
+    cdef double dloss(self, double z, double y) noexcept nogil:
+        return _sigmoid(z) - y
+
+
+cdef class Hinge(Loss):
+    """max(0, 1 − s·z) with s = 2y − 1: labels 0/1 as the classes −1/+1."""
+
+    cdef double loss(self, double z, double y) noexcept nogil:
+        cdef double m = (2.0 * y - 1.0) * z
+        return 1.0 - m if m < 1.0 else 0.0
+
+    cdef double dloss(self, double z, double y) noexcept nogil:
+        cdef double s = 2.0 * y - 1.0
+        return -s if s * z < 1.0 else 0.0
+
+
+cdef class Squared(Loss):
+    """(z − y)²: its sum over a batch is the squared error RMSE is reported from."""
+
+    cdef double loss(self, double z, double y) noexcept nogil:
+        return (z - y) * (z - y)
+
+    cdef double dloss(self, double z, double y) noexcept nogil:
+        return 2.0 * (z - y)
 
 
 cdef int _check_csr(const cnp.int64_t[::1] indptr, const int[::1] indices, Py_ssize_t n_rows) except -1:
@@ -73,10 +115,10 @@ cdef Py_ssize_t _feature_slots(const int[::1] indices, int n_features, int[::1] 
     return n_slots
 
 
-def logreg_gradient(const float[::1] params not None, const cnp.int64_t[::1] indptr not None,
+def gradient(Loss loss_fn not None, const float[::1] params not None, const cnp.int64_t[::1] indptr not None,
                     const int[::1] indices not None, const float[::1] values not None,
                     const float[::1] labels not None, int n_features, int[::1] slot_map not None):
-    """Gradient of the mean BCE over one CSR batch.
+    """Gradient of the mean loss over one CSR batch.
 
     Returns ``(idx int32, grad float32, loss_sum float)``; ``idx`` lists every
     touched feature once (in order of first appearance) followed by the bias
@@ -101,8 +143,8 @@ def logreg_gradient(const float[::1] params not None, const cnp.int64_t[::1] ind
             z = b
             for j in range(indptr[r], indptr[r + 1]):
                 z += params[indices[j]] * values[j]
-            loss += _bce(z, labels[r])
-            resid = (_sigmoid(z) - labels[r]) * inv_n
+            loss += loss_fn.loss(z, labels[r])
+            resid = loss_fn.dloss(z, labels[r]) * inv_n
             gb += resid
             fr = <float>resid
             for j in range(indptr[r], indptr[r + 1]):
@@ -111,7 +153,7 @@ def logreg_gradient(const float[::1] params not None, const cnp.int64_t[::1] ind
     return idx_arr, grad_arr, loss
 
 
-def logreg_adagrad_step(float[::1] params not None, float[::1] g2 not None,
+def adagrad_step(Loss loss_fn not None, float[::1] params not None, float[::1] g2 not None,
                         const cnp.int64_t[::1] indptr not None, const int[::1] indices not None,
                         const float[::1] values not None, const float[::1] labels not None,
                         int n_features, float lr, float wd, int[::1] slot_map not None):
@@ -119,14 +161,14 @@ def logreg_adagrad_step(float[::1] params not None, float[::1] g2 not None,
 
     Each row updates the weights of its features at once, as Vowpal Wabbit's
     adaptive updates do, instead of one averaged step per batch.  Per row, with
-    z = w·x + b and r = sigmoid(z) − y: for each feature j, g = r·x_j,
+    z = w·x + b and r = dloss(z, y): for each feature j, g = r·x_j,
     G_j += g², w_j −= lr·g/√G_j + lr·wd·w_j (decoupled decay); the bias
     likewise with g = r.  ``g2`` (the accumulators, one per parameter) starts
     at 1 (`mlless.training.optim`), which bounds the first steps by ``lr``.
 
     Returns ``(idx int32, delta float32, loss_sum float)``: every touched
     feature once (in order of first appearance) then the bias, the change the
-    batch made to each, and the progressive Σ bce (each row's loss just before
+    batch made to each, and the progressive Σ loss (each row's loss just before
     its own update).  Duplicate features within a row are updated once per
     occurrence.
     """
@@ -155,8 +197,8 @@ def logreg_adagrad_step(float[::1] params not None, float[::1] g2 not None,
             z = W[n_features]
             for j in range(indptr[r], indptr[r + 1]):
                 z += W[indices[j]] * values[j]
-            loss += _bce(z, labels[r])
-            resid = <float>(_sigmoid(z) - labels[r])
+            loss += loss_fn.loss(z, labels[r])
+            resid = <float>loss_fn.dloss(z, labels[r])
             for j in range(indptr[r], indptr[r + 1]):
                 f = indices[j]
                 g = resid * values[j]
@@ -169,7 +211,7 @@ def logreg_adagrad_step(float[::1] params not None, float[::1] g2 not None,
     return idx_arr, delta_arr, loss
 
 
-def logreg_logits(const float[::1] params not None, const cnp.int64_t[::1] indptr not None,
+def logits(const float[::1] params not None, const cnp.int64_t[::1] indptr not None,
                   const int[::1] indices not None, const float[::1] values not None,
                   int n_features):
     """Logits w·x + b per row; features outside [0, n_features) are ignored."""
@@ -190,13 +232,13 @@ def logreg_logits(const float[::1] params not None, const cnp.int64_t[::1] indpt
     return out_arr
 
 
-def bce_sum(const double[::1] logits not None, const float[::1] labels not None):
-    """Σ bce(z, y), the stable way."""
-    cdef Py_ssize_t n = logits.shape[0], r
+def loss_sum(Loss loss_fn not None, const double[::1] margins not None, const float[::1] labels not None):
+    """Σ loss(z, y) over the rows' margins."""
+    cdef Py_ssize_t n = margins.shape[0], r
     if labels.shape[0] != n:
-        raise ValueError("logits and labels differ in length")
+        raise ValueError("margins and labels differ in length")
     cdef double s = 0.0
     with nogil:
         for r in range(n):
-            s += _bce(logits[r], labels[r])
+            s += loss_fn.loss(margins[r], labels[r])
     return s
