@@ -11,8 +11,9 @@ extensions = [
     Extension(
         f"mlless.training.kernels.{pyx.stem}",
         [str(pyx)],
-        # a kernel's C part is its stem_*.h header (pmf_sgd.h): listed so that sdists carry it and edits rebuild
-        depends=[str(h) for h in sorted(KERNELS.glob(f"{pyx.stem}_*.h"))],
+        # a kernel's C part is its stem_*.h header (pmf_sgd.h), and what kernels share is in *.pxd files
+        # (sparse_rows.pxd): listed so that sdists carry them and edits rebuild
+        depends=[str(h) for h in sorted(KERNELS.glob(f"{pyx.stem}_*.h")) + sorted(KERNELS.glob("*.pxd"))],
         include_dirs=[np.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O3"],

@@ -8,6 +8,7 @@ import pytest
 from mlless.runtime.local import Services, train_local
 from mlless.runtime.sync import sync_strategy
 from mlless.spec import SpecError, SyncConfig, from_manifest
+from mlless.spec.models import BUILT_IN
 
 from test_averaging import base_rate_bce, resumed_after_a_kill
 from test_scaling import assert_conserved
@@ -82,5 +83,6 @@ def test_admm_is_refused_for_pmf(movielens_dir):
     with pytest.raises(SpecError) as refused:
         from_manifest(manifest(movielens_dir, sync={"protocol": "admm"}))
     [line] = str(refused.value).splitlines()[1:]
-    assert line.strip() == ("spec.sync.protocol: admm needs spec.model.type logistic-regression or svm or "
-                            "linear-regression, not pmf")
+    convex = " or ".join(t.name for t in BUILT_IN if "convex" in t.traits)
+    assert convex.startswith("logistic-regression") and "pmf" not in convex
+    assert line.strip() == f"spec.sync.protocol: admm needs spec.model.type {convex}, not pmf"

@@ -52,7 +52,7 @@ def test_open_and_read(ratings_dir: Path, sparse_dir: Path) -> None:
     assert set(ds.dims()) == {"n_users", "n_items", "mean_rating", "rating_min", "rating_max", "n_ratings"}
     assert sum(len(x) for x in ds) == ds.manifest.n_train
     sp = Dataset.open(str(sparse_dir))
-    assert isinstance(sp.batch(0), SparseBatch) and set(sp.dims()) == {"n_features", "mean_label"}
+    assert isinstance(sp.batch(0), SparseBatch) and set(sp.dims()) == {"n_features", "mean_label", "classes"}
     assert isinstance(sp.validation(), SparseBatch) and len(sp.validation()) == sp.manifest.n_validation
     with pytest.raises(IndexError):
         ds.batch(ds.n_batches)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from mlless.training.kernels import linear as klin
+from mlless.training.kernels import softmax as ksm
 from mlless.training.kernels import pmf as kpmf
 
 
@@ -247,3 +248,43 @@ def test_logreg_gradient_rejects_bad_input():
         klin.gradient(klin.Log(), params, indptr[:-1], indices, values, labels, 10, slots)
     with pytest.raises(ValueError):
         klin.gradient(klin.Log(), np.zeros(10, np.float32), indptr, indices, values, labels, 10, slots)
+
+
+def test_softmax_gradient_matches_numpy_reference_and_finite_differences():
+    rng = np.random.default_rng(6)
+    F, K = 10, 4
+    indptr, indices, values, _ = make_csr(rng, n_features=F)
+    classes = rng.integers(0, K, len(indptr) - 1).astype(np.int32)
+    params = rng.normal(0, 0.7, (F + 1) * K).astype(np.float32)
+
+    def reference(p: np.ndarray) -> tuple[float, np.ndarray]:
+        X = np.zeros((len(classes), F))
+        for r in range(len(classes)):
+            for j in range(indptr[r], indptr[r + 1]):
+                X[r, indices[j]] += values[j]
+        W, b = p[:F * K].reshape(F, K), p[F * K:]
+        z = X @ W + b
+        lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+        loss = lse - z[np.arange(len(classes)), classes]
+        d = np.exp(z - lse[:, None])
+        d[np.arange(len(classes)), classes] -= 1
+        return loss.sum(), np.concatenate([(X.T @ d).ravel(), d.sum(0)]) / len(classes)
+
+    slots = np.full(F, -1, np.int32)
+    idx, grad, loss_sum = ksm.softmax_gradient(params, indptr, indices, values, classes, F, K, slots)
+    loss_ref, gref = reference(params.astype(np.float64))
+    assert np.all(slots == -1) and len(np.unique(idx)) == len(idx)
+    np.testing.assert_array_equal(idx[-K:], F * K + np.arange(K))
+    np.testing.assert_allclose(grad, gref[idx], rtol=1e-4, atol=1e-6)
+    assert loss_sum == pytest.approx(loss_ref, rel=1e-5)
+    h = 1e-6
+    for j in range(0, (F + 1) * K, 3):
+        up, down = params.astype(np.float64), params.astype(np.float64)
+        up[j] += h
+        down[j] -= h
+        fd = (reference(up)[0] - reference(down)[0]) / (2 * h) / len(classes)
+        assert gref[j] == pytest.approx(fd, rel=1e-3, abs=1e-6)
+    big = params * 1e4  # logits in the thousands: no overflow, and the same loss the reference computes stably
+    assert np.isfinite(ksm.softmax_gradient(big, indptr, indices, values, classes, F, K, slots)[2])
+    with pytest.raises(ValueError, match="class 4 outside"):
+        ksm.softmax_gradient(params, indptr, indices, values, np.full(len(classes), K, np.int32), F, K, slots)

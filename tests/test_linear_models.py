@@ -1,6 +1,6 @@
-"""The linear SVM and linear regression (#23): trained by real worker processes at their defaults, on both
-transports, to a quality bar each test computes from its data; real labels are prepared with --labels real and
-refused to a classifier in one line."""
+"""The linear SVM, linear regression and softmax (#23): trained by real worker processes at their defaults, on both
+transports, to a quality bar each test computes from its data; real labels and classes are prepared with --labels,
+and a model refuses labels it does not fit in one line."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,27 +20,32 @@ pytestmark = pytest.mark.slow
 WEIGHTS = np.random.default_rng(11).normal(0.0, 1.5, 40)
 
 
-@pytest.fixture(scope="module")
-def regression_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A libsvm file of 6,000 sparse rows whose labels are 50 + w·x + noise (σ 0.5), prepared with real labels."""
-    root = tmp_path_factory.mktemp("regression")
-    rng = np.random.default_rng(12)
+def prepared_libsvm(root: Path, rows: int, per_row: int, low: float, labels: str, label_of) -> Path:
+    """`rows` libsvm rows of `per_row` of the 40 features, valued uniformly in [low, 1), each labelled
+    `label_of(rng, columns, values)`, prepared with `--labels labels` in batches of 200."""
+    rng = np.random.default_rng(len(labels))
     lines = []
-    for _ in range(6000):
-        cols = np.sort(rng.choice(len(WEIGHTS), 6, replace=False))
-        x = rng.uniform(0.0, 1.0, 6)
-        y = 50.0 + WEIGHTS[cols] @ x + rng.normal(0.0, 0.5)
-        lines.append(f"{y:.4f} " + " ".join(f"{c + 1}:{v:.4f}" for c, v in zip(cols, x)))
+    for _ in range(rows):
+        cols = np.sort(rng.choice(len(WEIGHTS), per_row, replace=False))
+        x = rng.uniform(low, 1.0, per_row)
+        lines.append(f"{label_of(rng, cols, x):.4f} " + " ".join(f"{c + 1}:{v:.4f}" for c, v in zip(cols, x)))
     (root / "train.svm").write_text("\n".join(lines) + "\n")
     assert main(["prepare", "--format", "libsvm", str(root / "train.svm"), "--out", str(root / "data"),
-                 "--labels", "real", "--batch-size", "200", "--quiet"]) == 0
+                 "--labels", labels, "--batch-size", "200", "--quiet"]) == 0
     return root / "data"
+
+
+@pytest.fixture(scope="module")
+def regression_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """6,000 sparse rows whose labels are 50 + w·x + noise (σ 0.5), prepared with real labels."""
+    return prepared_libsvm(tmp_path_factory.mktemp("regression"), 6000, 6, 0.0, "real",
+                           lambda rng, cols, x: 50.0 + WEIGHTS[cols] @ x + rng.normal(0.0, 0.5))
 
 
 @pytest.mark.parametrize("services", ["embedded", "redis+rabbitmq"])
 def test_linear_regression_at_its_defaults_fits_real_labels(regression_dir, tmp_path, redis_url, amqp_url, services):
     dataset = Dataset.open(str(regression_dir))
-    assert dataset.real_labels and dataset.dims()["mean_label"] == pytest.approx(50.0 + WEIGHTS.mean() * 3, abs=1.0)
+    assert dataset.labels == "real" and dataset.dims()["mean_label"] == pytest.approx(50.0 + WEIGHTS.mean() * 3, abs=1.0)
     labels = dataset.validation().labels
     mean_only = float(np.sqrt(np.mean((labels - dataset.dims()["mean_label"]) ** 2)))
     svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
@@ -68,17 +73,59 @@ def test_the_svm_at_its_defaults_separates_the_clicks(synthetic_lr_dir, tmp_path
     assert accuracy > max(p, 1 - p) + 0.02, (accuracy, p)
 
 
+@pytest.fixture(scope="module")
+def classes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8,000 sparse rows of 4 classes labelled 1, 2, 5 and 7 (the argmax of planted scores + noise), class 1 the
+    most frequent, prepared with --labels classes."""
+    scores = np.random.default_rng(13).normal(0.0, 2.0, (len(WEIGHTS), 4))
+    return prepared_libsvm(tmp_path_factory.mktemp("classes"), 8000, 5, 0.5, "classes",
+                           lambda rng, cols, x: (1, 2, 5, 7)[int(np.argmax(x @ scores[cols] + rng.normal(0.0, 1.0, 4)
+                                                                           + [1.0, 0, 0, 0]))])
+
+
+@pytest.mark.parametrize("services", ["embedded", "redis+rabbitmq"])
+def test_softmax_at_its_defaults_tells_the_classes_apart(classes_dir, tmp_path, redis_url, amqp_url, services):
+    dataset = Dataset.open(str(classes_dir))
+    assert dataset.labels == "classes" and dataset.dims()["classes"] == [1.0, 2.0, 5.0, 7.0]
+    validation = dataset.validation()
+    shares = np.array([np.mean(validation.labels == c) for c in (1, 2, 5, 7)])
+    svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
+    job = job_for(classes_dir, workers=2, model={"type": "softmax"}, stop={"maxEpochs": 6})
+    summary = train_local(job, tmp_path, svc, QUIET)
+    assert summary["loss_metric"] == "cross-entropy" and summary["dropped_workers"] == []
+    assert summary["rejected_frames"] == 0
+    # Below the cross-entropy of predicting the classes' shares for every row, and more often right than the
+    # most frequent class.
+    assert summary["validation_loss"] < 0.8 * float(-(shares * np.log(shares)).sum()), (summary, shares)
+    model = load_model(tmp_path / "model.npz")
+    right = model.classes[model.predict(validation).argmax(axis=1)] == validation.labels
+    assert float(right.mean()) > shares.max() + 0.1, (right.mean(), shares)
+
+
 def test_a_classifier_is_refused_real_labels_in_one_line(regression_dir, tmp_path, capsys):
     manifest = tmp_path / "job.yaml"
     manifest.write_text("apiVersion: mlless.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: svm}\n"
                         f"spec: {{model: {{type: svm}}, dataset: {{uri: {regression_dir}}}}}\n")
     assert main(["train", str(manifest), "--out", str(tmp_path / "run")]) != 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"mlless: error: {manifest}: spec.model.type svm needs labels 0/1, and {regression_dir} holds real ones "
-                   "(prepared with --labels real)"], err
+    assert err == [f"mlless: error: {manifest}: spec.model.type svm fits binary labels, and {regression_dir} holds "
+                   "real ones (mlless prepare --labels)"], err
+
+
+def test_softmax_is_refused_real_labels_and_too_many_classes_are_refused_by_prepare(regression_dir, tmp_path,
+                                                                                        capsys):
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text("apiVersion: mlless.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: softmax}\n"
+                        f"spec: {{model: {{type: softmax}}, dataset: {{uri: {regression_dir}}}}}\n")
+    assert main(["train", str(manifest), "--out", str(tmp_path / "run")]) != 0
+    assert "spec.model.type softmax fits binary or classes labels" in capsys.readouterr().err
+    (tmp_path / "many.svm").write_text("".join(f"{i} 1:1\n" for i in range(1001)))
+    assert main(["prepare", "--format", "libsvm", str(tmp_path / "many.svm"), "--out", str(tmp_path / "data"),
+                 "--labels", "classes", "--quiet"]) != 0
+    assert "--labels classes: more than 1000 distinct labels" in capsys.readouterr().err
 
 
 def test_binary_libsvm_labels_are_still_checked(tmp_path, capsys):
     (tmp_path / "bad.svm").write_text("1 1:0.5\n2.5 2:1\n0 3:1\n")
     main(["prepare", "--format", "libsvm", str(tmp_path / "bad.svm"), "--out", str(tmp_path / "data"), "--quiet"])
-    assert "label must be -1, 0 or +1 (--labels real reads any number)" in capsys.readouterr().err
+    assert "label must be -1, 0 or +1 (--labels real or classes reads any number)" in capsys.readouterr().err

@@ -185,7 +185,7 @@ def test_criteo_round_trip_blanks_anywhere(tmp_path: Path) -> None:
     opts = PrepareOptions(batch_size=10, validation_fraction=0.2, seed=0, hash_bits=12, progress=False)
     m = prepare_file("criteo", str(src), str(tmp_path / "o"), opts)
     ds = Dataset.open(str(tmp_path / "o"))
-    assert ds.kind == "sparse" and m.n_features == 4096 and set(ds.dims()) == {"n_features", "mean_label"}
+    assert ds.kind == "sparse" and m.n_features == 4096 and set(ds.dims()) == {"n_features", "mean_label", "classes"}
     assert m.n_train + m.n_validation == len(lines)
     batches = all_train(ds) + [ds.validation()]
     nnz = np.concatenate([np.diff(b.indptr) for b in batches])

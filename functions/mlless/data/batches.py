@@ -69,7 +69,7 @@ class SparseBatch:
     indptr: np.ndarray  # int64, len = rows + 1
     indices: np.ndarray  # int32 feature ids
     values: np.ndarray  # float32
-    labels: np.ndarray  # float32: 0/1, or real numbers in a data set of real labels (`Dataset.real_labels`)
+    labels: np.ndarray  # float32: 0/1, or any finite numbers in a data set of real labels or classes (`Dataset.labels`)
 
     kind = "sparse"
 

@@ -6,7 +6,7 @@ import sys
 
 from mlless.contract import EXIT_FAILED, EXIT_USAGE
 from mlless.data.formats import LibsvmOptions
-from mlless.data.manifest import DatasetError
+from mlless.data.manifest import LABEL_KINDS, MAX_CLASSES, DatasetError
 from mlless.data.prepare import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_HASH_BITS,
@@ -92,9 +92,10 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument("--integer-transform", choices=["log1p", "minmax"], default="log1p", help="Criteo integer columns: log1p(max(x,0)) (default) or min-max from training stats")
     f.add_argument("--libsvm-base", type=int, choices=[0, 1], default=1, help="libsvm index base (default 1)")
     f.add_argument("--libsvm-indices", choices=["keep", "hash"], default="keep", help="keep libsvm indices (n_features = max+1) or hash them into 2**K")
-    f.add_argument("--labels", choices=["binary", "real"], default="binary",
-                   help="libsvm labels: binary (-1/0 and +1/1, for logistic-regression and svm) or real (any number, "
-                        "for linear-regression); default binary")
+    f.add_argument("--labels", choices=LABEL_KINDS, default=LABEL_KINDS[0],
+                   help="libsvm labels: binary (-1/0 and +1/1, for logistic-regression and svm), real (any number, "
+                        f"for linear-regression) or classes (up to {MAX_CLASSES} distinct values, for softmax); "
+                        "default binary")
 
     s = p.add_argument_group("synthetic data")
     s.add_argument("--rows", type=int, default=None, help="rows to generate (default 1,000,000)")

@@ -22,7 +22,8 @@ from fsspec import AbstractFileSystem
 
 from mlless.data.batches import BATCH_TYPES, BatchError, RatingsBatch, SparseBatch
 from mlless.data.manifest import (
-    MANIFEST_NAME, USER_COUNTS_NAME, VALIDATION_NAME, DatasetError, Manifest, batch_name, user_shard_name,
+    LABEL_KINDS, MANIFEST_NAME, USER_COUNTS_NAME, VALIDATION_NAME, DatasetError, Manifest, batch_name,
+    user_shard_name,
 )
 from mlless.data.npz import load_npz_bytes, sha256
 
@@ -76,13 +77,14 @@ class Dataset:
         return self.manifest.n_batches
 
     @property
-    def real_labels(self) -> bool:
-        """Whether a sparse data set's labels are real numbers (`mlless prepare --labels real`), not 0/1."""
-        return self.manifest.source.get("labels") == "real"
+    def labels(self) -> str:
+        """What a sparse data set's labels are, one of `LABEL_KINDS` (`mlless prepare --labels`; binary before it)."""
+        return str(self.manifest.source.get("labels", LABEL_KINDS[0]))
 
     def dims(self) -> dict[str, int | float]:
-        """Model dimensions: n_users, n_items, mean_rating and the rating range (ratings), or n_features and the
-        training labels' mean (sparse; data sets prepared before it was recorded have none)."""
+        """Model dimensions: n_users, n_items, mean_rating and the rating range (ratings), or n_features, the
+        training labels' mean (data sets prepared before it was recorded have none) and the classes, the sorted
+        distinct labels (sparse; [0, 1] for binary labels, none for real ones)."""
         m = self.manifest
         if m.kind == "ratings":
             assert m.n_users is not None and m.n_items is not None and m.mean_rating is not None
@@ -94,7 +96,9 @@ class Dataset:
             return dims
         assert m.n_features is not None
         mean = m.feature_stats.get("label_mean")
-        return {"n_features": m.n_features} | ({"mean_label": float(mean)} if isinstance(mean, (int, float)) else {})
+        classes = m.feature_stats.get("label_classes") if self.labels == "classes" else [0.0, 1.0]
+        return ({"n_features": m.n_features} | ({"mean_label": float(mean)} if isinstance(mean, (int, float)) else {})
+                | ({"classes": classes} if self.labels != "real" else {}))
 
     # ------------------------------------------------------------ reading
 
@@ -226,5 +230,5 @@ class Dataset:
             assert m.n_features is not None
             if len(batch.indices) and int(batch.indices.max()) >= m.n_features:
                 raise DatasetError(f"{where}: feature index {int(batch.indices.max())} >= n_features {m.n_features}")
-            if not self.real_labels and not np.all((batch.labels == 0) | (batch.labels == 1)):
+            if self.labels == "binary" and not np.all((batch.labels == 0) | (batch.labels == 1)):
                 raise DatasetError(f"{where}: labels must be 0 or 1 (the manifest's source says binary labels)")

@@ -239,13 +239,14 @@ def _hexadecimal(words: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class LibsvmOptions:
-    """How to read feature indices: `base` 1 (svmlight default) or 0; keep or hash them. How to read labels:
-    "binary" (-1/0 -> 0, +1/1 -> 1) or "real" (any finite number, as it is: regression)."""
+    """How to read feature indices: `base` 1 (svmlight default) or 0; keep or hash them. How to read labels
+    (`mlless.data.manifest.LABEL_KINDS`): "binary" (-1/0 -> 0, +1/1 -> 1), or "real" and "classes" (any finite
+    number, as it is: prepare records the distinct values of "classes")."""
 
     base: int = 1
     indices: str = "keep"  # "keep" | "hash"
     hash_bits: int = 18
-    labels: str = "binary"  # "binary" | "real"
+    labels: str = "binary"
 
 
 def read_libsvm(path: str, errors: ErrorLog, options: LibsvmOptions) -> Iterator[SparseChunk]:
@@ -255,7 +256,7 @@ def read_libsvm(path: str, errors: ErrorLog, options: LibsvmOptions) -> Iterator
     short lines/s); the hashing of indices in "hash" mode is vectorised.
     """
     n_buckets = 1 << options.hash_bits
-    real_labels = options.labels == "real"
+    any_number = options.labels != "binary"
     for block in read_blocks(path):
         keys: list[int] = []
         labels: list[float] = []
@@ -274,11 +275,11 @@ def read_libsvm(path: str, errors: ErrorLog, options: LibsvmOptions) -> Iterator
             except ValueError:
                 errors.bad(path, line_no, "label is not a number", raw)
                 continue
-            if real_labels and not math.isfinite(y):
+            if any_number and not math.isfinite(y):
                 errors.bad(path, line_no, "label is not a finite number", raw)
                 continue
-            if not real_labels and y not in (-1.0, 0.0, 1.0):
-                errors.bad(path, line_no, "label must be -1, 0 or +1 (--labels real reads any number)", raw)
+            if not any_number and y not in (-1.0, 0.0, 1.0):
+                errors.bad(path, line_no, "label must be -1, 0 or +1 (--labels real or classes reads any number)", raw)
                 continue
             feats = [p for p in parts[1:] if not p.startswith(b"qid:")]
             pairs = [p.split(b":", 1) for p in feats]
@@ -286,7 +287,7 @@ def read_libsvm(path: str, errors: ErrorLog, options: LibsvmOptions) -> Iterator
                 errors.bad(path, line_no, "features must be index:value", raw)
                 continue
             keys.append(line_no)
-            labels.append(y if real_labels else 1.0 if y > 0 else 0.0)
+            labels.append(y if any_number else 1.0 if y > 0 else 0.0)
             lengths.append(len(pairs))
             idx_tokens.extend(p[0] for p in pairs)
             val_tokens.extend(p[1] for p in pairs)

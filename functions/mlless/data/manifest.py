@@ -17,6 +17,11 @@ FORMAT_VERSION = 1
 MAX_ROWS = 2**40
 MAX_FEATURES = 2**31 - 1
 KINDS = ("ratings", "sparse")
+#: What a sparse data set's labels are (`mlless prepare --labels`, the manifest's `source.labels`): 0/1, real
+#: numbers (regression), or a few distinct values, each a class (`feature_stats.label_classes`, sorted).
+LABEL_KINDS = ("binary", "real", "classes")
+#: A data set of classes has at most this many distinct labels: beyond, they are values to regress on.
+MAX_CLASSES = 1000
 
 
 class DatasetError(ValueError):

@@ -49,6 +49,7 @@ from mlless.data.manifest import (
     FORMAT_VERSION,
     IDS_NAME,
     MANIFEST_NAME,
+    MAX_CLASSES,
     VALIDATION_NAME,
     Manifest,
     batch_name,
@@ -129,6 +130,8 @@ class _Stats:
     rating_max: float = float("-inf")
     nnz: int = 0
     positives: float = 0.0
+    #: The distinct labels of every row, with --labels classes (None otherwise).
+    classes: np.ndarray | None = None
     max_index: int = -1
     int_min: np.ndarray = field(default_factory=lambda: np.full(CRITEO_INT_COLUMNS, np.inf))
     int_max: np.ndarray = field(default_factory=lambda: np.full(CRITEO_INT_COLUMNS, -np.inf))
@@ -222,7 +225,7 @@ def prepare(source: Source, out: str, options: PrepareOptions, log: Callable[[st
     output.clear_stale()
     n_buckets = choose_buckets(source.estimated_bytes, options.bucket_bytes)
     progress = Progress("prepare", options.progress)
-    stats = _Stats()
+    stats = _Stats(classes=np.empty(0, np.float32) if source.description.get("labels") == "classes" else None)
     with tempfile.TemporaryDirectory(prefix="mlless-prepare-", dir=options.tmp_dir) as tmp:
         train = SpillBuckets(Path(tmp), "train", source.kind, n_buckets, flush_bytes=options.bucket_bytes)
         val = SpillBuckets(Path(tmp), "validation", source.kind, 1, flush_bytes=options.bucket_bytes)
@@ -274,6 +277,11 @@ def _pass1_chunk(
             stats.max_index = max(stats.max_index, int(chunk.indices.max()))
         if source.n_features is not None and stats.max_index >= source.n_features:
             raise PrepareError(f"internal error: feature index {stats.max_index} >= n_features {source.n_features}")
+        if stats.classes is not None:  # both splits: a class seen only in validation is still a class
+            stats.classes = np.union1d(stats.classes, np.unique(chunk.labels))
+            if len(stats.classes) > MAX_CLASSES:
+                raise PrepareError(f"{_describe(source)}: --labels classes: more than {MAX_CLASSES} distinct labels "
+                                   "(--labels real reads them as values to regress on)")
     is_val = unit_interval(chunk.keys, options.seed ^ _SPLIT_SALT) < options.validation_fraction
     if options.max_validation_rows is not None:
         room = max(options.max_validation_rows - val.rows, 0)
@@ -422,6 +430,7 @@ def _manifest(
         feature_stats = {
             "nnz_per_row_mean": stats.nnz / n_train,
             "label_mean": stats.positives / n_train,  # binary labels: the rate of positives
+            **({"label_classes": stats.classes.tolist()} if stats.classes is not None else {}),
             "integer_transform": transform,
         }
     return Manifest(

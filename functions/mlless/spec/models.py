@@ -23,6 +23,7 @@ LOSS_METRICS: dict[str, Callable[[float, int], float]] = {
     "rmse": lambda total, n: math.sqrt(max(total, 0.0) / n),
     "bce": lambda total, n: total / n,
     "hinge": lambda total, n: total / n,
+    "cross-entropy": lambda total, n: total / n,
 }
 
 # ISP's v. The papers' 0.7 was set for mini-batch updates. PMF's default optimizer is per-sample AdaGrad, whose
@@ -69,8 +70,9 @@ class ModelType:
     #: What protocols need of a model (`mlless.spec.schema.NEEDS`): "blocks" (rows of users and items to split),
     #: "convex" (a convex loss).
     traits: frozenset[str] = field(default_factory=frozenset)
-    #: Whether it fits real-valued labels (`mlless prepare --labels real`); a classifier needs labels 0/1.
-    regression: bool = False
+    #: The kinds of labels it fits (`mlless prepare --labels`, `mlless.data.manifest.LABEL_KINDS`); a ratings
+    #: data set's reads as binary.
+    labels: frozenset[str] = frozenset({"binary"})
 
     def __post_init__(self) -> None:
         if self.loss_metric not in LOSS_METRICS:
@@ -105,7 +107,12 @@ BUILT_IN = (
     # real labels, where LR's Adam at 0.01 stayed above 1.0 for 6 epochs (the same section). 1/P beyond 2 workers,
     # as PMF's: dense columns, where LR's AdaGrad overshot, are untried.
     ModelType("linear-regression", "linear regression, squared loss, on hashed features", "sparse", "rmse",
-              OptimizerDefaults("adagrad", 0.3, full_rate_workers=2), traits=frozenset({"convex"}), regression=True),
+              OptimizerDefaults("adagrad", 0.3, full_rate_workers=2), traits=frozenset({"convex"}),
+              labels=frozenset({"binary", "real"})),
+    # Cirrus's softmax: K weights a feature; LR's Adam until measured on its own.
+    ModelType("softmax", "multinomial logistic regression on hashed features, one class a distinct label", "sparse",
+              "cross-entropy", OptimizerDefaults("adam", 0.01, lr_decay="sqrt-epoch"), traits=frozenset({"convex"}),
+              labels=frozenset({"binary", "classes"})),
 )
 
 #: Every registered model type by name.

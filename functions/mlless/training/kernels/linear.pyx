@@ -12,6 +12,8 @@ import numpy as np
 cimport numpy as cnp
 from libc.math cimport exp, log1p, fabs, sqrtf
 
+from mlless.training.kernels.sparse_rows cimport check_csr, feature_slots
+
 cnp.import_array()
 
 
@@ -70,49 +72,14 @@ cdef class Squared(Loss):
         return 2.0 * (z - y)
 
 
-cdef int _check_csr(const cnp.int64_t[::1] indptr, const int[::1] indices, Py_ssize_t n_rows) except -1:
-    if indptr.shape[0] != n_rows + 1:
-        raise ValueError("indptr must have len(labels) + 1 entries")
-    if n_rows >= 0 and (indptr[0] != 0 or indptr[n_rows] != indices.shape[0]):
-        raise ValueError("indptr does not span indices")
-    return 0
-
-
 cdef int _check_batch(const float[::1] params, const cnp.int64_t[::1] indptr, const int[::1] indices,
                       const float[::1] values, Py_ssize_t n_rows, int n_features) except -1:
-    _check_csr(indptr, indices, n_rows)
+    check_csr(indptr, indices, n_rows)
     if values.shape[0] != indices.shape[0]:
         raise ValueError("indices and values differ in length")
     if params.shape[0] != <Py_ssize_t>n_features + 1:
         raise ValueError("params length must be n_features + 1")
     return 0
-
-
-cdef Py_ssize_t _feature_slots(const int[::1] indices, int n_features, int[::1] slot_map, int[::1] feats,
-                               int *slot_of) except -1:
-    """List each distinct feature of a batch once in ``feats`` (order of first appearance), then the bias
-    index ``n_features``; return how many features.  With ``slot_of``, also store each entry's position in
-    ``feats``.  ``slot_map`` is all -1 again on return; a feature outside the model is an IndexError."""
-    cdef Py_ssize_t j, k, n_slots = 0, bad = -1
-    cdef int f
-    with nogil:
-        for j in range(indices.shape[0]):
-            f = indices[j]
-            if f < 0 or f >= n_features:
-                bad = j
-                break
-            if slot_map[f] < 0:
-                slot_map[f] = <int>n_slots
-                feats[n_slots] = f
-                n_slots += 1
-            if slot_of != NULL:
-                slot_of[j] = slot_map[f]
-        for k in range(n_slots):
-            slot_map[feats[k]] = -1
-    if bad >= 0:
-        raise IndexError(f"feature index {indices[bad]} outside [0, {n_features})")
-    feats[n_slots] = n_features
-    return n_slots
 
 
 def gradient(Loss loss_fn not None, const float[::1] params not None, const cnp.int64_t[::1] indptr not None,
@@ -131,7 +98,7 @@ def gradient(Loss loss_fn not None, const float[::1] params not None, const cnp.
         raise ValueError("slot_map is smaller than n_features")
     cdef int[::1] feats = np.empty(nnz + 1, dtype=np.int32)
     cdef int[::1] slot_of = np.empty(nnz, dtype=np.int32)
-    cdef Py_ssize_t j, r, n_slots = _feature_slots(indices, n_features, slot_map, feats, &slot_of[0] if nnz else NULL)
+    cdef Py_ssize_t j, r, n_slots = feature_slots(indices, n_features, slot_map, feats, &slot_of[0] if nnz else NULL)
     idx_arr = np.asarray(feats[:n_slots + 1]).copy()
     grad_arr = np.zeros(n_slots + 1, dtype=np.float32)
     cdef float[::1] grad = grad_arr
@@ -180,7 +147,7 @@ def adagrad_step(Loss loss_fn not None, float[::1] params not None, float[::1] g
         raise ValueError("slot_map is smaller than n_features")
     idx_arr = np.empty(nnz + 1, dtype=np.int32)
     cdef int[::1] feats = idx_arr
-    cdef Py_ssize_t j, r, k, n_slots = _feature_slots(indices, n_features, slot_map, feats, NULL)
+    cdef Py_ssize_t j, r, k, n_slots = feature_slots(indices, n_features, slot_map, feats, NULL)
     cdef int f
     idx_arr = idx_arr[:n_slots + 1]
     feats = idx_arr
