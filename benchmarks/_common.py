@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import yaml
 
@@ -271,8 +271,14 @@ class Stopwatch:
         self.cpu_seconds = time.process_time() - self.cpu_start
 
 
-def vw_file(batches: list, path: Path) -> Path:
-    """The dataset in Vowpal Wabbit's text format (written once; VW's documented input)."""
+def binary_label(y: float) -> str:
+    """A 0/1 label as Vowpal Wabbit's -1/+1."""
+    return "1" if y > 0.5 else "-1"
+
+
+def vw_file(batches: list, path: Path, label: Callable[[float], str] = binary_label) -> Path:
+    """The dataset in Vowpal Wabbit's text format (written once; VW's documented input), each row's label
+    written by `label`."""
     if path.exists():
         return path
     tmp = path.with_suffix(".tmp")
@@ -281,6 +287,6 @@ def vw_file(batches: list, path: Path) -> Path:
             for row in range(len(b.labels)):
                 lo, hi = b.indptr[row], b.indptr[row + 1]
                 feats = " ".join(f"{j}:{v:.6g}" for j, v in zip(b.indices[lo:hi].tolist(), b.values[lo:hi].tolist()))
-                fh.write(f"{1 if b.labels[row] > 0.5 else -1} | {feats}\n")
+                fh.write(f"{label(float(b.labels[row]))} | {feats}\n")
     tmp.rename(path)
     return path

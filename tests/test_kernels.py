@@ -288,3 +288,28 @@ def test_softmax_gradient_matches_numpy_reference_and_finite_differences():
     assert np.isfinite(ksm.softmax_gradient(big, indptr, indices, values, classes, F, K, slots)[2])
     with pytest.raises(ValueError, match="class 4 outside"):
         ksm.softmax_gradient(params, indptr, indices, values, np.full(len(classes), K, np.int32), F, K, slots)
+
+
+@pytest.mark.parametrize("name", ["log", "hinge", "squared"])
+def test_normalized_updates_learn_the_same_whatever_a_features_units(name):
+    """A feature multiplied by 1,000 gets a weight 1,000 times smaller and the same margins, step after step."""
+    loss_fn = {"log": klin.Log, "hinge": klin.Hinge, "squared": klin.Squared}[name]()
+    rng = np.random.default_rng(7)
+    F = 10
+    indptr, indices, values, labels = make_csr(rng, n_features=F)
+    if name == "squared":
+        labels = rng.normal(1.0, 1.0, len(labels)).astype(np.float32)
+    scaled = values * np.where(indices == 3, 1000.0, 1.0).astype(np.float32)
+    runs = []
+    for vals in (values, scaled):
+        params, g2, scale, norm = (np.zeros(F + 1, np.float32), np.zeros(F + 1, np.float32),
+                                   np.zeros(F + 1, np.float32), np.zeros(2))
+        for _ in range(3):
+            idx, delta, _ = klin.normalized_step(loss_fn, params, g2, scale, norm, indptr, indices, vals, labels, F,
+                                                 0.5, 0.0, np.full(F, -1, np.int32))
+        runs.append((params.copy(), klin.logits(params, indptr, indices, vals, F)))
+    (plain, margins), (wide, wide_margins) = runs
+    assert np.any(plain != 0) and np.all(np.isfinite(plain))
+    np.testing.assert_allclose(wide[3] * 1000.0, plain[3], rtol=1e-3, atol=1e-6)
+    np.testing.assert_allclose(np.delete(wide, 3), np.delete(plain, 3), rtol=1e-3, atol=1e-6)
+    np.testing.assert_allclose(wide_margins, margins, rtol=1e-3, atol=1e-5)

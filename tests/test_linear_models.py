@@ -56,6 +56,7 @@ def test_linear_regression_at_its_defaults_fits_real_labels(regression_dir, tmp_
     assert summary["validation_loss"] < 0.5 * mean_only, (summary["validation_loss"], mean_only)
     model = load_model(tmp_path / "model.npz")
     assert model.kind == "linear-regression" and abs(float(model.b[0]) - 50.0) < 5.0
+    assert summary["validation_scores"] == {}  # its loss metric is RMSE already
 
 
 @pytest.mark.parametrize("services", ["embedded", "redis+rabbitmq"])
@@ -100,6 +101,7 @@ def test_softmax_at_its_defaults_tells_the_classes_apart(classes_dir, tmp_path, 
     model = load_model(tmp_path / "model.npz")
     right = model.classes[model.predict(validation).argmax(axis=1)] == validation.labels
     assert float(right.mean()) > shares.max() + 0.1, (right.mean(), shares)
+    assert summary["validation_scores"] == {"accuracy": pytest.approx(float(right.mean()))}
 
 
 def test_a_classifier_is_refused_real_labels_in_one_line(regression_dir, tmp_path, capsys):
@@ -129,3 +131,26 @@ def test_binary_libsvm_labels_are_still_checked(tmp_path, capsys):
     (tmp_path / "bad.svm").write_text("1 1:0.5\n2.5 2:1\n0 3:1\n")
     main(["prepare", "--format", "libsvm", str(tmp_path / "bad.svm"), "--out", str(tmp_path / "data"), "--quiet"])
     assert "label must be -1, 0 or +1 (--labels real or classes reads any number)" in capsys.readouterr().err
+
+
+def test_the_classifiers_figures_are_in_the_summary_and_from_mlless_evaluate(synthetic_lr_dir, tmp_path, capsys):
+    """Accuracy and AUC of the handed-back model, the same in summary.json and from `mlless evaluate`, and the
+    same as computed here from its margins."""
+    import json
+
+    from scipy.stats import rankdata
+
+    summary = train_local(job_for(synthetic_lr_dir, workers=1, model={"type": "logistic-regression"},
+                                  stop={"maxEpochs": 1}), tmp_path, Services(), QUIET)
+    validation = Dataset.open(str(synthetic_lr_dir)).validation()
+    margins = load_model(tmp_path / "model.npz").margins(validation)
+    positive = validation.labels == 1
+    ranks = rankdata(margins)
+    auc = (ranks[positive].sum() - positive.sum() * (positive.sum() + 1) / 2) / (positive.sum() * (~positive).sum())
+    assert summary["validation_scores"] == pytest.approx({"accuracy": np.mean((margins > 0) == positive), "auc": auc})
+    assert 0.6 < summary["validation_scores"]["auc"] < 1
+    assert main(["evaluate", str(tmp_path / "model.npz"), str(synthetic_lr_dir)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["validation_accuracy"] == pytest.approx(summary["validation_scores"]["accuracy"])
+    assert shown["validation_auc"] == pytest.approx(summary["validation_scores"]["auc"])
+    assert shown["validation"] == pytest.approx(summary["validation_loss"])

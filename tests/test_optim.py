@@ -153,3 +153,29 @@ def test_adagrad_runs_the_models_per_sample_kernel_and_checkpoints_its_accumulat
     np.testing.assert_array_equal(restored.state()["g2"], state["g2"])
     with pytest.raises(ValueError, match="per sample"):
         opt.step(model.params, idx, delta)
+
+
+def test_normalized_updates_run_the_linear_kernel_and_checkpoint_every_accumulator():
+    from mlless.data.batches import RatingsBatch, SparseBatch
+    from mlless.training.models import build_model
+
+    model = build_model("svm", {"n_features": 5})
+    config = OptimizerConfig(type="normalized", learning_rate=0.5)
+    opt = Optimizer(model.size, config)
+    batch = SparseBatch(np.array([0, 2, 3], np.int64), np.array([0, 4, 1], np.int32),
+                        np.array([2.0, 300.0, 1.0], np.float32), np.array([1, 0], np.float32))
+    idx, delta, loss_sum, n = opt.update(model, batch, 0.5)
+    state = opt.state()
+    assert n == 2 and loss_sum > 1.0  # the first row at margin 0 (hinge 1), the second after the bias moved
+    assert state["scale"][[0, 4, 1]].tolist() == [2.0, 300.0, 1.0] and state["norm"].tolist() == [5.0, 2.0]
+    np.testing.assert_array_equal(np.sort(idx), [0, 1, 4, 5])
+    restored = Optimizer(model.size, config)
+    restored.load_state(state)
+    for name in ("g2", "scale", "norm"):
+        np.testing.assert_array_equal(restored.state()[name], state[name])
+    with pytest.raises(ValueError, match="'norm' has float32"):
+        restored.load_state({**state, "norm": state["norm"].astype(np.float32)})
+    pmf = build_model("pmf", {"n_users": 2, "n_items": 2, "mean_rating": 3.0})
+    with pytest.raises(ValueError, match="pmf has no normalized updates"):
+        Optimizer(pmf.size, config).update(pmf, RatingsBatch(np.zeros(1, np.int32), np.zeros(1, np.int32),
+                                                              np.ones(1, np.float32)), 0.5)

@@ -132,7 +132,8 @@ def _print_summary(summary: dict[str, Any], progress: Progress) -> None:
     progress.message(
         f"done ({summary['stop_reason']}): {summary['steps']} steps, {summary['epochs']:.2f} epochs in "
         f"{summary['wall_seconds']:.1f}s\n"
-        f"  train {metric} {fmt(summary['train_loss'])}, validation {metric} {fmt(summary['validation_loss'])}\n"
+        f"  train {metric} {fmt(summary['train_loss'])}, validation {metric} {fmt(summary['validation_loss'])}"
+        + "".join(f", {name} {fmt(value)}" for name, value in summary["validation_scores"].items()) + "\n"
         f"  workers {summary['workers_initial']} -> {summary['workers_final']}, "
         f"{summary['bytes_sent'] / 1e6:.1f} MB of updates, cost ${summary['cost_usd']:.5f}\n"
         f"  model: {summary['model_path']}{_model_origin(summary)}"
@@ -169,7 +170,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     splits = {"validation": dataset.validation()}
     if args.train:
         splits["train"] = [dataset.batch(i) for i in range(dataset.n_batches)]
-    result = {"metric": model.loss_metric}
+    result: dict[str, Any] = {"metric": model.loss_metric}
     for name, data in splits.items():
         batches = data if isinstance(data, list) else [data]
         loss_sum = n = 0
@@ -178,6 +179,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             loss_sum, n = loss_sum + s, n + k
         result[name] = model.loss(loss_sum, n)
         result[f"{name}_samples"] = n
+        if not isinstance(data, list):  # the figures of a whole split at once (AUC ranks every row)
+            result |= {f"{name}_{metric}": value for metric, value in model.scores(data).items()}
     print(json.dumps(result, indent=2))
     return 0
 

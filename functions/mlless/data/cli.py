@@ -17,11 +17,12 @@ from mlless.data.prepare import (
     prepare,
     prepare_file,
     sample_source,
+    synthetic_higgs_source,
     synthetic_lr_source,
     synthetic_pmf_source,
 )
 from mlless.data.sample import MOVIELENS_SMALL, SAMPLES, SampleUnavailable
-from mlless.data.synthetic import DEFAULT_SKEW, LrParams, PmfParams
+from mlless.data.synthetic import CLICK_TASKS, DEFAULT_SKEW, HiggsParams, LrParams, PmfParams
 from mlless.data.text import MalformedInputError
 
 DESCRIPTION = """\
@@ -62,7 +63,9 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--format", choices=["movielens", "criteo", "libsvm"], help="format of INPUT")
     src.add_argument("--sample", choices=list(SAMPLES), help="a bundled sample (needs: pip install 'mlless[datasets]'): "
                      + "; ".join(f"{sample.name}, {sample.description}" for sample in SAMPLES.values()))
-    src.add_argument("--synthetic", choices=["pmf", "lr"], help="generate low-rank ratings (pmf) or Criteo-like clicks (lr)")
+    src.add_argument("--synthetic", choices=["pmf", *CLICK_TASKS, "higgs"],
+                     help="generate low-rank ratings (pmf), Criteo-like clicks labelled 0/1 (lr), with real labels "
+                          "(regression) or --classes classes (multiclass), or dense Higgs-like rows (higgs)")
     p.add_argument("--out", required=True, help="output directory or fsspec URL (memory://, s3://...)")
 
     o = p.add_argument_group("batching and split")
@@ -107,6 +110,8 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--skew", type=float, default=DEFAULT_SKEW,
                    help=f"Zipf exponent of user/item (pmf) and categorical-value (lr) popularity; 0 = uniform (default {DEFAULT_SKEW})")
     s.add_argument("--raw", action="store_true", help="pmf: do not clip ratings to [1, 5]")
+    s.add_argument("--classes", type=int, default=LrParams.classes,
+                   help=f"multiclass: the number of classes (default {LrParams.classes})")
     p.set_defaults(func=run_prepare)
 
 
@@ -121,6 +126,9 @@ def run_prepare(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if not args.format and args.input:
         print("mlless prepare: INPUT is only used with --format", file=sys.stderr)
+        return EXIT_USAGE
+    if args.synthetic == "multiclass" and not 2 <= args.classes <= MAX_CLASSES:
+        print(f"mlless prepare: --classes must be in [2, {MAX_CLASSES}], got {args.classes}", file=sys.stderr)
         return EXIT_USAGE
     batch_size = args.batch_size or (DEFAULT_SAMPLE_BATCH_SIZE if args.sample else DEFAULT_BATCH_SIZE)
     options = PrepareOptions(
@@ -146,9 +154,11 @@ def run_prepare(args: argparse.Namespace) -> int:
                 skew=args.skew,
             )
             prepare(synthetic_pmf_source(params, args.seed), args.out, options)
+        elif args.synthetic == "higgs":
+            prepare(synthetic_higgs_source(HiggsParams(rows=args.rows or HiggsParams.rows), args.seed), args.out, options)
         else:
             params_lr = LrParams(rows=args.rows or LrParams.rows, hash_bits=args.hash_bits, vocabulary=args.vocabulary,
-                                 skew=args.skew)
+                                 skew=args.skew, task=args.synthetic, classes=args.classes)
             prepare(synthetic_lr_source(params_lr, args.seed), args.out, options)
     except (PrepareError, MalformedInputError, DatasetError, SampleUnavailable, FileNotFoundError) as exc:
         print(f"mlless prepare: error: {exc}", file=sys.stderr)

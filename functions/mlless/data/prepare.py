@@ -59,7 +59,9 @@ from mlless.data.output import OutputDir
 from mlless.progress import Progress
 from mlless.data.sample import SAMPLES
 from mlless.data.shuffle import DEFAULT_BUCKET_BYTES, SpillBuckets, choose_buckets, shuffled_batches
-from mlless.data.synthetic import LrParams, PmfParams, generate_lr, generate_pmf
+from mlless.data.synthetic import (
+    HIGGS_FEATURES, HiggsParams, LrParams, PmfParams, generate_higgs, generate_lr, generate_pmf,
+)
 from mlless.data.user_shards import USER_SHARDS, UserShardWriter
 from mlless.data.text import ErrorLog
 
@@ -211,6 +213,11 @@ def synthetic_lr_source(params: LrParams, seed: int) -> Source:
         n_features=1 << params.hash_bits,
         hash_bits=params.hash_bits,
     )
+
+
+def synthetic_higgs_source(params: HiggsParams, seed: int) -> Source:
+    return Source("sparse", params.describe(), lambda e: generate_higgs(params, seed), params.rows * HIGGS_FEATURES * 8,
+                  n_features=HIGGS_FEATURES)
 
 
 # --------------------------------------------------------------------- core

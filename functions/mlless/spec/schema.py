@@ -149,7 +149,9 @@ SPEC_SCHEMA: Schema = _obj(
             "Optimizer applied by each worker to its local replica. Defaults depend on the model.",
             {
                 "type": _choice("Update rule. adagrad updates per sample inside the mini-batch (LIBMF, Vowpal Wabbit); "
-                                "the others take one step per mini-batch.", ["adagrad", "sgd", "momentum", "nesterov", "adam"]),
+                                "normalized too, with each feature's step scaled by the largest value it has taken "
+                                "(Vowpal Wabbit's default; the linear models only); the others take one step per "
+                                "mini-batch.", ["adagrad", "normalized", "sgd", "momentum", "nesterov", "adam"]),
                 "learningRate": _num("Step size.", 0, exclusive=True),
                 "momentum": _num("Momentum coefficient (momentum, nesterov).", 0, below=1, default=0.9),
                 "beta1": _num("Adam first-moment decay.", 0, below=1, default=0.9),

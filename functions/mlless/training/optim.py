@@ -17,7 +17,10 @@ mini-batch, with per-row (PMF, as LIBMF) or per-coordinate (LR, as Vowpal
 Wabbit's adaptive updates) AdaGrad step sizes, so one mini-batch is B updates
 instead of one averaged step.  The model owns that fused kernel
 (`Model.adagrad_step`); the optimizer owns its accumulators.  It is PMF's
-default (see `mlless.spec.config.default_optimizer`).
+default (see `mlless.spec.models`).  `normalized` is Vowpal Wabbit's
+per-sample rule for the linear models (`Model.normalized_step`): AdaGrad
+whose steps are scaled by each feature's largest magnitude seen, so a
+feature's units do not matter.
 """
 from __future__ import annotations
 
@@ -32,6 +35,8 @@ if TYPE_CHECKING:  # only for annotations: models do not depend on optimizers, n
     from mlless.data.batches import Batch
     from mlless.training.models.base import Model
 
+#: The rules that update after every sample of a mini-batch, with a kernel of the model's.
+PER_SAMPLE = ("adagrad", "normalized")
 #: AdaGrad's accumulators start here, as LIBMF's do: the first steps are at most lr, not lr/√(g²) = lr/|g|.
 ADAGRAD_INITIAL = 1.0
 
@@ -51,6 +56,10 @@ class Optimizer:
         if config.type == "adagrad":
             self._buffers["g2"] = np.full(self.size if accumulator_size is None else int(accumulator_size),
                                           ADAGRAD_INITIAL, dtype=np.float32)
+        elif config.type == "normalized":  # Vowpal Wabbit's: G and s start at 0, N and t too
+            self._buffers["g2"] = np.zeros(self.size, dtype=np.float32)
+            self._buffers["scale"] = np.zeros(self.size, dtype=np.float32)
+            self._buffers["norm"] = np.zeros(2, dtype=np.float64)
         elif config.type in ("momentum", "nesterov"):
             self._buffers["velocity"] = np.zeros(self.size, dtype=np.float32)
         elif config.type == "adam":
@@ -67,6 +76,10 @@ class Optimizer:
         if self.config.type == "adagrad":
             self.t += 1
             return model.adagrad_step(batch, self._buffers["g2"], lr, self.config.weight_decay)
+        if self.config.type == "normalized":
+            self.t += 1
+            b = self._buffers
+            return model.normalized_step(batch, b["g2"], b["scale"], b["norm"], lr, self.config.weight_decay)
         idx, grad, loss_sum, n = model.gradient(batch)
         return idx, self.step(model.params, idx, grad, lr), loss_sum, n
 
@@ -84,8 +97,8 @@ class Optimizer:
         grad = np.ascontiguousarray(grad, dtype=np.float32)
         delta = np.empty(idx.shape[0], dtype=np.float32)
         self.t += 1
-        if c.type == "adagrad":
-            raise ValueError("adagrad updates per sample: use Optimizer.update(model, batch, lr)")
+        if c.type in PER_SAMPLE:
+            raise ValueError(f"{c.type} updates per sample: use Optimizer.update(model, batch, lr)")
         if c.type == "sgd":
             _k.sgd_step(x, idx, grad, delta, lr_, c.weight_decay)
         elif c.type in ("momentum", "nesterov"):
@@ -108,8 +121,8 @@ class Optimizer:
             if name not in state:
                 raise ValueError(f"optimizer state lacks '{name}' for a {self.config.type} optimizer")
             arr = np.asarray(state[name])
-            if arr.shape != buf.shape or arr.dtype != np.float32:
-                raise ValueError(f"optimizer state '{name}' has {arr.dtype}{arr.shape}, expected float32{buf.shape}")
+            if arr.shape != buf.shape or arr.dtype != buf.dtype:
+                raise ValueError(f"optimizer state '{name}' has {arr.dtype}{arr.shape}, expected {buf.dtype}{buf.shape}")
             buf[:] = arr
         t = np.asarray(state.get("t", np.array([0])))
         if t.size != 1 or int(t.reshape(-1)[0]) < 0:

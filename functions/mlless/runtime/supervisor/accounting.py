@@ -207,6 +207,7 @@ class Accounting:
             "validation_loss": final.validation_loss,
             "model_step": final.model_step,
             "final_validation_loss": final.final_loss,
+            "validation_scores": final.scores,
             "best_validation": None if best is None else {"step": best.step, "loss": best.loss},
             "steps": steps,
             "epochs": epochs,

@@ -42,6 +42,8 @@ class FinalModel:
     spread: float | None  # largest difference between a final replica and their model
     replicas: int  # final replicas merged
     model_path: Path | None
+    #: The handed-back model's figures on the validation split besides its loss (`Model.scores`).
+    scores: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -207,7 +209,9 @@ class Evaluation:
         if best is not None and not (final_loss is not None and final_loss <= best.loss):
             self.model.params[:] = best.params
             validation_loss, model_step = best.loss, best.step
+        scores = {}
         if validation_loss is not None:
             model_path = run_dir / "model.npz"
             self.model.save(model_path, {"job": self.job.name, "job_id": job_id, "steps": model_step})
-        return FinalModel(validation_loss, final_loss, model_step, best, spread, len(replicas), model_path)
+            scores = self.model.scores(self.validation_batch)
+        return FinalModel(validation_loss, final_loss, model_step, best, spread, len(replicas), model_path, scores)

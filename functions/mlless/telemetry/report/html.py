@@ -58,6 +58,8 @@ COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str], bool], ...] = (
     ("validation loss", lambda s: _num(".4f")(s.get("validation_loss")), False),
     ("train loss", lambda s: _num(".4f")(s.get("train_loss")), False),
     ("loss metric", lambda s: str(s.get("loss_metric") or "-"), True),
+    ("validation scores", lambda s: ", ".join(f"{k} {v:.4f}" for k, v in (s.get("validation_scores") or {}).items())
+     or "-", True),
     ("steps", lambda s: _num("d")(s.get("steps")), False),
     ("epochs", lambda s: _num(".2f")(s.get("epochs")), False),
     ("wall seconds", lambda s: _num(".1f")(s.get("wall_seconds")), False),

@@ -120,6 +120,16 @@ def gradient(Loss loss_fn not None, const float[::1] params not None, const cnp.
     return idx_arr, grad_arr, loss
 
 
+cdef object _touched(const int[::1] indices, int n_features, int[::1] slot_map):
+    """The features a batch touches, once each in order of first appearance, then the bias: the entries a
+    per-sample step changes (int32)."""
+    if slot_map.shape[0] < n_features:
+        raise ValueError("slot_map is smaller than n_features")
+    idx_arr = np.empty(indices.shape[0] + 1, dtype=np.int32)
+    cdef Py_ssize_t n_slots = feature_slots(indices, n_features, slot_map, idx_arr, NULL)
+    return idx_arr[:n_slots + 1]
+
+
 def adagrad_step(Loss loss_fn not None, float[::1] params not None, float[::1] g2 not None,
                         const cnp.int64_t[::1] indptr not None, const int[::1] indices not None,
                         const float[::1] values not None, const float[::1] labels not None,
@@ -139,27 +149,19 @@ def adagrad_step(Loss loss_fn not None, float[::1] params not None, float[::1] g
     its own update).  Duplicate features within a row are updated once per
     occurrence.
     """
-    cdef Py_ssize_t n = labels.shape[0], nnz = indices.shape[0]
+    cdef Py_ssize_t n = labels.shape[0]
     _check_batch(params, indptr, indices, values, n, n_features)
     if g2.shape[0] != params.shape[0]:
         raise ValueError("the accumulator must match params")
-    if slot_map.shape[0] < n_features:
-        raise ValueError("slot_map is smaller than n_features")
-    idx_arr = np.empty(nnz + 1, dtype=np.int32)
-    cdef int[::1] feats = idx_arr
-    cdef Py_ssize_t j, r, k, n_slots = feature_slots(indices, n_features, slot_map, feats, NULL)
+    idx_arr = _touched(indices, n_features, slot_map)
+    before = np.asarray(params)[idx_arr]
+    cdef Py_ssize_t j, r
     cdef int f
-    idx_arr = idx_arr[:n_slots + 1]
-    feats = idx_arr
-    delta_arr = np.empty(n_slots + 1, dtype=np.float32)
-    cdef float[::1] delta = delta_arr
     cdef float *W = &params[0]
     cdef float *G = &g2[0]
     cdef double z, loss = 0.0
-    cdef float resid, g, x, lr_wd = lr * wd
+    cdef float resid, g, lr_wd = lr * wd
     with nogil:
-        for k in range(n_slots + 1):
-            delta[k] = W[feats[k]]
         for r in range(n):
             z = W[n_features]
             for j in range(indptr[r], indptr[r + 1]):
@@ -173,9 +175,72 @@ def adagrad_step(Loss loss_fn not None, float[::1] params not None, float[::1] g
                 W[f] -= lr * g / sqrtf(G[f]) + lr_wd * W[f]
             G[n_features] += resid * resid
             W[n_features] -= lr * resid / sqrtf(G[n_features])
-        for k in range(n_slots + 1):
-            delta[k] = W[feats[k]] - delta[k]
-    return idx_arr, delta_arr, loss
+    return idx_arr, np.asarray(params)[idx_arr] - before, loss
+
+
+def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1] g2 not None,
+                    float[::1] scale not None, double[::1] norm not None,
+                    const cnp.int64_t[::1] indptr not None, const int[::1] indices not None,
+                    const float[::1] values not None, const float[::1] labels not None,
+                    int n_features, float lr, float wd, int[::1] slot_map not None):
+    """One mini-batch of per-example normalized adaptive updates (NAG: Ross, Mineiro and Langford, "Normalized
+    Online Learning", UAI 2013, Algorithm 1, as Vowpal Wabbit's default), applied in place.
+
+    Per row, for each feature j: a value larger than any seen, |x_j| > s_j, first shrinks w_j by (s_j/x_j)² and
+    raises s_j to |x_j| (``scale``); then with z = w·x + b, r = dloss(z, y) and g = r·x_j, G_j += g² (``g2``) and
+    w_j −= lr·√(t/N)·g/(s_j·√G_j) + lr·wd·w_j, where N sums Σ_j (x_j/s_j)² over the rows seen and t counts them
+    (``norm`` = [N, t]). A feature multiplied by 1,000 gets a weight 1,000 times smaller and the same predictions:
+    the step is scale-free. The bias is a feature of value 1.
+
+    Returns ``(idx int32, delta float32, loss_sum float)`` as `adagrad_step` does.
+    """
+    cdef Py_ssize_t n = labels.shape[0]
+    _check_batch(params, indptr, indices, values, n, n_features)
+    if g2.shape[0] != params.shape[0] or scale.shape[0] != params.shape[0]:
+        raise ValueError("the accumulators must match params")
+    if norm.shape[0] != 2:
+        raise ValueError("norm holds N and t")
+    idx_arr = _touched(indices, n_features, slot_map)
+    before = np.asarray(params)[idx_arr]
+    cdef Py_ssize_t j, r
+    cdef int f
+    cdef float *W = &params[0]
+    cdef float *G = &g2[0]
+    cdef float *S = &scale[0]
+    cdef double z, loss = 0.0, rate, x, ax, g
+    cdef float resid, lr_wd = lr * wd
+    with nogil:
+        S[n_features] = 1.0
+        for r in range(n):
+            for j in range(indptr[r], indptr[r + 1]):
+                f = indices[j]
+                ax = fabs(values[j])
+                if ax > S[f]:
+                    if S[f] > 0:
+                        W[f] *= <float>((S[f] / ax) * (S[f] / ax))
+                    S[f] = <float>ax
+            z = W[n_features]
+            norm[0] += 1.0  # the bias: (1/1)²
+            for j in range(indptr[r], indptr[r + 1]):
+                f = indices[j]
+                z += W[f] * values[j]
+                if S[f] > 0:
+                    norm[0] += (values[j] / S[f]) * (values[j] / S[f])
+            norm[1] += 1.0
+            loss += loss_fn.loss(z, labels[r])
+            resid = <float>loss_fn.dloss(z, labels[r])
+            if resid == 0:
+                continue
+            rate = lr * sqrtf(<float>(norm[1] / norm[0]))
+            for j in range(indptr[r], indptr[r + 1]):
+                f = indices[j]
+                if values[j] != 0:  # then s_j > 0 too
+                    g = resid * values[j]
+                    G[f] += <float>(g * g)
+                    W[f] -= <float>(rate * g / (S[f] * sqrtf(G[f]))) + lr_wd * W[f]
+            G[n_features] += resid * resid
+            W[n_features] -= <float>(rate * resid / sqrtf(G[n_features]))
+    return idx_arr, np.asarray(params)[idx_arr] - before, loss
 
 
 def logits(const float[::1] params not None, const cnp.int64_t[::1] indptr not None,

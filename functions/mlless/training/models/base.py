@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Mapping, TypeVar
 
 import numpy as np
+from scipy.stats import rankdata
 
 from mlless.data.batches import Batch
 from mlless.spec.config import ModelConfig
@@ -115,9 +116,22 @@ class Model(ABC):
         raise ValueError(f"{self.kind} has no per-sample AdaGrad: set spec.optimizer.type to sgd, momentum, "
                          "nesterov or adam")
 
+    def normalized_step(self, batch: Batch, g2: np.ndarray, scale: np.ndarray, norm: np.ndarray, lr: float,
+                        weight_decay: float) -> tuple[np.ndarray, np.ndarray, float, int]:
+        """Per-sample normalized adaptive updates (Vowpal Wabbit's) over ``batch``, in place, with per-parameter
+        accumulators ``g2`` and ``scale`` and ``norm`` = [N, t] (`kernels/linear.pyx`, `normalized_step`): as
+        `adagrad_step`. Only the linear models have the kernel."""
+        raise ValueError(f"{self.kind} has no normalized updates: set spec.optimizer.type to sgd, momentum, "
+                         "nesterov or adam")
+
     @abstractmethod
     def evaluate(self, batch: Batch) -> tuple[float, int]:
         """(loss_sum, n) on held-out data, without updating anything."""
+
+    def scores(self, batch: Batch) -> dict[str, float]:
+        """Figures of the model on held-out data besides its loss (`mlless evaluate`, summary.json): accuracy
+        and AUC for a binary classifier, accuracy for a multiclass one; none by default."""
+        return {}
 
     @abstractmethod
     def predict(self, batch: Batch) -> np.ndarray:
@@ -149,6 +163,18 @@ class Model(ABC):
         meta = {**(metadata or {}), **self.metadata()}
         with open(path, "wb") as fh:  # a file object stops np.savez from appending ".npz"
             np.savez(fh, params=self.params, metadata=np.array(json.dumps(meta, sort_keys=True)))
+
+
+def binary_scores(margins: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Accuracy (a positive margin is class 1) and AUC (the Mann-Whitney statistic, ties counted half) of
+    margins against labels 0/1; AUC is NaN when one class is absent."""
+    positive = labels == 1
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    auc = float("nan")
+    if n_pos and n_neg:
+        ranks = rankdata(margins)
+        auc = float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+    return {"accuracy": float(np.mean((margins > 0) == positive)), "auc": auc}
 
 
 BatchT = TypeVar("BatchT", bound=Batch)

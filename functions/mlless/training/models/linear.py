@@ -14,7 +14,7 @@ import numpy as np
 from mlless.data.batches import Batch, SparseBatch
 from mlless.spec.config import ModelConfig
 from mlless.training.kernels import linear as _k
-from mlless.training.models.base import Model, contiguous, expect_batch, required_dim
+from mlless.training.models.base import Model, binary_scores, contiguous, expect_batch, required_dim
 
 #: Decoupled weight decay; hashed Criteo has plenty of data per bucket, so barely any is needed.
 DEFAULT_L2 = 1e-6
@@ -65,6 +65,14 @@ class LinearModel(Model):
                                            self._slots)
         return idx, delta, float(loss), len(b)
 
+    def normalized_step(self, batch: Batch, g2: np.ndarray, scale: np.ndarray, norm: np.ndarray, lr: float,
+                        weight_decay: float) -> tuple[np.ndarray, np.ndarray, float, int]:
+        b, indptr, indices, values = self._csr(batch)
+        idx, delta, loss = _k.normalized_step(self.loss_fn, self.params, g2, scale, norm, indptr, indices, values,
+                                              contiguous(b.labels, np.float32), self.n_features, lr, weight_decay,
+                                              self._slots)
+        return idx, delta, float(loss), len(b)
+
     def margins(self, batch: Batch) -> np.ndarray:
         """w·x + b per row (float64); features outside the model are ignored."""
         _, indptr, indices, values = self._csr(batch)
@@ -85,7 +93,14 @@ class LinearModel(Model):
         return ModelConfig(self.kind, rank=self.rank, l2=self.l2)
 
 
-class LogisticRegression(LinearModel):
+class BinaryClassifier(LinearModel):
+    """A linear model of labels 0/1, whose positive margins are class 1."""
+
+    def scores(self, batch: Batch) -> dict[str, float]:
+        return binary_scores(self.margins(batch), expect_batch(batch, SparseBatch, self.kind).labels)
+
+
+class LogisticRegression(BinaryClassifier):
     """sigmoid(w·x + b); loss metric mean BCE."""
 
     kind = "logistic-regression"
@@ -96,7 +111,7 @@ class LogisticRegression(LinearModel):
         return (0.5 * (1.0 + np.tanh(0.5 * self.margins(batch)))).astype(np.float32)  # overflow-free sigmoid
 
 
-class LinearSVM(LinearModel):
+class LinearSVM(BinaryClassifier):
     """The hinge loss on labels 0/1 as the classes −1/+1; predictions are margins (positive: class 1)."""
 
     kind = "svm"

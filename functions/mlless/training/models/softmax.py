@@ -67,6 +67,10 @@ class Softmax(Model):
         return _k.softmax_logits(self.params, contiguous(b.indptr, np.int64), contiguous(b.indices, np.int32),
                                  contiguous(b.values, np.float32), self.n_features, self.k)
 
+    def scores(self, batch: Batch) -> dict[str, float]:
+        b = expect_batch(batch, SparseBatch, self.kind)
+        return {"accuracy": float(np.mean(self.logits(b).argmax(axis=1) == self.class_of(b.labels)))}
+
     def predict(self, batch: Batch) -> np.ndarray:
         """The (rows, K) class probabilities, classes in `classes` order."""
         z = self.logits(batch)
