@@ -302,14 +302,41 @@ def test_normalized_updates_learn_the_same_whatever_a_features_units(name):
     scaled = values * np.where(indices == 3, 1000.0, 1.0).astype(np.float32)
     runs = []
     for vals in (values, scaled):
-        params, g2, scale, norm = (np.zeros(F + 1, np.float32), np.zeros(F + 1, np.float32),
-                                   np.zeros(F + 1, np.float32), np.zeros(2))
+        params, g2, scale, rows = (np.zeros(F + 1, np.float32) for _ in range(4))
+        norm = np.zeros(2)
         for _ in range(3):
-            idx, delta, _ = klin.normalized_step(loss_fn, params, g2, scale, norm, indptr, indices, vals, labels, F,
-                                                 0.5, 0.0, np.full(F, -1, np.int32))
+            idx, delta, _ = klin.normalized_step(loss_fn, params, g2, scale, rows, norm, indptr, indices, vals, labels,
+                                                 F, 0.5, 0.0, 1, np.full(F, -1, np.int32))
         runs.append((params.copy(), klin.logits(params, indptr, indices, vals, F)))
     (plain, margins), (wide, wide_margins) = runs
     assert np.any(plain != 0) and np.all(np.isfinite(plain))
     np.testing.assert_allclose(wide[3] * 1000.0, plain[3], rtol=1e-3, atol=1e-6)
     np.testing.assert_allclose(np.delete(wide, 3), np.delete(plain, 3), rtol=1e-3, atol=1e-6)
     np.testing.assert_allclose(wide_margins, margins, rtol=1e-3, atol=1e-5)
+
+
+def test_normalized_steps_are_shared_among_the_workers_expected_to_take_them():
+    """Under the sum of P replicas' updates, a feature every row holds (and the bias) steps 1/k = 1/P as far, and
+    one held by a share q of the rows, in a batch of B rows, 1/k = 1/(1 + (P − 1)(1 − (1 − q)^B)); its G counts
+    g² k times."""
+    F = 10
+    rows_seen = 100
+    indptr = np.arange(0, 2 * rows_seen + 1, 2, dtype=np.int64)  # feature 0 in every row, one of 1..9 beside it
+    indices = np.stack([np.zeros(rows_seen, np.int32), 1 + np.arange(rows_seen, dtype=np.int32) % 9], 1).ravel()
+    values = np.ones(len(indices), np.float32)
+    labels = (np.arange(rows_seen) % 2).astype(np.float32)
+    state = [np.zeros(F + 1, np.float32) for _ in range(4)] + [np.zeros(2)]
+    klin.normalized_step(klin.Log(), *state, indptr, indices, values, labels, F, 0.5, 0.0, 1, np.full(F, -1, np.int32))
+    moves = {}
+    for workers in (1, 2):
+        params, g2, scale, rows, norm = (a.copy() for a in state)
+        _, delta, _ = klin.normalized_step(klin.Log(), params, g2, scale, rows, norm, np.array([0, 2], np.int64),
+                                           np.array([0, 3], np.int32), np.ones(2, np.float32),
+                                           np.ones(1, np.float32), F, 0.5, 0.0, workers, np.full(F, -1, np.int32))
+        moves[workers] = delta
+    held = (state[3][3] + 1) / (rows_seen + 1)  # feature 3's rows, this one included, over the rows seen
+    share = np.array([0.5, 1 / (1 + held), 0.5])
+    params, g2 = state[0], state[1][[0, 3, F]].astype(np.float64)
+    g = 1 / (1 + np.exp(-(params[0] + params[3] + params[F]))) - 1  # the row's label is 1, its values 1
+    expected = share * np.sqrt(g2 + g * g) / np.sqrt(g2 + g * g / share)
+    np.testing.assert_allclose(moves[2] / moves[1], expected, rtol=1e-4)

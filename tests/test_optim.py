@@ -171,7 +171,8 @@ def test_normalized_updates_run_the_linear_kernel_and_checkpoint_every_accumulat
     np.testing.assert_array_equal(np.sort(idx), [0, 1, 4, 5])
     restored = Optimizer(model.size, config)
     restored.load_state(state)
-    for name in ("g2", "scale", "norm"):
+    assert state["rows"][[0, 4, 1, 2]].tolist() == [1, 1, 1, 0]
+    for name in ("g2", "scale", "rows", "norm"):
         np.testing.assert_array_equal(restored.state()[name], state[name])
     with pytest.raises(ValueError, match="'norm' has float32"):
         restored.load_state({**state, "norm": state["norm"].astype(np.float32)})

@@ -199,6 +199,7 @@ class Worker:
         batch = self.feed.take(position, self.step, self.view.live, self.rank)
         timer.lap("fetch")
 
+        self.replica.workers = len(self.view.live)
         result = self.half.train(batch, self.feed.schedule.epoch(position) + 1, self.step,
                                  alone=self.view.live == (self.rank,))
         timer.record(compute=result.compute_seconds, filter=result.filter_seconds)

@@ -56,9 +56,9 @@ class Optimizer:
         if config.type == "adagrad":
             self._buffers["g2"] = np.full(self.size if accumulator_size is None else int(accumulator_size),
                                           ADAGRAD_INITIAL, dtype=np.float32)
-        elif config.type == "normalized":  # Vowpal Wabbit's: G and s start at 0, N and t too
-            self._buffers["g2"] = np.zeros(self.size, dtype=np.float32)
-            self._buffers["scale"] = np.zeros(self.size, dtype=np.float32)
+        elif config.type == "normalized":  # Vowpal Wabbit's: G and s start at 0, N and t too; rows counts
+            for name in ("g2", "scale", "rows"):
+                self._buffers[name] = np.zeros(self.size, dtype=np.float32)
             self._buffers["norm"] = np.zeros(2, dtype=np.float64)
         elif config.type in ("momentum", "nesterov"):
             self._buffers["velocity"] = np.zeros(self.size, dtype=np.float32)
@@ -66,20 +66,21 @@ class Optimizer:
             self._buffers["m"] = np.zeros(self.size, dtype=np.float32)
             self._buffers["v"] = np.zeros(self.size, dtype=np.float32)
 
-    def update(self, model: Model, batch: Batch, lr: float) -> tuple[np.ndarray, np.ndarray, float, int]:
+    def update(self, model: Model, batch: Batch, lr: float,
+               workers: int = 1) -> tuple[np.ndarray, np.ndarray, float, int]:
         """Train ``model``'s replica on one mini-batch in place: (idx, applied delta, loss_sum, n).
 
         Mini-batch rules take the batch's mean gradient and step once; ``adagrad``
         runs the model's per-sample kernel.  ``delta`` is what the significance
-        filter accumulates.
+        filter accumulates. ``workers`` is how many replicas' updates are summed:
+        ``normalized`` shares its steps among them.
         """
         if self.config.type == "adagrad":
             self.t += 1
             return model.adagrad_step(batch, self._buffers["g2"], lr, self.config.weight_decay)
         if self.config.type == "normalized":
             self.t += 1
-            b = self._buffers
-            return model.normalized_step(batch, b["g2"], b["scale"], b["norm"], lr, self.config.weight_decay)
+            return model.normalized_step(batch, self._buffers, lr, self.config.weight_decay, workers)
         idx, grad, loss_sum, n = model.gradient(batch)
         return idx, self.step(model.params, idx, grad, lr), loss_sum, n
 

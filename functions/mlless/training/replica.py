@@ -70,6 +70,8 @@ class Replica:
         #: A proximal step a protocol adds to each shared local step (ADMM's pull towards the consensus,
         #: runtime/sync/admm.py): given the step's entries and learning rate, it moves them and returns the move.
         self.proximal: Callable[[np.ndarray, float], np.ndarray] | None = None
+        #: How many replicas' updates are summed (the worker sets the job's live workers before each step).
+        self.workers = 1
 
     @property
     def params(self) -> np.ndarray:
@@ -88,7 +90,7 @@ class Replica:
         if not share:
             self.filter.before_alone()
         lr = self.config.lr_at(epoch)
-        idx, delta, loss_sum, samples = self.optimizer.update(self.model, batch, lr)
+        idx, delta, loss_sum, samples = self.optimizer.update(self.model, batch, lr, self.workers)
         if self.proximal is not None and share:
             delta = delta + self.proximal(idx, lr)
         if not math.isfinite(loss_sum):

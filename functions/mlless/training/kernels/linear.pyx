@@ -10,7 +10,7 @@ never O(n_features).
 """
 import numpy as np
 cimport numpy as cnp
-from libc.math cimport exp, log1p, fabs, sqrtf
+from libc.math cimport exp, log1p, fabs, pow, sqrtf
 
 from mlless.training.kernels.sparse_rows cimport check_csr, feature_slots
 
@@ -178,11 +178,18 @@ def adagrad_step(Loss loss_fn not None, float[::1] params not None, float[::1] g
     return idx_arr, np.asarray(params)[idx_arr] - before, loss
 
 
+cdef inline double _share(double held, double batch, int workers) noexcept nogil:
+    """1 / the workers expected to step a feature that a share `held` of rows holds, in batches of `batch` rows."""
+    if workers <= 1:
+        return 1.0
+    return 1.0 / (1.0 + (workers - 1) * (1.0 - pow(1.0 - held, batch)))
+
+
 def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1] g2 not None,
-                    float[::1] scale not None, double[::1] norm not None,
+                    float[::1] scale not None, float[::1] rows not None, double[::1] norm not None,
                     const cnp.int64_t[::1] indptr not None, const int[::1] indices not None,
                     const float[::1] values not None, const float[::1] labels not None,
-                    int n_features, float lr, float wd, int[::1] slot_map not None):
+                    int n_features, float lr, float wd, int workers, int[::1] slot_map not None):
     """One mini-batch of per-example normalized adaptive updates (NAG: Ross, Mineiro and Langford, "Normalized
     Online Learning", UAI 2013, Algorithm 1, as Vowpal Wabbit's default), applied in place.
 
@@ -192,11 +199,18 @@ def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1
     (``norm`` = [N, t]). A feature multiplied by 1,000 gets a weight 1,000 times smaller and the same predictions:
     the step is scale-free. The bias is a feature of value 1.
 
+    Under the sum of ``workers`` replicas' updates a feature that every worker's batch holds would move once a
+    worker: each step of feature j, its shrinks included, is divided by the workers expected to step it,
+    k_j = 1 + (P − 1)·(1 − (1 − q_j)^B), with q_j the share of the rows seen that hold it (``rows`` counts them) and
+    B the batch's rows; and its G_j counts each g² k_j times, as if it had seen its peers' gradients too (without,
+    its steps were √k_j too long, and P = 3 diverged on dense features). A rare feature moves as alone; the bias
+    and the columns every row has move 1/P as far, at the pace of the whole job's gradients.
+
     Returns ``(idx int32, delta float32, loss_sum float)`` as `adagrad_step` does.
     """
     cdef Py_ssize_t n = labels.shape[0]
     _check_batch(params, indptr, indices, values, n, n_features)
-    if g2.shape[0] != params.shape[0] or scale.shape[0] != params.shape[0]:
+    if not g2.shape[0] == scale.shape[0] == rows.shape[0] == params.shape[0]:
         raise ValueError("the accumulators must match params")
     if norm.shape[0] != 2:
         raise ValueError("norm holds N and t")
@@ -207,17 +221,20 @@ def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1
     cdef float *W = &params[0]
     cdef float *G = &g2[0]
     cdef float *S = &scale[0]
-    cdef double z, loss = 0.0, rate, x, ax, g
+    cdef float *R = &rows[0]
+    cdef double z, loss = 0.0, rate, x, ax, g, share
     cdef float resid, lr_wd = lr * wd
     with nogil:
         S[n_features] = 1.0
         for r in range(n):
             for j in range(indptr[r], indptr[r + 1]):
                 f = indices[j]
+                R[f] += 1
                 ax = fabs(values[j])
                 if ax > S[f]:
-                    if S[f] > 0:
-                        W[f] *= <float>((S[f] / ax) * (S[f] / ax))
+                    if S[f] > 0:  # a shrink is a step too: every worker that meets the larger value takes it
+                        W[f] -= <float>(_share(R[f] / (norm[1] + 1), n, workers)
+                                        * (1.0 - (S[f] / ax) * (S[f] / ax)) * W[f])
                     S[f] = <float>ax
             z = W[n_features]
             norm[0] += 1.0  # the bias: (1/1)²
@@ -236,10 +253,12 @@ def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1
                 f = indices[j]
                 if values[j] != 0:  # then s_j > 0 too
                     g = resid * values[j]
-                    G[f] += <float>(g * g)
-                    W[f] -= <float>(rate * g / (S[f] * sqrtf(G[f]))) + lr_wd * W[f]
-            G[n_features] += resid * resid
-            W[n_features] -= <float>(rate * resid / sqrtf(G[n_features]))
+                    share = _share(R[f] / norm[1], n, workers)
+                    G[f] += <float>(g * g / share)
+                    W[f] -= <float>(share * rate * g / (S[f] * sqrtf(G[f]))) + lr_wd * W[f]
+            share = _share(1.0, n, workers)
+            G[n_features] += <float>(resid * resid / share)
+            W[n_features] -= <float>(share * rate * resid / sqrtf(G[n_features]))
     return idx_arr, np.asarray(params)[idx_arr] - before, loss
 
 

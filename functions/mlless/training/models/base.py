@@ -116,11 +116,11 @@ class Model(ABC):
         raise ValueError(f"{self.kind} has no per-sample AdaGrad: set spec.optimizer.type to sgd, momentum, "
                          "nesterov or adam")
 
-    def normalized_step(self, batch: Batch, g2: np.ndarray, scale: np.ndarray, norm: np.ndarray, lr: float,
-                        weight_decay: float) -> tuple[np.ndarray, np.ndarray, float, int]:
-        """Per-sample normalized adaptive updates (Vowpal Wabbit's) over ``batch``, in place, with per-parameter
-        accumulators ``g2`` and ``scale`` and ``norm`` = [N, t] (`kernels/linear.pyx`, `normalized_step`): as
-        `adagrad_step`. Only the linear models have the kernel."""
+    def normalized_step(self, batch: Batch, state: Mapping[str, np.ndarray], lr: float, weight_decay: float,
+                        workers: int) -> tuple[np.ndarray, np.ndarray, float, int]:
+        """Per-sample normalized adaptive updates (Vowpal Wabbit's) over ``batch``, in place, with the optimizer's
+        ``state`` (per-parameter g2, scale and rows, and norm = [N, t]), shared among ``workers`` summed replicas
+        (`kernels/linear.pyx`, `normalized_step`): as `adagrad_step`. Only the linear models have the kernel."""
         raise ValueError(f"{self.kind} has no normalized updates: set spec.optimizer.type to sgd, momentum, "
                          "nesterov or adam")
 

@@ -65,12 +65,12 @@ class LinearModel(Model):
                                            self._slots)
         return idx, delta, float(loss), len(b)
 
-    def normalized_step(self, batch: Batch, g2: np.ndarray, scale: np.ndarray, norm: np.ndarray, lr: float,
-                        weight_decay: float) -> tuple[np.ndarray, np.ndarray, float, int]:
+    def normalized_step(self, batch: Batch, state: Mapping[str, np.ndarray], lr: float, weight_decay: float,
+                        workers: int) -> tuple[np.ndarray, np.ndarray, float, int]:
         b, indptr, indices, values = self._csr(batch)
-        idx, delta, loss = _k.normalized_step(self.loss_fn, self.params, g2, scale, norm, indptr, indices, values,
-                                              contiguous(b.labels, np.float32), self.n_features, lr, weight_decay,
-                                              self._slots)
+        idx, delta, loss = _k.normalized_step(self.loss_fn, self.params, state["g2"], state["scale"], state["rows"],
+                                              state["norm"], indptr, indices, values, contiguous(b.labels, np.float32),
+                                              self.n_features, lr, weight_decay, workers, self._slots)
         return idx, delta, float(loss), len(b)
 
     def margins(self, batch: Batch) -> np.ndarray:
