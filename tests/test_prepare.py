@@ -476,3 +476,24 @@ def test_read_criteo_chunks_keep_line_numbers(tmp_path: Path) -> None:
     src = write_criteo(tmp_path / "c.tsv", 30)
     keys = np.concatenate([c.keys for c in read_criteo(str(src), ErrorLog(), 10)])
     assert keys.tolist() == list(range(1, 31))
+
+
+def test_a_validation_file_is_the_validation_split_and_the_input_trains_whole(tmp_path: Path, capsys) -> None:
+    from mlless.cli import main
+
+    (tmp_path / "train.svm").write_text("".join(f"{i % 2} 1:{i} 3:1\n" for i in range(50)))
+    (tmp_path / "valid.svm").write_text("".join(f"{i % 2} 2:{i}\n" for i in range(7)))
+    assert main(["prepare", "--format", "libsvm", str(tmp_path / "train.svm"), "--validation",
+                 str(tmp_path / "valid.svm"), "--out", str(tmp_path / "data"), "--batch-size", "10", "--quiet"]) == 0
+    ds = Dataset.open(str(tmp_path / "data"))
+    assert (ds.manifest.n_train, ds.manifest.n_validation) == (50, 7)
+    assert ds.manifest.source["validation"] == str(tmp_path / "valid.svm")
+    assert sorted(ds.validation().values.tolist()) == list(range(7))  # its rows, each once
+    (tmp_path / "wide.svm").write_text("1 9:1\n")
+    assert main(["prepare", "--format", "libsvm", str(tmp_path / "train.svm"), "--validation",
+                 str(tmp_path / "wide.svm"), "--out", str(tmp_path / "bad"), "--quiet"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "wide.svm: feature index 8 is beyond the training file's largest, 2" in err[0], err
+    assert not (tmp_path / "bad" / "manifest.json").exists()
+    assert main(["prepare", "--synthetic", "lr", "--validation", str(tmp_path / "valid.svm"),
+                 "--out", str(tmp_path / "x"), "--quiet"]) != 0

@@ -81,6 +81,9 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_VALIDATION_FRACTION,
         help=f"fraction of rows held out, chosen by a seeded hash of the line (default {DEFAULT_VALIDATION_FRACTION})",
     )
+    o.add_argument("--validation", metavar="FILE", default=None,
+                   help="with --format: a file of the same format that is the validation split (a fixed split, as "
+                        "Criteo's day 23 or MovieLens's given ones); INPUT then trains whole")
     o.add_argument("--max-validation-rows", type=int, default=None, help="cap the validation split (memory); extra rows train")
     o.add_argument("--seed", type=int, default=0, help="seed of the split and the shuffle (default 0)")
     o.add_argument("--on-error", choices=["fail", "skip"], default="fail", help="malformed lines: fail naming file:line (default) or skip and count")
@@ -124,6 +127,9 @@ def run_prepare(args: argparse.Namespace) -> int:
     if args.format and not args.input:
         print(f"mlless prepare: --format {args.format} needs an INPUT file", file=sys.stderr)
         return EXIT_USAGE
+    if args.validation and not args.format:
+        print("mlless prepare: --validation FILE goes with --format and INPUT", file=sys.stderr)
+        return EXIT_USAGE
     if not args.format and args.input:
         print("mlless prepare: INPUT is only used with --format", file=sys.stderr)
         return EXIT_USAGE
@@ -145,7 +151,9 @@ def run_prepare(args: argparse.Namespace) -> int:
     )
     try:
         if args.format:
-            prepare_file(args.format, args.input, args.out, options, LibsvmOptions(base=args.libsvm_base, indices=args.libsvm_indices, labels=args.labels))
+            prepare_file(args.format, args.input, args.out, options,
+                         LibsvmOptions(base=args.libsvm_base, indices=args.libsvm_indices, labels=args.labels),
+                         args.validation)
         elif args.sample:
             prepare(sample_source(args.sample), args.out, options)
         elif args.synthetic == "pmf":

@@ -223,8 +223,10 @@ def synthetic_higgs_source(params: HiggsParams, seed: int) -> Source:
 # --------------------------------------------------------------------- core
 
 
-def prepare(source: Source, out: str, options: PrepareOptions, log: Callable[[str], None] | None = None) -> Manifest:
-    """Run both passes for `source` and write the dataset under `out` (path or fsspec URL)."""
+def prepare(source: Source, out: str, options: PrepareOptions, log: Callable[[str], None] | None = None,
+            validation: Source | None = None) -> Manifest:
+    """Run both passes for `source` and write the dataset under `out` (path or fsspec URL). With `validation`, a
+    file of the user's own split, every row of `source` trains and every row of `validation` validates."""
     options.check()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True) if options.progress else None)
     errors = ErrorLog(options.on_error)
@@ -236,9 +238,19 @@ def prepare(source: Source, out: str, options: PrepareOptions, log: Callable[[st
     with tempfile.TemporaryDirectory(prefix="mlless-prepare-", dir=options.tmp_dir) as tmp:
         train = SpillBuckets(Path(tmp), "train", source.kind, n_buckets, flush_bytes=options.bucket_bytes)
         val = SpillBuckets(Path(tmp), "validation", source.kind, 1, flush_bytes=options.bucket_bytes)
+        split = None if validation is None else False
         for chunk in source.chunks(errors):
-            _pass1_chunk(chunk, source, options, stats, train, val, n_buckets)
+            _pass1_chunk(chunk, source, options, stats, train, val, n_buckets, split)
             progress.update(stats.rows_seen, "read")
+        if validation is not None:
+            trained = stats.max_index
+            for chunk in validation.chunks(errors):
+                if source.n_features is None and isinstance(chunk, SparseChunk) and len(chunk.indices) \
+                        and int(chunk.indices.max()) > trained:
+                    raise PrepareError(f"{_describe(validation)}: feature index {int(chunk.indices.max())} is beyond "
+                                       f"the training file's largest, {trained}")
+                _pass1_chunk(chunk, source, options, stats, train, val, n_buckets, True)
+                progress.update(stats.rows_seen, "read")
         read_seconds = progress.elapsed()
         if train.rows == 0:
             raise PrepareError(f"no training rows in {_describe(source)} (all {val.rows} rows went to validation or were skipped)")
@@ -271,7 +283,10 @@ def _pass1_chunk(
     train: SpillBuckets,
     val: SpillBuckets,
     n_buckets: int,
+    to_validation: bool | None = None,
 ) -> None:
+    """Count `chunk` in `stats` and spill it, split by a seeded hash of its keys, or all of it to validation
+    (`to_validation` True) or to training (False)."""
     if not len(chunk):
         return
     stats.rows_seen += len(chunk)
@@ -289,7 +304,10 @@ def _pass1_chunk(
             if len(stats.classes) > MAX_CLASSES:
                 raise PrepareError(f"{_describe(source)}: --labels classes: more than {MAX_CLASSES} distinct labels "
                                    "(--labels real reads them as values to regress on)")
-    is_val = unit_interval(chunk.keys, options.seed ^ _SPLIT_SALT) < options.validation_fraction
+    if to_validation is None:
+        is_val = unit_interval(chunk.keys, options.seed ^ _SPLIT_SALT) < options.validation_fraction
+    else:
+        is_val = np.full(len(chunk), to_validation)
     if options.max_validation_rows is not None:
         room = max(options.max_validation_rows - val.rows, 0)
         over = np.flatnonzero(is_val)[room:]
@@ -469,8 +487,8 @@ def _manifest(
 # --------------------------------------------------------------------- entry points
 
 
-def prepare_file(fmt: str, path: str, out: str, options: PrepareOptions, libsvm: LibsvmOptions | None = None) -> Manifest:
-    """Prepare one input file of format 'movielens', 'criteo' or 'libsvm'."""
+def file_source(fmt: str, path: str, options: PrepareOptions, libsvm: LibsvmOptions | None = None) -> Source:
+    """The rows of one input file of format 'movielens', 'criteo' or 'libsvm'."""
     if fmt == "movielens":
         source = movielens_source(path, options.rating_range)
     elif fmt == "criteo":
@@ -481,4 +499,15 @@ def prepare_file(fmt: str, path: str, out: str, options: PrepareOptions, libsvm:
         raise PrepareError(f"unknown format {fmt!r}; expected movielens, criteo or libsvm")
     if "://" not in path and not os.path.exists(path):
         raise PrepareError(f"input file not found: {path}")
-    return prepare(source, out, options)
+    return source
+
+
+def prepare_file(fmt: str, path: str, out: str, options: PrepareOptions, libsvm: LibsvmOptions | None = None,
+                 validation_path: str | None = None) -> Manifest:
+    """Prepare one input file of format 'movielens', 'criteo' or 'libsvm'; with `validation_path`, a file of the
+    same format that is the validation split (the input then trains whole)."""
+    source = file_source(fmt, path, options, libsvm)
+    if validation_path is None:
+        return prepare(source, out, options)
+    source = replace(source, description={**source.description, "validation": validation_path})
+    return prepare(source, out, options, validation=file_source(fmt, validation_path, options, libsvm))
