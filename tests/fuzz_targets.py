@@ -117,7 +117,8 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
 
 def valid_seeds(tmp: Path) -> dict[str, list[bytes]]:
     """A few valid inputs for each target, which mutations start from."""
-    from mlless.data.prepare import PrepareOptions, prepare, synthetic_lr_source, synthetic_pmf_source
+    from mlless.data.prepare import PrepareOptions, prepare
+    from mlless.data.sources import synthetic_lr_source, synthetic_pmf_source
     from mlless.data.synthetic import LrParams, PmfParams
     from mlless.protocol.framing import encode
     from mlless.protocol.messages import (

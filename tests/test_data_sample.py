@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from mlless.data.cli import main as prepare_main
-from mlless.data.prepare import PrepareError, sample_source
+from mlless.data.sources import PrepareError, sample_source
 from mlless.data.sample import SAMPLES
 
 

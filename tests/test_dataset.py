@@ -12,7 +12,8 @@ import pytest
 from mlless.data.batches import RatingsBatch, SparseBatch
 from mlless.data.dataset import Dataset, DatasetError
 from mlless.data.npz import npz_bytes, sha256
-from mlless.data.prepare import PrepareOptions, prepare, synthetic_lr_source, synthetic_pmf_source
+from mlless.data.prepare import PrepareOptions, prepare
+from mlless.data.sources import synthetic_lr_source, synthetic_pmf_source
 from mlless.data.synthetic import LrParams, PmfParams
 
 OPTS = PrepareOptions(batch_size=100, validation_fraction=0.2, progress=False)

@@ -215,7 +215,8 @@ def bias_only_rmse(users, items, ratings, val, sweeps=20):
 def synthetic(kind, tmp_path, **params):
     """A small prepared synthetic dataset, the skewed kind `mlless prepare --synthetic` writes."""
     from mlless.data.dataset import Dataset
-    from mlless.data.prepare import PrepareOptions, prepare, synthetic_lr_source, synthetic_pmf_source
+    from mlless.data.prepare import PrepareOptions, prepare
+    from mlless.data.sources import synthetic_lr_source, synthetic_pmf_source
     from mlless.data.synthetic import LrParams, PmfParams
     source = synthetic_pmf_source(PmfParams(**params), 0) if kind == "pmf" else synthetic_lr_source(LrParams(**params), 0)
     prepare(source, str(tmp_path / kind), PrepareOptions(batch_size=1000, progress=False))

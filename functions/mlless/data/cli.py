@@ -12,14 +12,12 @@ from mlless.data.prepare import (
     DEFAULT_HASH_BITS,
     DEFAULT_SAMPLE_BATCH_SIZE,
     DEFAULT_VALIDATION_FRACTION,
-    PrepareError,
     PrepareOptions,
     prepare,
     prepare_file,
-    sample_source,
-    synthetic_higgs_source,
-    synthetic_lr_source,
-    synthetic_pmf_source,
+)
+from mlless.data.sources import (
+    PrepareError, sample_source, synthetic_higgs_source, synthetic_lr_source, synthetic_pmf_source,
 )
 from mlless.data.sample import MOVIELENS_SMALL, SAMPLES, SampleUnavailable
 from mlless.data.synthetic import CLICK_TASKS, DEFAULT_SKEW, HiggsParams, LrParams, PmfParams

@@ -30,20 +30,13 @@ import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
 from mlless.data.batches import RatingsBatch, SparseBatch
 from mlless.data.chunks import RatingsChunk, SparseChunk
-from mlless.data.formats import (
-    CRITEO_INT_COLUMNS,
-    LibsvmOptions,
-    read_criteo,
-    read_libsvm,
-    read_movielens,
-    within_rating_range,
-)
+from mlless.data.formats import CRITEO_INT_COLUMNS, LibsvmOptions
 from mlless.data.hashing import hash_ints, unit_interval
 from mlless.data.manifest import (
     FORMAT_VERSION,
@@ -57,10 +50,9 @@ from mlless.data.manifest import (
 from mlless.data.npz import npz_bytes
 from mlless.data.output import OutputDir
 from mlless.progress import Progress
-from mlless.data.sample import SAMPLES
 from mlless.data.shuffle import DEFAULT_BUCKET_BYTES, SpillBuckets, choose_buckets, shuffled_batches
-from mlless.data.synthetic import (
-    HIGGS_FEATURES, HiggsParams, LrParams, PmfParams, generate_higgs, generate_lr, generate_pmf,
+from mlless.data.sources import (
+    PrepareError, Source, criteo_source, libsvm_source, movielens_source,
 )
 from mlless.data.user_shards import USER_SHARDS, UserShardWriter
 from mlless.data.text import ErrorLog
@@ -71,10 +63,6 @@ DEFAULT_VALIDATION_FRACTION = 0.1
 DEFAULT_HASH_BITS = 18
 _SPLIT_SALT = 0x53504C4954
 _BUCKET_SALT = 0x4255434B
-
-
-class PrepareError(ValueError):
-    """Preparation cannot proceed (bad option, bad input); the message says why."""
 
 
 @dataclass(frozen=True)
@@ -108,19 +96,6 @@ class PrepareOptions:
 
 
 @dataclass
-class Source:
-    """What pass 1 consumes: chunks plus facts about the feature space."""
-
-    kind: str  # "ratings" | "sparse"
-    description: dict[str, Any]
-    chunks: Callable[[ErrorLog], Iterable[RatingsChunk | SparseChunk]]
-    estimated_bytes: int
-    integer_columns: int = 0  # leading feature indices that are raw integers to transform
-    n_features: int | None = None  # fixed feature space; None = max index + 1 ("keep")
-    hash_bits: int | None = None
-
-
-@dataclass
 class _Stats:
     """Running pass-1 statistics over training rows."""
 
@@ -137,87 +112,6 @@ class _Stats:
     max_index: int = -1
     int_min: np.ndarray = field(default_factory=lambda: np.full(CRITEO_INT_COLUMNS, np.inf))
     int_max: np.ndarray = field(default_factory=lambda: np.full(CRITEO_INT_COLUMNS, -np.inf))
-
-
-# --------------------------------------------------------------------- sources
-
-
-def _file_size(path: str) -> int:
-    try:
-        import fsspec
-
-        fs, p = fsspec.core.url_to_fs(path)
-        size = int(fs.size(p) or 0)
-    except Exception:  # noqa: BLE001 - size is only an estimate for bucket count
-        return 1 << 30
-    return size * 5 if path.endswith((".gz", ".bz2", ".xz", ".zst")) else size
-
-
-def movielens_source(path: str, rating_range: tuple[float, float] | None = None) -> Source:
-    description: dict[str, Any] = {"format": "movielens", "path": path}
-    if rating_range is not None:
-        description["rating_range"] = list(rating_range)
-
-    def found(bounds: tuple[float, float]) -> None:
-        description["rating_range"] = list(bounds)
-
-    # 20 spilled bytes per rating vs ~25 text bytes per line.
-    return Source("ratings", description,
-                  lambda e: within_rating_range(read_movielens(path, e), path, e, rating_range, found), _file_size(path))
-
-
-def criteo_source(path: str, hash_bits: int) -> Source:
-    # ~300 spilled bytes per row vs ~250 text bytes per line.
-    return Source(
-        "sparse",
-        {"format": "criteo", "path": path},
-        lambda e: read_criteo(path, e, hash_bits),
-        int(_file_size(path) * 1.3),
-        integer_columns=CRITEO_INT_COLUMNS,
-        n_features=1 << hash_bits,
-        hash_bits=hash_bits,
-    )
-
-
-def libsvm_source(path: str, options: LibsvmOptions) -> Source:
-    hashed = options.indices == "hash"
-    return Source(
-        "sparse",
-        {"format": "libsvm", "path": path, "index_base": options.base, "indices": options.indices,
-         "labels": options.labels},
-        lambda e: read_libsvm(path, e, options),
-        _file_size(path) * 2,
-        n_features=(1 << options.hash_bits) if hashed else None,
-        hash_bits=options.hash_bits if hashed else None,
-    )
-
-
-def sample_source(name: str) -> Source:
-    if name not in SAMPLES:
-        raise PrepareError(f"unknown sample {name!r}; available: {', '.join(SAMPLES)}")
-    sample = SAMPLES[name]
-    return Source("ratings", {"sample": name, "via": sample.via}, lambda e: sample.load(), 2 << 20)
-
-
-def synthetic_pmf_source(params: PmfParams, seed: int) -> Source:
-    return Source("ratings", params.describe(), lambda e: generate_pmf(params, seed), params.rows * 20)
-
-
-def synthetic_lr_source(params: LrParams, seed: int) -> Source:
-    return Source(
-        "sparse",
-        params.describe(),
-        lambda e: generate_lr(params, seed),
-        params.rows * 300,
-        integer_columns=CRITEO_INT_COLUMNS,
-        n_features=1 << params.hash_bits,
-        hash_bits=params.hash_bits,
-    )
-
-
-def synthetic_higgs_source(params: HiggsParams, seed: int) -> Source:
-    return Source("sparse", params.describe(), lambda e: generate_higgs(params, seed), params.rows * HIGGS_FEATURES * 8,
-                  n_features=HIGGS_FEATURES)
 
 
 # --------------------------------------------------------------------- core
