@@ -491,3 +491,16 @@ def test_a_validation_file_is_the_validation_split_and_the_input_trains_whole(tm
     assert not (tmp_path / "bad" / "manifest.json").exists()
     assert main(["prepare", "--synthetic", "lr", "--validation", str(tmp_path / "valid.svm"),
                  "--out", str(tmp_path / "x"), "--quiet"]) != 0
+
+
+@pytest.mark.parametrize("token", ["2:nan", "2:inf", "2:-inf", "0:1"])
+def test_a_libsvm_feature_that_is_not_finite_or_below_the_base_is_named_with_its_line(tmp_path: Path, token: str,
+                                                                                         capsys) -> None:
+    from mlless.cli import main
+
+    (tmp_path / "in.svm").write_text(f"1 1:1\n0 {token} 3:1\n")
+    assert main(["prepare", "--format", "libsvm", str(tmp_path / "in.svm"), "--out", str(tmp_path / "o"),
+                 "--quiet"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"in.svm:2: feature index below 1 or value not a finite number: '{token}'" in err[0], err
+    assert not (tmp_path / "o" / "manifest.json").exists()

@@ -309,8 +309,13 @@ def read_libsvm(path: str, errors: ErrorLog, options: LibsvmOptions) -> Iterator
             row_of_entry = np.repeat(np.arange(len(keys)), lengths)
             bad_rows = np.zeros(len(keys), dtype=bool)
             bad_rows[row_of_entry[bad_entry]] = True
+            first_bad = {}  # a bad row's first bad entry, shown in its message
+            for j in np.flatnonzero(bad_entry)[::-1]:
+                first_bad[int(row_of_entry[j])] = int(j)
             for r in np.flatnonzero(bad_rows):
-                errors.bad(path, int(chunk.keys[r]), f"bad feature index (base {options.base}) or value", b"")
+                j = first_bad[int(r)]
+                errors.bad(path, int(chunk.keys[r]), f"feature index below {options.base} or value not a finite "
+                           "number", idx_tokens[j] + b":" + val_tokens[j])
             chunk = chunk.take(~bad_rows)
         yield chunk
 
