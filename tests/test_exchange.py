@@ -8,7 +8,7 @@ import pytest
 from mlless.protocol.messages import Close
 from mlless.protocol.sealing import seal, unseal
 from mlless.runtime.local import Services, train_local
-from mlless.runtime.sync.exchange import EXCHANGES
+from mlless.runtime.sync.exchange import EXCHANGES, sparse_sum
 from mlless.runtime.sync.reduce import AllReduce, ScatterReduce
 from mlless.spec import SpecError
 
@@ -69,6 +69,22 @@ def test_each_worker_adds_its_peers_sum_with_their_carriers_even_if_an_owner_nev
         assert w.traffic()[1] > 0
     assert rejected == []
     assert set(EXCHANGES) == {"all-to-all", "allreduce", "scatter-reduce"}
+
+
+@pytest.mark.parametrize("size", [10, 10_000, 1 << 24])  # binned over the range, and sorted (sparse in a wide one)
+def test_sparse_sum_adds_and_counts_each_entry_whether_binned_or_sorted(size):
+    rng = np.random.default_rng(size)
+    indices = [np.sort(rng.choice(size, min(size, 40), replace=False)).astype(np.int32) + 7 for _ in range(3)]
+    values = [rng.standard_normal(len(i)).astype(np.float32) for i in indices]
+    entries, sums, counts = sparse_sum(indices, values)
+    want: dict[int, list[float]] = {}
+    for idx, val in zip(indices, values):
+        for i, v in zip(idx.tolist(), val.tolist()):
+            want.setdefault(i, []).append(v)
+    assert entries.dtype == np.int32 and entries.tolist() == sorted(want)
+    np.testing.assert_allclose(sums, [sum(want[i]) for i in sorted(want)], rtol=1e-12)
+    assert counts.tolist() == [len(want[i]) for i in sorted(want)]
+    assert [len(a) for a in sparse_sum([np.zeros(0, np.int32)], [np.zeros(0, np.float32)])] == [0, 0, 0]
 
 
 def test_the_schema_refuses_an_unknown_pattern(movielens_dir):
