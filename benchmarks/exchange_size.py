@@ -62,7 +62,7 @@ def parse_size(text: str) -> int:
 
 def steps_for(params: int) -> int:
     """Enough steps for a median, fewer for the big models (a 90 MB step moves hundreds of MB)."""
-    return int(np.clip(2e8 // max(params, 1), 4, 40))
+    return int(np.clip(2e7 // max(params, 1), 3, 20))
 
 
 def worker(rank: int, workers: int, pattern: str, params: int, steps: int, job: str, key: bytes,
@@ -171,7 +171,7 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(DEFAULT_SIZES), help="model sizes in float32 bytes (KB, MB)")
     parser.add_argument("--workers", default="2,3,4", help="worker counts P")
     parser.add_argument("--exchanges", default="all-to-all,allreduce,scatter-reduce")
-    parser.add_argument("--transports", default="services,embedded",
+    parser.add_argument("--transports", default="services",
                         help="services: Redis + RabbitMQ on localhost; embedded: the embedded broker")
     parser.add_argument("--steps", type=int, help="steps per run (default: by size, 4 to 40)")
     parser.add_argument("--write-results", action="store_true", help="replace this script's section of RESULTS.md")

@@ -63,6 +63,8 @@ BUSY = tuple(p for p in PHASES if p != "wait")
 EXCHANGE_TODAY = "all-to-all"  # the only pattern before `sync.exchange` exists
 DATASETS = {"pmf10m-skew": "pmf", "lr": "logistic-regression"}
 QUICK = {"pmf1m-skew": "pmf", "lr200k": "logistic-regression"}
+#: Sets run only when named: the dense Higgs-like set of LambdaML's and MLES's dense LR.
+OTHERS = {"higgs": "logistic-regression"}
 TRANSPORTS = {"embedded": False, "services": True}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -430,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR, help="prepared data and runs (default %(default)s)")
     p.add_argument("--quick", action="store_true",
                    help="time_to_quality's quick sets (1M skewed ratings, 200k clicks), the embedded transport; ~5 min")
-    p.add_argument("--datasets", help=f"comma list (default {','.join(DATASETS)}; --quick: {','.join(QUICK)})")
+    p.add_argument("--datasets", help=f"comma list (default {','.join(DATASETS)}; --quick: {','.join(QUICK)}; "
+                                     f"also: {','.join(OTHERS)})")
     p.add_argument("--protocols", help="comma list (default: every sync.protocol the schema admits for the model)")
     p.add_argument("--exchanges", help="comma list (default: every sync.exchange the schema has; all-to-all before it exists)")
     p.add_argument("--workers", default="1,2,3", help="comma list of P (default %(default)s)")
@@ -449,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         SYNC_SETTINGS[field] = json.loads(value)
     sets = QUICK if args.quick else DATASETS
     if args.datasets:
-        sets = {k: {**DATASETS, **QUICK}[k] for k in args.datasets.split(",")}
+        sets = {k: {**DATASETS, **QUICK, **OTHERS}[k] for k in args.datasets.split(",")}
     transports = (args.transports or ("embedded" if args.quick and not args.link else "services")).split(",")
     if args.link:
         transports = ["services"]

@@ -98,6 +98,8 @@ DATASETS = {
     "pmf10m-skew": DataSet("pmf10m-skew", "synthetic 10M ratings, Zipf 0.8 ids",
                            ("--synthetic", "pmf", "--rows", "10000000", "--users", "70000", "--items", "10000")),
     "lr": DataSet("lr", "synthetic Criteo-layout clicks, 1M rows, 2^18 features", ("--synthetic", "lr", "--rows", "1000000")),
+    "higgs": DataSet("higgs", "synthetic Higgs-like dense set, 1M rows, 28 features",
+                     ("--synthetic", "higgs", "--rows", "1000000")),
 }
 QUICK = {
     "movielens": DATASETS["movielens"],

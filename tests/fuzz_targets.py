@@ -13,6 +13,7 @@ import numpy as np
 import yaml
 
 from mlless.data.batches import BATCH_TYPES, BatchError
+from mlless.data.csvfile import CsvError, CsvOptions, csv_layout, read_csv
 from mlless.data.formats import LibsvmOptions, read_criteo, read_libsvm, read_movielens
 from mlless.data.manifest import DatasetError, Manifest
 from mlless.data.npz import load_npz_bytes
@@ -102,6 +103,16 @@ def _lines(read: Callable[..., object], suffix: str) -> Callable[[bytes], None]:
     return target
 
 
+def _read_csv(path: str, errors: ErrorLog) -> list:
+    """A CSV file as `mlless prepare --format csv --label y` reads it: its header and first rows, then every row."""
+    options = CsvOptions("y", hash_bits=8)
+    try:
+        layout = csv_layout(path, options)
+    except CsvError:
+        return []
+    return list(read_csv(path, errors, options, layout))
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "manifest": manifest,
     "invocation": invocation,
@@ -112,6 +123,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "movielens": _lines(read_movielens, ".csv"),
     "criteo": _lines(lambda path, errors: read_criteo(path, errors, hash_bits=12), ".tsv"),
     "libsvm": _lines(lambda path, errors: read_libsvm(path, errors, LibsvmOptions()), ".svm"),
+    "csv": _lines(_read_csv, ".csv"),
 }
 
 
@@ -150,6 +162,7 @@ def valid_seeds(tmp: Path) -> dict[str, list[bytes]]:
                       b"1::10::4::978300760\n2::11::5::978302109\n"],
         "criteo": [(criteo + "\n" + criteo.replace("1\t", "0\t", 1) + "\n").encode()],
         "libsvm": [b"1 1:0.5 7:1\n0 2:1.5 3:-2\n", b"-1 4:1\n+1 1:1 2:2\n"],
+        "csv": [b"a,b,y\n1.5,x,1\n2,,0\n", b'y,c,n\n-1,"q,r",3e2\n1,s,\n'],
         "frame": [encode(m) for m in messages] + [encode(m, sealed=True) for m in messages],
         "sealed": [seal(encode(m, sealed=True), KEY, CONTEXT) for m in messages],
     }

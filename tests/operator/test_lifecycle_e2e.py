@@ -93,12 +93,19 @@ def dockerfile_image(path: Path = REPO / "Dockerfile") -> Image:
 # ---- 1. kubectl scale of a running pod-backend job -----------------------------------------------
 
 
-async def test_kubectl_scale_in_then_out_of_a_running_pod_job(cluster_factory, e2e_job, tmp_path):
-    output = tmp_path / "output"
-    # ISP: a close every step, so the scale-in and the join land within SCALE_STEPS on any machine (blocked, PMF's
-    # default, hears of them at rounds' ends and runs the steps several times faster).
-    doc = cached(e2e_job("scale", workers=3, function={"backend": "pod"}, stop={"maxSteps": SCALE_STEPS, "maxSeconds": SCALE_SECONDS},
-                         output={"uri": str(output)}, sync={"protocol": "isp"}))
+#: The protocols the scale test runs under, with their sync settings and their steps to run (`SCALE_STEPS` for a close
+#: every step). ISP closes every step; averaging and async hear of a leave or a join at rounds' ends, so their rounds
+#: are short, and they run their local steps several times faster, so they get more of them.
+SCALE_SYNC = {"isp": ({"protocol": "isp"}, 1),
+              "averaging": ({"protocol": "averaging", "localSteps": 4}, 4),
+              "async": ({"protocol": "async", "localSteps": 4}, 4)}
+
+
+@pytest.mark.parametrize("protocol", list(SCALE_SYNC))
+async def test_kubectl_scale_in_then_out_of_a_running_pod_job(cluster_factory, e2e_job, tmp_path, protocol):
+    output, (sync, more) = tmp_path / "output", SCALE_SYNC[protocol]
+    doc = cached(e2e_job("scale", workers=3, function={"backend": "pod"}, output={"uri": str(output)}, sync=sync,
+                         stop={"maxSteps": more * SCALE_STEPS, "maxSeconds": SCALE_SECONDS}))
     async with launched(cluster_factory, tmp_path, doc) as job:
         (c, kubelet, name), worker = job, job.worker
         await job.until_step(10)

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from mlless.contract import EXIT_FAILED, EXIT_USAGE
+from mlless.data.csvfile import CsvOptions
 from mlless.data.formats import LibsvmOptions
 from mlless.data.manifest import LABEL_KINDS, MAX_CLASSES, DatasetError
 from mlless.data.prepare import (
@@ -26,7 +27,7 @@ from mlless.data.text import MalformedInputError
 DESCRIPTION = """\
 Turn raw data into shuffled mini-batch files plus manifest.json.
 
-Exactly one of: --format FMT INPUT, --sample NAME, --synthetic {pmf,lr}.
+Exactly one of: --format FMT INPUT, --sample NAME, --synthetic KIND.
 
 Layout written under --out (a directory or fsspec URL such as s3://bucket/x):
   manifest.json              sizes, dimensions, statistics, sha256 of every file
@@ -43,6 +44,7 @@ examples:
   mlless prepare --sample {MOVIELENS_SMALL.name} --out data/ml-small
   mlless prepare --format movielens ml-10M100K/ratings.dat --out s3://bucket/ml10m
   mlless prepare --format criteo train.txt --out data/criteo --hash-bits 20 --on-error skip
+  mlless prepare --format csv flights.csv --label delayed --out data/flights
   mlless prepare --synthetic pmf --rows 10000000 --users 70000 --items 10000 --out data/syn
 """
 
@@ -58,7 +60,7 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     src = p.add_argument_group("input (choose one)")
     src.add_argument("input", nargs="?", help="input file (local path or fsspec URL; .gz/.bz2/.xz are decompressed)")
-    src.add_argument("--format", choices=["movielens", "criteo", "libsvm"], help="format of INPUT")
+    src.add_argument("--format", choices=["movielens", "criteo", "libsvm", "csv"], help="format of INPUT")
     src.add_argument("--sample", choices=list(SAMPLES), help="a bundled sample (needs: pip install 'mlless[datasets]'): "
                      + "; ".join(f"{sample.name}, {sample.description}" for sample in SAMPLES.values()))
     src.add_argument("--synthetic", choices=["pmf", *CLICK_TASKS, "higgs"],
@@ -91,13 +93,16 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     o.add_argument("--tmp-dir", default=None, help="where shuffle buckets are spilled (default: system temp)")
     o.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
-    f = p.add_argument_group("features (criteo, libsvm, synthetic lr)")
+    f = p.add_argument_group("features (criteo, libsvm, csv, synthetic lr)")
     f.add_argument("--hash-bits", type=int, default=DEFAULT_HASH_BITS, help=f"feature space is 2**K (default {DEFAULT_HASH_BITS})")
     f.add_argument("--integer-transform", choices=["log1p", "minmax"], default="log1p", help="Criteo integer columns: log1p(max(x,0)) (default) or min-max from training stats")
     f.add_argument("--libsvm-base", type=int, choices=[0, 1], default=1, help="libsvm index base (default 1)")
     f.add_argument("--libsvm-indices", choices=["keep", "hash"], default="keep", help="keep libsvm indices (n_features = max+1) or hash them into 2**K")
+    f.add_argument("--label", metavar="COL", help="csv: the label column, by its header name or 0-based position; "
+                   "the other columns are features: numeric ones as their values, the others hashed into 2**K")
+    f.add_argument("--delimiter", default=",", help="csv: the field separator (default ',')")
     f.add_argument("--labels", choices=LABEL_KINDS, default=LABEL_KINDS[0],
-                   help="libsvm labels: binary (-1/0 and +1/1, for logistic-regression and svm), real (any number, "
+                   help="libsvm and csv labels: binary (-1/0 and +1/1, for logistic-regression and svm), real (any number, "
                         f"for linear-regression) or classes (up to {MAX_CLASSES} distinct values, for softmax); "
                         "default binary")
 
@@ -128,6 +133,12 @@ def run_prepare(args: argparse.Namespace) -> int:
     if args.validation and not args.format:
         print("mlless prepare: --validation FILE goes with --format and INPUT", file=sys.stderr)
         return EXIT_USAGE
+    if (args.format == "csv") != (args.label is not None):
+        print("mlless prepare: --format csv needs --label COL, and --label goes with --format csv only", file=sys.stderr)
+        return EXIT_USAGE
+    if len(args.delimiter) != 1:
+        print(f"mlless prepare: --delimiter must be one character, got {args.delimiter!r}", file=sys.stderr)
+        return EXIT_USAGE
     if not args.format and args.input:
         print("mlless prepare: INPUT is only used with --format", file=sys.stderr)
         return EXIT_USAGE
@@ -151,7 +162,8 @@ def run_prepare(args: argparse.Namespace) -> int:
         if args.format:
             prepare_file(args.format, args.input, args.out, options,
                          LibsvmOptions(base=args.libsvm_base, indices=args.libsvm_indices, labels=args.labels),
-                         args.validation)
+                         args.validation,
+                         CsvOptions(args.label, labels=args.labels, delimiter=args.delimiter) if args.label else None)
         elif args.sample:
             prepare(sample_source(args.sample), args.out, options)
         elif args.synthetic == "pmf":

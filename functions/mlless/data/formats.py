@@ -249,6 +249,20 @@ class LibsvmOptions:
     labels: str = "binary"
 
 
+def label_of(text: bytes | str, kind: str) -> tuple[float, str]:
+    """A row's label read as `kind` (`LibsvmOptions.labels`), and why it is refused ("" if it is not): "binary"
+    takes -1/0 as 0 and +1/1 as 1; "real" and "classes" take any finite number as it is."""
+    try:
+        y = float(text)
+    except ValueError:
+        return 0.0, "label is not a number"
+    if kind != "binary":
+        return (y, "") if math.isfinite(y) else (0.0, "label is not a finite number")
+    if y not in (-1.0, 0.0, 1.0):
+        return 0.0, "label must be -1, 0 or +1 (--labels real or classes reads any number)"
+    return float(y > 0), ""
+
+
 def read_libsvm(path: str, errors: ErrorLog, options: LibsvmOptions) -> Iterator[SparseChunk]:
     """Parse LIBSVM text; labels as `options.labels` says, `qid:` tokens and `#` comments ignored.
 
@@ -256,7 +270,6 @@ def read_libsvm(path: str, errors: ErrorLog, options: LibsvmOptions) -> Iterator
     short lines/s); the hashing of indices in "hash" mode is vectorised.
     """
     n_buckets = 1 << options.hash_bits
-    any_number = options.labels != "binary"
     for block in read_blocks(path):
         keys: list[int] = []
         labels: list[float] = []
@@ -270,16 +283,9 @@ def read_libsvm(path: str, errors: ErrorLog, options: LibsvmOptions) -> Iterator
             if not line:
                 continue
             parts = line.split()
-            try:
-                y = float(parts[0])
-            except ValueError:
-                errors.bad(path, line_no, "label is not a number", raw)
-                continue
-            if any_number and not math.isfinite(y):
-                errors.bad(path, line_no, "label is not a finite number", raw)
-                continue
-            if not any_number and y not in (-1.0, 0.0, 1.0):
-                errors.bad(path, line_no, "label must be -1, 0 or +1 (--labels real or classes reads any number)", raw)
+            y, why = label_of(parts[0], options.labels)
+            if why:
+                errors.bad(path, line_no, why, raw)
                 continue
             feats = [p for p in parts[1:] if not p.startswith(b"qid:")]
             pairs = [p.split(b":", 1) for p in feats]
@@ -287,7 +293,7 @@ def read_libsvm(path: str, errors: ErrorLog, options: LibsvmOptions) -> Iterator
                 errors.bad(path, line_no, "features must be index:value", raw)
                 continue
             keys.append(line_no)
-            labels.append(y if any_number else 1.0 if y > 0 else 0.0)
+            labels.append(y)
             lengths.append(len(pairs))
             idx_tokens.extend(p[0] for p in pairs)
             val_tokens.extend(p[1] for p in pairs)

@@ -51,8 +51,9 @@ from mlless.data.npz import npz_bytes
 from mlless.data.output import OutputDir
 from mlless.progress import Progress
 from mlless.data.shuffle import DEFAULT_BUCKET_BYTES, SpillBuckets, choose_buckets, shuffled_batches
+from mlless.data.csvfile import CsvError, CsvLayout, CsvOptions, csv_columns, csv_layout
 from mlless.data.sources import (
-    PrepareError, Source, criteo_source, libsvm_source, movielens_source,
+    PrepareError, Source, criteo_source, csv_source, libsvm_source, movielens_source,
 )
 from mlless.data.user_shards import USER_SHARDS, UserShardWriter
 from mlless.data.text import ErrorLog
@@ -381,27 +382,54 @@ def _manifest(
 # --------------------------------------------------------------------- entry points
 
 
-def file_source(fmt: str, path: str, options: PrepareOptions, libsvm: LibsvmOptions | None = None) -> Source:
-    """The rows of one input file of format 'movielens', 'criteo' or 'libsvm'."""
-    if fmt == "movielens":
-        source = movielens_source(path, options.rating_range)
-    elif fmt == "criteo":
-        source = criteo_source(path, options.hash_bits)
-    elif fmt == "libsvm":
-        source = libsvm_source(path, replace(libsvm or LibsvmOptions(), hash_bits=options.hash_bits))
-    else:
-        raise PrepareError(f"unknown format {fmt!r}; expected movielens, criteo or libsvm")
+def file_source(fmt: str, path: str, options: PrepareOptions, libsvm: LibsvmOptions | None = None,
+                csv: CsvOptions | None = None, layout: CsvLayout | None = None) -> Source:
+    """The rows of one input file of format 'movielens', 'criteo', 'libsvm' or 'csv' (a CSV file is read by `layout`,
+    its training file's, when one is given)."""
     if "://" not in path and not os.path.exists(path):
         raise PrepareError(f"input file not found: {path}")
-    return source
+    if fmt == "movielens":
+        return movielens_source(path, options.rating_range)
+    if fmt == "criteo":
+        return criteo_source(path, options.hash_bits)
+    if fmt == "libsvm":
+        return libsvm_source(path, replace(libsvm or LibsvmOptions(), hash_bits=options.hash_bits))
+    if fmt == "csv":
+        csv = _csv_options(csv, options)
+        if layout is None:
+            return csv_source(path, csv, _csv_layout(path, csv))
+        try:
+            columns = csv_columns(path, csv.delimiter)
+        except CsvError as exc:
+            raise PrepareError(str(exc)) from None
+        if columns != layout.columns:
+            raise PrepareError(f"{path}: its header ({', '.join(columns[:8])}, …) is not the training file's "
+                               f"({', '.join(layout.columns[:8])}, …)")
+        return csv_source(path, csv, layout)
+    raise PrepareError(f"unknown format {fmt!r}; expected movielens, criteo, libsvm or csv")
+
+
+def _csv_options(csv: CsvOptions | None, options: PrepareOptions) -> CsvOptions:
+    if csv is None:
+        raise PrepareError("--format csv needs --label COL, the label column")
+    return replace(csv, hash_bits=options.hash_bits)
+
+
+def _csv_layout(path: str, csv: CsvOptions) -> CsvLayout:
+    try:
+        return csv_layout(path, csv)
+    except CsvError as exc:
+        raise PrepareError(str(exc)) from None
 
 
 def prepare_file(fmt: str, path: str, out: str, options: PrepareOptions, libsvm: LibsvmOptions | None = None,
-                 validation_path: str | None = None) -> Manifest:
-    """Prepare one input file of format 'movielens', 'criteo' or 'libsvm'; with `validation_path`, a file of the
-    same format that is the validation split (the input then trains whole)."""
-    source = file_source(fmt, path, options, libsvm)
+                 validation_path: str | None = None, csv: CsvOptions | None = None) -> Manifest:
+    """Prepare one input file of format 'movielens', 'criteo', 'libsvm' or 'csv'; with `validation_path`, a file of
+    the same format that is the validation split (the input then trains whole; a CSV one is read as the input's
+    columns are)."""
+    source = file_source(fmt, path, options, libsvm, csv)
     if validation_path is None:
         return prepare(source, out, options)
+    layout = _csv_layout(path, _csv_options(csv, options)) if fmt == "csv" else None
     source = replace(source, description={**source.description, "validation": validation_path})
-    return prepare(source, out, options, validation=file_source(fmt, validation_path, options, libsvm))
+    return prepare(source, out, options, validation=file_source(fmt, validation_path, options, libsvm, csv, layout))

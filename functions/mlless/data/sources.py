@@ -1,4 +1,4 @@
-"""The inputs `mlless prepare` reads, each a `Source`: a MovieLens, Criteo or LIBSVM file, a bundled sample, or
+"""The inputs `mlless prepare` reads, each a `Source`: a MovieLens, Criteo, LIBSVM or CSV file, a bundled sample, or
 synthetic ratings, clicks or Higgs-like rows (`mlless.data.synthetic`)."""
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from mlless.data.chunks import RatingsChunk, SparseChunk
+from mlless.data.csvfile import CsvLayout, CsvOptions, read_csv
 from mlless.data.formats import (
     CRITEO_INT_COLUMNS, LibsvmOptions, read_criteo, read_libsvm, read_movielens, within_rating_range,
 )
@@ -82,6 +83,13 @@ def libsvm_source(path: str, options: LibsvmOptions) -> Source:
         n_features=(1 << options.hash_bits) if hashed else None,
         hash_bits=options.hash_bits if hashed else None,
     )
+
+
+def csv_source(path: str, options: CsvOptions, layout: CsvLayout) -> Source:
+    hashed = bool(layout.categorical)
+    return Source("sparse", {"format": "csv", "path": path, "labels": options.labels, **layout.describe()},
+                  lambda e: read_csv(path, e, options, layout), _file_size(path) * 2, n_features=layout.n_features,
+                  hash_bits=options.hash_bits if hashed else None)
 
 
 def sample_source(name: str) -> Source:
