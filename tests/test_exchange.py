@@ -71,7 +71,28 @@ def test_each_worker_adds_its_peers_sum_with_their_carriers_even_if_an_owner_nev
     assert set(EXCHANGES) == {"all-to-all", "allreduce", "scatter-reduce"}
 
 
-@pytest.mark.parametrize("size", [10, 10_000, 1 << 24])  # binned over the range, and sorted (sparse in a wide one)
+@pytest.mark.parametrize("cls", [AllReduce, ScatterReduce])
+def test_a_sum_reads_one_update_a_partition_and_dense_partitions_keep_every_entry(cls):
+    size, n, step = 40, 3, 2
+    store, rejected = Store(), []
+    workers = [cls(store, r, lambda rank, s: f"update:{rank}:{s % 3}", 3, 0.05, rejected.append, size=size, parts=n,
+                   carriers=False) for r in range(n)]
+    values = [np.random.default_rng(r).standard_normal(size).astype(np.float32) for r in range(n)]
+    for w, val in zip(workers, values):
+        w.publish(step, np.arange(size, dtype=np.int32), val)  # a dense model's update: one run
+    close = Close(-1, step, 0, 0, live=(0, 1, 2), updates=(0, 1, 2), merges=())
+    for w in workers:
+        got = w.gather(close)
+        assert len(got) == w.parts  # no zero-valued carriers for a sum
+        dense = np.zeros(size)
+        for u in got:
+            np.add.at(dense, u.indices, u.values)
+        np.testing.assert_allclose(dense, sum(values[r] for r in range(n) if r != w.rank), atol=1e-5)
+    assert rejected == []
+
+
+# one run of indices each (added as slices), binned over their range, and sorted (sparse in a wide range)
+@pytest.mark.parametrize("size", [10, 100, 10_000, 1 << 24])
 def test_sparse_sum_adds_and_counts_each_entry_whether_binned_or_sorted(size):
     rng = np.random.default_rng(size)
     indices = [np.sort(rng.choice(size, min(size, 40), replace=False)).astype(np.int32) + 7 for _ in range(3)]

@@ -46,6 +46,8 @@ from mlless.training.rounds import RoundAccumulator
 class AveragingHalf(WorkerHalf):
     """At a round's close, each entry becomes the mean of the replicas that changed it."""
 
+    counts_carriers = True
+
     def combine(self, close: Close, updates: list[Update]) -> None:
         if not updates:
             return  # no peer published at this close: nothing to average with

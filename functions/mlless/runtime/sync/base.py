@@ -37,6 +37,10 @@ from mlless.transport import Transport
 class WorkerHalf:
     """What a worker does for its protocol: publish after a local step, combine the peers' updates at a close."""
 
+    #: Whether `combine` counts the updates that carry each entry (model averaging divides by them); a merging
+    #: exchange then hands them on as zero-valued updates (`runtime/sync/reduce.py`), which a sum does not need.
+    counts_carriers: ClassVar[bool] = False
+
     def __init__(self, strategy: SyncStrategy, rank: int, replica: Replica, exchange: Exchange, feed: Feed) -> None:
         self.strategy = strategy
         self.rank = rank
@@ -153,7 +157,8 @@ class SyncStrategy(ABC):
         be applied, and a frame the store lost is waited for `patience` seconds; `workers`: the job's (a pattern's
         partitions)."""
         exchange = EXCHANGES[self.config.exchange](transport, rank, self.update_key, self.slots, patience, reject,
-                                                   size=replica.params.shape[0], parts=workers)
+                                                   size=replica.params.shape[0], parts=workers,
+                                                   carriers=self.worker_half.counts_carriers)
         return self.worker_half(self, rank, replica, exchange, feed)
 
     def accumulator(self, params: np.ndarray) -> Accumulator | None:

@@ -31,23 +31,40 @@ log = logging.getLogger(__name__)
 DENSE_ENOUGH = 0.25
 
 
+def _run(indices: np.ndarray) -> bool:
+    """Whether `indices` are one run of consecutive indices (a dense model's update, a dense merged partition)."""
+    return len(indices) > 0 and int(indices[-1]) - int(indices[0]) == len(indices) - 1 and bool(
+        np.all(np.diff(indices) == 1))
+
+
 def sparse_sum(indices: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sparse updates added up: the sorted union of their entries, the sum at each (float64), and how many of the
     updates carry each.
 
-    Dense updates (a dense model's, or a merged partition's) fill most of their index range: binning over the
-    range is about 3x faster than sorting the entries there (4M entries of three updates: 0.6 against 1.8 s).
+    Updates that are each one run of indices (a dense model's, a dense merged partition) are added as slices, and
+    others that fill most of their index range are binned over it: sorting their entries took 1.8 s on three
+    updates of 4M entries, binning 0.9 s and slices 0.2 s.
     """
-    flat, weights = np.concatenate(indices), np.concatenate(values)
-    if len(flat):
-        low, span = int(flat.min()), int(flat.max()) + 1 - int(flat.min())
-        if len(flat) >= DENSE_ENOUGH * span:
-            counts = np.bincount(flat - low, minlength=span)
-            present = np.flatnonzero(counts)
-            sums = np.bincount(flat - low, weights=weights, minlength=span)[present]
-            return (present + low).astype(flat.dtype), sums, counts[present]
-    entries, at = np.unique(flat, return_inverse=True)
-    return entries, np.bincount(at, weights=weights, minlength=len(entries)), np.bincount(at, minlength=len(entries))
+    runs = [(int(idx[0]), int(idx[-1]) + 1, val) for idx, val in zip(indices, values) if _run(idx)]
+    if runs and len(runs) == sum(len(idx) > 0 for idx in indices):
+        low = min(start for start, _, _ in runs)
+        span = max(end for _, end, _ in runs) - low
+        sums, counts = np.zeros(span), np.zeros(span, np.int64)
+        for start, end, val in runs:
+            sums[start - low:end - low] += val
+            counts[start - low:end - low] += 1
+    else:
+        flat = np.concatenate(indices)
+        low = int(flat.min()) if len(flat) else 0
+        span = int(flat.max()) + 1 - low if len(flat) else 0
+        if len(flat) < DENSE_ENOUGH * span or not len(flat):
+            entries, at = np.unique(flat, return_inverse=True)
+            return (entries, np.bincount(at, weights=np.concatenate(values), minlength=len(entries)),
+                    np.bincount(at, minlength=len(entries)))
+        counts = np.bincount(flat - low, minlength=span)
+        sums = np.bincount(flat - low, weights=np.concatenate(values), minlength=span)
+    present = np.flatnonzero(counts)
+    return (present + low).astype(indices[0].dtype), sums[present], counts[present]
 
 
 #: Where `rank` publishes its update of a step: `SyncStrategy.update_key`.
@@ -71,10 +88,11 @@ class Exchange(ABC):
     name: ClassVar[str]
 
     def __init__(self, transport: Transport, rank: int, key_of: KeyOf, slots: int, patience: float,
-                 reject: Callable[[str], None], size: int = 0, parts: int = 1) -> None:
+                 reject: Callable[[str], None], size: int = 0, parts: int = 1, carriers: bool = True) -> None:
         """`slots` steps of this worker's frames stay readable (its outbox); a frame the store lost is waited for
         `patience` seconds; `reject` counts and logs a frame that cannot be applied. `size` is the model's parameter
-        count and `parts` the job's worker count, for a pattern that splits the parameters."""
+        count and `parts` the job's worker count, for a pattern that splits the parameters. `carriers`: `gather`
+        must show how many peers' updates carry each entry (`WorkerHalf.counts_carriers`)."""
         self.transport = transport
         self.rank = rank
         self.key_of = key_of
@@ -82,6 +100,7 @@ class Exchange(ABC):
         self.reject = reject
         self.size = size
         self.parts = parts
+        self.carriers = carriers
         self.outbox: collections.deque[Published] = collections.deque(maxlen=slots * self.frames_per_step)
         self.store_epoch = transport.store_epoch
         self.repaired = 0  # peers' frames the store lost, read again once their senders re-published them

@@ -11,11 +11,11 @@ of indices, values added in float64, stored in float32) and how many updates car
 (1, or every update's for a dense partition) as entry 2N, and the others as entries N + i, the frame's tail. Every worker then reads the merged partitions it does not own.
 
 A worker's replica already holds its own update, so what it adds is the merged sum minus its own share, as one
-update, and the count of the peers that carry each entry, as that update plus zero-valued ones where two or more
-peers do (`peers_share`): for `WorkerHalf.combine` that is the same sum as the peers' own frames, and
-`AveragingHalf.combine` (runtime/sync/averaging.py) counts the same carriers per entry, so model averaging divides
-by the same n_i. An entry only this worker's update carries comes back exactly (a float32 value summed alone is
-exact), so its difference is 0 and is left out. Where peers overlap, the replicas agree within float32 rounding of
+update (`peers_share`): for `WorkerHalf.combine` that is the same sum as the peers' own frames. For a strategy that
+counts the peers that carry each entry (`WorkerHalf.counts_carriers`), zero-valued updates follow where two or more
+peers do: `AveragingHalf.combine` (runtime/sync/averaging.py) then counts the same carriers per entry, so model
+averaging divides by the same n_i. An entry only this worker's update carries comes back exactly (a float32 value
+summed alone is exact), so its difference is 0 and is left out. Where peers overlap, the replicas agree within float32 rounding of
 the merged sum (one ulp per entry per step), as under all-to-all, where each worker adds the same frames in a
 different order; every update is applied once, which is what the MLLESS_AUDIT conservation check measures.
 
@@ -145,8 +145,11 @@ class ScatterReduce(Exchange):
         carriers = np.full(tail, int(merged.values[-1]), np.int64)
         carriers[np.searchsorted(entries, merged.indices[tail:-1] - self.size)] = merged.values[tail:-1].astype(np.int64)
         if own is not None and len(own.indices):
-            at = np.searchsorted(entries, own.indices)
-            if np.any(at >= tail) or np.any(entries[np.minimum(at, tail - 1)] != own.indices):
+            # the merged entries are sorted and distinct: when they are one run (a dense partition), an index's place
+            # is its offset from the first
+            dense = int(entries[-1]) - int(entries[0]) == tail - 1
+            at = own.indices - entries[0] if dense else np.searchsorted(entries, own.indices)
+            if np.any(at < 0) or np.any(at >= tail) or np.any(entries[np.clip(at, 0, tail - 1)] != own.indices):
                 self.reject(f"merged partition of step {merged.step} from worker {merged.sender}: it lacks this "
                             "worker's update")
                 return []
@@ -154,7 +157,7 @@ class ScatterReduce(Exchange):
             carriers[at] -= 1
         keep = carriers > 0
         layers = [Update(merged.sender, merged.step, entries[keep], values[keep])]
-        for extra in range(1, int(carriers.max(initial=0))):
+        for extra in range(1, int(carriers.max(initial=0)) if self.carriers else 1):
             more = carriers > extra
             layers.append(Update(merged.sender, merged.step, entries[more], np.zeros(int(more.sum()), np.float32)))
         return layers
