@@ -412,6 +412,7 @@ def run_dataset(key: str, kind: str, args: argparse.Namespace, base: Path, urls:
     else:
         vw, target = ttq.lr_target(ds, data)
         peers = [vw]
+    target = args.target if args.target is not None else target
     results = []
     for pair in pairs:
         for P in args.workers:
@@ -443,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--link", help="a tbf rate (e.g. 200mbit): the services in a netns behind it (benchmarks/netlink.py); "
                                   "implies --transports services")
     p.add_argument("--max-seconds", type=float, default=120, help="cap on each mlless run (default 120)")
+    p.add_argument("--target", type=float, help="the validation loss to reach instead of the anchor's (for a set whose "
+                                                 "anchor is within reach in a fraction of an epoch)")
     p.add_argument("--no-projection", action="store_true", help="skip projection.py's model")
     p.add_argument("--out", type=Path, default=_common.HERE / "report-scaling", help="where scaling.md and scaling.json go")
     args = p.parse_args(argv)
