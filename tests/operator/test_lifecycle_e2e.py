@@ -97,8 +97,8 @@ def dockerfile_image(path: Path = REPO / "Dockerfile") -> Image:
 #: every step). ISP closes every step; averaging and async hear of a leave or a join at rounds' ends, so their rounds
 #: are short, and they run their local steps several times faster, so they get more of them.
 SCALE_SYNC = {"isp": ({"protocol": "isp"}, 1),
-              "averaging": ({"protocol": "averaging", "localSteps": 4}, 4),
-              "async": ({"protocol": "async", "localSteps": 4}, 4)}
+              "averaging": ({"protocol": "averaging", "localSteps": 4}, 2),
+              "async": ({"protocol": "async", "localSteps": 4}, 2)}
 
 
 @pytest.mark.parametrize("protocol", list(SCALE_SYNC))
