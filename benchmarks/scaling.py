@@ -82,8 +82,10 @@ class Pair:
         return f"{self.protocol} × {self.exchange} ({self.transport})"
 
 
-#: Further spec.sync fields for every run (`--sync localSteps=64`): none by default, a user gives only model.type.
+#: Further spec.sync and spec.optimizer fields for every run (`--sync localSteps=64`, `--optimizer type="normalized"`):
+#: none by default, a user gives only model.type.
 SYNC_SETTINGS: dict[str, Any] = {}
+OPTIMIZER_SETTINGS: dict[str, Any] = {}
 
 
 def job_doc(name: str, kind: str, data: Path, pair: Pair, workers: int, stop: dict[str, Any]) -> dict[str, Any]:
@@ -95,7 +97,7 @@ def job_doc(name: str, kind: str, data: Path, pair: Pair, workers: int, stop: di
     elif pair.exchange != EXCHANGE_TODAY:
         raise ValueError(f"this mlless has no sync.exchange: only {EXCHANGE_TODAY} runs")
     spec = {"workers": workers, "model": {"type": kind}, "dataset": {"uri": str(data), "cacheBatches": True},
-            "sync": sync, "stop": stop}
+            "sync": sync, "stop": stop} | ({"optimizer": dict(OPTIMIZER_SETTINGS)} if OPTIMIZER_SETTINGS else {})
     return {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name}, "spec": spec}
 
 
@@ -440,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="1,2,3", help="comma list of P (default %(default)s)")
     p.add_argument("--sync", action="append", default=[], metavar="FIELD=VALUE",
                    help="a spec.sync field for every run, its value in JSON (e.g. localSteps=64); repeatable")
+    p.add_argument("--optimizer", action="append", default=[], metavar="FIELD=VALUE",
+                   help='a spec.optimizer field for every run, its value in JSON (e.g. type=\'"normalized"\'); repeatable')
     p.add_argument("--transports", help="comma list of embedded, services (Redis + RabbitMQ) (default: services; --quick: embedded)")
     p.add_argument("--link", help="a tbf rate (e.g. 200mbit): the services in a netns behind it (benchmarks/netlink.py); "
                                   "implies --transports services")
@@ -450,9 +454,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=_common.HERE / "report-scaling", help="where scaling.md and scaling.json go")
     args = p.parse_args(argv)
     args.workers = [int(w) for w in args.workers.split(",")]
-    for setting in args.sync:
-        field, _, value = setting.partition("=")
-        SYNC_SETTINGS[field] = json.loads(value)
+    for settings, given in ((SYNC_SETTINGS, args.sync), (OPTIMIZER_SETTINGS, args.optimizer)):
+        for setting in given:
+            name, _, value = setting.partition("=")
+            settings[name] = json.loads(value)
     sets = QUICK if args.quick else DATASETS
     if args.datasets:
         sets = {k: {**DATASETS, **QUICK, **OTHERS}[k] for k in args.datasets.split(",")}

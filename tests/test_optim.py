@@ -136,6 +136,21 @@ def test_lr_schedule_and_defaults():
     assert lr.type == "adam" and lr.lr_decay == "sqrt-epoch"
 
 
+@pytest.mark.parametrize("given, want", [
+    ({"type": "normalized"}, ("normalized", 0.5, "none")),  # another type: its own rate, not Adam's 0.01
+    ({"type": "normalized", "learningRate": 0.2}, ("normalized", 0.2, "none")),
+    ({"type": "adam"}, ("adam", 0.01, "sqrt-epoch")),  # the model's own type keeps the model's rate and decay
+    ({"learningRate": 0.05}, ("adam", 0.05, "sqrt-epoch")),
+])
+def test_an_optimizer_type_named_alone_takes_that_types_rate(given, want):
+    from mlless.spec import from_manifest
+
+    job = from_manifest({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "t"},
+                         "spec": {"model": {"type": "logistic-regression"}, "dataset": {"uri": "/data"},
+                                  "optimizer": given}})
+    assert (job.optimizer.type, job.optimizer.learning_rate, job.optimizer.lr_decay) == want
+
+
 def test_adagrad_runs_the_models_per_sample_kernel_and_checkpoints_its_accumulator():
     from mlless.data.batches import RatingsBatch
     from mlless.training.models import build_model

@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from mlless.spec.models import PAPERS_V, model_type
+from mlless.spec.models import PAPERS_V, TYPE_LEARNING_RATES, model_type
 from mlless.spec.schema import choices, default
 
 OPTIMIZERS = choices("optimizer.type")
@@ -85,10 +85,14 @@ class OptimizerConfig:
         return self.learning_rate
 
 
-def default_optimizer(model: str, workers: int = 1) -> OptimizerConfig:
-    """The optimizer of a job of `workers` workers that names none: its model type's (`ModelType.optimizer`,
-    chosen by seconds to a target validation loss, benchmarks/RESULTS.md, "Choosing the defaults")."""
-    return OptimizerConfig(**model_type(model).optimizer.fields(workers))
+def default_optimizer(model: str, workers: int = 1, kind: str | None = None) -> OptimizerConfig:
+    """The optimizer of a job of `workers` workers that names none, or names only its type `kind`: its model type's
+    (`ModelType.optimizer`, chosen by seconds to a target validation loss, benchmarks/RESULTS.md, "Choosing the
+    defaults"), or for another type, that type's `TYPE_LEARNING_RATES`."""
+    defaults = model_type(model).optimizer
+    if kind is None or kind == defaults.type:
+        return OptimizerConfig(**defaults.fields(workers))
+    return OptimizerConfig(type=kind, learning_rate=TYPE_LEARNING_RATES[kind])
 
 
 @dataclass(frozen=True)

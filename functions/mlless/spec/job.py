@@ -182,7 +182,7 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
         workers=workers,
         model=model,
         dataset_uri=_resolve(spec["dataset"]["uri"], base_dir),
-        optimizer=dataclasses.replace(default_optimizer(model.type, workers),
+        optimizer=dataclasses.replace(default_optimizer(model.type, workers, spec.get("optimizer", {}).get("type")),
                                       **_arguments(OptimizerConfig, spec.get("optimizer", {}))),
         sync=dataclasses.replace(default_sync(model.type), **_arguments(SyncConfig, spec.get("sync", {}))),
         stop=stop,

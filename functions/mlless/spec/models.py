@@ -31,6 +31,18 @@ LOSS_METRICS: dict[str, Callable[[float, int], float]] = {
 # 3.7-5.8x fewer bytes than BSP, is as fast as 0.7 over loopback and ended at a lower validation RMSE in every pair;
 # behind 200 Mbit/s it reached the target >= 2.6x sooner than BSP on 10M ratings (P = 2) and 2.4x on MovieLens
 # (P = 4) (benchmarks/RESULTS.md, "Reproducing the papers' claims"). LR at v = 3 needed 4x BSP's steps at P = 4.
+#: The step size of an optimizer type that a job names instead of its model's: the one its best-known implementation
+#: starts from (Vowpal Wabbit's 0.5 for its normalized updates, LIBMF's 0.1 for AdaGrad, Kingma and Ba's 0.001 for
+#: Adam), with no decay. A model's own rate and decay belong to its own type: Adam's 0.01 left normalized updates
+#: 0.02 of BCE short of VW on raw-magnitude columns (benchmarks/RESULTS.md, "An optimizer named alone").
+TYPE_LEARNING_RATES = {"normalized": 0.5, "adagrad": 0.1, "adam": 0.001, "sgd": 0.01, "momentum": 0.01,
+                       "nesterov": 0.01}
+
+
+def type_rates() -> str:
+    """`TYPE_LEARNING_RATES` as `optimizer.learningRate`'s description gives them."""
+    return ", ".join(f"{kind} {rate:g}" for kind, rate in TYPE_LEARNING_RATES.items())
+
 PAPERS_V = 0.7
 PMF_V = 3.0
 

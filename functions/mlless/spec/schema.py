@@ -152,7 +152,8 @@ SPEC_SCHEMA: Schema = _obj(
                                 "normalized too, with each feature's step scaled by the largest value it has taken "
                                 "(Vowpal Wabbit's default; the linear models only); the others take one step per "
                                 "mini-batch.", ["adagrad", "normalized", "sgd", "momentum", "nesterov", "adam"]),
-                "learningRate": _num("Step size.", 0, exclusive=True),
+                "learningRate": _num("Step size. Default: the model's for its default type; for another type, "
+                                     f"that type's, with lrDecay none: {models.type_rates()}.", 0, exclusive=True),
                 "momentum": _num("Momentum coefficient (momentum, nesterov).", 0, below=1, default=0.9),
                 "beta1": _num("Adam first-moment decay.", 0, below=1, default=0.9),
                 "beta2": _num("Adam second-moment decay.", 0, below=1, default=0.999),
