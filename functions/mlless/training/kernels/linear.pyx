@@ -120,14 +120,17 @@ def gradient(Loss loss_fn not None, const float[::1] params not None, const cnp.
     return idx_arr, grad_arr, loss
 
 
-cdef object _touched(const int[::1] indices, int n_features, int[::1] slot_map):
-    """The features a batch touches, once each in order of first appearance, then the bias: the entries a
-    per-sample step changes (int32)."""
+cdef tuple _touched(const float[::1] params, const cnp.int64_t[::1] indptr, const int[::1] indices,
+                    const float[::1] values, Py_ssize_t n_rows, int n_features, int[::1] slot_map):
+    """A per-sample step's batch checked, and the entries the step changes: the features the batch touches, once
+    each in order of first appearance, then the bias (int32), with their values before it."""
+    _check_batch(params, indptr, indices, values, n_rows, n_features)
     if slot_map.shape[0] < n_features:
         raise ValueError("slot_map is smaller than n_features")
     idx_arr = np.empty(indices.shape[0] + 1, dtype=np.int32)
     cdef Py_ssize_t n_slots = feature_slots(indices, n_features, slot_map, idx_arr, NULL)
-    return idx_arr[:n_slots + 1]
+    idx_arr = idx_arr[:n_slots + 1]
+    return idx_arr, np.asarray(params)[idx_arr]
 
 
 def adagrad_step(Loss loss_fn not None, float[::1] params not None, float[::1] g2 not None,
@@ -150,11 +153,9 @@ def adagrad_step(Loss loss_fn not None, float[::1] params not None, float[::1] g
     occurrence.
     """
     cdef Py_ssize_t n = labels.shape[0]
-    _check_batch(params, indptr, indices, values, n, n_features)
     if g2.shape[0] != params.shape[0]:
         raise ValueError("the accumulator must match params")
-    idx_arr = _touched(indices, n_features, slot_map)
-    before = np.asarray(params)[idx_arr]
+    idx_arr, before = _touched(params, indptr, indices, values, n, n_features, slot_map)
     cdef Py_ssize_t j, r
     cdef int f
     cdef float *W = &params[0]
@@ -209,13 +210,11 @@ def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1
     Returns ``(idx int32, delta float32, loss_sum float)`` as `adagrad_step` does.
     """
     cdef Py_ssize_t n = labels.shape[0]
-    _check_batch(params, indptr, indices, values, n, n_features)
     if not g2.shape[0] == scale.shape[0] == rows.shape[0] == params.shape[0]:
         raise ValueError("the accumulators must match params")
     if norm.shape[0] != 2:
         raise ValueError("norm holds N and t")
-    idx_arr = _touched(indices, n_features, slot_map)
-    before = np.asarray(params)[idx_arr]
+    idx_arr, before = _touched(params, indptr, indices, values, n, n_features, slot_map)
     cdef Py_ssize_t j, r
     cdef int f
     cdef float *W = &params[0]
