@@ -10,7 +10,8 @@ import sys
 from typing import Any
 
 from mlless.contract import API_VERSION, KIND
-from mlless.spec.schema import CLUSTER_SPEC, SPEC_SCHEMA, STATUS_SCHEMA, Schema, default_sentence, shown, walk
+from mlless.spec.nodes import Schema, default_sentence, shown
+from mlless.spec.schema import CLUSTER_SPEC, SPEC_SCHEMA, STATUS_SCHEMA, walk
 
 HEADER = ("<!-- Generated from functions/mlless/spec/schema.py by "
           "`python -m mlless.spec.reference > docs/reference.md`; do not edit. -->\n")

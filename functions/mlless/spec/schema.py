@@ -17,9 +17,7 @@ from typing import Any, Iterable, Iterator
 
 from mlless.contract import API_VERSION, KIND
 from mlless.spec import models
-
-Schema = dict[str, Any]
-
+from mlless.spec.nodes import Schema, boolean, choice, integer, number, obj, shown, string
 
 #: averaging's H. At P = 2 on the quick sets of benchmarks/time_to_quality.py (1M skewed ratings, 200k clicks; a
 #: loaded 2-core machine, 3 runs each), H = 8, 16 and 32 reached the target within each other's noise; 8 sent twice
@@ -33,66 +31,6 @@ RHO = 0.1
 DEFAULT_PATIENCE = 5
 #: ...or, should the validation loss keep creeping down (or evaluation be off), after this many epochs.
 DEFAULT_MAX_EPOCHS = 50.0
-
-
-def shown(value: Any) -> str:
-    """A value as the descriptions (and docs/reference.md) write it: true, 0.9, 1e-08, isp."""
-    return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def default_sentence(default: Any) -> str:
-    """What a field's description ends with when the field has a default."""
-    return f" Default {shown(default)}."
-
-
-def _with_default(node: Schema, default: Any) -> Schema:
-    """Record a field's default in the schema, the one place it is written, and say it in the description."""
-    if default is not None:
-        node["default"] = default
-        node["description"] += default_sentence(default)
-    return node
-
-
-def _num(description: str, minimum: float | None = None, exclusive: bool = False, below: float | None = None,
-         default: float | None = None) -> Schema:
-    """A number >= minimum (> with `exclusive`) and, if given, strictly below `below`."""
-    # OpenAPI 3.0 (and JSON Schema draft 4) spell exclusive bounds as booleans beside minimum/maximum.
-    node: Schema = {"type": "number", "description": description}
-    if minimum is not None:
-        node["minimum"] = minimum
-        if exclusive:
-            node["exclusiveMinimum"] = True
-    if below is not None:
-        node["maximum"] = below
-        node["exclusiveMaximum"] = True
-    return _with_default(node, default)
-
-
-#: The largest value of an integer field without a tighter bound: Kubernetes' int32 (a maxSteps of 1e26 used to be
-#: accepted, and overflowed what was computed from it).
-MAX_INT = 2**31 - 1
-
-
-def _int(description: str, minimum: int | None = None, maximum: int = MAX_INT, default: int | None = None) -> Schema:
-    node: Schema = {"type": "integer", "description": description, "maximum": maximum}
-    if minimum is not None:
-        node["minimum"] = minimum
-    return _with_default(node, default)
-
-
-def _bool(description: str, default: bool) -> Schema:
-    return _with_default({"type": "boolean", "description": description}, default)
-
-
-def _choice(description: str, values: list[str], default: str | None = None) -> Schema:
-    return _with_default({"type": "string", "enum": values, "description": description}, default)
-
-
-def _obj(description: str, properties: dict[str, Schema], required: list[str] | None = None) -> Schema:
-    node: Schema = {"type": "object", "description": description, "properties": properties}
-    if required:
-        node["required"] = required
-    return node
 
 
 #: What a protocol needs of a model, as one of `ModelType.traits` (mlless.spec.models). `mlless validate` and
@@ -118,22 +56,22 @@ def _admitting(protocol: str) -> str:
     return ", ".join(t.name for t in models.BUILT_IN if NEEDS[protocol] in t.traits)
 
 
-SPEC_SCHEMA: Schema = _obj(
+SPEC_SCHEMA: Schema = obj(
     "Desired state of a serverless training job: one supervisor and `workers` worker functions.",
     {
-        "workers": _int("Number of worker functions P (replicas).", 1, 1024, default=3),
-        "seed": _int("Seed for model initialisation and mini-batch order.", 0, default=0),
-        "model": _obj(
+        "workers": integer("Number of worker functions P (replicas).", 1, 1024, default=3),
+        "seed": integer("Seed for model initialisation and mini-batch order.", 0, default=0),
+        "model": obj(
             "The model to train.",
             {
-                "type": _choice("; ".join(f"{t.name}: {t.summary} ({t.loss_metric.upper()})" for t in models.BUILT_IN)
-                                + ".", [t.name for t in models.BUILT_IN]),
-                "rank": _int("Latent factors per user and item (pmf).", 1, 1024, default=20),
-                "l2": _num("Weight decay applied to the parameters a mini-batch touches. Default per model.", 0),
+                "type": choice("; ".join(f"{t.name}: {t.summary} ({t.loss_metric.upper()})" for t in models.BUILT_IN)
+                               + ".", [t.name for t in models.BUILT_IN]),
+                "rank": integer("Latent factors per user and item (pmf).", 1, 1024, default=20),
+                "l2": number("Weight decay applied to the parameters a mini-batch touches. Default per model.", 0),
             },
             ["type"],
         ),
-        "dataset": _obj(
+        "dataset": obj(
             "Mini-batches written by `mlless prepare`.",
             {
                 "uri": {
@@ -141,59 +79,59 @@ SPEC_SCHEMA: Schema = _obj(
                     "minLength": 1,
                     "description": "Directory or fsspec URL (s3://...) holding manifest.json; relative paths resolve against the manifest file's folder.",
                 },
-                "cacheBatches": _bool("Keep mini-batches in worker memory after the first read.", False),
+                "cacheBatches": boolean("Keep mini-batches in worker memory after the first read.", False),
             },
             ["uri"],
         ),
-        "optimizer": _obj(
+        "optimizer": obj(
             "Optimizer applied by each worker to its local replica. Defaults depend on the model.",
             {
-                "type": _choice("Update rule. adagrad updates per sample inside the mini-batch (LIBMF, Vowpal Wabbit); "
-                                "normalized too, with each feature's step scaled by the largest value it has taken "
-                                "(Vowpal Wabbit's default; the linear models only); the others take one step per "
-                                "mini-batch.", ["adagrad", "normalized", "sgd", "momentum", "nesterov", "adam"]),
-                "learningRate": _num("Step size. Default: the model's for its default type; for another type, "
-                                     f"that type's, with lrDecay none: {models.type_rates()}.", 0, exclusive=True),
-                "momentum": _num("Momentum coefficient (momentum, nesterov).", 0, below=1, default=0.9),
-                "beta1": _num("Adam first-moment decay.", 0, below=1, default=0.9),
-                "beta2": _num("Adam second-moment decay.", 0, below=1, default=0.999),
-                "epsilon": _num("Adam denominator guard.", 0, exclusive=True, default=1e-8),
-                "lrDecay": _choice("Learning-rate schedule: constant, or lr/sqrt(epoch) as the papers do for LR.",
-                                   ["none", "sqrt-epoch"]),
+                "type": choice("Update rule. adagrad updates per sample inside the mini-batch (LIBMF, Vowpal Wabbit); "
+                               "normalized too, with each feature's step scaled by the largest value it has taken "
+                               "(Vowpal Wabbit's default; the linear models only); the others take one step per "
+                               "mini-batch.", ["adagrad", "normalized", "sgd", "momentum", "nesterov", "adam"]),
+                "learningRate": number("Step size. Default: the model's for its default type; for another type, "
+                                       f"that type's, with lrDecay none: {models.type_rates()}.", 0, exclusive=True),
+                "momentum": number("Momentum coefficient (momentum, nesterov).", 0, below=1, default=0.9),
+                "beta1": number("Adam first-moment decay.", 0, below=1, default=0.9),
+                "beta2": number("Adam second-moment decay.", 0, below=1, default=0.999),
+                "epsilon": number("Adam denominator guard.", 0, exclusive=True, default=1e-8),
+                "lrDecay": choice("Learning-rate schedule: constant, or lr/sqrt(epoch) as the papers do for LR.",
+                                  ["none", "sqrt-epoch"]),
             },
         ),
-        "sync": _obj(
+        "sync": obj(
             "Synchronisation protocol between replicas.",
             {
-                "protocol": _choice("bsp: every update every step; isp: significance filter; ssp: stale-synchronous "
-                                    "with `slack`; averaging: model averaging, each worker runs `localSteps` steps "
-                                    "alone, then the replicas exchange what they changed; blocked (" + _admitting("blocked") + " only): "
-                                    "averaging's rounds over disjoint blocks of users and items (DSGD), so no "
-                                    "two workers change the same row in a round; async: averaging without the "
-                                    "round's barrier, a worker trains the next round while the last one closes "
-                                    "(at most one round ahead); admm (" + _admitting("admm") + " only): consensus ADMM, "
-                                    "averaging's rounds with each worker's local steps pulled towards the consensus "
-                                    "by `rho` and its dual variables. Default: "
-                                    + ", ".join(f"{t.name} {t.protocol}" for t in models.BUILT_IN) + ".",
-                                    ["bsp", "isp", "ssp", "averaging", "blocked", "async", "admm"]),
-                "significanceThreshold": _num("ISP threshold v; an entry is sent when |delta/x| > v/sqrt(step). "
-                                              "Default: " + ", ".join(f"{t.name} {shown(t.significance_threshold)}"
-                                                                      for t in models.BUILT_IN) + ".", 0),
-                "slack": _int("SSP slack s: a worker at step t has applied every update up to t-s-1.", 0, 1000, default=3),
-                "localSteps": _int("averaging, blocked, async, admm: the steps H a worker trains between two exchanges; each worker then "
-                                   "publishes every entry it changed in those steps, and adds its peers'.", 1, 10000,
-                                   default=LOCAL_STEPS),
-                "rho": _num("admm: the penalty rho of the augmented Lagrangian, how hard a worker's local steps are "
-                            "pulled towards the consensus minus its dual variable.", 0, exclusive=True, below=1e6,
-                            default=RHO),
-                "exchange": _choice("Who reads what. all-to-all: each worker reads every peer's update; allreduce: one "
-                                    "worker per step merges them and every other worker reads the merged frame; "
-                                    "scatter-reduce: the parameters are split into one partition per worker, each "
-                                    "worker merges one partition and reads the others' merged partitions.",
-                                    ["all-to-all", "allreduce", "scatter-reduce"], "all-to-all"),
+                "protocol": choice("bsp: every update every step; isp: significance filter; ssp: stale-synchronous "
+                                   "with `slack`; averaging: model averaging, each worker runs `localSteps` steps "
+                                   "alone, then the replicas exchange what they changed; blocked (" + _admitting("blocked") + " only): "
+                                   "averaging's rounds over disjoint blocks of users and items (DSGD), so no "
+                                   "two workers change the same row in a round; async: averaging without the "
+                                   "round's barrier, a worker trains the next round while the last one closes "
+                                   "(at most one round ahead); admm (" + _admitting("admm") + " only): consensus ADMM, "
+                                   "averaging's rounds with each worker's local steps pulled towards the consensus "
+                                   "by `rho` and its dual variables. Default: "
+                                   + ", ".join(f"{t.name} {t.protocol}" for t in models.BUILT_IN) + ".",
+                                   ["bsp", "isp", "ssp", "averaging", "blocked", "async", "admm"]),
+                "significanceThreshold": number("ISP threshold v; an entry is sent when |delta/x| > v/sqrt(step). "
+                                                "Default: " + ", ".join(f"{t.name} {shown(t.significance_threshold)}"
+                                                                        for t in models.BUILT_IN) + ".", 0),
+                "slack": integer("SSP slack s: a worker at step t has applied every update up to t-s-1.", 0, 1000, default=3),
+                "localSteps": integer("averaging, blocked, async, admm: the steps H a worker trains between two exchanges; each worker then "
+                                      "publishes every entry it changed in those steps, and adds its peers'.", 1, 10000,
+                                      default=LOCAL_STEPS),
+                "rho": number("admm: the penalty rho of the augmented Lagrangian, how hard a worker's local steps are "
+                              "pulled towards the consensus minus its dual variable.", 0, exclusive=True, below=1e6,
+                              default=RHO),
+                "exchange": choice("Who reads what. all-to-all: each worker reads every peer's update; allreduce: one "
+                                   "worker per step merges them and every other worker reads the merged frame; "
+                                   "scatter-reduce: the parameters are split into one partition per worker, each "
+                                   "worker merges one partition and reads the others' merged partitions.",
+                                   ["all-to-all", "allreduce", "scatter-reduce"], "all-to-all"),
             },
         ),
-        "output": _obj(
+        "output": obj(
             "Where the results go when the job ends.",
             {
                 "uri": {
@@ -203,75 +141,75 @@ SPEC_SCHEMA: Schema = _obj(
                 },
             },
         ),
-        "stop": _obj(
+        "stop": obj(
             "When the job ends; the first condition reached wins. Without maxSteps, maxEpochs or maxSeconds, "
             f"training stops once the validation loss stops improving (patience {DEFAULT_PATIENCE}), or after "
             f"{DEFAULT_MAX_EPOCHS:g} epochs.",
             {
-                "targetLoss": _num("Stop once the smoothed validation loss stays at or below this for `targetSteps` "
-                                   "steps (the training loss when evaluation.everySteps is 0).", 0),
-                "targetSteps": _int("Steps the loss must stay at or below targetLoss.", 1, default=10),
-                "patience": _int("Stop after this many evaluations without improvement of the smoothed validation "
-                                 f"loss. Default {DEFAULT_PATIENCE} when no step, epoch or seconds limit is set, "
-                                 "otherwise off.", 1),
-                "maxSteps": _int("Stop after this many steps.", 1),
-                "maxEpochs": _num("Stop after this many passes over the training batches.", 0, exclusive=True),
-                "maxSeconds": _num("Stop after this much wall-clock time.", 0, exclusive=True),
-                "budgetUSD": _num("Stop when the serverless cost estimate reaches this many dollars.", 0, exclusive=True),
+                "targetLoss": number("Stop once the smoothed validation loss stays at or below this for `targetSteps` "
+                                     "steps (the training loss when evaluation.everySteps is 0).", 0),
+                "targetSteps": integer("Steps the loss must stay at or below targetLoss.", 1, default=10),
+                "patience": integer("Stop after this many evaluations without improvement of the smoothed validation "
+                                    f"loss. Default {DEFAULT_PATIENCE} when no step, epoch or seconds limit is set, "
+                                    "otherwise off.", 1),
+                "maxSteps": integer("Stop after this many steps.", 1),
+                "maxEpochs": number("Stop after this many passes over the training batches.", 0, exclusive=True),
+                "maxSeconds": number("Stop after this much wall-clock time.", 0, exclusive=True),
+                "budgetUSD": number("Stop when the serverless cost estimate reaches this many dollars.", 0, exclusive=True),
             },
         ),
-        "evaluation": _obj(
+        "evaluation": obj(
             "Held-out evaluation by the supervisor.",
-            {"everySteps": _int("Evaluate a replica snapshot on the validation split every N steps; 0 disables.", 0,
-                                default=25)},
+            {"everySteps": integer("Evaluate a replica snapshot on the validation split every N steps; 0 disables.", 0,
+                                   default=25)},
         ),
-        "liveness": _obj(
+        "liveness": obj(
             "Failure detection.",
             {
-                "workerTimeoutSeconds": _num(
+                "workerTimeoutSeconds": number(
                     "A worker that has not reported an open step for this long is dropped from the barrier.", 0,
                     exclusive=True, default=60.0,
                 ),
-                "supervisorTimeoutSeconds": _num(
+                "supervisorTimeoutSeconds": number(
                     "A worker waiting for a step-close that hears nothing from the supervisor for this long stops, so "
                     "that the workers of a lost supervisor do not keep running and billing. A waiting supervisor "
                     "repeats its newest step-close every 5 s.", 10, default=30.0,
                 ),
             },
         ),
-        "autoscaler": _obj(
+        "autoscaler": obj(
             "Scale-in auto-tuner (MLLess §4.2): after the loss curve's knee, remove workers while the projected "
             "loss with fewer workers stays within `threshold` of the full pool's.",
             {
-                "enabled": _bool("Run the auto-tuner.", False),
-                "intervalSeconds": _num("Re-evaluate this often after a removal.", 0, exclusive=True, default=20.0),
-                "horizonSeconds": _num("Projection horizon Δ.", 0, exclusive=True, default=10.0),
-                "threshold": _num("Remove another worker while the projected relative loss gap is below S.", 0,
-                                  default=0.15),
-                "minWorkers": _int("Never go below this many workers.", 1, default=1),
-                "knee": _obj(
+                "enabled": boolean("Run the auto-tuner.", False),
+                "intervalSeconds": number("Re-evaluate this often after a removal.", 0, exclusive=True, default=20.0),
+                "horizonSeconds": number("Projection horizon Δ.", 0, exclusive=True, default=10.0),
+                "threshold": number("Remove another worker while the projected relative loss gap is below S.", 0,
+                                    default=0.15),
+                "minWorkers": integer("Never go below this many workers.", 1, default=1),
+                "knee": obj(
                     "Knee detection on the smoothed training loss.",
                     {
-                        "method": _choice("slope (the papers') or kneedle.", ["slope", "kneedle"], "slope"),
-                        "span": _int("EWMA span.", 1, default=20),
-                        "slope": _num("Relative slope threshold: the knee is where d(loss)/dt / loss rises above -slope.",
-                                      0, exclusive=True, default=1e-3),
-                        "stableChecks": _int("The knee must stay put for this many checks.", 1, default=5),
+                        "method": choice("slope (the papers') or kneedle.", ["slope", "kneedle"], "slope"),
+                        "span": integer("EWMA span.", 1, default=20),
+                        "slope": number("Relative slope threshold: the knee is where d(loss)/dt / loss rises above -slope.",
+                                        0, exclusive=True, default=1e-3),
+                        "stableChecks": integer("The knee must stay put for this many checks.", 1, default=5),
                     },
                 ),
             },
         ),
-        "pricing": _obj(
+        "pricing": obj(
             "Prices for the serverless cost estimate. Defaults are the papers' IBM Cloud prices (2021).",
             {
                 # Upper bounds far above any real price: a cost that overflows to infinity cannot be reported.
-                "functionMemoryGB": _num("Memory of each function.", 0, exclusive=True, below=1e4, default=2.0),
-                "pricePerGBSecond": _num("Function price in $ per GB-second.", 0, below=1e3, default=1.7e-5),
-                "billingGranularitySeconds": _num("Billing unit of a function invocation.", 0, exclusive=True,
-                                                  below=86400, default=0.1),
-                "redisPerHour": _num("Redis instance price in $/h.", 0, below=1e6, default=0.17),
-                "rabbitmqPerHour": _num("RabbitMQ instance price in $/h.", 0, below=1e6, default=0.15),
-                "vmPerHour": _num("Optional: price of a VM that would run the same job, for the IaaS comparison (papers: 0.2 $/h, 4 vCPU).", 0, below=1e6),
+                "functionMemoryGB": number("Memory of each function.", 0, exclusive=True, below=1e4, default=2.0),
+                "pricePerGBSecond": number("Function price in $ per GB-second.", 0, below=1e3, default=1.7e-5),
+                "billingGranularitySeconds": number("Billing unit of a function invocation.", 0, exclusive=True,
+                                                    below=86400, default=0.1),
+                "redisPerHour": number("Redis instance price in $/h.", 0, below=1e6, default=0.17),
+                "rabbitmqPerHour": number("RabbitMQ instance price in $/h.", 0, below=1e6, default=0.15),
+                "vmPerHour": number("Optional: price of a VM that would run the same job, for the IaaS comparison (papers: 0.2 $/h, 4 vCPU).", 0, below=1e6),
             },
         ),
     },
@@ -316,15 +254,6 @@ def admit(path: str, value: str) -> None:
     _ADMITTED.setdefault(path, []).append(value)
 
 
-def _str(description: str, enum: list[str] | None = None, fmt: str | None = None) -> Schema:
-    node: Schema = {"type": "string", "description": description}
-    if enum:
-        node["enum"] = enum
-    if fmt:
-        node["format"] = fmt
-    return node
-
-
 _RESOURCES: Schema = {
     "type": "object",
     "description": "Kubernetes resource requests and limits (core/v1 ResourceRequirements).",
@@ -333,23 +262,23 @@ _RESOURCES: Schema = {
 
 
 def _secret_key_ref(description: str) -> Schema:
-    return _obj(description, {"name": _str("Secret name."), "key": _str("Key in the Secret.")}, ["name", "key"])
+    return obj(description, {"name": string("Secret name."), "key": string("Key in the Secret.")}, ["name", "key"])
 
 
 def _service(name: str, tls_scheme: str) -> Schema:
     """A backing service that is either managed by the operator (a StatefulSet) or external."""
-    return _obj(
+    return obj(
         f"{name}: managed by the operator (default), or an existing one given by URL.",
         {
-            "url": _str(f"External {name} URL without the password ({tls_scheme}:// for TLS); the operator then "
-                        f"creates no {name}."),
+            "url": string(f"External {name} URL without the password ({tls_scheme}:// for TLS); the operator then "
+                          f"creates no {name}."),
             "passwordSecretRef": _secret_key_ref("Secret key holding the external instance's password."),
             "caSecretRef": _secret_key_ref(
                 f"Secret key holding the PEM bundle of the CA that signs the external instance's TLS certificate "
                 f"({tls_scheme}://), trusted besides the system's CAs. Certificates and hostnames are always verified."
             ),
-            "image": _str(f"Image of the managed {name}."),
-            "storage": _str("Volume size of the managed instance, e.g. 1Gi; empty for none."),
+            "image": string(f"Image of the managed {name}."),
+            "storage": string("Volume size of the managed instance, e.g. 1Gi; empty for none."),
             "resources": _RESOURCES,
         },
     )
@@ -357,15 +286,15 @@ def _service(name: str, tls_scheme: str) -> Schema:
 
 # Fields only the operator reads: a local `mlless train` accepts and ignores them, so one manifest serves both.
 CLUSTER_SPEC: dict[str, Schema] = {
-    "function": _obj(
+    "function": obj(
         "How worker functions are deployed.",
         {
-            "backend": _str("Function platform; the operator falls back to pod when the chosen CRD is not served.",
-                            ["knative", "openfaas", "pod"]),
-            "image": _str("Worker image (default: the chart's image)."),
-            "memory": _str("Memory per function, e.g. 2Gi."),
-            "cpu": _str("CPU per function, e.g. 1."),
-            "timeoutSeconds": _int("Invocation time limit; a worker checkpoints and is re-invoked before it.", 1),
+            "backend": string("Function platform; the operator falls back to pod when the chosen CRD is not served.",
+                              ["knative", "openfaas", "pod"]),
+            "image": string("Worker image (default: the chart's image)."),
+            "memory": string("Memory per function, e.g. 2Gi."),
+            "cpu": string("CPU per function, e.g. 1."),
+            "timeoutSeconds": integer("Invocation time limit; a worker checkpoints and is re-invoked before it.", 1),
             "env": {
                 "type": "array",
                 "description": "Extra environment variables (core/v1 EnvVar) for the workers and the supervisor, e.g. object-store credentials (both read the dataset; the supervisor writes output.uri).",
@@ -375,57 +304,57 @@ CLUSTER_SPEC: dict[str, Schema] = {
     ),
     "redis": _service("Redis", "rediss"),
     "rabbitmq": _service("RabbitMQ", "amqps"),
-    "supervisor": _obj("The supervisor pod.", {"resources": _RESOURCES}),
+    "supervisor": obj("The supervisor pod.", {"resources": _RESOURCES}),
     "suspend": {"type": "boolean", "description": "Checkpoint and scale to zero; unset to resume from the checkpoint."},
-    "ttlSecondsAfterFinished": _int("Delete the job this long after it succeeds or fails.", 0),
-    "activeDeadlineSeconds": _int("Fail the job once it has run this long.", 1),
-    "backoffLimit": _int("How many times the operator recreates a supervisor pod that failed or was evicted or deleted before "
-                         "the job fails (as a batch Job's, or KubeRay's RayJob's); the new supervisor resumes the job from Redis.",
-                         0, default=3),
+    "ttlSecondsAfterFinished": integer("Delete the job this long after it succeeds or fails.", 0),
+    "activeDeadlineSeconds": integer("Fail the job once it has run this long.", 1),
+    "backoffLimit": integer("How many times the operator recreates a supervisor pod that failed or was evicted or deleted before "
+                            "the job fails (as a batch Job's, or KubeRay's RayJob's); the new supervisor resumes the job from Redis.",
+                            0, default=3),
 }
 SPEC_SCHEMA["properties"].update(CLUSTER_SPEC)
 
 CONDITION_TYPES = ["Created", "Running", "Suspended", "Succeeded", "Failed", "SupervisorRestarted", "PodsHealthy"]
 
-STATUS_SCHEMA: Schema = _obj(
+STATUS_SCHEMA: Schema = obj(
     "Observed state, written by the operator and the supervisor.",
     {
-        "phase": _str("Lifecycle phase.", ["Pending", "Running", "Suspended", "Succeeded", "Failed"]),
+        "phase": string("Lifecycle phase.", ["Pending", "Running", "Suspended", "Succeeded", "Failed"]),
         "conditions": {
             "type": "array",
             "description": "Standard metav1.Condition entries, one per type.",
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
-            "items": _obj(
+            "items": obj(
                 "A condition in the metav1.Condition shape.",
                 {
-                    "type": _str("Condition type.", CONDITION_TYPES),
-                    "status": _str("True, False or Unknown.", ["True", "False", "Unknown"]),
-                    "reason": _str("CamelCase reason, e.g. InvalidSpec."),
-                    "message": _str("Human-readable detail."),
-                    "lastTransitionTime": _str("When the status last changed.", fmt="date-time"),
-                    "observedGeneration": _int("The .metadata.generation the condition was set for.", 0),
+                    "type": string("Condition type.", CONDITION_TYPES),
+                    "status": string("True, False or Unknown.", ["True", "False", "Unknown"]),
+                    "reason": string("CamelCase reason, e.g. InvalidSpec."),
+                    "message": string("Human-readable detail."),
+                    "lastTransitionTime": string("When the status last changed.", fmt="date-time"),
+                    "observedGeneration": integer("The .metadata.generation the condition was set for.", 0),
                 },
                 ["type", "status", "reason", "message", "lastTransitionTime"],
             ),
         },
-        "observedGeneration": _int("The .metadata.generation last reconciled.", 0),
-        "workers": _int("Workers currently in the job (the scale subresource's status replicas).", 0),
-        "selector": _str("Label selector of the worker pods (the scale subresource's selector)."),
-        "step": _int("Last closed step.", 0),
-        "trainLoss": _num("Training loss of the last closed step."),
-        "validationLoss": _num("Newest validation loss."),
-        "costUSD": _num("Serverless cost so far in dollars.", 0),
-        "startTime": _str("When training started.", fmt="date-time"),
-        "completionTime": _str("When the job ended.", fmt="date-time"),
-        "modelURI": _str("Where the final model was written."),
+        "observedGeneration": integer("The .metadata.generation last reconciled.", 0),
+        "workers": integer("Workers currently in the job (the scale subresource's status replicas).", 0),
+        "selector": string("Label selector of the worker pods (the scale subresource's selector)."),
+        "step": integer("Last closed step.", 0),
+        "trainLoss": number("Training loss of the last closed step."),
+        "validationLoss": number("Newest validation loss."),
+        "costUSD": number("Serverless cost so far in dollars.", 0),
+        "startTime": string("When training started.", fmt="date-time"),
+        "completionTime": string("When the job ended.", fmt="date-time"),
+        "modelURI": string("Where the final model was written."),
         "removedRanks": {
             "type": "array",
             "description": "Worker ranks the supervisor took out on scale-in; the operator removes these first.",
             "items": {"type": "integer", "minimum": 0},
         },
-        "checkpointStep": _int("Step of the checkpoint a suspended job resumes from.", 0),
-        "supervisorRestarts": _int("Times the operator recreated the supervisor pod (at most spec.backoffLimit).", 0),
+        "checkpointStep": integer("Step of the checkpoint a suspended job resumes from.", 0),
+        "supervisorRestarts": integer("Times the operator recreated the supervisor pod (at most spec.backoffLimit).", 0),
     },
 )
 
