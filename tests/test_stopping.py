@@ -61,6 +61,24 @@ def test_patience_counts_evaluations_without_smoothed_improvement(patience):
     assert not any(seen[:5]) and seen[-1]
 
 
+def test_a_loss_wandering_around_its_best_by_a_hair_exhausts_patience_with_min_delta():
+    # the quickstart's shape (#24): the smoothed loss keeps setting new bests by about 0.0001 around 0.868
+    losses = [0.95, 0.90, 0.875, 0.8685, 0.8682, 0.8684, 0.8680, 0.8683, 0.8678, 0.8681, 0.8676, 0.8679, 0.8674]
+    stopped = {}
+    for min_delta in (0.0, 0.001):
+        watch = ValidationWatch(patience=3, target_loss=None, target_steps=10, min_delta=min_delta)
+        stopped[min_delta] = next((k for k, loss in enumerate(losses)
+                                   if (watch.observe(k, loss, np.zeros(1, np.float32)), watch.patience_exhausted())[1]),
+                                  None)
+    assert stopped[0.0] is None  # every dip restarts the count
+    assert stopped[0.001] == 8, stopped  # three evaluations after its last 0.1 % gain (the 6th)
+    # small improvements still add up: a steady 0.05 % a step passes 0.1 % every other step and never stops
+    watch = ValidationWatch(patience=3, target_loss=None, target_steps=10, min_delta=0.001)
+    for k in range(40):
+        watch.observe(k, 0.9 * 0.9995 ** k, np.zeros(1, np.float32))
+        assert not watch.patience_exhausted()
+
+
 def test_one_noisy_evaluation_does_not_stop_a_job_that_improves():
     watch = ValidationWatch(patience=2, target_loss=None, target_steps=10)
     feed(watch, [1.0, 0.8, 0.95, 0.7, 0.6, 0.55])

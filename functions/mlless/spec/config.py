@@ -123,6 +123,7 @@ class StopConfig:
     max_seconds: float | None = None
     budget_usd: float | None = None
     patience: int | None = None
+    min_delta: float = default("stop.minDelta")
 
     def has_length_limit(self) -> bool:
         """A step, epoch or seconds limit: the user said how long to train."""

@@ -152,6 +152,9 @@ SPEC_SCHEMA: Schema = obj(
                 "patience": integer("Stop after this many evaluations without improvement of the smoothed validation "
                                     f"loss. Default {DEFAULT_PATIENCE} when no step, epoch or seconds limit is set, "
                                     "otherwise off.", 1),
+                "minDelta": number("An improvement of the smoothed validation loss smaller than this fraction of its "
+                                   "best so far does not count for patience (a loss wandering around its best by "
+                                   "0.0001 kept restarting the count).", 0, below=1, default=0.0),
                 "maxSteps": integer("Stop after this many steps.", 1),
                 "maxEpochs": number("Stop after this many passes over the training batches.", 0, exclusive=True),
                 "maxSeconds": number("Stop after this much wall-clock time.", 0, exclusive=True),

@@ -16,9 +16,11 @@ rule that ends the job, if one does. The supervisor evaluates a replica snapshot
 
 The smoothing is a short causal EWMA (span 3) over the newest 3 evaluations
 only: one snapshot can land on a bad mini-batch, and a stop rule should not fire
-on that, nor fail to fire because of one lucky one.  Any decrease of the
-smoothed loss counts as an improvement (no minimum delta): the smoothing
-already absorbs the noise.
+on that, nor fail to fire because of one lucky one.  For patience, a decrease of
+the smoothed loss counts as an improvement when it takes it below its best by more
+than `stop.minDelta` of that best (as Keras's EarlyStopping's `min_delta`): small
+decreases add up until they pass it, but a loss that wanders around its best by a
+hair no longer restarts the count each time it dips.
 
 The window is what lets the target rule fire on a model that dips under its
 target shortly before it overfits (#22).  A plain bias-corrected EWMA keeps
@@ -64,14 +66,16 @@ class Best:
 
 
 class ValidationWatch:
-    def __init__(self, patience: int | None, target_loss: float | None, target_steps: int) -> None:
+    def __init__(self, patience: int | None, target_loss: float | None, target_steps: int,
+                 min_delta: float = 0.0) -> None:
         self.patience = patience
+        self.min_delta = min_delta
         self.target_loss = target_loss
         self.target_steps = target_steps
         self.smoothed = RecentEwma(SMOOTHING_SPAN)
         self.best: Best | None = None
-        self._best_smoothed = math.inf
-        self._stale = 0  # evaluations since the smoothed loss last improved
+        self._best_smoothed = math.inf  # the smoothed loss when it last improved by more than min_delta
+        self._stale = 0  # evaluations since then
         self._below_since: int | None = None  # step of the first evaluation of the current run at or below target
         self.diverged = False
 
@@ -84,7 +88,7 @@ class ValidationWatch:
         if self.best is None or loss < self.best.loss:
             self.best = Best(step, loss, params.copy())
         smoothed = self.smoothed.update(loss)
-        if smoothed < self._best_smoothed:
+        if smoothed < self._best_smoothed * (1.0 - self.min_delta):
             self._best_smoothed = smoothed
             self._stale = 0
         else:
@@ -126,7 +130,7 @@ class StopRules:
         self.stop = stop
         self.evaluating = bool(evaluate_every)
         self.watch = ValidationWatch(stop.patience if self.evaluating else None,
-                                     stop.target_loss if self.evaluating else None, stop.target_steps)
+                                     stop.target_loss if self.evaluating else None, stop.target_steps, stop.min_delta)
         self.below_target = 0  # steps the training loss has stayed at or below the target (evaluation off)
         self.requested: str | None = None
 
