@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Choosing `stop.minDelta` and `stop.patience` (issue #24) on recorded validation curves.
 
-Each of `time_to_quality.py`'s quick sets is trained at P = 1, 2 and 3 with only `model.type` and a long patience
+Each of `time_to_quality.py`'s quick sets, and the quickstart (MovieLens under ISP), is trained at P = 1, 2 and 3
+with only `model.type` (and the quickstart's protocol) and a long patience
 (`--record-patience`, 10), so that the curve goes on past where any candidate rule stops. The stop rule does not
 change training before it fires, so every candidate (minDelta, patience) is then replayed on the recorded
 evaluations with the supervisor's own `ValidationWatch`: where it stops, and the best evaluation up to there (the
@@ -35,23 +36,28 @@ from mlless.runtime.supervisor.stopping import ValidationWatch  # noqa: E402
 
 TODAY = (0.0, 5)
 LOSS_SLACK, TIME_SLACK = 0.002, 1.3
-KINDS = {"movielens": "pmf", "pmf1m-skew": "pmf", "lr200k": "logistic-regression"}
+#: name: (time_to_quality's set, model type, spec.sync). "movielens-isp" is the quickstart, examples/movielens.yaml.
+SETS = {"movielens": ("movielens", "pmf", {}), "movielens-isp": ("movielens", "pmf", {"protocol": "isp"}),
+        "pmf1m-skew": ("pmf1m-skew", "pmf", {}), "lr200k": ("lr200k", "logistic-regression", {})}
 
 
 def record(key: str, workers: int, patience: int, base: Path) -> list[tuple[float, float]]:
-    """(seconds, validation loss) of each evaluation of a default job on set `key`."""
-    data = ttq.prepared(base, key)
+    """(seconds, validation loss) of each evaluation of a default job on set `key` (`SETS`)."""
+    data_key, kind, sync = SETS[key]
+    data = ttq.prepared(base, data_key)
     name = f"stop-{key}-{workers}"
     job = base / "stopping" / f"{name}.yaml"
     job.parent.mkdir(parents=True, exist_ok=True)
     job.write_text(yaml.safe_dump({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob",
                                    "metadata": {"name": name},
-                                   "spec": {"workers": workers, "model": {"type": KINDS[key]},
+                                   "spec": {"workers": workers, "model": {"type": kind}, "sync": sync,
                                             "dataset": {"uri": str(data), "cacheBatches": True},
                                             "stop": {"patience": patience, "maxEpochs": 50}}}))
     run = _common.mlless_train(job, base / "stopping" / name, services=False)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [(r["time"], r["validation_loss"]) for r in rows if r["validation_loss"] is not None]
+    # a step's row repeats the newest evaluation's loss: an evaluation is where it changes
+    losses = [(r["time"], r["validation_loss"]) for r in rows if r["validation_loss"] is not None]
+    return [(t, loss) for k, (t, loss) in enumerate(losses) if k == 0 or loss != losses[k - 1][1]]
 
 
 def replay(curve: list[tuple[float, float]], min_delta: float, patience: int) -> tuple[int | None, float]:
@@ -88,7 +94,7 @@ def main() -> None:
     info = _common.machine_info()
     candidates = [(float(d), int(p)) for p in args.patiences.split(",") for d in args.min_deltas.split(",")]
     curves = {(key, w): record(key, w, args.record_patience, args.data_dir)
-              for key in KINDS for w in map(int, args.workers.split(","))}
+              for key in SETS for w in map(int, args.workers.split(","))}
     rows = []
     for (key, workers), curve in curves.items():
         for min_delta, patience in candidates:
