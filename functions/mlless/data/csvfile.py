@@ -106,15 +106,19 @@ def _first_rows(path: str, delimiter: str, count: int) -> list[tuple[int, list[s
     return rows
 
 
+def _names(header: list[str] | str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in header)
+
+
 def csv_columns(path: str, delimiter: str) -> tuple[str, ...]:
     """The column names of `path`'s header."""
-    return tuple(name.strip() for name in _first_rows(path, delimiter, 1)[0][1])
+    return _names(_first_rows(path, delimiter, 1)[0][1])
 
 
 def csv_layout(path: str, options: CsvOptions) -> CsvLayout:
     """Read the header and the first `TYPE_ROWS` rows of `path`; CsvError says what does not fit."""
     rows = _first_rows(path, options.delimiter, TYPE_ROWS + 1)
-    columns = csv_columns(path, options.delimiter)
+    columns = _names(rows[0][1])
     if options.label in columns:
         label = columns.index(options.label)
     elif options.label.isdigit() and int(options.label) < len(columns):
