@@ -4,7 +4,8 @@
 `scaling.py` calls `measure_hop()` before its runs and `project()` after them; this script alone re-projects a
 saved report (`python benchmarks/projection.py benchmarks/report-scaling/scaling.json --gbit 25 --wire-rtt-us 20`).
 
-The model (one worker's step, all workers alike; s = bytes a worker sends per step, r(P) = bytes it reads):
+The model (one worker's step, all workers alike; s = bytes a worker sends per step, r(P) = bytes it reads) lives in
+`mlless.planning.steptime`, which `mlless plan` fits on a job's run directories too:
 
     step(P) = local + σ + 3·L + κ·(s + r) + link(P)
     local   = fetch + compute + filter          the run's measured phase medians
@@ -55,7 +56,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-HOPS = 3
+from mlless.planning.steptime import fit_beta, fit_kappa, step_seconds  # noqa: E402
+
 PROJECT_P = (4, 8, 16, 32, 64)
 
 
@@ -70,44 +72,6 @@ def measure_hop(link: Any, value_bytes: int = 1 << 20, nbytes: int = 32 << 20, t
     mbits = 2 / (1 / up + 1 / down)
     return {"rtt_seconds": ping_us / 1e6, "bytes_per_second": mbits * 1e6 / 8, "tcp_up_mbits": up,
             "tcp_down_mbits": down, "set_mbits": put, "get_mbits": got, "value_bytes": value_bytes}
-
-
-def bytes_read(pattern: str, P: int, s: float, model_bytes: float | None) -> tuple[float, float]:
-    """(read, extra written) bytes per worker per step under an exchange pattern."""
-    merged = P * s if model_bytes is None else min(P * s, model_bytes)
-    if pattern == "allreduce":
-        return merged, 0.0
-    if pattern == "scatter-reduce":
-        return (P - 1) / P * merged, merged / P
-    return (P - 1) * s, 0.0  # all-to-all
-
-
-def step_seconds(*, P: int, local: float, sigma: float, kappa: float, s: float, pattern: str, L: float, B: float,
-                 model_bytes: float | None = None) -> dict[str, float]:
-    r, extra = bytes_read(pattern, P, s, model_bytes) if P > 1 else (0.0, 0.0)
-    w = s + extra if P > 1 else 0.0
-    link = max((w + r) / B, P * w / B, P * r / B) if P > 1 else 0.0
-    hops = HOPS if P > 1 else 1
-    cpu = kappa * (w + r)
-    return {"step": local + sigma + hops * L + cpu + link, "local": local, "close": sigma + L, "hops": hops * L,
-            "exchange_cpu": cpu, "link": link, "read_bytes": r, "worker_cpu": local + cpu}
-
-
-def _fit_beta(points: list[tuple[int, float]]) -> float:
-    """β of N(P) = N₁·P^β, least squares in log space through the P = 1 point when there is one."""
-    pts = [(math.log(P), math.log(n)) for P, n in points if n and n > 0]
-    if len(pts) < 2:
-        return 0.0
-    one = dict(points).get(1)
-    if one:
-        x0, y0 = 0.0, math.log(one)
-        num = sum((x - x0) * (y - y0) for x, y in pts)
-        den = sum((x - x0) ** 2 for x, y in pts)
-    else:
-        mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
-        num = sum((x - mx) * (y - my) for x, y in pts)
-        den = sum((x - mx) ** 2 for x, _ in pts)
-    return min(1.0, max(0.0, num / den)) if den > 0 else 0.0
 
 
 def _local(run: dict[str, Any]) -> float:
@@ -128,12 +92,11 @@ def calibrate(runs: list[dict[str, Any]], hop: dict[str, float]) -> dict[str, An
     if multi:
         two = by_p[multi[0]]
         ph, s, r = two["phases_median"], two["bytes_sent_per_worker_step"], two["bytes_read_per_worker_step"] or 0.0
-        if s + r > 0:
-            kappa = max(0.0, (ph["write"] + ph["read"] + ph["apply"] - 2 * L - (s + r) / B) / (s + r))
+        kappa = fit_kappa(ph["write"] + ph["read"] + ph["apply"], s, r, L, B)
     largest = by_p[multi[-1]] if multi else one
     return {
         "sigma": sigma, "kappa": kappa, "L": L, "B": B,
-        "beta": _fit_beta([(p, by_p[p]["samples_to_target"]) for p in by_p]),
+        "beta": fit_beta([(p, by_p[p]["samples_to_target"]) for p in by_p]),
         "cpu_step_p1": (one["worker_cpu_from_first_step"] / one["steps_to_target"]
                         if one.get("worker_cpu_from_first_step") else None),
         "samples_p1": one["samples_to_target"], "batch": one["batch_size"], "startup_p1": one["startup_seconds"],
