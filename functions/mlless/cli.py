@@ -33,6 +33,7 @@ from mlless.data.cli import add_prepare_parser
 from mlless.data.dataset import Dataset, DatasetError
 from mlless.training.models import ModelFileError, load_model
 from mlless.telemetry.report.cli import add_report_parser
+from mlless.planning.cli import add_parser as add_plan_parser
 from mlless.runtime.launcher import Launcher
 from mlless.progress import Progress
 from mlless.runtime.supervisor.failover import ResumeError, resumable
@@ -301,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_prepare_parser(sub)
 
     add_report_parser(sub)
+
+    add_plan_parser(sub)
 
     p = sub.add_parser("evaluate", help="evaluate a saved model on a prepared dataset")
     p.add_argument("model", metavar="MODEL", help="model.npz written by a run")

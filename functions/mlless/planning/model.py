@@ -1,0 +1,237 @@
+"""LambdaML's analytic model (§5.3) of a job by worker count, fitted on its recorded runs, and the choice of P.
+
+    T(P)    = start-up(P) + steps(P) · step(P)
+    start-up(P) = a + b·P                        least squares (b ≥ 0) over the runs; one P: its start-up
+    steps(P)    = N(P) / (P · batch)             N(P): samples until the stop rule fires, N₁·P^β (LambdaML's f(w)),
+                                                 β fitted over the runs' P (`steptime.fit_beta`), never past the
+                                                 job's step or epoch limit at that P
+    step(P)     = max(path(P), roofline(P))      path: `steptime.step_seconds`; σ from the smallest P run (its mean
+                                                 step less the model's, so it holds evaluations and every other
+                                                 pause), κ from the smallest P > 1 run's write + read + apply;
+                                                 roofline: P workers' CPU and the supervisor's on `cores` cores
+    cost(P)     = `telemetry.cost.job_cost` at the job's prices: P workers and the supervisor billed T(P), the
+                  services T(P); Perf/$ = 1/(T · cost) (`perf_per_dollar`)
+
+N at a run's P comes from its own loss curve (`stoprule.samples_when_stop_fires`). Where the job has
+`stop.maxSeconds` or `stop.budgetUSD` and the model says it would run past them, T stops there.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from mlless.planning.runs import PlanError, RunMeasure
+from mlless.planning.steptime import fit_beta, fit_kappa, step_seconds
+from mlless.planning.stoprule import samples_when_stop_fires
+from mlless.spec import TrainingJob
+from mlless.telemetry.cost import job_cost, perf_per_dollar
+
+#: Without a step or epoch limit, the fitted curve is followed this many times past the longest run's samples.
+EXTRAPOLATION_LIMIT = 100.0
+#: What ends the job in a prediction, besides its loss rule ("loss rule").
+LOSS_RULE, LENGTH_LIMIT, MAX_SECONDS, BUDGET = "loss rule", "step/epoch limit", "max seconds", "budget"
+
+
+@dataclass(frozen=True)
+class Link:
+    """One hop to where the services are, and the wire's bandwidth (bytes/s; inf: the embedded transport)."""
+
+    latency: float
+    bandwidth: float
+    where: str
+
+
+@dataclass(frozen=True)
+class Prediction:
+    workers: int
+    seconds: float  # from the job's start to its stop
+    cost_usd: float
+    perf_per_dollar: float | None
+    steps: float
+    epochs: float
+    startup: float
+    step_seconds: float
+    bound: str  # "path" or "cores": which of the step's two limits binds
+    stops_on: str
+    measured: bool  # a run at this P is among those fitted
+
+
+@dataclass
+class Fit:
+    """The model's constants, fitted on a job's runs."""
+
+    startup: tuple[float, float]  # a, b of a + b·P
+    sigma: float
+    kappa: float
+    link: Link
+    cores: int
+    pattern: str
+    batch: float
+    batches_per_epoch: float
+    local: dict[int, float]  # by measured P
+    sent: dict[int, float]
+    samples_to_stop: dict[int, float]
+    stopped_by_rule: dict[int, bool]
+    n1: float | None  # N(P) = n1·P^β over the runs stopped by the loss rule; None if none was
+    beta: float
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"startup_seconds": {"a": self.startup[0], "b_per_worker": self.startup[1]}, "sigma_seconds": self.sigma,
+                "kappa_seconds_per_byte": self.kappa, "latency_seconds": self.link.latency,
+                "bandwidth_bytes_per_second": self.link.bandwidth if math.isfinite(self.link.bandwidth) else None,
+                "link": self.link.where, "cores": self.cores, "beta": self.beta, "samples_to_stop_p1": self.n1,
+                "batch": self.batch, "batches_per_epoch": self.batches_per_epoch,
+                "measured_workers": sorted(self.local)}
+
+
+def _by_p(runs: Sequence[RunMeasure], attr: str) -> dict[int, float]:
+    out: dict[int, list[float]] = {}
+    for r in runs:
+        out.setdefault(r.workers, []).append(float(getattr(r, attr)))
+    return {p: statistics.fmean(v) for p, v in sorted(out.items())}
+
+
+def _nearest(values: dict[int, float], P: int) -> float:
+    """The value at P if measured, else at the measured P nearest to it on the same side of 1 (a lone worker
+    sends and filters nothing, so P = 1 says nothing of P > 1)."""
+    if P in values:
+        return values[P]
+    same = [p for p in values if (p > 1) == (P > 1)] or list(values)
+    return values[min(same, key=lambda p: (abs(p - P), -p))]
+
+
+def limit_samples(job: TrainingJob, P: int, batch: float, batches_per_epoch: float) -> float:
+    """Samples the job's step or epoch limit lets P workers train (inf without one)."""
+    stop = job.stop
+    limits = [math.inf]
+    if stop.max_epochs is not None:
+        limits.append(stop.max_epochs * batches_per_epoch * batch)
+    if stop.max_steps is not None:
+        limits.append(stop.max_steps * P * batch)
+    return min(limits)
+
+
+def _fit_startup(points: dict[int, float]) -> tuple[float, float]:
+    if len(points) < 2:
+        return next(iter(points.values())), 0.0
+    mx, my = statistics.fmean(points), statistics.fmean(points.values())
+    den = sum((p - mx) ** 2 for p in points)
+    b = max(0.0, sum((p - mx) * (t - my) for p, t in points.items()) / den)
+    return my - b * mx, b
+
+
+def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) -> Fit:
+    """The model's constants from the job's runs (PlanError if they cannot support it)."""
+    if not runs:
+        raise PlanError("no runs to fit: give --from RUNDIR, or let the pilot run")
+    for r in runs:
+        if r.model != job.model.type:
+            raise PlanError(f"{r.run_dir}: a {r.model} run, and the job trains {job.model.type}")
+    batch = statistics.fmean(r.batch for r in runs)
+    per_epoch = statistics.fmean(r.batches_per_epoch for r in runs)
+    local, sent, read = _by_p(runs, "local"), _by_p(runs, "sent"), _by_p(runs, "read")
+    notes: list[str] = []
+    measured_ps = sorted(local)
+    multi = [p for p in measured_ps if p > 1]
+    kappa = 0.0
+    if multi:
+        two = [r for r in runs if r.workers == multi[0] and r.exchange is not None]
+        if two:
+            kappa = fit_kappa(statistics.fmean(r.exchange for r in two), sent[multi[0]], read[multi[0]],
+                              link.latency, link.bandwidth)
+    else:
+        notes.append("no run at P > 1: the exchange is not measured, and P > 1 is predicted without it")
+    smallest = measured_ps[0]
+    path0 = step_seconds(P=smallest, local=local[smallest], sigma=0.0, kappa=kappa, s=sent[smallest],
+                         pattern=job.sync.exchange, L=link.latency, B=link.bandwidth)["step"]
+    sigma = max(0.0, _by_p(runs, "step_seconds")[smallest] - path0)
+    samples: dict[int, list[float]] = {}
+    by_rule: dict[int, bool] = {}
+    for r in runs:
+        cap = limit_samples(job, r.workers, batch, per_epoch)
+        interval = (job.evaluate_every or 1) * r.workers * batch
+        try:
+            n, rule = samples_when_stop_fires(
+                job.stop, r.evaluations, samples_per_step=r.workers * batch, interval_samples=interval,
+                limit_samples=cap if math.isfinite(cap) else EXTRAPOLATION_LIMIT * max(x.samples for x in runs))
+        except ValueError as exc:
+            raise PlanError(f"{r.run_dir}: cannot tell when the stop rule fires from its loss curve ({exc}); "
+                            "run it longer or evaluate more often") from None
+        if not rule and not math.isfinite(cap):
+            raise PlanError(f"{r.run_dir}: the stop rule does not fire on its fitted loss curve within "
+                            f"{EXTRAPOLATION_LIMIT:g}x the runs' samples, and the job has no step or epoch limit")
+        samples.setdefault(r.workers, []).append(n)
+        by_rule[r.workers] = by_rule.get(r.workers, False) or rule
+    to_stop = {p: statistics.fmean(v) for p, v in samples.items()}
+    ruled = [(p, n) for p, n in to_stop.items() if by_rule[p]]
+    beta = fit_beta(ruled)
+    n1 = None
+    if ruled:
+        p0, n0 = min(ruled)
+        n1 = n0 / p0 ** beta
+    if len(ruled) < 2 and ruled:
+        notes.append("the stop rule fired at one P only: samples to stop are taken as the same at every P (β = 0)")
+    return Fit(startup=_fit_startup(_by_p(runs, "startup")), sigma=sigma, kappa=kappa, link=link, cores=cores,
+               pattern=job.sync.exchange, batch=batch, batches_per_epoch=per_epoch, local=local, sent=sent,
+               samples_to_stop=to_stop, stopped_by_rule=by_rule, n1=n1, beta=beta, notes=notes)
+
+
+def predict(model: Fit, job: TrainingJob, P: int) -> Prediction:
+    """Time to stop, cost and Perf/$ at P workers."""
+    cap = limit_samples(job, P, model.batch, model.batches_per_epoch)
+    if model.n1 is not None:
+        n, stops_on = model.n1 * P ** model.beta, LOSS_RULE
+        if n >= cap:
+            n, stops_on = cap, LENGTH_LIMIT
+    else:
+        n, stops_on = cap, LENGTH_LIMIT
+    steps = n / (P * model.batch)
+    local = _nearest(model.local, P)
+    sent = _nearest(model.sent, P) if P > 1 else 0.0
+    m = step_seconds(P=P, local=local, sigma=model.sigma, kappa=model.kappa, s=sent, pattern=model.pattern,
+                     L=model.link.latency, B=model.link.bandwidth)
+    roof = (P * m["worker_cpu"] + model.sigma) / max(1, model.cores)
+    step = max(m["step"], roof)
+    startup = model.startup[0] + model.startup[1] * P
+    seconds = startup + steps * step
+    if job.stop.max_seconds is not None and seconds > job.stop.max_seconds:
+        seconds, stops_on = job.stop.max_seconds, MAX_SECONDS
+    cost = job_cost(job.pricing, [seconds] * P, seconds).total
+    if job.stop.budget_usd is not None and cost > job.stop.budget_usd:
+        seconds, cost, stops_on = seconds * job.stop.budget_usd / cost, job.stop.budget_usd, BUDGET
+    return Prediction(workers=P, seconds=seconds, cost_usd=cost, perf_per_dollar=perf_per_dollar(seconds, cost),
+                      steps=steps, epochs=n / (model.batches_per_epoch * model.batch), startup=startup,
+                      step_seconds=step, bound="cores" if roof > m["step"] else "path", stops_on=stops_on,
+                      measured=P in model.local)
+
+
+def choose(predictions: Sequence[Prediction], deadline: float | None, budget: float | None) -> tuple[Prediction, str]:
+    """The P to run, and why in one line: the cheapest within the deadline (and budget), or the fastest within the
+    budget. PlanError when no P meets them."""
+    span = f"P = {predictions[0].workers}-{predictions[-1].workers}"
+    ok = [p for p in predictions if (deadline is None or p.seconds <= deadline)
+          and (budget is None or p.cost_usd <= budget)]
+    if not ok:
+        fastest = min(predictions, key=lambda p: p.seconds)
+        cheapest = min(predictions, key=lambda p: p.cost_usd)
+        if deadline is not None and fastest.seconds > deadline:
+            raise PlanError(f"no worker count in {span} meets the {deadline:g} s deadline: the fastest, "
+                            f"P = {fastest.workers}, is predicted to take {fastest.seconds:.1f} s")
+        if budget is not None and cheapest.cost_usd > budget:
+            raise PlanError(f"no worker count in {span} stays within the ${budget:g} budget: the cheapest, "
+                            f"P = {cheapest.workers}, is predicted to cost ${cheapest.cost_usd:.5f}")
+        raise PlanError(f"no worker count in {span} meets both the {deadline:g} s deadline and the ${budget:g} budget")
+    if deadline is not None:
+        pick = min(ok, key=lambda p: (p.cost_usd, p.seconds))
+        why = (f"P = {pick.workers}: the cheapest of the {len(ok)} worker counts in {span} predicted to stop within "
+               f"{deadline:g} s" + (f" and ${budget:g}" if budget is not None else "")
+               + f" ({pick.seconds:.1f} s, ${pick.cost_usd:.5f})")
+    else:
+        pick = min(ok, key=lambda p: (p.seconds, p.cost_usd))
+        why = (f"P = {pick.workers}: the fastest of the {len(ok)} worker counts in {span} predicted to cost at most "
+               f"${budget:g} ({pick.seconds:.1f} s, ${pick.cost_usd:.5f})")
+    return pick, why
+

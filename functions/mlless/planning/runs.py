@@ -1,0 +1,142 @@
+"""What one run directory of `mlless train` tells the planner: `RunMeasure`.
+
+It reads the run record (`telemetry/record.py`): `summary.json` (start-up, steps, samples, the stop reason, the
+workers) and `metrics.jsonl` (one `telemetry.rows.StepRow` a step: time, samples, bytes, the phases of
+`telemetry/timing.py`, and the validation loss of the newest evaluated snapshot), plus `job.json` (the resolved job
+the run trained). A run whose worker count changed (the auto-tuner) or that failed is refused: the model needs
+one P a run.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlless.runtime.supervisor.stopping import DIVERGED
+from mlless.spec import SpecError, TrainingJob
+from mlless.telemetry.record import EXPORTED
+
+#: A worker's own work on its mini-batch, and the exchange that follows it (`mlless.contract.STEP_PHASES`).
+LOCAL_PHASES = ("fetch", "compute", "filter")
+EXCHANGE_PHASES = ("write", "read", "apply")
+#: Steps a run needs before its step time means anything.
+MIN_STEPS = 3
+
+
+class PlanError(Exception):
+    """Input the planner cannot use (a run directory, a deadline, the worker range); one line, no traceback."""
+
+
+@dataclass(frozen=True)
+class RunMeasure:
+    run_dir: Path
+    workers: int
+    model: str
+    protocol: str
+    batch: float  # samples a worker trains per step
+    batches_per_epoch: float
+    startup: float  # seconds before the first step
+    steps: int
+    samples: int
+    stop_reason: str
+    step_seconds: float  # mean, first step to last: evaluations and every other pause included
+    local: float  # median seconds of a worker's fetch + compute + filter
+    exchange: float | None  # median seconds of write + read + apply, where the barrier phases are known
+    sent: float  # mean bytes a worker sends per step
+    read: float  # mean bytes a worker reads per step
+    evaluations: tuple[tuple[int, float], ...]  # (samples trained, validation loss) at each new evaluation
+
+    @property
+    def eval_interval_samples(self) -> float | None:
+        """Median samples between the run's evaluations."""
+        xs = [b[0] - a[0] for a, b in zip(self.evaluations, self.evaluations[1:])]
+        return statistics.median(xs) if xs else None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError:
+        raise PlanError(f"{path.parent}: no {path.name}: not the run directory of a finished `mlless train`") from None
+    except ValueError as exc:
+        raise PlanError(f"{path}: not JSON ({exc})") from None
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        raise PlanError(f"{path.parent}: no {path.name}: not the run directory of a finished `mlless train`") from None
+    try:
+        return [json.loads(line) for line in lines if line.strip()]
+    except ValueError as exc:
+        raise PlanError(f"{path}: a line is not JSON ({exc})") from None
+
+
+def _new_evaluations(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(samples, loss) where a row shows a new validation loss: a row repeats the newest evaluation's until the next."""
+    out: list[tuple[int, float]] = []
+    samples, last = 0, None
+    for r in rows:
+        samples += r["samples"]
+        v = r["validation_loss"]
+        if v is not None and v != last:
+            out.append((samples, float(v)))
+            last = v
+    return out
+
+
+def measure(run_dir: str | Path) -> RunMeasure:
+    """The run's measures; PlanError naming the directory and what is missing from it."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise PlanError(f"{run_dir}: no such run directory")
+    summary = _read_json(run_dir / EXPORTED[1])
+    rows = _rows(run_dir / EXPORTED[2])
+    try:
+        job = TrainingJob.from_json((run_dir / "job.json").read_text())
+    except OSError:
+        raise PlanError(f"{run_dir}: no job.json: not the run directory of `mlless train`") from None
+    except (SpecError, ValueError, TypeError, KeyError) as exc:
+        raise PlanError(f"{run_dir}/job.json: not a resolved job ({exc})") from None
+    try:
+        return _measure(run_dir, summary, rows, job)
+    except (KeyError, TypeError) as exc:
+        raise PlanError(f"{run_dir}: its record lacks {exc} (written by an older mlless?)") from None
+
+
+def _measure(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]], job: TrainingJob) -> RunMeasure:
+    reason = summary["stop_reason"] or ""
+    if reason == DIVERGED:
+        raise PlanError(f"{run_dir}: the run diverged; plan from one that trained")
+    if summary.get("scaling_events"):
+        raise PlanError(f"{run_dir}: its workers changed during the run (auto-tuner); plan from runs at a fixed P")
+    if len(rows) < MIN_STEPS:
+        raise PlanError(f"{run_dir}: {len(rows)} step rows in metrics.jsonl; the planner needs {MIN_STEPS} or more")
+    workers = int(summary["workers_initial"])
+    batch = statistics.median(r["samples"] / max(1, r["workers"]) for r in rows)
+    last = rows[-1]
+    samples = sum(r["samples"] for r in rows)
+    barrier = [r for r in rows if r["phases"].get("read") is not None]
+    read = [r["bytes_read"] / max(1, r["workers"]) for r in rows if r.get("bytes_read") is not None]
+    return RunMeasure(
+        run_dir=run_dir,
+        workers=workers,
+        model=job.model.type,
+        protocol=job.sync.protocol,
+        batch=batch,
+        batches_per_epoch=samples / batch / last["epoch"] if last["epoch"] > 0 else float(workers),
+        startup=float(summary["startup_seconds"]),
+        steps=int(last["step"]),
+        samples=samples,
+        stop_reason=reason,
+        step_seconds=(last["time"] - rows[0]["time"]) / (len(rows) - 1),
+        local=statistics.median(sum(r["phases"][p] or 0.0 for p in LOCAL_PHASES) for r in rows),
+        exchange=statistics.median(sum(r["phases"][p] or 0.0 for p in EXCHANGE_PHASES) for r in barrier)
+        if barrier else None,
+        sent=statistics.fmean(r["bytes_sent"] / max(1, r["workers"]) for r in rows),
+        read=statistics.fmean(read) if read else 0.0,
+        evaluations=tuple(_new_evaluations(rows)),
+    )
