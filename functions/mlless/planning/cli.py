@@ -24,9 +24,11 @@ from mlless.plugins import load_plugins
 from mlless.progress import Progress
 from mlless.spec import TrainingJob, load_manifest
 
-#: The default pilot: these worker counts, this long each (seconds from the job's start, start-up included).
+#: The default pilot: these worker counts, this many epochs each, evaluated about PILOT_EVALUATIONS times (enough
+#: for the reference curve's fit, `planning.stoprule.REFERENCE_POINTS`, when the evaluations' time share allows).
 PILOT_WORKERS = "1,2"
-PILOT_SECONDS = 30.0
+PILOT_EPOCHS = 1.0
+PILOT_EVALUATIONS = 12
 #: Redis round trips and bytes the link measurement takes.
 PINGS, PROBE_BYTES = 50, 4 << 20
 
@@ -69,16 +71,20 @@ def measure_link(redis_url: str | None) -> Link:
     return Link(statistics.median(rtts), 2 * PROBE_BYTES / elapsed, f"Redis at {redis_url.split('@')[-1]}")
 
 
-def pilot(job_path: str, workers: list[int], seconds: float, out: Path, services: Any) -> list[Path]:
-    """Run the job for `seconds` at each of `workers`, auto-tuner off, its loss rules off (a length limit turns
-    patience off): what it would do next is the model's to say."""
+def pilot(job_path: str, workers: list[int], epochs: float, out: Path, services: Any) -> list[Path]:
+    """Run the job for `epochs` at each of `workers`, evaluated about PILOT_EVALUATIONS times, the auto-tuner and
+    its loss rules off (a length limit turns patience off): what it would do next is the model's to say."""
+    from mlless.data.dataset import Dataset
     from mlless.runtime.local import train_local
 
     dirs = []
     for P in workers:
-        job = load_manifest(job_path, {"workers": P, "stop": {"maxSeconds": seconds}, "autoscaler": {"enabled": False}})
+        job = load_manifest(job_path, {"workers": P})
+        steps = epochs * Dataset.open(job.dataset_uri).n_batches / P
+        job = load_manifest(job_path, {"workers": P, "stop": {"maxEpochs": epochs}, "autoscaler": {"enabled": False},
+                                       "evaluation": {"everySteps": max(1, int(steps // PILOT_EVALUATIONS))}})
         run_dir = out / f"pilot-p{P}"
-        print(f"pilot: {job.name} at P = {P} for {seconds:g} s -> {run_dir}", file=sys.stderr, flush=True)
+        print(f"pilot: {job.name} at P = {P} for {epochs:g} epochs -> {run_dir}", file=sys.stderr, flush=True)
         train_local(job, run_dir, services, Progress(enabled=False))
         dirs.append(run_dir)
     return dirs
@@ -131,14 +137,14 @@ def _run(args: argparse.Namespace) -> int:
     counts = worker_counts(args.workers)
     _positive("--deadline", args.deadline)
     _positive("--budget", args.budget)
-    _positive("--pilot-seconds", args.pilot_seconds)
+    _positive("--pilot-epochs", args.pilot_epochs)
     load_plugins()
     job = load_manifest(args.job)
     redis_url, amqp_url = _services(args)
     dirs = [Path(d) for d in args.from_runs or []]
     if not dirs:
         out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="mlless-plan-"))
-        dirs = pilot(args.job, worker_counts(args.pilot_workers), args.pilot_seconds, out,
+        dirs = pilot(args.job, worker_counts(args.pilot_workers), args.pilot_epochs, out,
                      Services(redis_url, amqp_url))
         print(f"pilot runs in {out} (plan from them again with --from)", file=sys.stderr)
     runs = [measure(d) for d in dirs]
@@ -178,8 +184,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "curve's scaling); without it, pilot runs are started")
     p.add_argument("--pilot-workers", default=PILOT_WORKERS, metavar="LIST",
                    help=f"worker counts of the pilot runs (default {PILOT_WORKERS})")
-    p.add_argument("--pilot-seconds", type=float, default=PILOT_SECONDS, metavar="S",
-                   help=f"length of each pilot run, start-up included (default {PILOT_SECONDS:g})")
+    p.add_argument("--pilot-epochs", type=float, default=PILOT_EPOCHS, metavar="E",
+                   help=f"length of each pilot run (default {PILOT_EPOCHS:g}); it evaluates about "
+                        f"{PILOT_EVALUATIONS} times whatever the job's evaluation.everySteps")
     p.add_argument("--out", metavar="DIR", help="where the pilot runs go (default: a new temporary directory)")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="cores the job's processes share, for the CPU roofline (default: this machine's, %(default)s)")

@@ -1,7 +1,9 @@
 """LambdaML's analytic model (§5.3) of a job by worker count, fitted on its recorded runs, and the choice of P.
 
-    T(P)    = start-up(P) + steps(P) · step(P)
+    T(P)    = start-up(P) + steps(P) · step(P) + wind-down
     start-up(P) = a + b·P                        least squares (b ≥ 0) over the runs; one P: its start-up
+    wind-down                                    the runs' mean seconds after their last step (final evaluation,
+                                                 the model written)
     steps(P)    = N(P) / (P · batch)             N(P): samples until the stop rule fires, N₁·P^β (LambdaML's f(w)),
                                                  β fitted over the runs' P (`steptime.fit_beta`), never past the
                                                  job's step or epoch limit at that P
@@ -63,6 +65,7 @@ class Fit:
     """The model's constants, fitted on a job's runs."""
 
     startup: tuple[float, float]  # a, b of a + b·P
+    wind_down: float
     sigma: float
     kappa: float
     link: Link
@@ -79,7 +82,8 @@ class Fit:
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
-        return {"startup_seconds": {"a": self.startup[0], "b_per_worker": self.startup[1]}, "sigma_seconds": self.sigma,
+        return {"startup_seconds": {"a": self.startup[0], "b_per_worker": self.startup[1]},
+                "wind_down_seconds": self.wind_down, "sigma_seconds": self.sigma,
                 "kappa_seconds_per_byte": self.kappa, "latency_seconds": self.link.latency,
                 "bandwidth_bytes_per_second": self.link.bandwidth if math.isfinite(self.link.bandwidth) else None,
                 "link": self.link.where, "cores": self.cores, "beta": self.beta, "samples_to_stop_p1": self.n1,
@@ -156,6 +160,7 @@ def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) ->
         try:
             n, rule = samples_when_stop_fires(
                 job.stop, r.evaluations, samples_per_step=r.workers * batch, interval_samples=interval,
+                same_cadence=r.evaluate_every == job.evaluate_every,
                 limit_samples=cap if math.isfinite(cap) else EXTRAPOLATION_LIMIT * max(x.samples for x in runs))
         except ValueError as exc:
             raise PlanError(f"{r.run_dir}: cannot tell when the stop rule fires from its loss curve ({exc}); "
@@ -174,7 +179,8 @@ def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) ->
         n1 = n0 / p0 ** beta
     if len(ruled) < 2 and ruled:
         notes.append("the stop rule fired at one P only: samples to stop are taken as the same at every P (β = 0)")
-    return Fit(startup=_fit_startup(_by_p(runs, "startup")), sigma=sigma, kappa=kappa, link=link, cores=cores,
+    return Fit(startup=_fit_startup(_by_p(runs, "startup")), wind_down=statistics.fmean(r.wind_down for r in runs),
+               sigma=sigma, kappa=kappa, link=link, cores=cores,
                pattern=job.sync.exchange, batch=batch, batches_per_epoch=per_epoch, local=local, sent=sent,
                samples_to_stop=to_stop, stopped_by_rule=by_rule, n1=n1, beta=beta, notes=notes)
 
@@ -196,7 +202,7 @@ def predict(model: Fit, job: TrainingJob, P: int) -> Prediction:
     roof = (P * m["worker_cpu"] + model.sigma) / max(1, model.cores)
     step = max(m["step"], roof)
     startup = model.startup[0] + model.startup[1] * P
-    seconds = startup + steps * step
+    seconds = startup + steps * step + model.wind_down
     if job.stop.max_seconds is not None and seconds > job.stop.max_seconds:
         seconds, stops_on = job.stop.max_seconds, MAX_SECONDS
     cost = job_cost(job.pricing, [seconds] * P, seconds).total

@@ -35,9 +35,11 @@ class RunMeasure:
     workers: int
     model: str
     protocol: str
+    evaluate_every: int  # the run's evaluation.everySteps
     batch: float  # samples a worker trains per step
     batches_per_epoch: float
     startup: float  # seconds before the first step
+    wind_down: float  # seconds after the last step's close: the final evaluation, the model written
     steps: int
     samples: int
     stop_reason: str
@@ -126,9 +128,11 @@ def _measure(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]],
         workers=workers,
         model=job.model.type,
         protocol=job.sync.protocol,
+        evaluate_every=job.evaluate_every,
         batch=batch,
         batches_per_epoch=samples / batch / last["epoch"] if last["epoch"] > 0 else float(workers),
         startup=float(summary["startup_seconds"]),
+        wind_down=max(0.0, float(summary["wall_seconds"]) - last["time"]),
         steps=int(last["step"]),
         samples=samples,
         stop_reason=reason,

@@ -52,17 +52,19 @@ def fit_curve(evaluations: Sequence[tuple[float, float]]) -> Callable[[float], f
 
 
 def samples_when_stop_fires(stop: StopConfig, evaluations: Sequence[tuple[float, float]], *, samples_per_step: float,
-                            interval_samples: float, limit_samples: float) -> tuple[float, bool]:
+                            interval_samples: float, limit_samples: float, same_cadence: bool) -> tuple[float, bool]:
     """(samples trained when the job stops, whether its loss rule stopped it rather than `limit_samples`).
 
-    The rule is replayed first on the recorded `evaluations`; if it does not fire on them, on the curve fitted to
-    them, evaluated every `interval_samples` (the job's evaluation cadence) up to `limit_samples`.
+    The rule is replayed first on the recorded `evaluations` if they came at the job's cadence (`same_cadence`:
+    patience counts evaluations); if it does not fire on them, on the curve fitted to them, evaluated every
+    `interval_samples` (the job's cadence) up to `limit_samples`.
     """
     if not has_loss_rule(stop):
         return limit_samples, False
-    fired = replay(stop, [e for e in evaluations if e[0] <= limit_samples], samples_per_step)
-    if fired is not None:
-        return fired, True
+    if same_cadence:
+        fired = replay(stop, [e for e in evaluations if e[0] <= limit_samples], samples_per_step)
+        if fired is not None:
+            return fired, True
     try:
         curve = fit_curve(evaluations)
     except CurveFitError as exc:

@@ -1,0 +1,141 @@
+#!/usr/bin/env python
+"""`mlless plan`'s predicted time to stop against the measured one, at P = 1, 2 and 3 (issue #24: error ≤ 25 %).
+
+Per data set (`time_to_quality.py`'s quick sets, prepared under --data-dir on first use), one default job (only
+`model.type`: its default protocol and stop rule, patience with minDelta, embedded transport), then in one run:
+
+1. the job trained at P = 1, 2 and 3 (`mlless train`): the measured seconds from its start to its stop
+   (`summary.json`'s wall_seconds) and its cost;
+2. `mlless plan --from` the P = 1 and P = 2 runs: P = 1 and 2 are in sample (σ, κ, start-up and the samples to the
+   stop come from them), P = 3 is out of sample;
+3. `mlless plan` with its pilot (1 epoch at P = 1 and 2, evaluated about 12 times): every P is a prediction from
+   the pilot's loss curve, the stop rule replayed on the fitted curve.
+
+Error = predicted / measured − 1. Results go to benchmarks/RESULTS.md (section `planner`) with --write.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+import time_to_quality as ttq  # noqa: E402
+
+KINDS = {"movielens": "pmf", "pmf1m-skew": "pmf", "lr200k": "logistic-regression"}
+TARGET = 0.25
+
+
+def write_job(base: Path, key: str, data: Path) -> Path:
+    doc = {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": f"plan-{key}"},
+           "spec": {"workers": 1, "model": {"type": KINDS[key]}, "dataset": {"uri": str(data), "cacheBatches": True}}}
+    path = base / f"plan-{key}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def train(job: Path, out: Path, workers: int) -> dict[str, Any]:
+    subprocess.run([sys.executable, "-m", "mlless", "train", str(job), "--out", str(out), "--workers", str(workers),
+                    "-q"], check=True)
+    summary = json.loads((out / "summary.json").read_text())
+    print(f"    P={workers}: {summary['wall_seconds']:.2f} s ({summary['stop_reason']}, {summary['epochs']:.2f} epochs, "
+          f"start-up {summary['startup_seconds']:.2f} s)  load {_common.loadavg()}", flush=True)
+    return summary
+
+
+def plan(job: Path, *extra: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "mlless", "plan", str(job), "--workers", "1-3", "--json", *extra]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+
+
+def run_set(key: str, base: Path, data_dir: Path) -> dict[str, Any]:
+    data = ttq.prepared(data_dir, key)
+    job = write_job(base, key, data)
+    print(f"{ttq.ALL_SETS[key].title}", flush=True)
+    runs = {P: base / f"run-{key}-p{P}" for P in (1, 2, 3)}
+    measured = {P: train(job, out, P) for P, out in runs.items()}
+    started = time.perf_counter()
+    from_runs = plan(job, "--from", str(runs[1]), "--from", str(runs[2]))
+    pilot_started = time.perf_counter()
+    pilot = plan(job, "--out", str(base / f"pilot-{key}"))
+    pilot_seconds = time.perf_counter() - pilot_started
+    print(f"    planned from runs in {pilot_started - started:.1f} s, with the pilot in {pilot_seconds:.1f} s", flush=True)
+    return {"key": key, "title": ttq.ALL_SETS[key].title, "measured": measured, "from_runs": from_runs,
+            "pilot": pilot, "pilot_seconds": pilot_seconds}
+
+
+def rows(result: dict[str, Any]) -> list[tuple]:
+    out = []
+    by_runs = {p["workers"]: p for p in result["from_runs"]["predictions"]}
+    by_pilot = {p["workers"]: p for p in result["pilot"]["predictions"]}
+    for P, m in result["measured"].items():
+        P = int(P)
+        a, b = by_runs[P], by_pilot[P]
+        out.append((result["key"], P, f"{m['wall_seconds']:.2f}", f"{m['epochs']:.2f}", f"{a['seconds']:.2f}",
+                    f"{a['epochs']:.2f}", f"{a['seconds'] / m['wall_seconds'] - 1:+.0%}",
+                    "in sample" if P < 3 else "**out of sample**", f"{b['seconds']:.2f}", f"{b['epochs']:.2f}",
+                    f"{b['seconds'] / m['wall_seconds'] - 1:+.0%}", f"{m['cost_usd']:.5f}", f"{a['cost_usd']:.5f}"))
+    return out
+
+
+def report(results: list[dict[str, Any]], machine: str, command: str, loads: tuple[str, str]) -> str:
+    errors = [(r["key"], int(P), which, pred["seconds"] / r["measured"][P]["wall_seconds"] - 1)
+              for r in results for which in ("from_runs", "pilot") for pred in r[which]["predictions"]
+              for P in [pred["workers"]]]
+    worst_runs = max(abs(e) for _, _, w, e in errors if w == "from_runs")
+    worst_pilot = max(abs(e) for _, _, w, e in errors if w == "pilot")
+    misses = [f"{k} P = {p} ({'from runs' if w == 'from_runs' else 'pilot'}: {e:+.0%})" for k, p, w, e in errors
+              if abs(e) > TARGET]
+    body = [f"## The planner against measured runs (`benchmarks/planner.py`, issue #24)", "",
+            f"`{command}`; {machine}. The machine was shared with other sessions' jobs during the run (load average "
+            f"{loads[0]} at the start, {loads[1]} at the end), so every absolute time is inflated and noisy; a prediction "
+            "and the run it "
+            "is checked against were measured minutes apart. Default jobs (only `model.type`; the stop rule is "
+            "patience 5 with minDelta 0.001, at most 50 epochs), embedded transport. Measured = `summary.json`'s "
+            "wall seconds, from the job's start to its stop; error = predicted / measured − 1.", "",
+            _common.table(["set", "P", "measured s", "epochs", "plan --from P = 1, 2: s", "epochs", "error",
+                           "", "plan with pilot: s", "epochs", "error", "measured $", "predicted $ (from runs)"],
+                          [row for r in results for row in rows(r)]), "",
+            f"Worst error: **{worst_runs:.0%}** planning from the P = 1 and 2 runs, **{worst_pilot:.0%}** from the "
+            f"pilot (target ≤ {TARGET:.0%}): " + ("**met** for every row." if not misses else
+                                                "**missed** for " + "; ".join(misses) + "."), ""]
+    for r in results:
+        fit = r["from_runs"]["fit"]
+        body.append(f"- {r['title']}: from runs σ = {fit['sigma_seconds'] * 1e3:.2f} ms, κ = "
+                    f"{fit['kappa_seconds_per_byte'] * 1e9:.2f} ns/byte, β = {fit['beta']:.2f}, start-up "
+                    f"{fit['startup_seconds']['a']:.2f} + {fit['startup_seconds']['b_per_worker']:.2f}·P s; the pilot "
+                    f"took {r['pilot_seconds']:.0f} s (β = {r['pilot']['fit']['beta']:.2f}). Notes: "
+                    + ("; ".join(r["from_runs"]["notes"] + r["pilot"]["notes"]) or "none") + ".")
+    return "\n".join(body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", default="movielens,lr200k", help="quick sets of time_to_quality.py (default %(default)s)")
+    p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR)
+    p.add_argument("--out", type=Path, default=Path("/tmp/mlless-bench/planner"), help="run directories")
+    p.add_argument("--write", action="store_true", help="write the section `planner` of RESULTS.md")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
+    base.mkdir(parents=True)
+    machine, load = _common.machine_line(), _common.loadavg()
+    results = [run_set(key, base, args.data_dir) for key in args.datasets.split(",")]
+    (base / "planner.json").write_text(json.dumps(results, indent=2, default=str))
+    text = report(results, machine, _common.command_line(), (load, _common.loadavg()))
+    print(text)
+    if args.write:
+        _common.update_results("planner", text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,175 @@
+"""`mlless plan`: the planner on recorded runs of a real small job at P = 1 and 2, its choice, its JSON, its bad input."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from mlless.cli import main as mlless_main
+from mlless.planning.cli import plan, worker_counts
+from mlless.planning.model import Link, choose
+from mlless.planning.runs import PlanError, measure
+from mlless.planning.stoprule import replay, samples_when_stop_fires
+from mlless.progress import Progress
+from mlless.runtime.local import Services, train_local
+from mlless.spec import load_manifest
+from mlless.spec.config import StopConfig
+
+EMBEDDED = Link(0.0, math.inf, "embedded")
+COUNTS = [1, 2, 3, 4]
+
+
+def write_job(path: Path, dataset: Path, model: str = "logistic-regression") -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "plan"},
+        "spec": {"workers": 1, "model": {"type": model}, "dataset": {"uri": str(dataset), "cacheBatches": True},
+                 "evaluation": {"everySteps": 5}, "stop": {"maxEpochs": 8, "patience": 3}}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def recorded(synthetic_lr_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, Path]]:
+    """The job file and its run directories at P = 1 and 2, trained for real (embedded transport)."""
+    base = tmp_path_factory.mktemp("plan")
+    job = write_job(base / "job.yaml", synthetic_lr_dir)
+    runs = {}
+    for P in (1, 2):
+        runs[P] = base / f"run-p{P}"
+        train_local(load_manifest(job, {"workers": P}), runs[P], Services(), Progress(enabled=False))
+    return job, runs
+
+
+def _plan(recorded, deadline=None, budget=None) -> dict:
+    job, runs = recorded
+    return plan(load_manifest(job), [measure(runs[1]), measure(runs[2])], COUNTS, EMBEDDED, 2, deadline, budget)
+
+
+@pytest.mark.slow
+def test_the_table_has_a_finite_positive_prediction_per_worker_count(recorded):
+    result = _plan(recorded)
+    preds = result["predictions"]
+    assert [p["workers"] for p in preds] == COUNTS
+    for p in preds:
+        for k in ("seconds", "cost_usd", "perf_per_dollar", "steps", "epochs", "step_seconds", "startup"):
+            assert math.isfinite(p[k]) and p[k] > 0, (p["workers"], k, p[k])
+        assert p["epochs"] <= 8 + 1e-9  # the job's maxEpochs
+        assert p["perf_per_dollar"] == pytest.approx(1 / (p["seconds"] * p["cost_usd"]))
+    assert [p["measured"] for p in preds] == [True, True, False, False]
+    # In sample, the model gives back roughly what the runs took (it can miss: σ and the start-up are shared fits).
+    for P, run in recorded[1].items():
+        wall = json.loads((run / "summary.json").read_text())["wall_seconds"]
+        assert preds[P - 1]["seconds"] == pytest.approx(wall, rel=0.5)
+    # More workers cost more per second: the bill's rate grows with P.
+    rates = [p["cost_usd"] / p["seconds"] for p in preds]
+    assert rates == sorted(rates)
+    assert result["choice"] is None
+
+
+@pytest.mark.slow
+def test_a_deadline_picks_the_cheapest_count_that_meets_it_and_a_budget_the_fastest_within_it(recorded):
+    preds = _plan(recorded)["predictions"]
+    deadline = sorted(p["seconds"] for p in preds)[1]  # two counts meet it
+    result = _plan(recorded, deadline=deadline)
+    meets = [p for p in preds if p["seconds"] <= deadline]
+    assert result["choice"]["workers"] == min(meets, key=lambda p: p["cost_usd"])["workers"]
+    assert f"{deadline:g} s" in result["choice"]["why"] and "\n" not in result["choice"]["why"]
+    budget = sorted(p["cost_usd"] for p in preds)[2]
+    result = _plan(recorded, budget=budget)
+    within = [p for p in preds if p["cost_usd"] <= budget]
+    assert result["choice"]["workers"] == min(within, key=lambda p: p["seconds"])["workers"]
+    with pytest.raises(PlanError, match="deadline"):
+        _plan(recorded, deadline=min(p["seconds"] for p in preds) / 2)
+    with pytest.raises(PlanError, match="budget"):
+        _plan(recorded, budget=min(p["cost_usd"] for p in preds) / 2)
+
+
+@pytest.mark.slow
+def test_the_cli_plans_from_run_directories_as_text_and_as_json(recorded, capsys):
+    job, runs = recorded
+    args = ["plan", str(job), "--workers", "1-4", "--from", str(runs[1]), "--from", str(runs[2])]
+    assert mlless_main(args + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [p["workers"] for p in out["predictions"]] == COUNTS
+    assert out["runs"] == [str(runs[1]), str(runs[2])]
+    deadline = max(p["seconds"] for p in out["predictions"]) * 2
+    assert mlless_main(args + ["--deadline", str(deadline)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:2] == ["P", "time"] and len([ln for ln in lines if ln.strip()[:1].isdigit()]) == 4
+    cheapest = min(out["predictions"], key=lambda p: p["cost_usd"])["workers"]
+    assert lines[-1].startswith(f"P = {cheapest}: the cheapest")
+
+
+def _one_line_error(capsys, argv: list[str], *needles: str) -> None:
+    assert mlless_main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for n in needles:
+        assert n in err, err
+
+
+@pytest.mark.slow
+def test_bad_input_gets_one_line(recorded, tmp_path, capsys, movielens_dir):
+    job, runs = recorded
+    broken = tmp_path / "broken"
+    shutil.copytree(runs[1], broken)
+    (broken / "metrics.jsonl").unlink()
+    base = ["plan", str(job), "--workers", "1-3"]
+    _one_line_error(capsys, base + ["--from", str(broken)], str(broken), "metrics.jsonl")
+    _one_line_error(capsys, base + ["--from", str(tmp_path / "nowhere")], "no such run directory")
+    _one_line_error(capsys, base + ["--from", str(runs[1]), "--deadline", "0.001"], "deadline", "the fastest")
+    _one_line_error(capsys, base + ["--from", str(runs[1]), "--budget", "-1"], "--budget")
+    _one_line_error(capsys, ["plan", str(job), "--workers", "3-1", "--from", str(runs[1])], "empty range")
+    other = write_job(tmp_path / "pmf.yaml", movielens_dir, "pmf")
+    _one_line_error(capsys, ["plan", str(other), "--workers", "1-2", "--from", str(runs[1])], "pmf")
+    with pytest.raises(PlanError, match="no runs"):
+        plan(load_manifest(job), [], COUNTS, EMBEDDED, 2, None, None)
+
+
+def test_worker_counts_read_ranges_and_lists():
+    assert worker_counts("1-4") == worker_counts("1..4") == [1, 2, 3, 4]
+    assert worker_counts("1,2,4") == [1, 2, 4] and worker_counts("3") == [3] and worker_counts("1-2,5") == [1, 2, 5]
+    for bad in ("0-2", "a", "", "2-1"):
+        with pytest.raises(PlanError, match="--workers"):
+            worker_counts(bad)
+
+
+def _curve(samples: np.ndarray) -> np.ndarray:
+    return 1.0 / (0.02 * np.sqrt(samples) + 2.0) + 0.3  # the reference curve's shape: falls to 0.3
+
+
+def test_the_stop_rule_is_replayed_on_recorded_evaluations():
+    xs = np.arange(1, 41) * 1000.0
+    evals = list(zip(xs, _curve(xs)))
+    stop = StopConfig(target_loss=float(_curve(np.array([20_000.0]))[0]), target_steps=0)
+    fired = replay(stop, evals, samples_per_step=1000.0)
+    assert 20_000 <= fired <= 23_000  # the smoothed loss lags the raw one by an evaluation or two
+    bumpy = evals[:10] + [(x, 0.9) for x, _ in evals[10:]]  # stops improving after 10 evaluations
+    assert replay(StopConfig(patience=3), bumpy, 1000.0) == evals[12][0]
+
+
+def test_a_short_run_s_curve_is_extrapolated_to_where_the_rule_fires():
+    xs = np.arange(1, 13) * 1000.0  # a pilot: 12 evaluations, 12k samples
+    target = float(_curve(np.array([60_000.0]))[0])  # reached five times further on
+    n, by_rule = samples_when_stop_fires(StopConfig(target_loss=target, target_steps=0), list(zip(xs, _curve(xs))),
+                                         samples_per_step=1000.0, interval_samples=1000.0, limit_samples=1e6,
+                                         same_cadence=True)
+    assert by_rule and 45_000 <= n <= 80_000
+    n, by_rule = samples_when_stop_fires(StopConfig(target_loss=0.1, target_steps=0), list(zip(xs, _curve(xs))),
+                                         samples_per_step=1000.0, interval_samples=1000.0, limit_samples=5e5,
+                                         same_cadence=True)
+    assert (n, by_rule) == (5e5, False)  # the curve never reaches 0.1: the job's limit stops it
+
+
+def test_choose_refuses_an_unreachable_deadline_in_one_line():
+    from mlless.planning.model import Prediction
+
+    preds = [Prediction(P, 10.0 / P + P, 0.001 * P, None, 1, 1, 1, 1, "path", "loss rule", False) for P in (1, 2, 3)]
+    pick, why = choose(preds, deadline=8.0, budget=None)
+    assert pick.workers == 2 and why.startswith("P = 2")  # 7 s at $0.002; P = 3 takes 6.3 s at $0.003
+    with pytest.raises(PlanError, match=r"fastest, P = 3, is predicted to take 6\.3 s"):
+        choose(preds, deadline=5.0, budget=None)
