@@ -8,7 +8,7 @@ Per data set (`time_to_quality.py`'s quick sets, prepared under --data-dir on fi
    (`summary.json`'s wall_seconds) and its cost;
 2. `mlless plan --from` the P = 1 and P = 2 runs: P = 1 and 2 are in sample (σ, κ, start-up and the samples to the
    stop come from them), P = 3 is out of sample;
-3. `mlless plan` with its pilot (1 epoch at P = 1 and 2, evaluated about 12 times): every P is a prediction from
+3. `mlless plan` with its default pilot (3 epochs at P = 1 and 2, evaluated about 15 times): every P is a prediction from
    the pilot's loss curve, the stop rule replayed on the fitted curve.
 
 Error = predicted / measured − 1. Results go to benchmarks/RESULTS.md (section `planner`) with --write.

@@ -27,8 +27,8 @@ from mlless.spec import TrainingJob, load_manifest
 #: The default pilot: these worker counts, this many epochs each, evaluated about PILOT_EVALUATIONS times (enough
 #: for the reference curve's fit, `planning.stoprule.REFERENCE_POINTS`, when the evaluations' time share allows).
 PILOT_WORKERS = "1,2"
-PILOT_EPOCHS = 1.0
-PILOT_EVALUATIONS = 12
+PILOT_EPOCHS = 3.0
+PILOT_EVALUATIONS = 15
 #: Redis round trips and bytes the link measurement takes.
 PINGS, PROBE_BYTES = 50, 4 << 20
 

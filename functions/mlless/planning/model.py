@@ -154,6 +154,7 @@ def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) ->
     sigma = max(0.0, _by_p(runs, "step_seconds")[smallest] - path0)
     samples: dict[int, list[float]] = {}
     by_rule: dict[int, bool] = {}
+    unfit: list[str] = []
     for r in runs:
         cap = limit_samples(job, r.workers, batch, per_epoch)
         interval = (job.evaluate_every or 1) * r.workers * batch
@@ -163,13 +164,17 @@ def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) ->
                 same_cadence=r.evaluate_every == job.evaluate_every,
                 limit_samples=cap if math.isfinite(cap) else EXTRAPOLATION_LIMIT * max(x.samples for x in runs))
         except ValueError as exc:
-            raise PlanError(f"{r.run_dir}: cannot tell when the stop rule fires from its loss curve ({exc}); "
-                            "run it longer or evaluate more often") from None
+            unfit.append(f"{r.run_dir} ({exc})")
+            continue
         if not rule and not math.isfinite(cap):
             raise PlanError(f"{r.run_dir}: the stop rule does not fire on its fitted loss curve within "
                             f"{EXTRAPOLATION_LIMIT:g}x the runs' samples, and the job has no step or epoch limit")
         samples.setdefault(r.workers, []).append(n)
         by_rule[r.workers] = by_rule.get(r.workers, False) or rule
+    if not samples:
+        raise PlanError(f"cannot tell when the stop rule fires from the runs' loss curves: {'; '.join(unfit)}; "
+                        "run longer or evaluate more often")
+    notes += [f"left out of the samples to stop, its loss curve too short: {u}" for u in unfit]
     to_stop = {p: statistics.fmean(v) for p, v in samples.items()}
     ruled = [(p, n) for p, n in to_stop.items() if by_rule[p]]
     beta = fit_beta(ruled)
