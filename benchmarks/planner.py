@@ -79,10 +79,12 @@ def rows(result: dict[str, Any]) -> list[tuple]:
     for P, m in result["measured"].items():
         P = int(P)
         a, b = by_runs[P], by_pilot[P]
-        out.append((result["key"], P, f"{m['wall_seconds']:.2f}", f"{m['epochs']:.2f}", f"{a['seconds']:.2f}",
-                    f"{a['epochs']:.2f}", f"{a['seconds'] / m['wall_seconds'] - 1:+.0%}",
-                    "in sample" if P < 3 else "**out of sample**", f"{b['seconds']:.2f}", f"{b['epochs']:.2f}",
-                    f"{b['seconds'] / m['wall_seconds'] - 1:+.0%}", f"{m['cost_usd']:.5f}", f"{a['cost_usd']:.5f}"))
+        train = m["wall_seconds"] - m["startup_seconds"]
+        out.append((result["key"], P, f"{m['wall_seconds']:.2f}", f"{m['startup_seconds']:.2f}", f"{m['epochs']:.2f}",
+                    f"{a['seconds']:.2f}", f"{a['epochs']:.2f}", f"{a['seconds'] / m['wall_seconds'] - 1:+.0%}",
+                    f"{(a['seconds'] - a['startup']) / train - 1:+.0%}", "in" if P < 3 else "**out**",
+                    f"{b['seconds']:.2f}", f"{b['epochs']:.2f}", f"{b['seconds'] / m['wall_seconds'] - 1:+.0%}",
+                    f"{m['cost_usd']:.5f}", f"{a['cost_usd']:.5f}"))
     return out
 
 
@@ -101,8 +103,12 @@ def report(results: list[dict[str, Any]], machine: str, command: str, loads: tup
             "is checked against were measured minutes apart. Default jobs (only `model.type`; the stop rule is "
             "patience 5 with minDelta 0.001, at most 50 epochs), embedded transport. Measured = `summary.json`'s "
             "wall seconds, from the job's start to its stop; error = predicted / measured − 1.", "",
-            _common.table(["set", "P", "measured s", "epochs", "plan --from P = 1, 2: s", "epochs", "error",
-                           "", "plan with pilot: s", "epochs", "error", "measured $", "predicted $ (from runs)"],
+            "Columns: measured s to stop and its start-up; planned from the P = 1 and 2 runs: s, epochs, error, and the "
+            "error of the time after the start-up alone (training and wind-down), in or out of sample; planned from "
+            "the pilot: s, epochs, error; measured and predicted (from the runs) cost.", "",
+            _common.table(["set", "P", "measured s", "start-up s", "epochs", "from runs: s", "epochs", "error",
+                           "error after start-up", "sample", "pilot: s", "epochs", "error", "measured $",
+                           "predicted $"],
                           [row for r in results for row in rows(r)]), "",
             f"Worst error: **{worst_runs:.0%}** planning from the P = 1 and 2 runs, **{worst_pilot:.0%}** from the "
             f"pilot (target ≤ {TARGET:.0%}): " + ("**met** for every row." if not misses else
@@ -123,14 +129,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR)
     p.add_argument("--out", type=Path, default=Path("/tmp/mlless-bench/planner"), help="run directories")
     p.add_argument("--write", action="store_true", help="write the section `planner` of RESULTS.md")
+    p.add_argument("--render", type=Path, metavar="JSON", help="only render an earlier run's planner.json")
     args = p.parse_args(argv)
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        for r in saved["results"]:
+            r["measured"] = {int(k): v for k, v in r["measured"].items()}
+        text = report(saved["results"], saved["machine"], saved["command"], tuple(saved["loads"]))
+        print(text)
+        if args.write:
+            _common.update_results("planner", text)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     base = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
     base.mkdir(parents=True)
     machine, load = _common.machine_line(), _common.loadavg()
     results = [run_set(key, base, args.data_dir) for key in args.datasets.split(",")]
-    (base / "planner.json").write_text(json.dumps(results, indent=2, default=str))
-    text = report(results, machine, _common.command_line(), (load, _common.loadavg()))
+    loads, command = (load, _common.loadavg()), _common.command_line()
+    (base / "planner.json").write_text(json.dumps({"results": results, "machine": machine, "command": command,
+                                                   "loads": loads}, indent=2, default=str))
+    text = report(results, machine, command, loads)
     print(text)
     if args.write:
         _common.update_results("planner", text)

@@ -34,8 +34,9 @@ ALLOWED: dict[str, set[str]] = {
     "telemetry": {"contract", "spec"},
     "runtime": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "smoothing",
                 "progress", "plugins"},
+    "planning": {"contract", "spec", "data", "autotuner", "runtime", "telemetry", "progress", "plugins"},
     "cli": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "runtime",
-            "progress", "plugins"},
+            "progress", "plugins", "planning"},
     "__main__": {"cli"},
     "__init__": set(),
 }

@@ -303,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_report_parser(sub)
 
-    add_plan_parser(sub)
+    add_plan_parser(sub, _add_service_args, _services)
 
     p = sub.add_parser("evaluate", help="evaluate a saved model on a prepared dataset")
     p.add_argument("model", metavar="MODEL", help="model.npz written by a run")

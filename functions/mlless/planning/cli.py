@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mlless.contract import EXIT_USAGE
 from mlless.planning.model import Fit, Link, Prediction, choose, fit, predict
@@ -29,6 +29,8 @@ from mlless.spec import TrainingJob, load_manifest
 PILOT_WORKERS = "1,2"
 PILOT_EPOCHS = 3.0
 PILOT_EVALUATIONS = 15
+#: The CLI's reader of --redis-url/--amqp-url (and $REDIS_URL/$AMQP_URL): (redis, amqp), both or neither.
+ServiceUrls = Callable[[argparse.Namespace], tuple[str | None, str | None]]
 #: Redis round trips and bytes the link measurement takes.
 PINGS, PROBE_BYTES = 50, 4 << 20
 
@@ -122,16 +124,15 @@ def _positive(name: str, v: float | None) -> None:
         raise PlanError(f"{name} {v:g}: must be more than 0")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, services: ServiceUrls) -> int:
     try:
-        return _run(args)
+        return _run(args, services)
     except PlanError as exc:
         print(f"mlless: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
 
-def _run(args: argparse.Namespace) -> int:
-    from mlless.cli import _services  # mlless.cli imports this module: its helper is read once both are loaded
+def _run(args: argparse.Namespace, services: ServiceUrls) -> int:
     from mlless.runtime.local import Services
 
     counts = worker_counts(args.workers)
@@ -140,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     _positive("--pilot-epochs", args.pilot_epochs)
     load_plugins()
     job = load_manifest(args.job)
-    redis_url, amqp_url = _services(args)
+    redis_url, amqp_url = services(args)
     dirs = [Path(d) for d in args.from_runs or []]
     if not dirs:
         out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="mlless-plan-"))
@@ -162,9 +163,10 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from mlless.cli import _add_service_args  # see _run
-
+def add_parser(sub: argparse._SubParsersAction, service_args: Callable[[argparse.ArgumentParser], None],
+               services: ServiceUrls) -> None:
+    """`mlless plan`; `service_args` adds the CLI's --redis-url/--amqp-url and `services` reads them (the CLI's own,
+    passed in: the CLI imports this module, not the other way round)."""
     p = sub.add_parser(
         "plan",
         help="predict time to stop, cost and Perf/$ by worker count, and pick P for a deadline or a budget",
@@ -191,5 +193,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="cores the job's processes share, for the CPU roofline (default: this machine's, %(default)s)")
     p.add_argument("--json", action="store_true", help="print the fit, the predictions and the choice as JSON")
-    _add_service_args(p)
-    p.set_defaults(func=run)
+    service_args(p)
+    p.set_defaults(func=lambda args: run(args, services))
