@@ -9,7 +9,8 @@
                                                  job's step or epoch limit at that P
     step(P)     = max(path(P), roofline(P))      path: `steptime.step_seconds`; σ from the smallest P run (its mean
                                                  step less the model's, so it holds evaluations and every other
-                                                 pause), κ from the smallest P > 1 run's write + read + apply;
+                                                 pause, at the job's evaluation cadence: `RunMeasure.step_at_cadence`),
+                                                 κ from the smallest P > 1 run's write + read + apply;
                                                  roofline: P workers' CPU and the supervisor's on `cores` cores
     cost(P)     = `telemetry.cost.job_cost` at the job's prices: P workers and the supervisor billed T(P), the
                   services T(P); Perf/$ = 1/(T · cost) (`perf_per_dollar`)
@@ -19,6 +20,7 @@ N at a run's P comes from its own loss curve (`stoprule.samples_when_stop_fires`
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -151,16 +153,21 @@ def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) ->
     smallest = measured_ps[0]
     path0 = step_seconds(P=smallest, local=local[smallest], sigma=0.0, kappa=kappa, s=sent[smallest],
                          pattern=job.sync.exchange, L=link.latency, B=link.bandwidth)["step"]
-    sigma = max(0.0, _by_p(runs, "step_seconds")[smallest] - path0)
+    step0 = statistics.fmean(r.step_at_cadence(job.evaluate_every) for r in runs if r.workers == smallest)
+    sigma = max(0.0, step0 - path0)
     samples: dict[int, list[float]] = {}
     by_rule: dict[int, bool] = {}
     unfit: list[str] = []
+    # Without evaluations the loss rules read the training loss (`StopRules`), which the runs do not extrapolate.
+    stop = job.stop if job.evaluate_every else dataclasses.replace(job.stop, patience=None, target_loss=None)
+    if stop is not job.stop and job.stop.target_loss is not None:
+        notes.append("evaluation is off: the target on the training loss is left out; the job's limits stop it")
     for r in runs:
         cap = limit_samples(job, r.workers, batch, per_epoch)
         interval = (job.evaluate_every or 1) * r.workers * batch
         try:
             n, rule = samples_when_stop_fires(
-                job.stop, r.evaluations, samples_per_step=r.workers * batch, interval_samples=interval,
+                stop, r.evaluations, samples_per_step=r.workers * batch, interval_samples=interval,
                 same_cadence=r.evaluate_every == job.evaluate_every,
                 limit_samples=cap if math.isfinite(cap) else EXTRAPOLATION_LIMIT * max(x.samples for x in runs))
         except ValueError as exc:

@@ -44,17 +44,20 @@ class RunMeasure:
     samples: int
     stop_reason: str
     step_seconds: float  # mean, first step to last: evaluations and every other pause included
+    step_median: float  # the median step: without the pauses a few steps take (evaluations among them)
     local: float  # median seconds of a worker's fetch + compute + filter
     exchange: float | None  # median seconds of write + read + apply, where the barrier phases are known
     sent: float  # mean bytes a worker sends per step
     read: float  # mean bytes a worker reads per step
     evaluations: tuple[tuple[int, float], ...]  # (samples trained, validation loss) at each new evaluation
 
-    @property
-    def eval_interval_samples(self) -> float | None:
-        """Median samples between the run's evaluations."""
-        xs = [b[0] - a[0] for a, b in zip(self.evaluations, self.evaluations[1:])]
-        return statistics.median(xs) if xs else None
+    def step_at_cadence(self, evaluate_every: int) -> float:
+        """The mean step had the run evaluated every `evaluate_every` steps (a pilot evaluates more often than its
+        job): the pauses above the median step are taken to come with the evaluations, and scale with their count."""
+        if evaluate_every == self.evaluate_every or not self.evaluations:
+            return self.step_seconds
+        share = min(1.0, self.steps / evaluate_every / len(self.evaluations)) if evaluate_every else 0.0
+        return self.step_median + max(0.0, self.step_seconds - self.step_median) * share
 
 
 def _read_json(path: Path) -> Any:
@@ -137,6 +140,7 @@ def _measure(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]],
         samples=samples,
         stop_reason=reason,
         step_seconds=(last["time"] - rows[0]["time"]) / (len(rows) - 1),
+        step_median=statistics.median(b["time"] - a["time"] for a, b in zip(rows, rows[1:])),
         local=statistics.median(sum(r["phases"][p] or 0.0 for p in LOCAL_PHASES) for r in rows),
         exchange=statistics.median(sum(r["phases"][p] or 0.0 for p in EXCHANGE_PHASES) for r in barrier)
         if barrier else None,

@@ -4,9 +4,11 @@ The loss-based rules (`spec.stop.targetLoss`, `patience` with `minDelta`) are `V
 (`runtime/supervisor/stopping.py`), run here on evaluations instead of a live job, so the planner and the
 supervisor cannot disagree on what the rule means. A pilot run is too short for its rule to fire: the validation
 curve it recorded is fitted with the auto-tuner's reference curve (`autotuner/curves.py`, L(t) = 1/(θ0·t^θ1 + θ2)
-+ θ3, here with t in samples) and the rule replayed on the curve at the job's evaluation cadence. A smooth curve
-has no noise and never overfits, so patience fires on it where the curve flattens below `minDelta` an
-evaluation; on a real run it fires on noise or overfitting too, often sooner.
++ θ3, here with t in samples) and the rule replayed on the curve at the job's evaluation cadence, with the run's
+own evaluation noise added (the residuals' standard deviation around the fit, NOISE_DRAWS seeded draws, the
+median of where it fires): on a real run patience fires once the curve improves by less than that noise an
+evaluation, long before a smooth curve flattens below `minDelta`. The reference curve never turns up, so a run
+that overfits early still stops sooner than the model says.
 
 `samples_when_stop_fires` is the one place the planner turns a loss curve into the point where the rule fires.
 """
@@ -21,6 +23,8 @@ from mlless.runtime.supervisor.stopping import ValidationWatch
 from mlless.spec.job import StopConfig
 
 _NO_PARAMS = np.zeros(0)
+#: Noisy replays of a fitted curve, and their seed (a plan is the same each time it is made from the same runs).
+NOISE_DRAWS, NOISE_SEED = 31, 0
 #: Evaluations the fitted curves need (`fit_reference`'s and `fit_slow`'s minimum).
 REFERENCE_POINTS, SLOW_POINTS = 8, 4
 
@@ -69,7 +73,14 @@ def samples_when_stop_fires(stop: StopConfig, evaluations: Sequence[tuple[float,
         curve = fit_curve(evaluations)
     except CurveFitError as exc:
         raise ValueError(f"{len(evaluations)} evaluations: {exc}") from None
-    ks = np.arange(1, int(limit_samples // interval_samples) + 1)
-    fired = replay(stop, [(float(k * interval_samples), float(curve(k * interval_samples))) for k in ks],
-                   samples_per_step)
-    return (fired, True) if fired is not None else (limit_samples, False)
+    xs = np.arange(1, int(limit_samples // interval_samples) + 1) * interval_samples
+    smooth = np.asarray(curve(xs), dtype=np.float64)
+    recorded = np.array(evaluations, dtype=np.float64)
+    resid = recorded[:, 1] - np.asarray(curve(recorded[:, 0]))
+    noise = float(np.std(resid, ddof=1)) if len(resid) > 1 else 0.0
+    rng = np.random.default_rng(NOISE_SEED)
+    draws = [smooth + rng.normal(0.0, noise, smooth.shape) for _ in range(NOISE_DRAWS)] if noise > 0 else [smooth]
+    fires = [replay(stop, list(zip(xs.tolist(), ys.tolist())), samples_per_step) for ys in draws]
+    ends = sorted(limit_samples if f is None else f for f in fires)
+    n = ends[len(ends) // 2]
+    return n, n < limit_samples
