@@ -173,3 +173,17 @@ def test_choose_refuses_an_unreachable_deadline_in_one_line():
     assert pick.workers == 2 and why.startswith("P = 2")  # 7 s at $0.002; P = 3 takes 6.3 s at $0.003
     with pytest.raises(PlanError, match=r"fastest, P = 3, is predicted to take 6\.3 s"):
         choose(preds, deadline=5.0, budget=None)
+
+
+@pytest.mark.slow
+def test_without_runs_the_cli_runs_a_pilot_and_plans_from_it(recorded, tmp_path, capsys):
+    job, _ = recorded
+    out = tmp_path / "pilots"
+    assert mlless_main(["plan", str(job), "--workers", "1-3", "--pilot-epochs", "2", "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["runs"] == [str(out / "pilot-p1"), str(out / "pilot-p2")]
+    for d in result["runs"]:  # real runs of the job, cut to the pilot's length
+        summary = json.loads((Path(d) / "summary.json").read_text())
+        assert summary["stop_reason"] == "max epochs" and summary["epochs"] == pytest.approx(2, abs=0.1)
+    assert [p["measured"] for p in result["predictions"]] == [True, True, False]
+    assert all(math.isfinite(p["seconds"]) and p["seconds"] > 0 for p in result["predictions"])
