@@ -244,12 +244,12 @@ def choose(predictions: Sequence[Prediction], deadline: float | None, budget: fl
         raise PlanError(f"no worker count in {span} meets both the {deadline:g} s deadline and the ${budget:g} budget")
     if deadline is not None:
         pick = min(ok, key=lambda p: (p.cost_usd, p.seconds))
-        why = (f"P = {pick.workers}: the cheapest of the {len(ok)} worker counts in {span} predicted to stop within "
-               f"{deadline:g} s" + (f" and ${budget:g}" if budget is not None else "")
-               + f" ({pick.seconds:.1f} s, ${pick.cost_usd:.5f})")
+        why = (f"P = {pick.workers}: the cheapest worker count predicted to stop within {deadline:g} s"
+               + (f" and ${budget:g}" if budget is not None else "")
+               + f" ({pick.seconds:.1f} s, ${pick.cost_usd:.5f}; {len(ok)} of {len(predictions)} in {span} do)")
     else:
         pick = min(ok, key=lambda p: (p.seconds, p.cost_usd))
-        why = (f"P = {pick.workers}: the fastest of the {len(ok)} worker counts in {span} predicted to cost at most "
-               f"${budget:g} ({pick.seconds:.1f} s, ${pick.cost_usd:.5f})")
+        why = (f"P = {pick.workers}: the fastest worker count predicted to cost at most ${budget:g} "
+               f"({pick.seconds:.1f} s, ${pick.cost_usd:.5f}; {len(ok)} of {len(predictions)} in {span} do)")
     return pick, why
 
