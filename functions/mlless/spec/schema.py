@@ -112,7 +112,10 @@ SPEC_SCHEMA: Schema = obj(
                 "type": choice("Update rule. adagrad updates per sample inside the mini-batch (LIBMF, Vowpal Wabbit); "
                                "normalized too, with each feature's step scaled by the largest value it has taken "
                                "(Vowpal Wabbit's default; the linear models only); the others take one step per "
-                               "mini-batch.", OPTIMIZER_TYPES),
+                               "mini-batch."
+                               + "".join(f" {t.name} trains with {' or '.join(sorted(t.optimizers))} only, whose "
+                                         "learning rate scales its own rule." for t in models.BUILT_IN if t.optimizers),
+                               OPTIMIZER_TYPES),
                 "learningRate": number("Step size. Default: the model's for its default type; for another type, "
                                        f"that type's, with lrDecay none: {models.type_rates()}.", 0, exclusive=True),
                 "momentum": number("Momentum coefficient (momentum, nesterov).", 0, below=1, default=0.9),
