@@ -61,6 +61,13 @@ def squared_distances(x: sp.csr_matrix, centroids: np.ndarray) -> np.ndarray:
     return np.maximum(d, 0.0, out=d)
 
 
+def cluster_sums(x: sp.csr_matrix, nearest: np.ndarray, k: int, clusters: np.ndarray) -> np.ndarray:
+    """The sum of the rows of ``x`` assigned (``nearest``, of ``k``) to each of ``clusters``: dense,
+    (len(clusters), n_features)."""
+    members = sp.csr_matrix((np.ones(len(nearest)), (nearest, np.arange(len(nearest)))), shape=(k, x.shape[0]))
+    return np.asarray((members[clusters] @ x).todense())
+
+
 def kmeans_plus_plus(x: sp.csr_matrix, k: int, rng: np.random.Generator) -> np.ndarray:
     """Greedy k-means++ seeds: k rows of ``x`` (dense float64, (k, n_features))."""
     n = x.shape[0]
@@ -92,8 +99,7 @@ def lloyd(x: sp.csr_matrix, centres: np.ndarray) -> tuple[np.ndarray, float]:
         nearest = now
         counts = np.bincount(nearest, minlength=len(centres))
         hit = np.flatnonzero(counts)
-        members = sp.csr_matrix((np.ones(len(nearest)), (nearest, np.arange(len(nearest)))), shape=(len(centres), x.shape[0]))
-        centres[hit] = np.asarray((members[hit] @ x).todense()) / counts[hit, None]
+        centres[hit] = cluster_sums(x, nearest, len(centres), hit) / counts[hit, None]
     return centres, float(squared_distances(x, centres).min(axis=1).sum())
 
 
@@ -143,8 +149,7 @@ class KMeans(Model):
         loss = float(d[np.arange(len(nearest)), nearest].sum())
         m = np.bincount(nearest, minlength=self.k).astype(np.float64)
         hit = np.flatnonzero(m)
-        assign = sp.csr_matrix((np.ones(len(nearest)), (nearest, np.arange(len(nearest)))), shape=(self.k, x.shape[0]))
-        sums = np.asarray((assign[hit] @ x).todense())
+        sums = cluster_sums(x, nearest, self.k, hit)
         rate = lr / (self.counts[hit].astype(np.float64) + max(1, workers) * m[hit])
         move = (rate[:, None] * (sums - m[hit, None] * self.centroids[hit])).astype(np.float32)
         self.centroids[hit] += move
