@@ -10,12 +10,17 @@ Every system trains on the same prepared train/validation split (`mlless prepare
   * softmax on the clicks with 4 classes: scikit-learn `LogisticRegression` (lbfgs, multinomial, C=1) and VW
     `--oaa 4`;
   * logistic-regression on the dense Higgs-like set: scikit-learn `LogisticRegression` (lbfgs, C=1) and VW
-    `--loss_function logistic`.
+    `--loss_function logistic`;
+  * kmeans on Gaussian blobs (8 of unequal sizes and spreads, 16 features): scikit-learn `KMeans` and
+    `MiniBatchKMeans` at their defaults (k = 8, k-means++), no VW. Quality: the mean squared distance of the
+    training rows to their nearest centroid (inertia / rows, the objective all three minimise), and its ratio to
+    KMeans's.
 
 VW runs one pass with its defaults (adaptive, normalised, invariant updates, `-b 18`), parsing its text file
 included. mlless runs `mlless train` with only `model.type` (and P, on the embedded broker; `--optimizer` names
 another) for at most `--epochs` epochs; its quality is its saved model's on the validation split, its time the job's wall time.
-Quality: accuracy for the classifiers, validation RMSE for regression.
+Quality: accuracy for the classifiers, validation RMSE for regression, training inertia / rows for k-means. A run
+of a subset of `--cases` writes a RESULTS.md section of its own.
 """
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ CASES = {
     "linear-regression": ("linear-regression", "regression", "rmse"),
     "softmax": ("softmax", "multiclass", "accuracy"),
     "dense-lr": ("logistic-regression", "higgs", "accuracy"),
+    "kmeans": ("kmeans", "blobs", "inertia"),
 }
 
 
@@ -140,6 +146,32 @@ def mlless_run(model_type: str, data: Path, workers: int, epochs: float, work: P
     return load_model(run / "model.npz"), seconds, json.loads((run / "summary.json").read_text())
 
 
+def mean_inertia(centres: np.ndarray, X) -> float:
+    """The mean squared distance of the rows of `X` to their nearest of `centres`."""
+    from mlless.training.models.kmeans import squared_distances
+
+    return float(squared_distances(X, centres).min(axis=1).mean())
+
+
+def kmeans_rows(data: Path, X, workers: list[int], epochs: float, work: Path) -> list[tuple[str, float, float]]:
+    """(system, seconds, training inertia / rows) of mlless at each P and scikit-learn's KMeans and MiniBatchKMeans,
+    each with its inertia's ratio to KMeans's in the name."""
+    from sklearn.cluster import KMeans, MiniBatchKMeans
+
+    rows = []
+    for p in workers:
+        model, seconds, summary = mlless_run("kmeans", data, p, epochs, work, None)
+        rows.append((f"mlless kmeans, P = {p}, {summary['epochs']:.2f} epochs", seconds, mean_inertia(model.centroids, X)))
+        print(rows[-1], flush=True)
+    for name, fit in [("sklearn KMeans", lambda: KMeans(8, random_state=0).fit(X)),
+                      ("sklearn MiniBatchKMeans", lambda: MiniBatchKMeans(8, random_state=0).fit(X))]:
+        peer, seconds = timed(fit)
+        rows.append((name, seconds, mean_inertia(peer.cluster_centers_, X)))
+        print(rows[-1], flush=True)
+    reference = rows[len(workers)][2]
+    return [(f"{name} ({value / reference:.4f} x KMeans)", seconds, value) for name, seconds, value in rows]
+
+
 def mlless_predictions(model, metric: str, val) -> np.ndarray:
     out = model.predict(val)
     if metric == "rmse":
@@ -147,6 +179,27 @@ def mlless_predictions(model, metric: str, val) -> np.ndarray:
     if out.ndim == 2:  # softmax: class probabilities
         return model.classes[out.argmax(axis=1)]
     return (out > (0.5 if model.kind == "logistic-regression" else 0.0)).astype(np.float32)
+
+
+def labelled_rows(case: str, data: Path, parts: tuple, args: argparse.Namespace,
+                  optimizer: dict | None) -> list[tuple[str, float, float]]:
+    """(system, seconds, quality on the validation split) of mlless at each P and the peers of `case`, on the
+    data set's `split`."""
+    model_type, _, metric = CASES[case]
+    batches, X, y, Xv, val = parts
+    classes = np.unique(np.concatenate([y, val.labels]))
+    rows = []
+    for workers in args.workers:
+        model, seconds, summary = mlless_run(model_type, data, workers, args.epochs, args.data_dir, optimizer)
+        rows.append((f"mlless {model_type}{f' ({args.optimizer})' if optimizer else ''}, P = {workers}, "
+                     f"{summary['epochs']:.2f} epochs", seconds,
+                     quality(metric, mlless_predictions(model, metric, val), val.labels)))
+        print(rows[-1], flush=True)
+    for name, predicted, seconds in [*sklearn_peers(case, batches, X, y, Xv),
+                                     vw_peer(case, batches, val, classes, args.data_dir)]:
+        rows.append((name, seconds, quality(metric, predicted, val.labels)))
+        print(rows[-1], flush=True)
+    return rows
 
 
 def main() -> None:
@@ -167,29 +220,23 @@ def main() -> None:
     info = _common.machine_info()
     sections = [f"Machine: {_common.machine_line(info)}.", f"Command: `{_common.command_line()}`."]
     for case in args.cases:
-        model_type, synthetic, metric = CASES[case]
+        _, synthetic, metric = CASES[case]
         data = _common.prepare(args.data_dir / f"models-{synthetic}-{args.rows}", "--synthetic", synthetic,
                                "--rows", str(args.rows))
-        ds = Dataset.open(str(data))
-        batches, X, y, Xv, val = split(ds)
-        classes = np.unique(np.concatenate([y, val.labels]))
-        rows = []
-        for workers in args.workers:
-            model, seconds, summary = mlless_run(model_type, data, workers, args.epochs, args.data_dir, optimizer)
-            rows.append((f"mlless {model_type}{f' ({args.optimizer})' if optimizer else ''}, P = {workers}, "
-                         f"{summary['epochs']:.2f} epochs", seconds,
-                         quality(metric, mlless_predictions(model, metric, val), val.labels)))
-            print(rows[-1], flush=True)
-        for name, predicted, seconds in [*sklearn_peers(case, batches, X, y, Xv),
-                                         vw_peer(case, batches, val, classes, args.data_dir)]:
-            rows.append((name, seconds, quality(metric, predicted, val.labels)))
-            print(rows[-1], flush=True)
+        parts = split(Dataset.open(str(data)))
+        if case == "kmeans":
+            rows = kmeans_rows(data, parts[1], args.workers, args.epochs, args.data_dir)
+        else:
+            rows = labelled_rows(case, data, parts, args, optimizer)
         sections.append(f"### {case}: `mlless prepare --synthetic {synthetic} --rows {args.rows}`, "
-                        f"{len(y):,} training rows\n\n" + _common.table(["system", "seconds", metric], rows))
+                        f"{parts[1].shape[0]:,} training rows\n\n" + _common.table(["system", "seconds", metric], rows))
     body = "\n\n".join(sections)
     print(body)
     if not args.no_results:
-        _common.update_results("models", "## The models of #23 against their peers (`benchmarks/models.py`)\n\n" + body)
+        whole = set(args.cases) == set(CASES)
+        _common.update_results("models" if whole else "models-" + "-".join(args.cases),
+                               f"## {'The models' if whole else ', '.join(args.cases)} of #23 against their peers "
+                               "(`benchmarks/models.py`)\n\n" + body)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -65,6 +66,12 @@ def _load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> Trai
     return load_manifest(path, overrides)
 
 
+def _check_fit(source: str, job: TrainingJob, dataset: Dataset) -> None:
+    """UsageError naming the field if `dataset` does not fit the job's model (`ModelType.dataset_errors`)."""
+    for error in model_type(job.model.type).dataset_errors(asdict(job.model), dataset)[:1]:
+        raise UsageError(f"{source}: {error}")
+
+
 def _services(args: argparse.Namespace) -> tuple[str | None, str | None]:
     from_env = service_urls(os.environ)
     redis_url = args.redis_url or from_env.get(ENV_REDIS_URL)
@@ -87,13 +94,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     # --workers goes through the schema like the manifest's own field, and the defaults that depend on P follow it.
     job = _load_job(args.job, {"workers": args.workers} if args.workers is not None else None)
-    dataset, model = Dataset.open(job.dataset_uri), model_type(job.model.type)
-    if dataset.kind != model.dataset_kind:
-        raise UsageError(f"{args.job}: spec.model.type {model.name} trains on a {model.dataset_kind} dataset, "
-                         f"and {job.dataset_uri} holds {dataset.kind} (see `mlless prepare --help`)")
-    if dataset.labels not in model.labels:
-        raise UsageError(f"{args.job}: spec.model.type {model.name} fits {' or '.join(sorted(model.labels))} labels, "
-                         f"and {job.dataset_uri} holds {dataset.labels} ones (mlless prepare --labels)")
+    _check_fit(args.job, job, Dataset.open(job.dataset_uri))
     redis_url, amqp_url = _services(args)
     if args.resume and not args.out:
         raise UsageError("--resume continues the job of a run directory: give it with --out RUNDIR")
@@ -188,6 +189,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     job = _load_job(args.job)
+    try:
+        dataset = Dataset.open(job.dataset_uri)
+    except DatasetError:  # not there to read (yet): the manifest alone is checked
+        pass
+    else:
+        _check_fit(args.job, job, dataset)
     print(json.dumps(json.loads(job.to_json()), indent=2))
     return 0
 

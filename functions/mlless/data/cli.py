@@ -18,10 +18,11 @@ from mlless.data.prepare import (
     prepare_file,
 )
 from mlless.data.sources import (
-    PrepareError, sample_source, synthetic_higgs_source, synthetic_lr_source, synthetic_pmf_source,
+    PrepareError, sample_source, synthetic_blobs_source, synthetic_higgs_source, synthetic_lr_source,
+    synthetic_pmf_source,
 )
 from mlless.data.sample import MOVIELENS_SMALL, SAMPLES, SampleUnavailable
-from mlless.data.synthetic import CLICK_TASKS, DEFAULT_SKEW, HiggsParams, LrParams, PmfParams
+from mlless.data.synthetic import CLICK_TASKS, DEFAULT_SKEW, BlobsParams, HiggsParams, LrParams, PmfParams
 from mlless.data.text import MalformedInputError
 
 DESCRIPTION = """\
@@ -63,9 +64,10 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--format", choices=["movielens", "criteo", "libsvm", "csv"], help="format of INPUT")
     src.add_argument("--sample", choices=list(SAMPLES), help="a bundled sample (needs: pip install 'mlless[datasets]'): "
                      + "; ".join(f"{sample.name}, {sample.description}" for sample in SAMPLES.values()))
-    src.add_argument("--synthetic", choices=["pmf", *CLICK_TASKS, "higgs"],
+    src.add_argument("--synthetic", choices=["pmf", *CLICK_TASKS, "higgs", "blobs"],
                      help="generate low-rank ratings (pmf), Criteo-like clicks labelled 0/1 (lr), with real labels "
-                          "(regression) or --classes classes (multiclass), or dense Higgs-like rows (higgs)")
+                          "(regression) or --classes classes (multiclass), dense Higgs-like rows (higgs), or "
+                          "--clusters Gaussian blobs of --features dense features, for kmeans (blobs)")
     p.add_argument("--out", required=True, help="output directory or fsspec URL (memory://, s3://...)")
 
     o = p.add_argument_group("batching and split")
@@ -118,6 +120,10 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--raw", action="store_true", help="pmf: do not clip ratings to [1, 5]")
     s.add_argument("--classes", type=int, default=LrParams.classes,
                    help=f"multiclass: the number of classes (default {LrParams.classes})")
+    s.add_argument("--clusters", type=int, default=BlobsParams.clusters,
+                   help=f"blobs: the number of blobs, of unequal sizes and spreads (default {BlobsParams.clusters})")
+    s.add_argument("--features", type=int, default=BlobsParams.features,
+                   help=f"blobs: dense features a row (default {BlobsParams.features})")
     p.set_defaults(func=run_prepare)
 
 
@@ -144,6 +150,10 @@ def run_prepare(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.synthetic == "multiclass" and not 2 <= args.classes <= MAX_CLASSES:
         print(f"mlless prepare: --classes must be in [2, {MAX_CLASSES}], got {args.classes}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.synthetic == "blobs" and not (args.clusters >= 1 and args.features >= 1):
+        print(f"mlless prepare: --clusters and --features must be >= 1, got {args.clusters} and {args.features}",
+              file=sys.stderr)
         return EXIT_USAGE
     batch_size = args.batch_size or (DEFAULT_SAMPLE_BATCH_SIZE if args.sample else DEFAULT_BATCH_SIZE)
     options = PrepareOptions(
@@ -172,6 +182,9 @@ def run_prepare(args: argparse.Namespace) -> int:
                 skew=args.skew,
             )
             prepare(synthetic_pmf_source(params, args.seed), args.out, options)
+        elif args.synthetic == "blobs":
+            blobs = BlobsParams(rows=args.rows or BlobsParams.rows, features=args.features, clusters=args.clusters)
+            prepare(synthetic_blobs_source(blobs, args.seed), args.out, options)
         elif args.synthetic == "higgs":
             prepare(synthetic_higgs_source(HiggsParams(rows=args.rows or HiggsParams.rows), args.seed), args.out, options)
         else:

@@ -1,5 +1,5 @@
 """The inputs `mlless prepare` reads, each a `Source`: a MovieLens, Criteo, LIBSVM or CSV file, a bundled sample, or
-synthetic ratings, clicks or Higgs-like rows (`mlless.data.synthetic`)."""
+synthetic ratings, clicks, Higgs-like rows or Gaussian blobs (`mlless.data.synthetic`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +12,8 @@ from mlless.data.formats import (
 )
 from mlless.data.sample import SAMPLES
 from mlless.data.synthetic import (
-    HIGGS_FEATURES, HiggsParams, LrParams, PmfParams, generate_higgs, generate_lr, generate_pmf,
+    HIGGS_FEATURES, BlobsParams, HiggsParams, LrParams, PmfParams, generate_blobs, generate_higgs, generate_lr,
+    generate_pmf,
 )
 from mlless.data.text import ErrorLog
 
@@ -118,3 +119,8 @@ def synthetic_lr_source(params: LrParams, seed: int) -> Source:
 def synthetic_higgs_source(params: HiggsParams, seed: int) -> Source:
     return Source("sparse", params.describe(), lambda e: generate_higgs(params, seed), params.rows * HIGGS_FEATURES * 8,
                   n_features=HIGGS_FEATURES)
+
+
+def synthetic_blobs_source(params: BlobsParams, seed: int) -> Source:
+    return Source("sparse", params.describe(), lambda e: generate_blobs(params, seed),
+                  params.rows * params.features * 8, n_features=params.features)

@@ -22,6 +22,9 @@
   mixed scales and heavy tails, 7 masses derived from them); the label is
   Bernoulli(sigmoid) of a score that is not linear in the features, so a linear
   model tops out well below 100 % as on the real set.
+* Gaussian blobs, for k-means: `clusters` centres uniform in a box (scikit-learn's make_blobs' [-10, 10]), of
+  unequal sizes (weights ~ Dirichlet(1), at least a tenth of the mean) and unequal, anisotropic spreads (each
+  cluster's scale log-normal around 1.5, each feature's ×U(0.5, 1.5)); the label is the blob's index.
 """
 from __future__ import annotations
 
@@ -80,6 +83,16 @@ class HiggsParams:
 
     def describe(self) -> dict:
         return {"synthetic": "higgs", **asdict(self), "labels": "binary"}
+
+
+@dataclass(frozen=True)
+class BlobsParams:
+    rows: int = 1_000_000
+    features: int = 16
+    clusters: int = 8
+
+    def describe(self) -> dict:
+        return {"synthetic": "blobs", **asdict(self), "labels": "classes"}
 
 
 class Zipf:
@@ -214,3 +227,26 @@ def generate_higgs(p: HiggsParams, seed: int) -> Iterator[SparseChunk]:
         index = np.tile(np.arange(HIGGS_FEATURES, dtype=np.int32), n)
         keys = np.arange(start, start + n, dtype=np.int64)
         yield SparseChunk(keys, labels, indptr, index, x.ravel())
+
+
+#: The blobs' centres are uniform in [-BOX, BOX] per feature, and their spreads log-normal around SPREAD.
+BOX, SPREAD = 10.0, 1.5
+
+
+def generate_blobs(p: BlobsParams, seed: int) -> Iterator[SparseChunk]:
+    """Gaussian blobs (the module's docstring), dense rows of `p.features` features."""
+    rng = np.random.default_rng([seed, 0x424C])
+    centres = rng.uniform(-BOX, BOX, (p.clusters, p.features))
+    weights = np.maximum(rng.dirichlet(np.ones(p.clusters)), 0.1 / p.clusters)
+    weights /= weights.sum()
+    scales = SPREAD * rng.lognormal(0.0, 0.5, (p.clusters, 1)) * rng.uniform(0.5, 1.5, (p.clusters, p.features))
+    step = CHUNK_ROWS // 4
+    for start in range(0, p.rows, step):
+        n = min(step, p.rows - start)
+        crng = np.random.default_rng([seed, 0x424C, start])
+        blob = crng.choice(p.clusters, size=n, p=weights)
+        x = (centres[blob] + scales[blob] * crng.standard_normal((n, p.features))).astype(np.float32)
+        indptr = np.arange(0, (n + 1) * p.features, p.features, dtype=np.int64)
+        index = np.tile(np.arange(p.features, dtype=np.int32), n)
+        keys = np.arange(start, start + n, dtype=np.int64)
+        yield SparseChunk(keys, blob.astype(np.float32), indptr, index, x.ravel())

@@ -84,7 +84,7 @@ class Worker:
         self.dataset = dataset
         self.sync = sync_strategy(job.sync)
         # MLLESS_AUDIT: the replica sums every update it computed, for the supervisor's conservation check.
-        model = build_model(job.model.type, dataset.dims(), job.model, job.seed)
+        model = build_model(job.model.type, dataset.dims(), job.model, job.seed, dataset)
         self.replica = Replica(model, job.optimizer, self.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)),
                                accumulator=self.sync.accumulator(model.params))
         self.feed = self.sync.feed(dataset, job.seed, job.workers, rank)
@@ -199,7 +199,7 @@ class Worker:
         batch = self.feed.take(position, self.step, self.view.live, self.rank)
         timer.lap("fetch")
 
-        self.replica.workers = len(self.view.live)
+        self.replica.workers = len(self.view.live) if self.sync.sums_updates else 1
         result = self.half.train(batch, self.feed.schedule.epoch(position) + 1, self.step,
                                  alone=self.view.live == (self.rank,))
         timer.record(compute=result.compute_seconds, filter=result.filter_seconds)

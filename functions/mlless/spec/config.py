@@ -25,7 +25,8 @@ KneeMethod = Literal["slope", "kneedle"]
 class ModelConfig:
     """Model hyper-parameters; ``l2=None`` picks the model's default.
 
-    ``rank`` only matters for PMF.  For PMF ``l2`` is a per-rating L2 penalty
+    Besides ``type`` and ``l2``, a field each of the `spec.model` fields model types declare (`ModelType.fields`,
+    snake_case): ``rank`` matters for PMF only, ``clusters`` for k-means only.  For PMF ``l2`` is a per-rating L2 penalty
     inside the loss (see `mlless.training.kernels.pmf`); for logistic regression it is
     decoupled weight decay handed to the optimizer (`Model.weight_decay`).
     """
@@ -33,11 +34,14 @@ class ModelConfig:
     type: str
     rank: int = default("model.rank")
     l2: float | None = None
+    clusters: int = default("model.clusters")
 
     def __post_init__(self) -> None:
         model_type(self.type)  # a ValueError naming the known types
         if self.rank < 1:
             raise ValueError(f"rank must be >= 1, got {self.rank}")
+        if self.clusters < 1:
+            raise ValueError(f"clusters must be >= 1, got {self.clusters}")
         if self.l2 is not None and not (self.l2 >= 0 and math.isfinite(self.l2)):
             raise ValueError(f"l2 must be a finite value >= 0, got {self.l2}")
 

@@ -8,13 +8,15 @@ branches on a model's name.
 
 A type registered outside the package (a test's, a user's; `mlless.plugins` loads them in every process of the
 job) is admitted by manifest validation in that process; the CRD lists the built-in ones. This module imports
-nothing of mlless, so that the schema can read it.
+nothing of mlless but the schema's node builders, so that the schema can read it.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
+
+from mlless.spec.nodes import Schema, integer
 
 __all__ = ["BUILT_IN", "LOSS_METRICS", "MODEL_TYPES", "ModelType", "OptimizerDefaults", "model_type", "register"]
 
@@ -24,6 +26,8 @@ LOSS_METRICS: dict[str, Callable[[float, int], float]] = {
     "bce": lambda total, n: total / n,
     "hinge": lambda total, n: total / n,
     "cross-entropy": lambda total, n: total / n,
+    # k-means: the mean squared Euclidean distance of a row to its nearest centroid (scikit-learn's inertia / n).
+    "inertia": lambda total, n: total / n,
 }
 
 # ISP's v. The papers' 0.7 was set for mini-batch updates. PMF's default optimizer is per-sample AdaGrad, whose
@@ -85,6 +89,14 @@ class ModelType:
     #: The kinds of labels it fits (`mlless prepare --labels`, `mlless.data.manifest.LABEL_KINDS`); a ratings
     #: data set's reads as binary.
     labels: frozenset[str] = frozenset({"binary"})
+    #: The `spec.model` fields it reads besides `type` and `l2`, by their manifest names, with their schema
+    #: (`mlless.spec.nodes`); the schema lists every built-in type's, and `ModelConfig` carries them.
+    fields: Mapping[str, Schema] = field(default_factory=dict)
+    #: Those of `fields` that may not exceed the training rows (`dataset_errors`): k-means's clusters.
+    per_row: tuple[str, ...] = ()
+    #: The `spec.optimizer.type`s it trains with; None: every one. A model with an update rule of its own
+    #: (`Model.own_step`) admits the one whose learning rate scales it.
+    optimizers: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if self.loss_metric not in LOSS_METRICS:
@@ -93,6 +105,20 @@ class ModelType:
     def loss(self, total: float, n: int) -> float:
         """A loss sum over `n` samples as the reported metric (NaN without samples)."""
         return LOSS_METRICS[self.loss_metric](total, n) if n > 0 else float("nan")
+
+    def dataset_errors(self, values: Mapping[str, Any], dataset: Any) -> list[str]:
+        """One line per way a prepared `dataset` (`mlless.data.dataset.Dataset`) does not fit this model type with
+        the hyper-parameters `values` (`ModelConfig`'s fields): its kind, its labels, a field of `per_row` above its
+        training rows."""
+        if dataset.kind != self.dataset_kind:
+            return [f"spec.model.type {self.name} trains on a {self.dataset_kind} dataset, and {dataset.uri} holds "
+                    f"{dataset.kind} (see `mlless prepare --help`)"]
+        errors = [] if dataset.labels in self.labels else [
+            f"spec.model.type {self.name} fits {' or '.join(sorted(self.labels))} labels, and {dataset.uri} holds "
+            f"{dataset.labels} ones (mlless prepare --labels)"]
+        rows = dataset.manifest.n_train
+        return errors + [f"spec.model.{name}: {values[name]} is more than the {rows} training rows of {dataset.uri}"
+                         for name in self.per_row if values[name] > rows]
 
 
 #: The model types of the package, in the order the schema lists them.
@@ -103,7 +129,8 @@ BUILT_IN = (
     # it took 3.5, 5.6 and 5.8 s where ISP took 2.9, 10.3 and 10.7 s, and it ended at the lowest validation RMSE.
     ModelType("pmf", "biased matrix factorisation", "ratings", "rmse",
               OptimizerDefaults("adagrad", 0.2, full_rate_workers=2),
-              protocol="blocked", significance_threshold=PMF_V, traits=frozenset({"blocks"})),
+              protocol="blocked", significance_threshold=PMF_V, traits=frozenset({"blocks"}),
+              fields={"rank": integer("Latent factors per user and item (pmf).", 1, 1024, default=20)}),
     # The papers' Adam with lr/√epoch. Every worker's step is applied to every replica, so P workers move the shared
     # model about P times as far per step; 0.01 reached Vowpal Wabbit's one-pass BCE in 1-1.25 epochs at P = 1-4
     # (benchmarks/defaults.py), 0.03 did not at any P. Per-sample AdaGrad is faster at P = 1 but diverges at P >= 3:
@@ -125,6 +152,13 @@ BUILT_IN = (
     ModelType("softmax", "multinomial logistic regression on hashed features, one class a distinct label", "sparse",
               "cross-entropy", OptimizerDefaults("adam", 0.01, lr_decay="sqrt-epoch"), traits=frozenset({"convex"}),
               labels=frozenset({"binary", "classes"})),
+    # Sculley's mini-batch k-means (training/models/kmeans.py): each centroid moves by its own rate, 1 / (its rows
+    # so far), which the learning rate scales (1: Sculley's). Labels of any kind are ignored. Neither convex nor
+    # made of blocks: admm and blocked do not apply.
+    ModelType("kmeans", "mini-batch k-means, k-means++ seeds, on feature rows (labels ignored)", "sparse", "inertia",
+              OptimizerDefaults("sgd", 1.0), protocol="bsp", labels=frozenset({"binary", "real", "classes"}),
+              fields={"clusters": integer("Clusters k (kmeans); at most the training rows.", 1, 4096, default=8)},
+              per_row=("clusters",), optimizers=frozenset({"sgd"})),
 )
 
 #: Every registered model type by name.

@@ -47,11 +47,31 @@ NEEDS: dict[str, str] = {
 }
 
 
+#: `spec.optimizer.type`'s values; a model type may admit fewer (`ModelType.optimizers`).
+OPTIMIZER_TYPES = ["adagrad", "normalized", "sgd", "momentum", "nesterov", "adam"]
+
+
 def pairings(types: Iterable[models.ModelType]) -> Iterator[tuple[str, str, str, tuple[str, ...]]]:
-    """(field, value, other field, its admitted values): each protocol of `NEEDS`, and the `types` it admits."""
+    """(field, value, other field, its admitted values): each protocol of `NEEDS`, and the `types` it admits; each
+    optimizer type some of the `types` do not train with, and those that do."""
     types = tuple(types)
     for protocol, trait in NEEDS.items():
         yield "sync.protocol", protocol, "model.type", tuple(t.name for t in types if trait in t.traits)
+    for kind in OPTIMIZER_TYPES:
+        admitted = tuple(t.name for t in types if t.optimizers is None or kind in t.optimizers)
+        if len(admitted) < len(types):
+            yield "optimizer.type", kind, "model.type", admitted
+
+
+def model_fields(types: Iterable[models.ModelType]) -> Schema:
+    """The `spec.model` fields the `types` declare (`ModelType.fields`), by name; a name two types declare must
+    have one schema."""
+    fields: Schema = {}
+    for t in types:
+        for name, node in t.fields.items():
+            if fields.setdefault(name, node) != node:
+                raise ValueError(f"model type {t.name}: spec.model.{name} differs from another type's")
+    return fields
 
 
 def _admitting(protocol: str) -> str:
@@ -69,7 +89,7 @@ SPEC_SCHEMA: Schema = obj(
             {
                 "type": choice("; ".join(f"{t.name}: {t.summary} ({t.loss_metric.upper()})" for t in models.BUILT_IN)
                                + ".", [t.name for t in models.BUILT_IN]),
-                "rank": integer("Latent factors per user and item (pmf).", 1, 1024, default=20),
+                **model_fields(models.BUILT_IN),
                 "l2": number("Weight decay applied to the parameters a mini-batch touches. Default per model.", 0),
             },
             ["type"],
@@ -92,7 +112,10 @@ SPEC_SCHEMA: Schema = obj(
                 "type": choice("Update rule. adagrad updates per sample inside the mini-batch (LIBMF, Vowpal Wabbit); "
                                "normalized too, with each feature's step scaled by the largest value it has taken "
                                "(Vowpal Wabbit's default; the linear models only); the others take one step per "
-                               "mini-batch.", ["adagrad", "normalized", "sgd", "momentum", "nesterov", "adam"]),
+                               "mini-batch."
+                               + "".join(f" {t.name} trains with {' or '.join(sorted(t.optimizers))} only, whose "
+                                         "learning rate scales its own rule." for t in models.BUILT_IN if t.optimizers),
+                               OPTIMIZER_TYPES),
                 "learningRate": number("Step size. Default: the model's for its default type; for another type, "
                                        f"that type's, with lrDecay none: {models.type_rates()}.", 0, exclusive=True),
                 "momentum": number("Momentum coefficient (momentum, nesterov).", 0, below=1, default=0.9),
@@ -401,6 +424,7 @@ def manifest_schema(strict: bool) -> Schema:
     for path, values in _ADMITTED.items():
         schema_field(path, spec)["enum"] += values
     schema_field("model.type", spec)["enum"] = list(models.MODEL_TYPES)
+    schema_field("model", spec)["properties"] |= model_fields(models.MODEL_TYPES.values())
     if strict:
         _forbid_unknown(spec)
     return {

@@ -71,10 +71,15 @@ class Optimizer:
         """Train ``model``'s replica on one mini-batch in place: (idx, applied delta, loss_sum, n).
 
         Mini-batch rules take the batch's mean gradient and step once; ``adagrad``
-        runs the model's per-sample kernel.  ``delta`` is what the significance
+        runs the model's per-sample kernel; a model with a rule of its own (`Model.own_step`) runs that
+        instead.  ``delta`` is what the significance
         filter accumulates. ``workers`` is how many replicas' updates are summed:
         ``normalized`` shares its steps among them.
         """
+        own = model.own_step(batch, lr, workers)
+        if own is not None:
+            self.t += 1
+            return own
         if self.config.type == "adagrad":
             self.t += 1
             return model.adagrad_step(batch, self._buffers["g2"], lr, self.config.weight_decay)

@@ -17,7 +17,9 @@ from mlless.protocol import keys, layouts
 from mlless.protocol.framing import FrameError, decode
 from mlless.protocol.messages import Tensors, Update
 from mlless.runtime.supervisor.stopping import Best, ValidationWatch
+from mlless.runtime.supervisor.membership import JobFailed
 from mlless.spec import TrainingJob
+from mlless.spec.models import model_type
 from mlless.training.models import build_model
 from mlless.transport import Transport
 
@@ -67,7 +69,9 @@ class Evaluation:
         self.watch = watch
         self.on_validation = on_validation
         self.count_rejected = count_rejected
-        self.model = build_model(job.model.type, dataset.dims(), job.model, job.seed)
+        for error in model_type(job.model.type).dataset_errors(dataclasses.asdict(job.model), dataset)[:1]:
+            raise JobFailed(error)  # before any worker starts
+        self.model = build_model(job.model.type, dataset.dims(), job.model, job.seed, dataset)
         self.validation_batch = dataset.validation()
         self.evaluation_batch = self.validation_batch.head(EVALUATION_ROWS)
         self.validation: tuple[int, float] | None = None  # (step, loss) of the newest evaluation

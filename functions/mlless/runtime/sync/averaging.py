@@ -65,6 +65,7 @@ class Averaging(SyncStrategy):
 
     name = "averaging"
     worker_half = AveragingHalf
+    sums_updates = False
 
     @property
     def threshold(self) -> float:

@@ -120,6 +120,10 @@ class SyncStrategy(ABC):
     #: Whether replicas keep entries unsent for many rounds (blocked's home rows): an evaluation's snapshot is then
     #: the donor's replica plus every peer's pending entries, not the donor's replica alone.
     keeps_home: ClassVar[bool] = False
+    #: Whether each worker's published update is added in full to every replica (bsp, isp, ssp), so that P workers'
+    #: steps move the shared state P-fold, or averaged (`averaging.py` and its rounds): `Replica.workers`, which the
+    #: models' steps that share a move among summed replicas read (normalized updates, k-means's rates), is then 1.
+    sums_updates: ClassVar[bool] = True
 
     @property
     @abstractmethod

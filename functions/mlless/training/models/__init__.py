@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from mlless.plugins import load_plugins
 from mlless.spec.config import ModelConfig
-from mlless.training.models.base import REGISTRY, Model, ModelFileError, read_model_file
+from mlless.training.models.base import REGISTRY, Model, ModelFileError, TrainingData, read_model_file
 
 __all__ = ["Model", "ModelFileError", "build_model", "load_model", "model_class"]
 
@@ -30,11 +30,16 @@ def model_class(kind: str) -> type[Model]:
         raise ValueError(f"unknown model kind {kind!r}; expected one of {tuple(REGISTRY)}") from None
 
 
-def build_model(kind: str, dims: Mapping[str, Any], config: ModelConfig | None = None, seed: int = 0) -> Model:
-    """Create a model of type ``kind`` for a dataset of dimensions ``dims`` (`Dataset.dims()`)."""
+def build_model(kind: str, dims: Mapping[str, Any], config: ModelConfig | None = None, seed: int = 0,
+                data: TrainingData | None = None) -> Model:
+    """Create a model of type ``kind`` for a dataset of dimensions ``dims`` (`Dataset.dims()`); with its training
+    ``data``, the replica a job starts from (`Model.initialise`)."""
     if config is not None and config.type != kind:
         raise ValueError(f"config is for {config.type!r}, model kind is {kind!r}")
-    return model_class(kind).from_dims(dims, config, seed)
+    model = model_class(kind).from_dims(dims, config, seed)
+    if data is not None:
+        model.initialise(data, seed)
+    return model
 
 
 def load_model(path: str | os.PathLike[str]) -> Model:
@@ -43,10 +48,13 @@ def load_model(path: str | os.PathLike[str]) -> Model:
     name = os.fspath(path)
     params, meta = read_model_file(name)
     try:
-        config = ModelConfig(meta["kind"], rank=int(meta.get("rank", ModelConfig.rank)), l2=meta.get("l2"))
-        # Every user, item, feature and factor has a parameter of its own: dimensions beyond the file's parameter
-        # count are refused before the model they describe is allocated (a few bytes could ask for terabytes).
-        sizes = {"rank": config.rank} | {k: v for k, v in dict(meta["dims"]).items() if isinstance(v, int)}
+        config = ModelConfig(meta["kind"], rank=int(meta.get("rank", ModelConfig.rank)), l2=meta.get("l2"),
+                             clusters=int(meta.get("clusters", ModelConfig.clusters)))
+        # Every user, item, feature, factor and centroid has a parameter of its own: dimensions beyond the file's
+        # parameter count are refused before the model they describe is allocated (a few bytes could ask for
+        # terabytes).
+        sizes = {"rank": config.rank, "clusters": config.clusters} | {
+            k: v for k, v in dict(meta["dims"]).items() if isinstance(v, int)}
         for key, value in sizes.items():
             if value > params.shape[0]:
                 raise ValueError(f"{key} {value} is more than the file's {params.shape[0]} parameters")

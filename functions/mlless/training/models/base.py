@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Mapping, TypeVar
+from typing import Any, ClassVar, Mapping, Protocol, TypeVar
 
 import numpy as np
 from scipy.stats import rankdata
@@ -27,6 +27,15 @@ FORMAT_VERSION = 1
 #: imported; `mlless.training.models` imports every module of its package, so a new model is one module (and its
 #: kernel) plus its `ModelType` (mlless.spec.models), which the schema, the CRD and the defaults read.
 REGISTRY: dict[str, type[Model]] = {}
+
+
+class TrainingData(Protocol):
+    """What a model may read of its training set to start from (`Model.initialise`): `mlless.data.dataset.Dataset`."""
+
+    @property
+    def n_batches(self) -> int: ...
+
+    def batch(self, i: int) -> Batch: ...
 
 
 class ModelFileError(ValueError):
@@ -69,6 +78,10 @@ class Model(ABC):
     @property
     def size(self) -> int:
         return int(self.params.shape[0])
+
+    def initialise(self, data: TrainingData, seed: int) -> None:
+        """Start from the training data rather than from `from_dims`'s parameters alone (k-means's seeds): the same
+        on every worker and the supervisor for one `seed`. Nothing by default."""
 
     @property
     def weight_decay(self) -> float:
@@ -124,6 +137,12 @@ class Model(ABC):
         raise ValueError(f"{self.kind} has no normalized updates: set spec.optimizer.type to sgd, momentum, "
                          "nesterov or adam")
 
+    def own_step(self, batch: Batch, lr: float, workers: int) -> tuple[np.ndarray, np.ndarray, float, int] | None:
+        """The model's own update rule over ``batch``, in place, for a model that trains by no optimizer's rule
+        (k-means's per-centroid rates, Sculley 2010; its `ModelType.optimizers` admits the type whose ``lr`` scales
+        it): as `adagrad_step`, with the steps of ``workers`` replicas summed. None (the default): the optimizer's."""
+        return None
+
     @abstractmethod
     def evaluate(self, batch: Batch) -> tuple[float, int]:
         """(loss_sum, n) on held-out data, without updating anything."""
@@ -151,14 +170,14 @@ class Model(ABC):
 
     def metadata(self) -> dict[str, Any]:
         cfg = self.config()
-        return {"kind": self.kind, "dims": self.dims(), "rank": cfg.rank, "l2": cfg.l2,
+        return {"kind": self.kind, "dims": self.dims(), "rank": cfg.rank, "l2": cfg.l2, "clusters": cfg.clusters,
                 "version": FORMAT_VERSION}
 
     def save(self, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None) -> None:
         """Write params + JSON metadata to ``path`` (.npz, loadable without pickle).
 
         ``metadata`` adds caller fields (job id, step, ...); the model's own
-        fields (kind, dims, rank, l2, version) always win.
+        fields (kind, dims, rank, l2, clusters, version) always win.
         """
         meta = {**(metadata or {}), **self.metadata()}
         with open(path, "wb") as fh:  # a file object stops np.savez from appending ".npz"
