@@ -90,9 +90,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if dataset.kind != model.dataset_kind:
         raise UsageError(f"{args.job}: spec.model.type {model.name} trains on a {model.dataset_kind} dataset, "
                          f"and {job.dataset_uri} holds {dataset.kind} (see `mlless prepare --help`)")
-    if dataset.labels not in model.labels:
+    if not dataset.fits(model.labels):
         raise UsageError(f"{args.job}: spec.model.type {model.name} fits {' or '.join(sorted(model.labels))} labels, "
-                         f"and {job.dataset_uri} holds {dataset.labels} ones (mlless prepare --labels)")
+                         f"and {job.dataset_uri} holds {dataset.label_set()} (mlless prepare --labels)")
     redis_url, amqp_url = _services(args)
     if args.resume and not args.out:
         raise UsageError("--resume continues the job of a run directory: give it with --out RUNDIR")
