@@ -9,7 +9,8 @@ PMF (validation RMSE; rank 20 everywhere)
     (its setup included). Predictions are computed from its P and Q: the binding's `predict` returns garbage.
   * scikit-surprise `SVD` (its defaults: lr 0.005, reg 0.02, init std 0.1) for 1, 2, 5, 10, 20 epochs.
   * PyTorch: biased MF with sparse embeddings and `SparseAdam` (lr 0.01, batch 1024), as its docs show
-    sparse embeddings trained; torch threads = the machine's cores; one evaluation per epoch.
+    sparse embeddings trained; torch threads = the machine's cores; one evaluation per epoch. An optional peer:
+    without torch its row says "not installed".
   * mlless: `mlless train` with only `model.type` (plus the P, transport and protocol under test): the model's
     default protocol at P = 1, 2 and 3, and at P = 2 each other protocol the model pairs with (the evidence for the
     default), on the embedded transport and (without --quick) over Redis + RabbitMQ. Its time is read from
@@ -21,6 +22,12 @@ LR (validation BCE)
   * scikit-learn: `SGDClassifier(loss="log_loss")` `partial_fit` on the same CSR batches (epochs 1..5), and
     `LogisticRegression` (lbfgs, C=1) on the whole CSR matrix.
   * mlless as for PMF.
+
+The models of issue #23 (`--datasets models`, or any of svm, softmax, linear-regression, dense-lr; 200k rows each):
+  * the peers of `benchmarks/model_peers.py` at their documented good settings (scikit-learn and Vowpal Wabbit);
+  * mlless with only `model.type` at each `--model-workers` P, trained from scratch for each `--model-epochs` limit
+    until its validation accuracy (RMSE) is within 0.01 (2 %) of the best peer's, the issue's bar. Its seconds
+    are the whole `mlless train` process's (start-up included): per-evaluation accuracy is not in metrics.jsonl.
 
 Targets (the anchor's converged quality plus a margin): LIBMF's 10-iteration RMSE (2 threads) + 0.01 on the
 synthetic ratings; Surprise's 20-epoch RMSE on the MovieLens sample; VW's one-pass BCE + 0.005 on the clicks.
@@ -46,6 +53,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
+from model_peers import CASES, time_to_peer_quality  # noqa: E402
 
 from mlless.data.batches import RatingsBatch, SparseBatch  # noqa: E402
 from mlless.data.dataset import Dataset  # noqa: E402
@@ -108,8 +116,12 @@ QUICK = {
     "lr200k": DataSet("lr200k", "synthetic Criteo-layout clicks, 200k rows", ("--synthetic", "lr", "--rows", "200000")),
 }
 
+#: The models of issue #23, each on its `model_peers.CASES` synthetic set.
+MODEL_SETS = {case: DataSet(case, f"{case} on synthetic {synthetic}, 200k rows", ("--synthetic", synthetic, "--rows", "200000"))
+              for case, (_, synthetic, _) in CASES.items()}
+
 #: Every data set, quick or not, by key.
-ALL_SETS = {**DATASETS, **QUICK}
+ALL_SETS = {**DATASETS, **QUICK, **MODEL_SETS}
 
 
 def prepared(data_dir: Path, key: str) -> Path:
@@ -184,7 +196,11 @@ def run_surprise(ds: Dataset, epochs: list[int]) -> Curve:
 
 
 def run_torch(ds: Dataset, epochs: int, max_seconds: float) -> Curve:
-    import torch
+    try:
+        import torch
+    except ImportError:  # an optional peer: the other rows do not need it
+        print("    PyTorch is not installed: its row is left empty", flush=True)
+        return Curve("PyTorch SparseAdam", note="not installed")
 
     torch.set_num_threads(CORES)
     torch.manual_seed(0)
@@ -399,7 +415,12 @@ def pmf_comparison(key: str, ds: Dataset, data: Path, base: Path, args: argparse
     curves.append(run_torch(ds, args.torch_epochs, args.torch_seconds))
     for run in mlless_runs("pmf", args.quick):
         curves.append(run_mlless(ds, data, "pmf", run, target, args.max_seconds, base))
-    return section(DATASETS.get(key, QUICK.get(key)).title, anchor.system, target, curves)
+    return section(ALL_SETS[key].title, anchor.system, target, curves)
+
+
+def models_comparison(key: str, ds: Dataset, data: Path, base: Path, args: argparse.Namespace) -> str:
+    print(f"== {key}", flush=True)
+    return time_to_peer_quality(key, ds, data, base / key, args.model_workers, args.model_epochs)
 
 
 def lr_comparison(key: str, ds: Dataset, data: Path, base: Path, args: argparse.Namespace) -> str:
@@ -408,13 +429,14 @@ def lr_comparison(key: str, ds: Dataset, data: Path, base: Path, args: argparse.
     curves = [vw, run_sgd_classifier(ds, 5), run_logistic_regression(ds, args.lbfgs_iter)]
     for run in mlless_runs("logistic-regression", args.quick):
         curves.append(run_mlless(ds, data, "logistic-regression", run, target, args.max_seconds, base))
-    return section(DATASETS.get(key, QUICK.get(key)).title, vw.system, target, curves)
+    return section(ALL_SETS[key].title, vw.system, target, curves)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR, help="prepared datasets and runs (default %(default)s)")
-    p.add_argument("--datasets", default=",".join(DATASETS), help="comma list of %(default)s")
+    p.add_argument("--datasets", default=",".join(DATASETS),
+                   help=f"comma list of %(default)s, {', '.join(MODEL_SETS)}, or 'models' for the last four")
     p.add_argument("--quick", action="store_true",
                    help="small data (MovieLens, 1M skewed ratings, 200k clicks) and mlless on the embedded transport only; ~3 min")
     p.add_argument("--max-seconds", type=float, default=120, help="cap on each mlless run (default 120)")
@@ -422,9 +444,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--torch-epochs", type=int, default=10, help="PyTorch epochs at most (default 10)")
     p.add_argument("--torch-seconds", type=float, default=120, help="PyTorch stops after the epoch that passes this (default 120)")
     p.add_argument("--lbfgs-iter", type=int, default=100, help="LogisticRegression max_iter (default 100, sklearn's)")
+    p.add_argument("--model-workers", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2],
+                   help="the models' sets: mlless's P values, a comma list (default 1,2)")
+    p.add_argument("--model-epochs", type=lambda v: [float(x) for x in v.split(",")], default=[1, 2, 3, 5],
+                   help="the models' sets: mlless's epoch limits, tried in turn until one reaches the peer's quality "
+                        "(default 1,2,3,5)")
     p.add_argument("--write-results", action="store_true", help="refresh this script's section of RESULTS.md")
     args = p.parse_args(argv)
-    sets = QUICK if args.quick else {k: DATASETS[k] for k in args.datasets.split(",")}
+    keys = [k for name in args.datasets.split(",") for k in (MODEL_SETS if name == "models" else [name])]
+    sets = QUICK if args.quick else {k: ALL_SETS[k] for k in keys}
     info = _common.machine_info()
     print(_common.machine_line(info), flush=True)
     base = args.data_dir / "time-to-quality"
@@ -433,7 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, spec in sets.items():
         data = prepared(args.data_dir, key)
         ds = Dataset.open(str(data))
-        compare: Callable[..., str] = pmf_comparison if ds.kind == "ratings" else lr_comparison
+        compare: Callable[..., str] = (models_comparison if key in MODEL_SETS else
+                                       pmf_comparison if ds.kind == "ratings" else lr_comparison)
         part = compare(key, ds, data, base, args)
         print(part, flush=True)
         parts.append(part)
@@ -450,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         *parts,
     ])
     if args.write_results:
-        _common.update_results("time_to_quality", body)
+        # The models' sets alone are a section of their own, and leave the other sets' figures as they are.
+        _common.update_results("time_to_quality" if set(sets) - set(MODEL_SETS) else "time_to_quality_models", body)
     return 0
 
 

@@ -87,9 +87,11 @@ def classes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("services", ["embedded", "redis+rabbitmq"])
 def test_softmax_at_its_defaults_tells_the_classes_apart(classes_dir, tmp_path, redis_url, amqp_url, services):
     dataset = Dataset.open(str(classes_dir))
-    assert dataset.labels == "classes" and dataset.dims()["classes"] == [1.0, 2.0, 5.0, 7.0]
+    # The labels 1, 2, 5 and 7 are classes 0-3, and the manifest says which is which.
+    assert dataset.labels == "classes" and dataset.dims()["classes"] == [0, 1, 2, 3]
+    assert dataset.manifest.feature_stats["label_values"] == [1, 2, 5, 7]
     validation = dataset.validation()
-    shares = np.array([np.mean(validation.labels == c) for c in (1, 2, 5, 7)])
+    shares = np.array([np.mean(validation.labels == c) for c in range(4)])
     svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
     job = job_for(classes_dir, workers=2, model={"type": "softmax"}, stop={"maxEpochs": 6})
     summary = train_local(job, tmp_path, svc, QUIET)
@@ -111,7 +113,7 @@ def test_a_classifier_is_refused_real_labels_in_one_line(regression_dir, tmp_pat
     assert main(["train", str(manifest), "--out", str(tmp_path / "run")]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"mlless: error: {manifest}: spec.model.type svm fits binary labels, and {regression_dir} holds "
-                   "real ones (mlless prepare --labels)"], err
+                   "real labels (mlless prepare --labels)"], err
 
 
 def test_softmax_is_refused_real_labels_and_too_many_classes_are_refused_by_prepare(regression_dir, tmp_path,
@@ -130,7 +132,7 @@ def test_softmax_is_refused_real_labels_and_too_many_classes_are_refused_by_prep
 def test_binary_libsvm_labels_are_still_checked(tmp_path, capsys):
     (tmp_path / "bad.svm").write_text("1 1:0.5\n2.5 2:1\n0 3:1\n")
     main(["prepare", "--format", "libsvm", str(tmp_path / "bad.svm"), "--out", str(tmp_path / "data"), "--quiet"])
-    assert "label must be -1, 0 or +1 (--labels real or classes reads any number)" in capsys.readouterr().err
+    assert "label must be -1, 0 or +1 (--labels real reads any number, --labels classes any K values)" in capsys.readouterr().err
 
 
 def test_the_classifiers_figures_are_in_the_summary_and_from_mlless_evaluate(synthetic_lr_dir, tmp_path, capsys):

@@ -487,7 +487,8 @@ def test_a_validation_file_is_the_validation_split_and_the_input_trains_whole(tm
     assert main(["prepare", "--format", "libsvm", str(tmp_path / "train.svm"), "--validation",
                  str(tmp_path / "wide.svm"), "--out", str(tmp_path / "bad"), "--quiet"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "wide.svm: feature index 8 is beyond the training file's largest, 2" in err[0], err
+    # named with its line, the indices as the file writes them (from 1)
+    assert len(err) == 1 and "wide.svm:1: a feature index beyond the training file's largest, 3: '9'" in err[0], err
     assert not (tmp_path / "bad" / "manifest.json").exists()
     assert main(["prepare", "--synthetic", "lr", "--validation", str(tmp_path / "valid.svm"),
                  "--out", str(tmp_path / "x"), "--quiet"]) != 0

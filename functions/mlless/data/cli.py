@@ -105,7 +105,9 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument("--delimiter", default=",", help="csv: the field separator (default ',')")
     f.add_argument("--labels", choices=LABEL_KINDS, default=LABEL_KINDS[0],
                    help="libsvm and csv labels: binary (-1/0 and +1/1, for logistic-regression and svm), real (any number, "
-                        f"for linear-regression) or classes (up to {MAX_CLASSES} distinct values, for softmax); "
+                        f"for linear-regression) or classes (up to {MAX_CLASSES} distinct integers or words, numbered 0..K-1 "
+                        "in sorted order, the manifest's feature_stats.label_values; for softmax, and with two for "
+                        "svm and logistic-regression); "
                         "default binary")
 
     s = p.add_argument_group("synthetic data")

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import csv
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
 
 from mlless.data.chunks import SparseChunk
-from mlless.data.formats import label_of
+from mlless.data.classes import ClassLabels
+from mlless.data.formats import class_labels, label_of
 from mlless.data.hashing import bucket, hash_strings
 from mlless.data.text import ErrorLog, floats_of, read_blocks
 
@@ -41,6 +42,11 @@ class CsvOptions:
     hash_bits: int = 18
     labels: str = "binary"  # mlless.data.manifest.LABEL_KINDS
     delimiter: str = ","
+    #: With labels "classes": their numbering (`mlless.data.classes`), shared with the validation file's options.
+    classes: ClassLabels | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "classes", class_labels(self.labels, self.classes))
 
 
 @dataclass(frozen=True)
@@ -155,7 +161,7 @@ def read_csv(path: str, errors: ErrorLog, options: CsvOptions, layout: CsvLayout
                 errors.bad(path, number, f"expected {width} fields as the header has, found {len(fields)}",
                            _text(fields, options))
                 continue
-            y, why = label_of(fields[layout.label], options.labels)
+            y, why = label_of(fields[layout.label], options.labels, options.classes, f"{path}:{number}")
             if why:
                 errors.bad(path, number, f"column {layout.columns[layout.label]}: {why}", _text(fields, options))
                 continue

@@ -81,6 +81,21 @@ class Dataset:
         """What a sparse data set's labels are, one of `LABEL_KINDS` (`mlless prepare --labels`; binary before it)."""
         return str(self.manifest.source.get("labels", LABEL_KINDS[0]))
 
+    def fits(self, kinds: frozenset[str]) -> bool:
+        """Whether a model that fits labels of `kinds` (`ModelType.labels`) can train on these: a set of two classes
+        (numbered 0 and 1, `mlless.data.classes`) is binary too."""
+        classes = self.manifest.feature_stats.get("label_classes")
+        return self.labels in kinds or ("binary" in kinds and self.labels == "classes" and classes == [0, 1])
+
+    def label_set(self) -> str:
+        """What the labels are, as a refusal names them: "real labels", "binary labels" or "3 classes (cat, dog,
+        fish)"."""
+        values = self.manifest.feature_stats.get("label_values") or self.manifest.feature_stats.get("label_classes")
+        if self.labels != "classes" or not isinstance(values, list):
+            return f"{self.labels} labels"
+        shown = ", ".join(map(str, values[:5])) + (", …" if len(values) > 5 else "")
+        return f"{len(values)} classes ({shown})"
+
     def dims(self) -> dict[str, int | float]:
         """Model dimensions: n_users, n_items, mean_rating and the rating range (ratings), or n_features, the
         training labels' mean (data sets prepared before it was recorded have none) and the classes, the sorted

@@ -21,12 +21,13 @@ import math
 
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
 from mlless.data.chunks import RatingsChunk, SparseChunk
+from mlless.data.classes import ClassLabels
 from mlless.data.hashing import bucket, hash_strings, hash_words
 from mlless.data.text import (
     Block,
@@ -240,18 +241,31 @@ def _hexadecimal(words: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class LibsvmOptions:
     """How to read feature indices: `base` 1 (svmlight default) or 0; keep or hash them. How to read labels
-    (`mlless.data.manifest.LABEL_KINDS`): "binary" (-1/0 -> 0, +1/1 -> 1), or "real" and "classes" (any finite
-    number, as it is: prepare records the distinct values of "classes")."""
+    (`mlless.data.manifest.LABEL_KINDS`): "binary" (-1/0 -> 0, +1/1 -> 1), "real" (any finite number, as it is)
+    or "classes" (any K distinct values, numbered by `classes`, which a validation file's options share)."""
 
     base: int = 1
     indices: str = "keep"  # "keep" | "hash"
     hash_bits: int = 18
     labels: str = "binary"
+    classes: ClassLabels | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "classes", class_labels(self.labels, self.classes))
 
 
-def label_of(text: bytes | str, kind: str) -> tuple[float, str]:
+def class_labels(kind: str, given: ClassLabels | None) -> ClassLabels | None:
+    """The class numbering of options whose labels are of `kind`: `given` (a training file's, for its validation
+    file) or a new one for "classes"; None for other kinds."""
+    return (given or ClassLabels()) if kind == "classes" else None
+
+
+def label_of(text: bytes | str, kind: str, classes: ClassLabels | None, where: str) -> tuple[float, str]:
     """A row's label read as `kind` (`LibsvmOptions.labels`), and why it is refused ("" if it is not): "binary"
-    takes -1/0 as 0 and +1/1 as 1; "real" and "classes" take any finite number as it is."""
+    takes -1/0 as 0 and +1/1 as 1; "real" any finite number as it is; "classes" the number `classes` gives the
+    value (`mlless.data.classes`; `where`, "file:line", names a line with one class too many)."""
+    if classes is not None:
+        return classes.id_of(text, where)
     try:
         y = float(text)
     except ValueError:
@@ -259,7 +273,7 @@ def label_of(text: bytes | str, kind: str) -> tuple[float, str]:
     if kind != "binary":
         return (y, "") if math.isfinite(y) else (0.0, "label is not a finite number")
     if y not in (-1.0, 0.0, 1.0):
-        return 0.0, "label must be -1, 0 or +1 (--labels real or classes reads any number)"
+        return 0.0, "label must be -1, 0 or +1 (--labels real reads any number, --labels classes any K values)"
     return float(y > 0), ""
 
 
@@ -283,7 +297,7 @@ def read_libsvm(path: str, errors: ErrorLog, options: LibsvmOptions) -> Iterator
             if not line:
                 continue
             parts = line.split()
-            y, why = label_of(parts[0], options.labels)
+            y, why = label_of(parts[0], options.labels, options.classes, f"{path}:{line_no}")
             if why:
                 errors.bad(path, line_no, why, raw)
                 continue

@@ -42,7 +42,6 @@ from mlless.data.manifest import (
     FORMAT_VERSION,
     IDS_NAME,
     MANIFEST_NAME,
-    MAX_CLASSES,
     VALIDATION_NAME,
     Manifest,
     batch_name,
@@ -107,9 +106,8 @@ class _Stats:
     rating_min: float = float("inf")
     rating_max: float = float("-inf")
     nnz: int = 0
-    positives: float = 0.0
-    #: The distinct labels of every row, with --labels classes (None otherwise).
-    classes: np.ndarray | None = None
+    #: The training labels' sum, as the batches hold them (class labels by their class).
+    label_sum: float = 0.0
     max_index: int = -1
     int_min: np.ndarray = field(default_factory=lambda: np.full(CRITEO_INT_COLUMNS, np.inf))
     int_max: np.ndarray = field(default_factory=lambda: np.full(CRITEO_INT_COLUMNS, -np.inf))
@@ -129,7 +127,7 @@ def prepare(source: Source, out: str, options: PrepareOptions, log: Callable[[st
     output.clear_stale()
     n_buckets = choose_buckets(source.estimated_bytes, options.bucket_bytes)
     progress = Progress("prepare", options.progress)
-    stats = _Stats(classes=np.empty(0, np.float32) if source.description.get("labels") == "classes" else None)
+    stats = _Stats()
     with tempfile.TemporaryDirectory(prefix="mlless-prepare-", dir=options.tmp_dir) as tmp:
         train = SpillBuckets(Path(tmp), "train", source.kind, n_buckets, flush_bytes=options.bucket_bytes)
         val = SpillBuckets(Path(tmp), "validation", source.kind, 1, flush_bytes=options.bucket_bytes)
@@ -137,13 +135,14 @@ def prepare(source: Source, out: str, options: PrepareOptions, log: Callable[[st
         for chunk in source.chunks(errors):
             _pass1_chunk(chunk, source, options, stats, train, val, n_buckets, split)
             progress.update(stats.rows_seen, "read")
+        if source.classes is not None:  # a class seen first in a validation file is none the model learns
+            source.classes.freeze()
         if validation is not None:
             trained = stats.max_index
             for chunk in validation.chunks(errors):
-                if source.n_features is None and isinstance(chunk, SparseChunk) and len(chunk.indices) \
-                        and int(chunk.indices.max()) > trained:
-                    raise PrepareError(f"{_describe(validation)}: feature index {int(chunk.indices.max())} is beyond "
-                                       f"the training file's largest, {trained}")
+                if source.n_features is None and isinstance(chunk, SparseChunk):
+                    chunk = _within_features(chunk, trained, _describe(validation),
+                                             int(validation.description.get("index_base", 0)), errors)
                 _pass1_chunk(chunk, source, options, stats, train, val, n_buckets, True)
                 progress.update(stats.rows_seen, "read")
         read_seconds = progress.elapsed()
@@ -163,6 +162,22 @@ def prepare(source: Source, out: str, options: PrepareOptions, log: Callable[[st
         log(f"skipped {example}")
     log(summary)
     return manifest
+
+
+def _within_features(chunk: SparseChunk, largest: int, path: str, base: int, errors: ErrorLog) -> SparseChunk:
+    """`chunk` without its rows with a feature index beyond `largest`, the training file's, each a bad line (the
+    model has no weight for it) showing the index as the file writes it (from `base`)."""
+    beyond = chunk.indices > largest
+    if not beyond.any():
+        return chunk
+    rows = np.searchsorted(chunk.indptr, np.flatnonzero(beyond), side="right") - 1
+    bad = np.zeros(len(chunk), bool)
+    bad[rows] = True
+    for r in np.flatnonzero(bad):
+        at = slice(chunk.indptr[r], chunk.indptr[r + 1])
+        errors.bad(path, int(chunk.keys[r]), f"a feature index beyond the training file's largest, {largest + base}",
+                   f"{int(chunk.indices[at].max()) + base}")
+    return chunk.take(~bad)
 
 
 def _describe(source: Source) -> str:
@@ -194,11 +209,6 @@ def _pass1_chunk(
             stats.max_index = max(stats.max_index, int(chunk.indices.max()))
         if source.n_features is not None and stats.max_index >= source.n_features:
             raise PrepareError(f"internal error: feature index {stats.max_index} >= n_features {source.n_features}")
-        if stats.classes is not None:  # both splits: a class seen only in validation is still a class
-            stats.classes = np.union1d(stats.classes, np.unique(chunk.labels))
-            if len(stats.classes) > MAX_CLASSES:
-                raise PrepareError(f"{_describe(source)}: --labels classes: more than {MAX_CLASSES} distinct labels "
-                                   "(--labels real reads them as values to regress on)")
     if to_validation is None:
         is_val = unit_interval(chunk.keys, options.seed ^ _SPLIT_SALT) < options.validation_fraction
     else:
@@ -224,7 +234,6 @@ def _pass1_chunk(
         stats.rating_max = max(stats.rating_max, float(t.ratings.max()))
     else:
         stats.nnz += len(t.indices)
-        stats.positives += float(t.labels.sum())
         if source.integer_columns and options.integer_transform == "minmax":
             for j in range(source.integer_columns):
                 vals = t.values[t.indices == j]
@@ -266,6 +275,8 @@ def _pass2(
     """Write the batches, then the validation split, the ids and the user shards (`shards`, ratings only), and
     the manifest last."""
     B = options.batch_size
+    # Class labels: the chunks hold each class's first-seen number, the batches its place among the sorted labels.
+    classes = None if source.classes is None else source.classes.final()[1]
     n_batches = 0
     written = 0
     for batch in shuffled_batches(train, B, options.seed):
@@ -280,7 +291,9 @@ def _pass2(
             arrays = dense.arrays()
         else:
             values = _transform(batch.values, batch.indices, source.integer_columns, options, stats)
-            arrays = SparseBatch(batch.indptr, batch.indices.astype(np.int32), values.astype(np.float32), batch.labels).arrays()
+            labels = _labels(batch.labels, classes)
+            stats.label_sum += float(labels.astype(np.float64).sum())
+            arrays = SparseBatch(batch.indptr, batch.indices.astype(np.int32), values.astype(np.float32), labels).arrays()
         output.put(batch_name(n_batches), npz_bytes(arrays))
         n_batches += 1
         written += len(batch)
@@ -309,7 +322,8 @@ def _pass2(
         else:
             assert isinstance(vchunk, SparseChunk)
             values = _transform(vchunk.values, vchunk.indices, source.integer_columns, options, stats)
-            v_arrays = SparseBatch(vchunk.indptr, vchunk.indices.astype(np.int32), values.astype(np.float32), vchunk.labels).arrays()
+            v_arrays = SparseBatch(vchunk.indptr, vchunk.indices.astype(np.int32), values.astype(np.float32),
+                                   _labels(vchunk.labels, classes)).arrays()
             stats.max_index = max(stats.max_index, int(vchunk.indices.max(initial=-1)))
         n_val = len(v_arrays["labels"])
     output.put(VALIDATION_NAME, npz_bytes(v_arrays))
@@ -319,6 +333,11 @@ def _pass2(
     manifest = _manifest(source, options, stats, n_batches, train.rows, n_val, dropped, errors, output.checksums)
     output.put(MANIFEST_NAME, manifest.to_json().encode(), checksum=False)
     return manifest
+
+
+def _labels(labels: np.ndarray, classes: np.ndarray | None) -> np.ndarray:
+    """Labels as a batch holds them: class labels (first-seen numbers) as their class, others as they are."""
+    return labels if classes is None else classes[labels.astype(np.int64)]
 
 
 def _manifest(
@@ -347,10 +366,12 @@ def _manifest(
                 transform["max"] = [float(x) if np.isfinite(x) else None for x in stats.int_max]
         else:
             transform["kind"] = "none"
+        # Class labels: the batches hold classes 0 … K − 1 (label_classes), which are the file's label_values.
+        values = None if source.classes is None else source.classes.final()[0]
         feature_stats = {
             "nnz_per_row_mean": stats.nnz / n_train,
-            "label_mean": stats.positives / n_train,  # binary labels: the rate of positives
-            **({"label_classes": stats.classes.tolist()} if stats.classes is not None else {}),
+            "label_mean": stats.label_sum / n_train,  # binary labels: the rate of positives
+            **({"label_classes": list(range(len(values))), "label_values": values} if values is not None else {}),
             "integer_transform": transform,
         }
     return Manifest(

@@ -6,14 +6,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from mlless.data.chunks import RatingsChunk, SparseChunk
+from mlless.data.classes import ClassLabels
 from mlless.data.csvfile import CsvLayout, CsvOptions, read_csv
 from mlless.data.formats import (
     CRITEO_INT_COLUMNS, LibsvmOptions, read_criteo, read_libsvm, read_movielens, within_rating_range,
 )
 from mlless.data.sample import SAMPLES
 from mlless.data.synthetic import (
-    HIGGS_FEATURES, BlobsParams, HiggsParams, LrParams, PmfParams, generate_blobs, generate_higgs, generate_lr,
-    generate_pmf,
+    CLICK_TASKS, HIGGS_FEATURES, BlobsParams, HiggsParams, LrParams, PmfParams, generate_blobs, generate_higgs,
+    generate_lr, generate_pmf,
 )
 from mlless.data.text import ErrorLog
 
@@ -33,7 +34,8 @@ class Source:
     integer_columns: int = 0  # leading feature indices that are raw integers to transform
     n_features: int | None = None  # fixed feature space; None = max index + 1 ("keep")
     hash_bits: int | None = None
-
+    #: With class labels: their numbering, which the chunks' labels are (`mlless.data.classes`).
+    classes: ClassLabels | None = None
 
 
 def _file_size(path: str) -> int:
@@ -83,6 +85,7 @@ def libsvm_source(path: str, options: LibsvmOptions) -> Source:
         _file_size(path) * 2,
         n_features=(1 << options.hash_bits) if hashed else None,
         hash_bits=options.hash_bits if hashed else None,
+        classes=options.classes,
     )
 
 
@@ -90,7 +93,7 @@ def csv_source(path: str, options: CsvOptions, layout: CsvLayout) -> Source:
     hashed = bool(layout.categorical)
     return Source("sparse", {"format": "csv", "path": path, "labels": options.labels, **layout.describe()},
                   lambda e: read_csv(path, e, options, layout), _file_size(path) * 2, n_features=layout.n_features,
-                  hash_bits=options.hash_bits if hashed else None)
+                  hash_bits=options.hash_bits if hashed else None, classes=options.classes)
 
 
 def sample_source(name: str) -> Source:
@@ -105,14 +108,23 @@ def synthetic_pmf_source(params: PmfParams, seed: int) -> Source:
 
 
 def synthetic_lr_source(params: LrParams, seed: int) -> Source:
+    classes = ClassLabels() if CLICK_TASKS[params.task] == "classes" else None
+
+    def chunks(e: ErrorLog) -> Iterable[SparseChunk]:
+        for chunk in generate_lr(params, seed):
+            if classes is not None:  # numbered as a file's classes are
+                chunk.labels = classes.number(chunk.labels, f"synthetic {params.task}")
+            yield chunk
+
     return Source(
         "sparse",
         params.describe(),
-        lambda e: generate_lr(params, seed),
+        chunks,
         params.rows * 300,
         integer_columns=CRITEO_INT_COLUMNS,
         n_features=1 << params.hash_bits,
         hash_bits=params.hash_bits,
+        classes=classes,
     )
 
 

@@ -113,9 +113,9 @@ class ModelType:
         if dataset.kind != self.dataset_kind:
             return [f"spec.model.type {self.name} trains on a {self.dataset_kind} dataset, and {dataset.uri} holds "
                     f"{dataset.kind} (see `mlless prepare --help`)"]
-        errors = [] if dataset.labels in self.labels else [
+        errors = [] if dataset.fits(self.labels) else [
             f"spec.model.type {self.name} fits {' or '.join(sorted(self.labels))} labels, and {dataset.uri} holds "
-            f"{dataset.labels} ones (mlless prepare --labels)"]
+            f"{dataset.label_set()} (mlless prepare --labels)"]
         rows = dataset.manifest.n_train
         return errors + [f"spec.model.{name}: {values[name]} is more than the {rows} training rows of {dataset.uri}"
                          for name in self.per_row if values[name] > rows]

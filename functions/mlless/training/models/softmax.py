@@ -1,7 +1,8 @@
 """Multinomial logistic regression (softmax) over hashed features: Cirrus's softmax model.
 
-The classes are the data set's distinct labels (`mlless prepare --labels classes`, the manifest's
-`feature_stats.label_classes`, sorted): a row's label is its class's value, and class c is the c-th. Replica
+The classes are the data set's distinct labels (`mlless prepare --labels classes` numbers them 0 … K − 1 and records
+the file's values in `feature_stats.label_values`; the manifest's `feature_stats.label_classes`, sorted): a row's
+label is its class's value, and class c is the c-th. Replica
 layout (kernels/softmax.pyx): feature-major K weights per feature, then the K biases. L2 is decoupled weight decay
 applied by the optimizer, as for the linear models.
 """
