@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Adam against the normalized updates under the sum of P replicas' updates, on clicks as prepared and as given.
 
-Each candidate trains in this process with the code a worker runs (`Optimizer.update` with the job's P, then
-`SignificanceFilter.step` at the ISP threshold): P replicas in lockstep, each with its own optimizer state and
-filter, each step on its own mini-batch (seeded random order), each replica adding what its peers' filters sent.
-So the table isolates the optimizer, P and ISP's staleness, without process or transport costs
-(`scaling.py` measures those). Replica 0 is evaluated 8 times an epoch.
+Each candidate trains in this process with the code a worker runs (`defaults.simulate`: `Optimizer.update` with
+the job's P, then `SignificanceFilter.step` at LR's ISP threshold): P replicas in lockstep, each with its own
+optimizer state and filter, each adding what its peers' filters sent. So the table isolates the optimizer, P and
+ISP's staleness, without process or transport costs (`scaling.py` measures those). Replica 0 is evaluated 8 times
+an epoch.
 
 Two variants of the same 1M synthetic clicks (`time_to_quality.py`'s "lr"): ``log1p`` as `mlless prepare` gives
 them, and ``raw``, whose 13 integer columns carry the values a user has (counts up to 10^4, clock times up to
@@ -17,29 +17,27 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
+import defaults  # noqa: E402
 import time_to_quality as ttq  # noqa: E402
 
 from mlless.data.batches import SparseBatch  # noqa: E402
 from mlless.data.dataset import Dataset  # noqa: E402
 from mlless.data.formats import CRITEO_INT_COLUMNS  # noqa: E402
-from mlless.spec.config import ModelConfig, OptimizerConfig, default_optimizer  # noqa: E402
-from mlless.spec.models import TYPE_LEARNING_RATES  # noqa: E402
-from mlless.training.models import build_model  # noqa: E402
-from mlless.training.optim import Optimizer  # noqa: E402
-from mlless.training.significance import SignificanceFilter  # noqa: E402
+from mlless.spec.config import OptimizerConfig  # noqa: E402
+from mlless.spec.models import TYPE_LEARNING_RATES, model_type  # noqa: E402
 
 KIND = "logistic-regression"
-CANDIDATES = {
-    "adam 0.01, lr/√epoch": OptimizerConfig(type="adam", learning_rate=0.01, lr_decay="sqrt-epoch"),
-    "normalized 0.5": OptimizerConfig(type="normalized", learning_rate=TYPE_LEARNING_RATES["normalized"]),
-}
+CANDIDATES = {c.label: c for c in (
+    defaults.Candidate("adam 0.01, lr/√epoch", OptimizerConfig(type="adam", learning_rate=0.01, lr_decay="sqrt-epoch")),
+    defaults.Candidate("normalized 0.5", OptimizerConfig(type="normalized",
+                                                         learning_rate=TYPE_LEARNING_RATES["normalized"])),
+)}
 
 
 def raw(batch: SparseBatch) -> SparseBatch:
@@ -50,59 +48,6 @@ def raw(batch: SparseBatch) -> SparseBatch:
     return SparseBatch(batch.indptr, batch.indices, values, batch.labels)
 
 
-def vw_pass(batches: list[SparseBatch], val: SparseBatch, out: Path) -> tuple[float, float]:
-    """(validation BCE, seconds) of Vowpal Wabbit's one pass, logistic loss, on these batches."""
-    from vowpalwabbit import pyvw
-
-    out.mkdir(parents=True, exist_ok=True)
-    train, valid = _common.vw_file(batches, out / "train.vw"), _common.vw_file([val], out / "validation.vw")
-    started = time.perf_counter()
-    vw = pyvw.Workspace(f"--data {train} --loss_function logistic --link logistic -b 18 --quiet -f {out / 'vw.model'}")
-    vw.run_parser()
-    vw.finish()
-    seconds = time.perf_counter() - started
-    test = pyvw.Workspace(f"-t -i {out / 'vw.model'} --quiet --link logistic")
-    probs = np.array([test.predict(line) for line in valid.read_text().splitlines()], np.float64)
-    test.finish()
-    return ttq.bce(probs, val.labels), seconds
-
-
-def simulate(ds: Dataset, batches: list[SparseBatch], val: SparseBatch, config: OptimizerConfig, workers: int,
-             v: float, epochs: float, target: float, evals_per_epoch: int = 8) -> tuple[float | None, float, float]:
-    """(epochs to target or None, compute seconds until then, best validation BCE) of P ISP replicas."""
-    models = [build_model(KIND, ds.dims(), ModelConfig(KIND), seed=0) for _ in range(workers)]
-    cfg = config.replace(weight_decay=models[0].weight_decay)
-    optimizers = [Optimizer(m.size, cfg, m.accumulator_size) for m in models]
-    filters = [SignificanceFilter(m.params, v) for m in models]
-    rng = np.random.default_rng(0)
-    per_epoch = -(-len(batches) // workers)
-    every = max(1, per_epoch // evals_per_epoch)
-    order = np.concatenate([rng.permutation(len(batches)) for _ in range(int(np.ceil(epochs)) + 1)])
-    seconds, best = 0.0, np.inf
-    for step in range(int(epochs * per_epoch)):
-        lr = cfg.lr_at(step * workers // len(batches) + 1)
-        started = time.perf_counter()
-        sent = []
-        for model, opt, filt, b in zip(models, optimizers, filters, order[step * workers:(step + 1) * workers]):
-            idx, delta, _, _ = opt.update(model, batches[b], lr, workers)
-            if workers > 1:
-                sent.append(filt.step(idx, delta, step + 1))
-        for p, (model, filt) in enumerate(zip(models, filters)):
-            for q, (idx, delta) in enumerate(sent):
-                if q != p and len(idx):
-                    model.params[idx] += delta
-                    filt.touched(idx, delta)
-        seconds += time.perf_counter() - started
-        if (step + 1) % every == 0:
-            loss = models[0].loss(*models[0].evaluate(val))
-            best = min(best, loss)
-            if loss <= target:
-                return (step + 1) / per_epoch, seconds, best
-            if not np.isfinite(loss) or loss > 10:
-                break
-    return None, seconds, best
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR, help="prepared data (default %(default)s)")
@@ -110,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--candidates", default=",".join(CANDIDATES), help="comma list of %(default)s")
     p.add_argument("--workers", default="1,2,4", help="comma list of P (default %(default)s)")
     p.add_argument("--epochs", type=float, default=3, help="epochs at most per run (default %(default)s)")
-    p.add_argument("--v", type=float, default=0.7, help="ISP's threshold, LR's default (default %(default)s)")
+    p.add_argument("--v", type=float, default=model_type(KIND).significance_threshold,
+                   help="ISP's threshold (default LR's, %(default)s)")
     p.add_argument("--write-results", action="store_true", help="refresh this script's section of RESULTS.md")
     args = p.parse_args(argv)
     info = _common.machine_info()
@@ -124,16 +70,17 @@ def main(argv: list[str] | None = None) -> int:
         val = ds.validation()
         if variant == "raw":
             batches, val = [raw(b) for b in batches], raw(val)
-        vw_bce, vw_seconds = vw_pass(batches, val, data / f"vw-{variant}")
+        vw_bce, vw_seconds = ttq.vw_pass(batches, val, data / f"vw-{variant}")
         target = vw_bce + 0.005
         print(f"{variant}: VW {vw_bce:.4f} in {vw_seconds:.2f} s, target {target:.4f}", flush=True)
         rows.append((variant, f"{target:.4f}", "Vowpal Wabbit, 1 pass", "–", 1, f"{vw_seconds:.2f}", f"{vw_bce:.4f}"))
         for label in args.candidates.split(","):
             for workers in (int(w) for w in args.workers.split(",")):
-                ep, sec, best = simulate(ds, batches, val, CANDIDATES[label], workers, args.v, args.epochs, target)
-                print(f"  {label:<22} P={workers}: epochs {ep}, seconds {sec:.2f}, best {best:.4f}", flush=True)
+                ep, sec, best = defaults.simulate(ds, batches, KIND, CANDIDATES[label], workers, args.epochs, target,
+                                                  evals_per_epoch=8, v=args.v, val=val)
+                print(f"  {label:<22} P={workers}: epochs {ep}, seconds {sec}, best {best:.4f}", flush=True)
                 rows.append((variant, f"{target:.4f}", label, workers, "–" if ep is None else f"{ep:.2f}",
-                             "–" if ep is None else f"{sec:.2f}", f"{best:.4f}"))
+                             "–" if sec is None else f"{sec:.2f}", f"{best:.4f}"))
     body = "\n".join([
         "### Adam against the normalized updates under the sum of updates (`benchmarks/normalized_pace.py`)",
         "",
