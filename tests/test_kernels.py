@@ -290,9 +290,11 @@ def test_softmax_gradient_matches_numpy_reference_and_finite_differences():
         ksm.softmax_gradient(params, indptr, indices, values, np.full(len(classes), K, np.int32), F, K, slots)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("name", ["log", "hinge", "squared"])
-def test_normalized_updates_learn_the_same_whatever_a_features_units(name):
-    """A feature multiplied by 1,000 gets a weight 1,000 times smaller and the same margins, step after step."""
+def test_normalized_updates_learn_the_same_whatever_a_features_units(name, workers):
+    """A feature multiplied by 1,000 gets a weight 1,000 times smaller and the same margins, step after step, alone
+    and as one of the replicas whose updates are summed."""
     loss_fn = {"log": klin.Log, "hinge": klin.Hinge, "squared": klin.Squared}[name]()
     rng = np.random.default_rng(7)
     F = 10
@@ -306,7 +308,7 @@ def test_normalized_updates_learn_the_same_whatever_a_features_units(name):
         norm = np.zeros(2)
         for _ in range(3):
             idx, delta, _ = klin.normalized_step(loss_fn, params, g2, scale, rows, norm, indptr, indices, vals, labels,
-                                                 F, 0.5, 0.0, 1, np.full(F, -1, np.int32))
+                                                 F, 0.5, 0.0, workers, np.full(F, -1, np.int32))
         runs.append((params.copy(), klin.logits(params, indptr, indices, vals, F)))
     (plain, margins), (wide, wide_margins) = runs
     assert np.any(plain != 0) and np.all(np.isfinite(plain))
