@@ -34,7 +34,7 @@ from mlless.spec.models import TYPE_LEARNING_RATES, model_type  # noqa: E402
 
 KIND = "logistic-regression"
 CANDIDATES = {c.label: c for c in (
-    defaults.Candidate("adam 0.01, lr/√epoch", OptimizerConfig(type="adam", learning_rate=0.01, lr_decay="sqrt-epoch")),
+    defaults.Candidate("adam 0.01 lr/√epoch", OptimizerConfig(type="adam", learning_rate=0.01, lr_decay="sqrt-epoch")),
     defaults.Candidate("normalized 0.5", OptimizerConfig(type="normalized",
                                                          learning_rate=TYPE_LEARNING_RATES["normalized"])),
 )}
