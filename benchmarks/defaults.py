@@ -26,11 +26,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 import time_to_quality as ttq  # noqa: E402
 
+from mlless.data.batches import Batch  # noqa: E402
 from mlless.data.dataset import Dataset  # noqa: E402
 from mlless.spec.config import ModelConfig  # noqa: E402
 from mlless.training.models import build_model  # noqa: E402
 from mlless.spec.config import OptimizerConfig, default_optimizer  # noqa: E402
 from mlless.training.optim import Optimizer  # noqa: E402
+from mlless.training.significance import SignificanceFilter  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -61,36 +63,39 @@ LR = [
 
 
 def simulate(ds: Dataset, batches: list, kind: str, cand: Candidate, workers: int, epochs: float, target: float,
-             evals_per_epoch: int = 4) -> tuple[float | None, float | None, float]:
-    """(epochs to target, seconds to target, best loss) for `workers` replicas summing their updates."""
-    model = build_model(kind, ds.dims(), ModelConfig(kind, l2=cand.l2), seed=0)
-    cfg = cand.optimizer.replace(weight_decay=model.weight_decay)
-    optimizers = [Optimizer(model.size, cfg, model.accumulator_size) for _ in range(workers)]
-    val = ds.validation()
+             evals_per_epoch: int = 4, v: float = 0.0, val: Batch | None = None
+             ) -> tuple[float | None, float | None, float]:
+    """(epochs to target, seconds to target, best loss) for `workers` replicas summing their updates.
+
+    Each replica keeps its own optimizer state and an ISP filter at threshold `v` (0: BSP, every update whole),
+    trains on its own mini-batch with the job's P, and adds what its peers' filters sent. Replica 0 is evaluated
+    on `val` (default: the data set's validation split)."""
+    models = [build_model(kind, ds.dims(), ModelConfig(kind, l2=cand.l2), seed=0) for _ in range(workers)]
+    cfg = cand.optimizer.replace(weight_decay=models[0].weight_decay)
+    optimizers = [Optimizer(m.size, cfg, m.accumulator_size) for m in models]
+    filters = [SignificanceFilter(m.params, v) for m in models]
+    val = ds.validation() if val is None else val
     rng = np.random.default_rng(0)
     per_epoch = -(-len(batches) // workers)
     every = max(1, per_epoch // evals_per_epoch)
     order = np.concatenate([rng.permutation(len(batches)) for _ in range(int(np.ceil(epochs)) + 1)])
     seconds, best = 0.0, np.inf
     for step in range(int(epochs * per_epoch)):
-        chosen = order[step * workers:(step + 1) * workers]
         lr = cfg.lr_at(step * workers // len(batches) + 1)
         started = time.perf_counter()
-        if workers == 1:
-            optimizers[0].update(model, batches[chosen[0]], lr)
-        else:
-            start = model.params.copy()
-            updates = []
-            for opt, b in zip(optimizers, chosen):
-                model.params[:] = start
-                idx, delta, _, _ = opt.update(model, batches[b], lr)
-                updates.append((idx, delta))
-            model.params[:] = start
-            for idx, delta in updates:
-                model.params[idx] += delta
+        sent = []
+        for model, opt, filt, b in zip(models, optimizers, filters, order[step * workers:(step + 1) * workers]):
+            idx, delta, _, _ = opt.update(model, batches[b], lr, workers)
+            if workers > 1:
+                sent.append(filt.step(idx, delta, step + 1))
+        for p, (model, filt) in enumerate(zip(models, filters)):
+            for q, (idx, delta) in enumerate(sent):
+                if q != p and len(idx):
+                    model.params[idx] += delta
+                    filt.touched(idx, delta)
         seconds += time.perf_counter() - started
         if (step + 1) % every == 0:
-            loss = model.loss(*model.evaluate(val))
+            loss = models[0].loss(*models[0].evaluate(val))
             best = min(best, loss)
             if loss <= target:
                 return (step + 1) / per_epoch, seconds, best

@@ -258,14 +258,13 @@ def lr_target(ds: Dataset, data_dir: Path, vw: Curve | None = None) -> tuple[Cur
 
 # ---- LR peers --------------------------------------------------------------------------------------------------
 
-def run_vw(ds: Dataset, data_dir: Path) -> Curve:
+def vw_pass(batches: list[SparseBatch], val: SparseBatch, out: Path) -> tuple[float, float]:
+    """(validation BCE, seconds) of Vowpal Wabbit's one pass, logistic loss, over `batches`; its files go in OUT."""
     from vowpalwabbit import pyvw
 
-    batches = all_batches(ds)
-    train = _common.vw_file(batches, data_dir / "train.vw")
-    val = ds.validation()
-    valid = _common.vw_file([val], data_dir / "validation.vw")
-    model = data_dir / "vw.model"
+    out.mkdir(parents=True, exist_ok=True)
+    train, valid = _common.vw_file(batches, out / "train.vw"), _common.vw_file([val], out / "validation.vw")
+    model = out / "vw.model"
     started = time.perf_counter()
     vw = pyvw.Workspace(f"--data {train} --loss_function logistic --link logistic -b 18 --quiet -f {model}")
     vw.run_parser()
@@ -274,8 +273,13 @@ def run_vw(ds: Dataset, data_dir: Path) -> Curve:
     test = pyvw.Workspace(f"-t -i {model} --quiet --link logistic")
     probs = np.array([test.predict(line) for line in valid.read_text().splitlines()], np.float64)
     test.finish()
+    return bce(probs, val.labels), seconds
+
+
+def run_vw(ds: Dataset, data_dir: Path) -> Curve:
+    loss, seconds = vw_pass(all_batches(ds), ds.validation(), data_dir)
     curve = Curve("Vowpal Wabbit, 1 pass")
-    curve.add(seconds, 1, bce(probs, val.labels))
+    curve.add(seconds, 1, loss)
     return curve
 
 

@@ -290,9 +290,11 @@ def test_softmax_gradient_matches_numpy_reference_and_finite_differences():
         ksm.softmax_gradient(params, indptr, indices, values, np.full(len(classes), K, np.int32), F, K, slots)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("name", ["log", "hinge", "squared"])
-def test_normalized_updates_learn_the_same_whatever_a_features_units(name):
-    """A feature multiplied by 1,000 gets a weight 1,000 times smaller and the same margins, step after step."""
+def test_normalized_updates_learn_the_same_whatever_a_features_units(name, workers):
+    """A feature multiplied by 1,000 gets a weight 1,000 times smaller and the same margins, step after step, alone
+    and as one of the replicas whose updates are summed."""
     loss_fn = {"log": klin.Log, "hinge": klin.Hinge, "squared": klin.Squared}[name]()
     rng = np.random.default_rng(7)
     F = 10
@@ -306,7 +308,7 @@ def test_normalized_updates_learn_the_same_whatever_a_features_units(name):
         norm = np.zeros(2)
         for _ in range(3):
             idx, delta, _ = klin.normalized_step(loss_fn, params, g2, scale, rows, norm, indptr, indices, vals, labels,
-                                                 F, 0.5, 0.0, 1, np.full(F, -1, np.int32))
+                                                 F, 0.5, 0.0, workers, np.full(F, -1, np.int32))
         runs.append((params.copy(), klin.logits(params, indptr, indices, vals, F)))
     (plain, margins), (wide, wide_margins) = runs
     assert np.any(plain != 0) and np.all(np.isfinite(plain))
@@ -315,10 +317,10 @@ def test_normalized_updates_learn_the_same_whatever_a_features_units(name):
     np.testing.assert_allclose(wide_margins, margins, rtol=1e-3, atol=1e-5)
 
 
-def test_normalized_steps_are_shared_among_the_workers_expected_to_take_them():
-    """Under the sum of P replicas' updates, a feature every row holds (and the bias) steps 1/k = 1/P as far, and
-    one held by a share q of the rows, in a batch of B rows, 1/k = 1/(1 + (P − 1)(1 − (1 − q)^B)); its G counts
-    g² k times."""
+def test_normalized_moves_are_averaged_among_the_workers_expected_to_make_them():
+    """Under the sum of P replicas' updates, each replica learns its batch as alone, then divides a feature's move
+    by the workers expected to make it: P for a feature every row holds (and the bias), and for one held by a
+    share q of the rows, in a batch of B rows, k = 1 + (P − 1)(1 − (1 − q)^B)."""
     F = 10
     rows_seen = 100
     indptr = np.arange(0, 2 * rows_seen + 1, 2, dtype=np.int64)  # feature 0 in every row, one of 1..9 beside it
@@ -327,16 +329,16 @@ def test_normalized_steps_are_shared_among_the_workers_expected_to_take_them():
     labels = (np.arange(rows_seen) % 2).astype(np.float32)
     state = [np.zeros(F + 1, np.float32) for _ in range(4)] + [np.zeros(2)]
     klin.normalized_step(klin.Log(), *state, indptr, indices, values, labels, F, 0.5, 0.0, 1, np.full(F, -1, np.int32))
-    moves = {}
+    moves, after = {}, {}
     for workers in (1, 2):
         params, g2, scale, rows, norm = (a.copy() for a in state)
-        _, delta, _ = klin.normalized_step(klin.Log(), params, g2, scale, rows, norm, np.array([0, 2], np.int64),
-                                           np.array([0, 3], np.int32), np.ones(2, np.float32),
-                                           np.ones(1, np.float32), F, 0.5, 0.0, workers, np.full(F, -1, np.int32))
-        moves[workers] = delta
-    held = (state[3][3] + 1) / (rows_seen + 1)  # feature 3's rows, this one included, over the rows seen
-    share = np.array([0.5, 1 / (1 + held), 0.5])
-    params, g2 = state[0], state[1][[0, 3, F]].astype(np.float64)
-    g = 1 / (1 + np.exp(-(params[0] + params[3] + params[F]))) - 1  # the row's label is 1, its values 1
-    expected = share * np.sqrt(g2 + g * g) / np.sqrt(g2 + g * g / share)
-    np.testing.assert_allclose(moves[2] / moves[1], expected, rtol=1e-4)
+        _, moves[workers], _ = klin.normalized_step(klin.Log(), params, g2, scale, rows, norm,
+                                                    np.array([0, 2, 4], np.int64), np.array([0, 3, 0, 3], np.int32),
+                                                    np.ones(4, np.float32), np.ones(2, np.float32), F, 0.5, 0.0,
+                                                    workers, np.full(F, -1, np.int32))
+        after[workers] = (g2, scale, rows, norm)
+    held = (state[3][3] + 2) / (rows_seen + 2)  # feature 3's rows, this batch's included, over the rows seen
+    k = np.array([2.0, 1 + (1 - (1 - held) ** 2), 2.0])
+    np.testing.assert_allclose(moves[2], moves[1] / k, rtol=1e-5)
+    for one, two in zip(after[1], after[2]):  # the optimizer's state is as one learner's
+        np.testing.assert_array_equal(one, two)

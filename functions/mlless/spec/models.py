@@ -134,7 +134,9 @@ BUILT_IN = (
     # The papers' Adam with lr/√epoch. Every worker's step is applied to every replica, so P workers move the shared
     # model about P times as far per step; 0.01 reached Vowpal Wabbit's one-pass BCE in 1-1.25 epochs at P = 1-4
     # (benchmarks/defaults.py), 0.03 did not at any P. Per-sample AdaGrad is faster at P = 1 but diverges at P >= 3:
-    # the dense integer features are in every row, and the sum of P workers' moves overshoots P-fold.
+    # the dense integer features are in every row, and the sum of P workers' moves overshoots P-fold. The normalized
+    # updates are scale-free and safe at P = 1-4 but took 2.0 epochs at P = 4 where Adam took 1.67
+    # (benchmarks/RESULTS.md, "A P-safe rule for the normalized updates").
     ModelType("logistic-regression", "sparse logistic regression on hashed features", "sparse", "bce",
               OptimizerDefaults("adam", 0.01, lr_decay="sqrt-epoch"), traits=frozenset({"convex"})),
     # The SVM shares logistic regression's loops (kernels/linear.pyx) and its optimizer: on 40k synthetic clicks

@@ -179,11 +179,10 @@ def adagrad_step(Loss loss_fn not None, float[::1] params not None, float[::1] g
     return idx_arr, np.asarray(params)[idx_arr] - before, loss
 
 
-cdef inline double _share(double held, double batch, int workers) noexcept nogil:
-    """1 / the workers expected to step a feature that a share `held` of rows holds, in batches of `batch` rows."""
-    if workers <= 1:
-        return 1.0
-    return 1.0 / (1.0 + (workers - 1) * (1.0 - pow(1.0 - held, batch)))
+cdef inline double _expected_workers(double held, double batch, int workers) noexcept nogil:
+    """How many of `workers` replicas are expected to move a feature that a share `held` of rows holds, each
+    replica a batch of `batch` rows."""
+    return 1.0 + (workers - 1) * (1.0 - pow(1.0 - held, batch))
 
 
 def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1] g2 not None,
@@ -200,12 +199,13 @@ def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1
     (``norm`` = [N, t]). A feature multiplied by 1,000 gets a weight 1,000 times smaller and the same predictions:
     the step is scale-free. The bias is a feature of value 1.
 
-    Under the sum of ``workers`` replicas' updates a feature that every worker's batch holds would move once a
-    worker: each step of feature j, its shrinks included, is divided by the workers expected to step it,
-    k_j = 1 + (P − 1)·(1 − (1 − q_j)^B), with q_j the share of the rows seen that hold it (``rows`` counts them) and
-    B the batch's rows; and its G_j counts each g² k_j times, as if it had seen its peers' gradients too (without,
-    its steps were √k_j too long, and P = 3 diverged on dense features). A rare feature moves as alone; the bias
-    and the columns every row has move 1/P as far, at the pace of the whole job's gradients.
+    Under the sum of ``workers`` replicas' updates, each replica learns its batch as one learner would, and then
+    divides each feature's move over the batch by the workers expected to move it, k_j = 1 + (P − 1)·(1 − (1 −
+    q_j)^B), with q_j the share of the rows seen that hold it (``rows`` counts them) and B the batch's rows: the
+    sum of the replicas' updates averages them on the features every batch holds (the bias, dense columns) and
+    adds them on the rare ones, which one replica moves alone. Dividing each per-row step instead let a feature
+    every replica holds move P times as far as one learner would within a batch, and the sum overshot at P = 4
+    (benchmarks/RESULTS.md, "A P-safe rule for the normalized updates").
 
     Returns ``(idx int32, delta float32, loss_sum float)`` as `adagrad_step` does.
     """
@@ -215,25 +215,27 @@ def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1
     if norm.shape[0] != 2:
         raise ValueError("norm holds N and t")
     idx_arr, before = _touched(params, indptr, indices, values, n, n_features, slot_map)
-    cdef Py_ssize_t j, r
+    cdef const int[::1] feats = idx_arr
+    cdef const float[::1] start = before
+    cdef Py_ssize_t j, r, k, n_slots = feats.shape[0] - 1
     cdef int f
     cdef float *W = &params[0]
     cdef float *G = &g2[0]
     cdef float *S = &scale[0]
     cdef float *R = &rows[0]
-    cdef double z, loss = 0.0, rate, x, ax, g, share
+    cdef double z, loss = 0.0, rate, ax, g, seen = norm[1] + n
     cdef float resid, lr_wd = lr * wd
     with nogil:
+        for j in range(indices.shape[0]):
+            R[indices[j]] += 1
         S[n_features] = 1.0
         for r in range(n):
             for j in range(indptr[r], indptr[r + 1]):
                 f = indices[j]
-                R[f] += 1
                 ax = fabs(values[j])
                 if ax > S[f]:
-                    if S[f] > 0:  # a shrink is a step too: every worker that meets the larger value takes it
-                        W[f] -= <float>(_share(R[f] / (norm[1] + 1), n, workers)
-                                        * (1.0 - (S[f] / ax) * (S[f] / ax)) * W[f])
+                    if S[f] > 0:
+                        W[f] *= <float>((S[f] / ax) * (S[f] / ax))
                     S[f] = <float>ax
             z = W[n_features]
             norm[0] += 1.0  # the bias: (1/1)²
@@ -252,12 +254,15 @@ def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1
                 f = indices[j]
                 if values[j] != 0:  # then s_j > 0 too
                     g = resid * values[j]
-                    share = _share(R[f] / norm[1], n, workers)
-                    G[f] += <float>(g * g / share)
-                    W[f] -= <float>(share * rate * g / (S[f] * sqrtf(G[f]))) + lr_wd * W[f]
-            share = _share(1.0, n, workers)
-            G[n_features] += <float>(resid * resid / share)
-            W[n_features] -= <float>(share * rate * resid / sqrtf(G[n_features]))
+                    G[f] += <float>(g * g)
+                    W[f] -= <float>(rate * g / (S[f] * sqrtf(G[f]))) + lr_wd * W[f]
+            G[n_features] += resid * resid
+            W[n_features] -= <float>(rate * resid / sqrtf(G[n_features]))
+        if workers > 1:
+            for k in range(n_slots + 1):
+                f = feats[k]
+                W[f] = <float>(start[k] + (W[f] - start[k]) / _expected_workers(R[f] / seen if k < n_slots else 1.0,
+                                                                                n, workers))
     return idx_arr, np.asarray(params)[idx_arr] - before, loss
 
 
