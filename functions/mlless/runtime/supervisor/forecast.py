@@ -1,0 +1,85 @@
+"""When a job's stop rule will fire, projected from its validation curve.
+
+`project_stop` is the one place that turns a loss curve into "the step at which the target-loss or the patience
+rule ends the job": the supervisor's progress and ETA read it (`eta.py`) and so can a planner that fits a pilot
+run's curve. It fits the curve the auto-tuner fits (`mlless.autotuner.curves.fit_reference`,
+1/(θ0·t^θ1 + θ2) + θ3) to the smoothed validation losses the stop rules read (`stopping.smoothed_losses`),
+extends it one evaluation at a time, and replays the evaluations seen and projected through the supervisor's own
+`ValidationWatch`: the projection stops where the rule would, by the same code.
+
+A fitted curve decreases for ever, so under patience alone it would never stop on a small `minDelta`. A real
+curve stops once its fall per evaluation drowns in the evaluations' noise: the smoothed loss then makes no new best
+for `patience` evaluations in a row. The projected evaluations therefore count as an improvement only when they
+beat the best by more than the larger of `minDelta` and the noise: the scatter of the smoothed losses about the
+fit over the newest half of the evaluations, relative to the loss (`NOISE_SCALE` times it, measured on recorded
+curves in benchmarks/eta.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from mlless.autotuner.curves import CurveFitError, FittedCurve, fit_reference
+from mlless.runtime.supervisor.stopping import ValidationWatch, smoothed_losses
+from mlless.spec.job import StopConfig
+
+__all__ = ["StopProjection", "project_stop"]
+
+#: Evaluations a fit needs (`fit_reference`'s least).
+MIN_EVALUATIONS = 8
+#: The projection gives up this many evaluations past the newest one: a rule that far away is no forecast.
+HORIZON_EVALUATIONS = 2000
+#: Multiple of the smoothed losses' relative scatter about the fit that a projected evaluation must beat its best by.
+NOISE_SCALE = 2.5
+_NO_PARAMS = np.zeros(0, np.float32)
+
+
+@dataclass(frozen=True)
+class StopProjection:
+    """Where the target-loss or patience rule is projected to end the job."""
+
+    step: int  # the step close at which the rule fires
+    rule: str  # "targetLoss" or "patience"
+    curve: FittedCurve
+    noise: float  # the relative scatter the projected evaluations had to beat (see the module's docstring)
+
+
+def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConfig, evaluate_every: int,
+                 until_step: float | None = None) -> StopProjection | None:
+    """The step at which `stop`'s target loss or patience fires, for a job whose evaluations so far (every
+    `evaluate_every` steps) scored `losses` at `steps`; None when neither rule is set, the curve cannot be fitted
+    yet, or the rule does not fire before `until_step` (another limit's step, if any) or the horizon."""
+    if (stop.target_loss is None and stop.patience is None) or evaluate_every <= 0:
+        return None
+    points = [(float(s), float(x)) for s, x in zip(steps, losses) if s > 0 and math.isfinite(x)]
+    if len(points) < MIN_EVALUATIONS:
+        return None
+    t = np.array([s for s, _ in points])
+    smoothed = np.array(smoothed_losses(x for _, x in points))
+    try:
+        curve = fit_reference(t, smoothed, min_points=MIN_EVALUATIONS)
+    except CurveFitError:
+        return None
+    tail = slice(len(points) // 2, None)
+    fitted = np.asarray(curve(t[tail]), dtype=np.float64)
+    noise = NOISE_SCALE * float(np.sqrt(np.mean((smoothed[tail] - fitted) ** 2)) / max(float(fitted[-1]), 1e-12))
+    watch = ValidationWatch(stop.patience, stop.target_loss, stop.target_steps, stop.min_delta)
+    for step, loss in points:  # the rules' state now, replayed: the same code the supervisor runs
+        watch.observe(int(step), loss, _NO_PARAMS)
+    watch.min_delta = max(stop.min_delta, noise)
+    first = int(t[-1])
+    last = first + HORIZON_EVALUATIONS * evaluate_every if until_step is None else min(until_step, first + HORIZON_EVALUATIONS * evaluate_every)
+    ahead = np.arange(first + evaluate_every, last + evaluate_every, evaluate_every, dtype=np.float64)
+    projected = np.asarray(curve(ahead), dtype=np.float64) if ahead.size else ahead
+    for step, loss in zip([first, *ahead.astype(int).tolist()], [None, *projected.tolist()]):
+        if loss is not None:
+            watch.observe(step, loss, _NO_PARAMS)
+        # The projected curve only falls: once under the target it stays there, and the rule fires targetSteps later.
+        if watch.below_since is not None and max(step, watch.below_since + stop.target_steps) <= last:
+            return StopProjection(max(step, watch.below_since + stop.target_steps), "targetLoss", curve, noise)
+        if watch.patience_exhausted():
+            return StopProjection(step, "patience", curve, noise)
+    return None
