@@ -40,31 +40,28 @@ def real_stop(losses: np.ndarray, stop: StopConfig) -> int:
     raise AssertionError("the curve never stops")
 
 
-@pytest.mark.parametrize("sigma", [0.0, 0.002, 0.005])
-def test_a_target_loss_stop_is_projected_from_the_first_half_of_the_curve(sigma):
-    stop = StopConfig(target_loss=0.56, target_steps=10)
+def errors_at_half(sigma: float, stop: StopConfig, rule: str, seeds: int) -> list[float]:
+    """For each seed: |projected - real stop| / real steps left, projected from the curve up to half the real stop."""
     errors = []
-    for seed in range(5):
+    for seed in range(seeds):
         losses = curve(sigma, seed)
         real = real_stop(losses, stop)
-        seen = int(np.searchsorted(STEPS, real / 2))
+        seen = max(MIN_EVALUATIONS, int(np.searchsorted(STEPS, real / 2)))
         projected = project_stop(STEPS[:seen], losses[:seen], stop, EVERY)
-        assert projected is not None and projected.rule == "targetLoss"
-        errors.append(abs(projected.step - real) / (real - STEPS[seen - 1]))
+        assert projected is None or (projected.rule == rule and projected.curve is not None)
+        errors.append(math.inf if projected is None else abs(projected.step - real) / (real - STEPS[seen - 1]))
+    return errors
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.002, 0.005])
+def test_a_target_loss_stop_is_projected_from_the_first_half_of_the_curve(sigma):
+    errors = errors_at_half(sigma, StopConfig(target_loss=0.56, target_steps=10), "targetLoss", 5)
     assert np.median(errors) <= 0.2, errors
 
 
 @pytest.mark.parametrize("sigma", [0.001, 0.003])
 def test_a_patience_stop_is_projected_from_the_first_half_of_the_curve(sigma):
-    stop = StopConfig(patience=5, min_delta=0.001)
-    errors = []
-    for seed in range(8):
-        losses = curve(sigma, seed)
-        real = real_stop(losses, stop)
-        seen = max(MIN_EVALUATIONS, int(np.searchsorted(STEPS, real / 2)))
-        projected = project_stop(STEPS[:seen], losses[:seen], stop, EVERY)
-        assert projected is None or projected.rule == "patience"
-        errors.append(math.inf if projected is None else abs(projected.step - real) / (real - STEPS[seen - 1]))
+    errors = errors_at_half(sigma, StopConfig(patience=5, min_delta=0.001), "patience", 8)
     # A patience stop is where noise happens to hold the best for `patience` evaluations: single runs scatter
     # (benchmarks/eta.py measures real ones).
     assert np.median(errors) <= 0.5, errors
@@ -183,3 +180,13 @@ def test_a_local_job_shows_its_progress_eta_and_cost_in_status_json(movielens_di
     assert etas[-1] < etas[len(etas) // 2] < etas[0]
     assert sum(b <= a for a, b in zip(etas, etas[1:])) >= 0.8 * (len(etas) - 1)
     assert all(s["projectedCostUSD"] >= s["costUSD"] for s in training)
+
+
+def test_before_a_fit_a_patience_already_counting_is_projected_to_run_out():
+    # the clicks overfit after 4 evaluations and stop after 9, before a curve of 8 can be fitted (benchmarks/eta.py)
+    losses = [0.5955, 0.5785, 0.5751, 0.57485, 0.5769]
+    steps = [25 * (k + 1) for k in range(len(losses))]
+    projected = project_stop(steps, losses, StopConfig(patience=5, min_delta=0.001), EVERY)
+    assert projected is not None and projected.rule == "patience" and projected.curve is None
+    assert projected.step == 125 + 4 * EVERY  # one stale evaluation seen, four to go
+    assert project_stop(steps[:4], losses[:4], StopConfig(patience=5, min_delta=0.001), EVERY) is None  # improving

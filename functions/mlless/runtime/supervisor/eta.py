@@ -5,8 +5,8 @@ Each stop limit the job has gives a fraction done and a time left: `maxSteps` an
 at the pace the bill grows, and the target loss or patience where `forecast.project_stop` projects them to fire on
 the validation curve. The nearest limit, the one with the least time left, is the one that will end the job:
 `progress` is its fraction, `etaSeconds` its time left, and `projectedCostUSD` the cost so far plus the bill's
-pace over that time. The curve is fitted again at most every `REFIT_SECONDS` (a fit takes 10-40 ms of the
-supervisor's loop, autotuner/curves.py), and only when an evaluation came since.
+pace over that time. The curve is fitted again only when an evaluation came since, and at most `REFIT_SHARE` of
+the supervisor's time goes to fits (a fit takes 10-40 ms of its loop, autotuner/curves.py).
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from mlless.runtime.supervisor.forecast import StopProjection, project_stop
 from mlless.runtime.supervisor.stopping import Standing
 from mlless.spec.job import StopConfig
 
-#: The least time between two fits of the validation curve.
-REFIT_SECONDS = 1.0
+#: The most of the supervisor's time the fits of the validation curve may take.
+REFIT_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Estimator:
         self._first: tuple[Standing, float] | None = None  # the standing and cost when the first step closed
         self._projection: StopProjection | None = None
         self._fitted_on = 0  # evaluations the projection was fitted on
-        self._fitted_at = -math.inf
+        self._next_fit = -math.inf  # when the curve may be fitted again
         self.last = Outlook(0.0, None, None, None)
 
     def estimate(self, at: Standing, cost_usd: float, evaluations: Sequence[tuple[int, float]]) -> Outlook:
@@ -64,8 +64,9 @@ class Estimator:
             until = None if nearest is None else at.steps + nearest * pace.steps
             projection = self._project(evaluations, until)
             if projection is not None:
-                candidates.append(("patience" if projection.rule == "patience" else "targetLoss",
-                                   at.steps / max(projection.step, 1), max(projection.step - at.steps, 0) / pace.steps))
+                # A projected stop the job went past without stopping is due at the next step close, at the soonest.
+                end = max(projection.step, at.steps + 1)
+                candidates.append((projection.rule, at.steps / end, (end - at.steps) / pace.steps))
         if not candidates:
             self.last = Outlook(0.0, None, None, None)
             return self.last
@@ -105,10 +106,11 @@ class Estimator:
         return out
 
     def _project(self, evaluations: Sequence[tuple[int, float]], until: float | None) -> StopProjection | None:
-        """The stop rule's projection, fitted again if an evaluation came and the last fit is `REFIT_SECONDS` old."""
-        now = self.clock()
-        if len(evaluations) > self._fitted_on and now - self._fitted_at >= REFIT_SECONDS:
-            self._fitted_on, self._fitted_at = len(evaluations), now
+        """The stop rule's projection, fitted again if an evaluation came and the fits keep to `REFIT_SHARE`."""
+        started = self.clock()
+        if len(evaluations) > self._fitted_on and started >= self._next_fit:
+            self._fitted_on = len(evaluations)
             self._projection = project_stop([s for s, _ in evaluations], [x for _, x in evaluations], self.stop,
                                             self.evaluate_every, until)
+            self._next_fit = started + (self.clock() - started) / REFIT_SHARE
         return self._projection

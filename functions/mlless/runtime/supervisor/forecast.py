@@ -43,35 +43,42 @@ class StopProjection:
 
     step: int  # the step close at which the rule fires
     rule: str  # "targetLoss" or "patience"
-    curve: FittedCurve
+    curve: FittedCurve | None  # None: too few evaluations to fit, projected from those since the best
     noise: float  # the relative scatter the projected evaluations had to beat (see the module's docstring)
 
 
 def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConfig, evaluate_every: int,
                  until_step: float | None = None) -> StopProjection | None:
     """The step at which `stop`'s target loss or patience fires, for a job whose evaluations so far (every
-    `evaluate_every` steps) scored `losses` at `steps`; None when neither rule is set, the curve cannot be fitted
-    yet, or the rule does not fire before `until_step` (another limit's step, if any) or the horizon."""
+    `evaluate_every` steps) scored `losses` at `steps`; None when neither rule is set, or the rule does not fire
+    before `until_step` (another limit's step, if any) or the horizon. Before a curve can be fitted, only a patience
+    already counting is projected: to fire `patience` evaluations after the best."""
     if (stop.target_loss is None and stop.patience is None) or evaluate_every <= 0:
         return None
     points = [(float(s), float(x)) for s, x in zip(steps, losses) if s > 0 and math.isfinite(x)]
-    if len(points) < MIN_EVALUATIONS:
+    if not points:
         return None
+    watch = ValidationWatch(stop.patience, stop.target_loss, stop.target_steps, stop.min_delta)
+    for step, loss in points:  # the rules' state now, replayed: the same code the supervisor runs
+        watch.observe(int(step), loss, _NO_PARAMS)
     t = np.array([s for s, _ in points])
     smoothed = np.array(smoothed_losses(x for _, x in points))
     try:
         curve = fit_reference(t, smoothed, min_points=MIN_EVALUATIONS)
-    except CurveFitError:
-        return None
+    except CurveFitError:  # too few evaluations yet, or a curve no fit holds
+        if not watch.stale or stop.patience is None:
+            return None
+        # The evaluations since the best are taken to go on not improving (a model that overfits early, as the
+        # clicks of benchmarks/eta.py do, stops before a curve can be fitted).
+        step = int(t[-1]) + (stop.patience - watch.stale) * evaluate_every
+        return StopProjection(step, "patience", None, 0.0) if until_step is None or step <= until_step else None
     tail = slice(len(points) // 2, None)
     fitted = np.asarray(curve(t[tail]), dtype=np.float64)
     noise = NOISE_SCALE * float(np.sqrt(np.mean((smoothed[tail] - fitted) ** 2)) / max(float(fitted[-1]), 1e-12))
-    watch = ValidationWatch(stop.patience, stop.target_loss, stop.target_steps, stop.min_delta)
-    for step, loss in points:  # the rules' state now, replayed: the same code the supervisor runs
-        watch.observe(int(step), loss, _NO_PARAMS)
     watch.min_delta = max(stop.min_delta, noise)
     first = int(t[-1])
-    last = first + HORIZON_EVALUATIONS * evaluate_every if until_step is None else min(until_step, first + HORIZON_EVALUATIONS * evaluate_every)
+    last = first + HORIZON_EVALUATIONS * evaluate_every
+    last = last if until_step is None else min(until_step, last)
     ahead = np.arange(first + evaluate_every, last + evaluate_every, evaluate_every, dtype=np.float64)
     projected = np.asarray(curve(ahead), dtype=np.float64) if ahead.size else ahead
     for step, loss in zip([first, *ahead.astype(int).tolist()], [None, *projected.tolist()]):

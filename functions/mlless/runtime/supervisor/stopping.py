@@ -107,6 +107,11 @@ class ValidationWatch:
         """The step of the first evaluation of the current run at or below the target, if the newest one is."""
         return self._below_since
 
+    @property
+    def stale(self) -> int:
+        """Evaluations since the smoothed loss last improved by more than minDelta."""
+        return self._stale
+
     def patience_exhausted(self) -> bool:
         return self.patience is not None and self._stale >= self.patience
 
