@@ -1,7 +1,8 @@
 """How far along a job is, when it will end and what it will have cost: its progress, ETA and projected cost.
 
 Each stop limit the job has gives a fraction done and a time left: `maxSteps` and `maxEpochs` at the job's pace
-(steps, and mini-batches, per second since this supervisor's first step), `maxSeconds` by the clock, `budgetUSD`
+(steps, and mini-batches, per second over the newer half of its training so far: the first epoch, which reads
+batches the later ones find cached, is slower), `maxSeconds` by the clock, `budgetUSD`
 at the pace the bill grows, and the target loss or patience where `forecast.project_stop` projects them to fire on
 the validation curve. The nearest limit, the one with the least time left, is the one that will end the job:
 `progress` is its fraction, `etaSeconds` its time left, and `projectedCostUSD` the cost so far plus the bill's
@@ -10,6 +11,7 @@ the supervisor's time goes to fits (a fit takes 10-40 ms of its loop, autotuner/
 """
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from dataclasses import dataclass
@@ -19,6 +21,9 @@ from mlless.runtime.supervisor.forecast import StopProjection, project_stop
 from mlless.runtime.supervisor.stopping import Standing
 from mlless.spec.job import StopConfig
 
+#: The pace is measured from standings kept this often, at most `KEPT` of them (thinned to half when full).
+SAMPLE_SECONDS = 0.05
+KEPT = 2000
 #: The most of the supervisor's time the fits of the validation curve may take.
 REFIT_SHARE = 0.05
 
@@ -47,7 +52,7 @@ class Estimator:
         self.stop = stop
         self.evaluate_every = evaluate_every
         self.clock = clock
-        self._first: tuple[Standing, float] | None = None  # the standing and cost when the first step closed
+        self._kept: list[tuple[Standing, float]] = []  # standings and costs since the first step closed, oldest first
         self._projection: StopProjection | None = None
         self._fitted_on = 0  # evaluations the projection was fitted on
         self._next_fit = -math.inf  # when the curve may be fitted again
@@ -55,8 +60,9 @@ class Estimator:
 
     def estimate(self, at: Standing, cost_usd: float, evaluations: Sequence[tuple[int, float]]) -> Outlook:
         """The outlook at a step close: `at` and `cost_usd` now, `evaluations` the (step, validation loss) so far."""
-        if self._first is None:
-            self._first = (at, cost_usd)
+        if not self._kept or at.elapsed - self._kept[-1][0].elapsed >= SAMPLE_SECONDS:
+            self._kept = self._kept[::2] if len(self._kept) >= KEPT else self._kept
+            self._kept.append((at, cost_usd))
         pace = self._pace(at, cost_usd)
         candidates = self._limits(at, cost_usd, pace)
         if pace is not None and pace.steps > 0:
@@ -82,7 +88,9 @@ class Estimator:
         return Outlook(self.last.progress, None, None, self.last.limit)
 
     def _pace(self, at: Standing, cost_usd: float) -> _Pace | None:
-        first, first_cost = self._first
+        """The pace since the standing kept last at or before halfway from the first step to `at`."""
+        halfway = (self._kept[0][0].elapsed + at.elapsed) / 2
+        first, first_cost = self._kept[max(bisect.bisect_right([k.elapsed for k, _ in self._kept], halfway) - 1, 0)]
         seconds = at.elapsed - first.elapsed
         if seconds <= 0 or at.steps <= first.steps:
             return None

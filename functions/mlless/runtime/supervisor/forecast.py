@@ -7,15 +7,16 @@ run's curve. It fits the curve the auto-tuner fits (`mlless.autotuner.curves.fit
 extends it one evaluation at a time, and replays the evaluations seen and projected through the supervisor's own
 `ValidationWatch`: the projection stops where the rule would, by the same code.
 
-A fitted curve decreases for ever, so under patience alone it would never stop on a small `minDelta`. A real
-curve stops once its fall per evaluation drowns in the evaluations' noise: the smoothed loss then makes no new best
-for `patience` evaluations in a row. The projected evaluations therefore count as an improvement only when they
-beat the best by more than the larger of `minDelta` and the noise: the scatter of the smoothed losses about the
-fit over the newest half of the evaluations, relative to the loss (`NOISE_SCALE` times it, measured on recorded
-curves in benchmarks/eta.py).
+A fitted curve decreases for ever, so under patience alone its trend would never stop on a small `minDelta`. A
+real curve stops once its fall per evaluation drowns in the evaluations' noise: the smoothed loss then makes no
+new best for `patience` evaluations in a row, at a step that is itself random. So `FUTURES` futures are replayed:
+the fitted trend plus Gaussian noise with the scatter of the newest half of the evaluations about it (a fixed
+seed: the same evaluations give the same projection), each through a copy of the rules as they stand; the
+projection is the median future's stop.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -31,9 +32,9 @@ __all__ = ["StopProjection", "project_stop"]
 #: Evaluations a fit needs (`fit_reference`'s least).
 MIN_EVALUATIONS = 8
 #: The projection gives up this many evaluations past the newest one: a rule that far away is no forecast.
-HORIZON_EVALUATIONS = 2000
-#: Multiple of the smoothed losses' relative scatter about the fit that a projected evaluation must beat its best by.
-NOISE_SCALE = 2.5
+HORIZON_EVALUATIONS = 500
+#: How many noisy futures of the fitted curve are replayed.
+FUTURES = 9
 _NO_PARAMS = np.zeros(0, np.float32)
 
 
@@ -73,20 +74,34 @@ def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConf
         step = int(t[-1]) + (stop.patience - watch.stale) * evaluate_every
         return StopProjection(step, "patience", None, 0.0) if until_step is None or step <= until_step else None
     tail = slice(len(points) // 2, None)
-    fitted = np.asarray(curve(t[tail]), dtype=np.float64)
-    noise = NOISE_SCALE * float(np.sqrt(np.mean((smoothed[tail] - fitted) ** 2)) / max(float(fitted[-1]), 1e-12))
-    watch.min_delta = max(stop.min_delta, noise)
+    raw = np.array([x for _, x in points])
+    noise = float(np.std(raw[tail] - np.asarray(curve(t[tail]), dtype=np.float64)))
     first = int(t[-1])
     last = first + HORIZON_EVALUATIONS * evaluate_every
     last = last if until_step is None else min(until_step, last)
     ahead = np.arange(first + evaluate_every, last + evaluate_every, evaluate_every, dtype=np.float64)
-    projected = np.asarray(curve(ahead), dtype=np.float64) if ahead.size else ahead
-    for step, loss in zip([first, *ahead.astype(int).tolist()], [None, *projected.tolist()]):
+    trend = np.asarray(curve(ahead), dtype=np.float64) if ahead.size else ahead
+    # The futures: the fitted trend plus evaluation noise as the newest half scattered about it, each replayed
+    # through a copy of the rules as they stand; the job stops where half of them have stopped.
+    rng = np.random.default_rng(len(points))
+    stops = sorted(_replay(copy.deepcopy(watch), first, ahead, trend + rng.normal(0.0, noise, trend.size), stop,
+                           evaluate_every, last) for _ in range(FUTURES if noise > 0 else 1))
+    median = stops[len(stops) // 2]
+    if median is None or median[0] == math.inf:
+        return None
+    return StopProjection(int(median[0]), median[1], curve, noise)
+
+
+def _replay(watch: ValidationWatch, first: int, ahead: np.ndarray, losses: np.ndarray, stop: StopConfig,
+            evaluate_every: int, last: float) -> tuple[float, str]:
+    """Where `watch`'s rules stop on these projected evaluations: (step, rule), or (inf, "") within `last`."""
+    for step, loss in zip([first, *ahead.astype(int).tolist()], [None, *losses.tolist()]):
         if loss is not None:
             watch.observe(step, loss, _NO_PARAMS)
-        # The projected curve only falls: once under the target it stays there, and the rule fires targetSteps later.
-        if watch.below_since is not None and max(step, watch.below_since + stop.target_steps) <= last:
-            return StopProjection(max(step, watch.below_since + stop.target_steps), "targetLoss", curve, noise)
+        # The target is read at every step close: it fires before the next evaluation if it has held long enough.
+        held = None if watch.below_since is None else max(step, watch.below_since + stop.target_steps)
+        if held is not None and held < step + evaluate_every and held <= last:
+            return held, "targetLoss"
         if watch.patience_exhausted():
-            return StopProjection(step, "patience", curve, noise)
-    return None
+            return step, "patience"
+    return math.inf, ""
