@@ -45,7 +45,7 @@ class StopProjection:
     step: int  # the step close at which the rule fires
     rule: str  # "targetLoss" or "patience"
     curve: FittedCurve | None  # None: too few evaluations to fit, projected from those since the best
-    noise: float  # the relative scatter the projected evaluations had to beat (see the module's docstring)
+    noise: float  # the evaluations' scatter about the fit (loss units) its futures were given
 
 
 def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConfig, evaluate_every: int,
@@ -87,7 +87,7 @@ def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConf
     stops = sorted(_replay(copy.deepcopy(watch), first, ahead, trend + rng.normal(0.0, noise, trend.size), stop,
                            evaluate_every, last) for _ in range(FUTURES if noise > 0 else 1))
     median = stops[len(stops) // 2]
-    if median is None or median[0] == math.inf:
+    if median[0] == math.inf:
         return None
     return StopProjection(int(median[0]), median[1], curve, noise)
 
