@@ -1,7 +1,8 @@
 """Throttled progress on stderr, so that long commands show signs of life.
 
 `mlless train` shows a status line as steps close (rewritten in place on a
-terminal, printed every few seconds otherwise) and messages between them;
+terminal, printed every few seconds otherwise), ending in the job's progress,
+ETA and projected cost, and messages between them;
 `mlless prepare` shows how many rows it has read and written, and how fast.
 """
 from __future__ import annotations
@@ -23,6 +24,14 @@ def _fmt_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _fmt_duration(seconds: float) -> str:
+    """42s, 3m05s, 2h07m."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    return f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 class Progress:
     def __init__(self, label: str = "", enabled: bool = True, interval: float = 2.0, stream: TextIO | None = None):
         """`label` names the row counts (`update`) and `interval` paces them; the status line keeps its own pace."""
@@ -33,6 +42,12 @@ class Progress:
         self.tty = self.stream.isatty()
         self.start = time.monotonic()
         self._last = 0.0  # when a line was last shown
+        self._outlook = ""  # the newest progress, ETA and projected cost, shown at the end of the status line
+
+    def outlook(self, progress: float, eta_seconds: float | None, projected_cost: float | None) -> None:
+        """The job's newest progress, ETA and projected cost (runtime/supervisor/eta.py), for the next status line."""
+        eta = "-" if eta_seconds is None else _fmt_duration(eta_seconds)
+        self._outlook = f"  {100 * progress:3.0f}%  eta {eta}  -> ${_fmt(projected_cost, '.5f')}"
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -68,7 +83,7 @@ class Progress:
             return
         line = (
             f"step {step:>6}  epoch {epoch:6.2f}  loss {_fmt(train_loss)}  val {_fmt(validation_loss)}  "
-            f"workers {workers}  {_fmt_bytes(bytes_per_step)}/step  {elapsed:7.1f}s  ${cost:.5f}"
+            f"workers {workers}  {_fmt_bytes(bytes_per_step)}/step  {elapsed:7.1f}s  ${cost:.5f}{self._outlook}"
         )
         self.stream.write(("\r\x1b[2K" + line) if self.tty else line + "\n")
         self.stream.flush()

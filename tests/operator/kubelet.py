@@ -459,6 +459,8 @@ class Kubelet:
             "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1",
             "HOSTNAME": meta["name"],
+            # The image holds the tree under test: a checkout run with PYTHONPATH set runs its own code in the pods too.
+            **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
         }
         tmp = next((host for path, host in mounts if path == "/tmp"), None)
         if tmp is not None:

@@ -23,8 +23,19 @@ import pytest
 
 from kubelet import Backend, Image, Kubelet, PodRuntime, Sandbox, expand
 from scenario import (  # the fixtures are in conftest.py
-    FN_NS, NS, PODS, TERMINAL, Cluster, exit_code, job_status, launched, pod_phase, stand_in, until,
+    FN_NS, KUBECTL, NS, PODS, TERMINAL, Cluster, exit_code, job_status, kubectl, launched, pod_phase, stand_in, until,
 )
+
+from mlless.spec.crd import PRINTER_COLUMNS
+
+
+async def printer_columns(name: str) -> dict[str, str]:
+    """The CRD's printer columns as `kubectl get tj -o wide` shows them (the emulator prints no tables: kubectl's
+    custom columns, with the CRD's jsonPaths, do it instead)."""
+    columns = [c for c in PRINTER_COLUMNS if c["jsonPath"].startswith(".status.")]
+    spec = ",".join(f"{c['name']}:{c['jsonPath']}" for c in columns)
+    header, row = (await kubectl("get", "trainingjobs.mlless.io", name, "-o", f"custom-columns={spec}")).splitlines()
+    return dict(zip(header.split(), row.split()))
 
 
 async def assert_succeeded(c: Any, kubelet: Kubelet, name: str) -> dict[str, Any]:
@@ -39,6 +50,15 @@ async def assert_succeeded(c: Any, kubelet: Kubelet, name: str) -> dict[str, Any
     # The supervisor mirrors its progress into the status (mlless.runtime.kube.KubePlatform).
     assert status.get("step", 0) > 0, f"status.step is not set: the supervisor did not mirror its progress; status {status}"
     assert isinstance(status.get("trainLoss"), (int, float)) and math.isfinite(status["trainLoss"]), status
+    # Its progress, ETA and projected cost (mlless.runtime.supervisor.eta): done, and the projection is the bill.
+    assert status["progress"] == 1.0 and status["etaSeconds"] == 0.0 and status["progressLimit"] == "maxSteps", status
+    assert status["projectedCostUSD"] == status["costUSD"] == pytest.approx(summary["cost_usd"], abs=1e-6), status
+    assert status["epoch"] == pytest.approx(summary["epochs"], abs=1e-4), status
+    if KUBECTL is not None:
+        shown = await printer_columns(name)
+        assert {k: shown[k] for k in ("State", "Step", "Progress", "ETA")} == {
+            "State": "Succeeded", "Step": str(summary["steps"]), "Progress": "1", "ETA": "0"}, shown
+        assert float(shown["Cost"]) == float(shown["Projected"]) == pytest.approx(summary["cost_usd"], abs=1e-6), shown
     return summary
 
 

@@ -19,12 +19,17 @@ PRINTER_COLUMNS = [
     {"name": "State", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase"},
     {"name": "Workers", "type": "integer", "jsonPath": ".status.workers", "description": "Workers in the job now"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.step", "description": "Last closed step"},
+    {"name": "Progress", "type": "number", "jsonPath": ".status.progress",
+     "description": "Fraction done of the nearest stop limit"},
+    {"name": "ETA", "type": "number", "jsonPath": ".status.etaSeconds", "description": "Seconds until the job ends"},
     {"name": "Loss", "type": "number", "jsonPath": ".status.trainLoss", "description": "Training loss (RMSE or BCE)"},
     {"name": "Cost", "type": "number", "jsonPath": ".status.costUSD", "description": "Serverless cost so far, USD"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     # Shown by `kubectl get tj -o wide` only: most jobs never restart their supervisor.
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.supervisorRestarts", "priority": 1,
      "description": "Times the supervisor pod was recreated (spec.backoffLimit)"},
+    {"name": "Projected", "type": "number", "jsonPath": ".status.projectedCostUSD", "priority": 1,
+     "description": "Projected cost at the job's end, USD"},
 ]
 
 

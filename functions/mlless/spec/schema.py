@@ -374,6 +374,14 @@ STATUS_SCHEMA: Schema = obj(
         "trainLoss": number("Training loss of the last closed step."),
         "validationLoss": number("Newest validation loss."),
         "costUSD": number("Serverless cost so far in dollars.", 0),
+        "epoch": number("Passes over the training batches so far.", 0),
+        "progress": {**number("Fraction done (0 to 1) of the stop limit nearest to ending the job: the one with the "
+                              "least time left, named by progressLimit.", 0), "maximum": 1},
+        "progressLimit": string("The spec.stop field of that limit: maxSteps, maxEpochs, maxSeconds or budgetUSD, or "
+                                "targetLoss or patience, projected on the fitted validation curve."),
+        "etaSeconds": number("Seconds until that limit ends the job, at the job's pace so far.", 0),
+        "projectedCostUSD": number("The job's cost at its end in dollars: the cost so far plus the bill's pace until "
+                                   "the ETA.", 0),
         "startTime": string("When training started.", fmt="date-time"),
         "completionTime": string("When the job ended.", fmt="date-time"),
         "modelURI": string("Where the final model was written."),

@@ -120,6 +120,12 @@ class SupervisorMetrics:
             ["job", "component"],
             registry=r,
         )
+        self.progress = Gauge("mlless_progress_ratio", "Fraction done of the stop limit nearest to ending the job "
+                              "(runtime/supervisor/eta.py).", ["job"], registry=r)
+        self.eta = Gauge("mlless_eta_seconds", "Seconds until the nearest stop limit ends the job (NaN while not known).",
+                         ["job"], registry=r)
+        self.projected_cost = Gauge("mlless_projected_cost_usd", "The job's cost at its end, projected, in US dollars "
+                                    "(NaN while not known).", ["job"], registry=r)
         self.tuner_decisions = Counter(
             "mlless_tuner_decisions_total", "Scale-in auto-tuner decisions, by outcome.", ["job", "outcome"], registry=r
         )
@@ -242,6 +248,12 @@ class SupervisorMetrics:
             self.cost_usd.labels(self.job, component).set(usd)
         if "total" not in breakdown:
             self.cost_usd.labels(self.job, "total").set(sum(breakdown.values()))
+
+    def outlook(self, progress: float, eta_seconds: float | None, projected_cost_usd: float | None) -> None:
+        """Set the progress, ETA and projected cost gauges; an unknown figure is NaN."""
+        self.progress.labels(self.job).set(progress)
+        self.eta.labels(self.job).set(math.nan if eta_seconds is None else eta_seconds)
+        self.projected_cost.labels(self.job).set(math.nan if projected_cost_usd is None else projected_cost_usd)
 
     def tuner_decision(self, outcome: str) -> None:
         if outcome not in TUNER_OUTCOMES:

@@ -1,4 +1,4 @@
-"""The run record: `metrics.jsonl` and `summary.json`.
+"""The run record: `metrics.jsonl`, `summary.json` and `status.json`.
 
 Everything a later report needs is in these files, so a run can be analysed
 without Prometheus or the process that produced it.
@@ -6,6 +6,7 @@ without Prometheus or the process that produced it.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
@@ -15,6 +16,8 @@ from mlless.telemetry.rows import StepRow
 
 #: What `export` copies: everything `mlless report` and `mlless evaluate` need.
 EXPORTED = ("model.npz", "summary.json", "metrics.jsonl")
+#: The job's newest status in the run directory (`RunRecord.status`).
+STATUS_FILE = "status.json"
 
 
 class RunRecord:
@@ -56,6 +59,14 @@ class RunRecord:
 
     def summary(self, summary: dict[str, Any]) -> None:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+
+    def status(self, status: dict[str, Any]) -> None:
+        """Rewrite `status.json` (the job's status, as the TrainingJob's `status` has it) whole or not at all: a reader
+        polling it sees the old status or the new one, never half of one (a temporary file renamed over it)."""
+        path = self.run_dir / STATUS_FILE
+        temporary = path.with_name(f".{STATUS_FILE}.tmp")
+        temporary.write_text(json.dumps(status, indent=2, allow_nan=False) + "\n")
+        os.replace(temporary, path)
 
     def export(self, uri: str) -> str:
         """Copy the model and the record to `uri` (a directory or fsspec URL); returns the model's URI there.

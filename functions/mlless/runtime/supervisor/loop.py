@@ -42,6 +42,7 @@ from mlless.runtime.supervisor.membership import (
     INTERNAL_ERROR, INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST, JobFailed, Membership, WorkerRecord, WorkerState,
 )
 from mlless.runtime.supervisor.scaling import Scaling
+from mlless.runtime.supervisor.status import StatusBoard
 from mlless.runtime.supervisor.stopping import Standing, StopRules
 from mlless.runtime.sync import sync_strategy
 from mlless.spec import TrainingJob
@@ -100,6 +101,7 @@ class Supervisor:
         self.accounting = Accounting(job, job_id, self.started, self.record, self.metrics, self.progress)
         self.evaluation = Evaluation(job, self.dataset, transport, self.stopping.watch, self.metrics.validation,
                                      self.accounting.count_rejected)
+        self.status = StatusBoard(job, self.record, self.platform, self.metrics, self.progress, self.stopping.watch)
         # With MLLESS_AUDIT set, workers track their contribution and the end of the job checks conservation.
         self.x0 = self.evaluation.model.params.copy() if os.environ.get(ENV_AUDIT) else None
         self.reports: dict[int, dict[int, Report]] = {}
@@ -409,7 +411,7 @@ class Supervisor:
 
     def _sync_platform(self, cost_usd: float) -> None:
         """Mirror progress to the platform and take in what its users asked for (kubectl scale, suspend)."""
-        self.platform.publish(self._status_fields(cost_usd))
+        self.status.publish(self._standing(), cost_usd, self.evaluation.validation_loss, len(self.live))
         request = self.platform.poll()
         if request is None:
             return
@@ -418,17 +420,6 @@ class Supervisor:
         if request.workers is not None and request.workers != self.scaling.desired:
             self.progress.message(f"step {self.closed}: {request.workers} workers requested")
             self.request_workers(request.workers)
-
-    def _status_fields(self, cost_usd: float) -> dict[str, Any]:
-        """What the platform shows of the job; `cost_usd` as the step's row or the summary has it."""
-        train_loss = self.accounting.train_loss
-        return {
-            "step": self.steps_before + self.closed,
-            "trainLoss": None if math.isnan(train_loss) else train_loss,
-            "validationLoss": self.evaluation.validation_loss,
-            "costUSD": round(cost_usd, 6),
-            "workers": len(self.live),
-        }
 
     # ---- end of job ------------------------------------------------------------------------------
 
@@ -466,7 +457,7 @@ class Supervisor:
             leavers = collect(keys.leaver_replica, [r for r, w in self.workers.items() if w.state == WorkerState.LEFT and r not in left_at_end])
             summary["audit"] = audit_conservation(self.x0, finals, leavers, dropped=bool(self.members.dropped))
         self.record.summary(summary)
-        final = self._status_fields(summary["cost_usd"]) | {"modelURI": self._export(summary["model_path"])}
+        final: dict[str, Any] = {"modelURI": self._export(summary["model_path"])}
         # The suspend checkpoint is the final replicas' model; a best snapshot alone (no replica survived) is not one.
         merged = self.evaluation.final_params
         checkpoint = None if merged is None else Checkpoint(self.steps_before + self.closed, self.cursor, merged)
@@ -481,7 +472,8 @@ class Supervisor:
         else:
             self.failover.discard()
             self.completed = True
-        self.platform.publish(final, final=True)
+        self.status.publish(self._standing(), summary["cost_usd"], self.evaluation.validation_loss, len(self.live), final,
+                            self.completed)
         return summary
 
     def _export(self, model_path: str | None) -> str | None:

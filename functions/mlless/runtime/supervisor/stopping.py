@@ -78,6 +78,7 @@ class ValidationWatch:
         self._stale = 0  # evaluations since then
         self._below_since: int | None = None  # step of the first evaluation of the current run at or below target
         self.diverged = False
+        self.evaluations: list[tuple[int, float]] = []  # (step, loss) of the finite evaluations, for the ETA (eta.py)
 
     def observe(self, step: int, loss: float, params: np.ndarray) -> None:
         """One evaluation of the snapshot of `step`; `params` is copied only when it is the best so far."""
@@ -85,6 +86,7 @@ class ValidationWatch:
             self.diverged = True
             self._below_since = None
             return
+        self.evaluations.append((step, loss))
         if self.best is None or loss < self.best.loss:
             self.best = Best(step, loss, params.copy())
         smoothed = self.smoothed.update(loss)
@@ -99,6 +101,16 @@ class ValidationWatch:
                 self._below_since = step
         else:
             self._below_since = None
+
+    @property
+    def below_since(self) -> int | None:
+        """The step of the first evaluation of the current run at or below the target, if the newest one is."""
+        return self._below_since
+
+    @property
+    def stale(self) -> int:
+        """Evaluations since the smoothed loss last improved by more than minDelta."""
+        return self._stale
 
     def patience_exhausted(self) -> bool:
         return self.patience is not None and self._stale >= self.patience

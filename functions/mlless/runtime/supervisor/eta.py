@@ -1,0 +1,124 @@
+"""How far along a job is, when it will end and what it will have cost: its progress, ETA and projected cost.
+
+Each stop limit the job has gives a fraction done and a time left: `maxSteps` and `maxEpochs` at the job's pace
+(steps, and mini-batches, per second over the newer half of its training so far: the first epoch, which reads
+batches the later ones find cached, is slower), `maxSeconds` by the clock, `budgetUSD`
+at the pace the bill grows, and the target loss or patience where `forecast.project_stop` projects them to fire on
+the validation curve. The nearest limit, the one with the least time left, is the one that will end the job:
+`progress` is its fraction, `etaSeconds` its time left, and `projectedCostUSD` the cost so far plus the bill's
+pace over that time. The curve is fitted again only when an evaluation came since, and at most `REFIT_SHARE` of
+the supervisor's time goes to fits (a fit takes 10-40 ms of its loop, autotuner/curves.py).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from mlless.runtime.supervisor.forecast import StopProjection, project_stop
+from mlless.runtime.supervisor.stopping import Standing
+from mlless.spec.job import StopConfig
+
+#: The pace is measured from standings kept this often, at most `KEPT` of them (thinned to half when full).
+SAMPLE_SECONDS = 0.05
+KEPT = 2000
+#: The most of the supervisor's time the fits of the validation curve may take.
+REFIT_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """Where a job stands against the stop limit nearest to ending it."""
+
+    progress: float  # the fraction of that limit done, 0 to 1
+    eta_seconds: float | None  # None while the pace is not known yet
+    projected_cost_usd: float | None
+    limit: str | None  # the limit, by its spec.stop field (targetLoss and patience: projected); None: none known
+
+
+@dataclass(frozen=True)
+class _Pace:
+    """Steps, mini-batches and dollars per second since the supervisor's first step."""
+
+    steps: float
+    batches: float
+    dollars: float
+
+
+class Estimator:
+    def __init__(self, stop: StopConfig, evaluate_every: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stop = stop
+        self.evaluate_every = evaluate_every
+        self.clock = clock
+        self._kept: list[tuple[Standing, float]] = []  # standings and costs since the first step closed, oldest first
+        self._projection: StopProjection | None = None
+        self._fitted_on = 0  # evaluations the projection was fitted on
+        self._next_fit = -math.inf  # when the curve may be fitted again
+        self.last = Outlook(0.0, None, None, None)
+
+    def estimate(self, at: Standing, cost_usd: float, evaluations: Sequence[tuple[int, float]]) -> Outlook:
+        """The outlook at a step close: `at` and `cost_usd` now, `evaluations` the (step, validation loss) so far."""
+        if not self._kept or at.elapsed - self._kept[-1][0].elapsed >= SAMPLE_SECONDS:
+            self._kept = self._kept[::2] if len(self._kept) >= KEPT else self._kept
+            self._kept.append((at, cost_usd))
+        pace = self._pace(at, cost_usd)
+        candidates = self._limits(at, cost_usd, pace)
+        if pace is not None and pace.steps > 0:
+            nearest = min((eta for _, _, eta in candidates), default=None)
+            until = None if nearest is None else at.steps + nearest * pace.steps
+            projection = self._project(evaluations, until)
+            if projection is not None:
+                # A projected stop the job went past without stopping is due at the next step close, at the soonest.
+                end = max(projection.step, at.steps + 1)
+                candidates.append((projection.rule, at.steps / end, (end - at.steps) / pace.steps))
+        if not candidates:
+            self.last = Outlook(0.0, None, None, None)
+            return self.last
+        limit, fraction, eta = min(candidates, key=lambda c: c[2])
+        projected = None if pace is None else cost_usd + pace.dollars * eta
+        self.last = Outlook(min(max(fraction, 0.0), 1.0), eta, projected, limit)
+        return self.last
+
+    def finished(self, cost_usd: float, completed: bool) -> Outlook:
+        """The outlook at the job's end: done, unless it stopped to be resumed (a suspend, a lost service)."""
+        if completed:
+            return Outlook(1.0, 0.0, cost_usd, self.last.limit)
+        return Outlook(self.last.progress, None, None, self.last.limit)
+
+    def _pace(self, at: Standing, cost_usd: float) -> _Pace | None:
+        """The pace since the standing kept last at or before halfway from the first step to `at`."""
+        halfway = (self._kept[0][0].elapsed + at.elapsed) / 2
+        first, first_cost = self._kept[max(bisect.bisect_right([k.elapsed for k, _ in self._kept], halfway) - 1, 0)]
+        seconds = at.elapsed - first.elapsed
+        if seconds <= 0 or at.steps <= first.steps:
+            return None
+        return _Pace((at.steps - first.steps) / seconds, (at.cursor - first.cursor) / seconds,
+                     (cost_usd - first_cost) / seconds)
+
+    def _limits(self, at: Standing, cost_usd: float, pace: _Pace | None) -> list[tuple[str, float, float]]:
+        """(limit, fraction done, seconds left) of each limit set whose time left is known."""
+        stop, out = self.stop, []
+        if stop.max_seconds is not None:
+            out.append(("maxSeconds", at.elapsed / stop.max_seconds, max(stop.max_seconds - at.elapsed, 0.0)))
+        if pace is None:
+            return out
+        if stop.max_steps is not None and pace.steps > 0:
+            out.append(("maxSteps", at.steps / stop.max_steps, max(stop.max_steps - at.steps, 0) / pace.steps))
+        batches = None if stop.max_epochs is None else stop.max_epochs * at.n_batches
+        if batches is not None and pace.batches > 0:
+            out.append(("maxEpochs", at.cursor / batches, max(batches - at.cursor, 0.0) / pace.batches))
+        if stop.budget_usd is not None and pace.dollars > 0:
+            out.append(("budgetUSD", cost_usd / stop.budget_usd, max(stop.budget_usd - cost_usd, 0.0) / pace.dollars))
+        return out
+
+    def _project(self, evaluations: Sequence[tuple[int, float]], until: float | None) -> StopProjection | None:
+        """The stop rule's projection, fitted again if an evaluation came and the fits keep to `REFIT_SHARE`."""
+        started = self.clock()
+        if len(evaluations) > self._fitted_on and started >= self._next_fit:
+            self._fitted_on = len(evaluations)
+            self._projection = project_stop([s for s, _ in evaluations], [x for _, x in evaluations], self.stop,
+                                            self.evaluate_every, until)
+            self._next_fit = started + (self.clock() - started) / REFIT_SHARE
+        return self._projection

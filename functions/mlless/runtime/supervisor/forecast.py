@@ -1,0 +1,107 @@
+"""When a job's stop rule will fire, projected from its validation curve.
+
+`project_stop` is the one place that turns a loss curve into "the step at which the target-loss or the patience
+rule ends the job": the supervisor's progress and ETA read it (`eta.py`) and so can a planner that fits a pilot
+run's curve. It fits the curve the auto-tuner fits (`mlless.autotuner.curves.fit_reference`,
+1/(θ0·t^θ1 + θ2) + θ3) to the smoothed validation losses the stop rules read (`stopping.smoothed_losses`),
+extends it one evaluation at a time, and replays the evaluations seen and projected through the supervisor's own
+`ValidationWatch`: the projection stops where the rule would, by the same code.
+
+A fitted curve decreases for ever, so under patience alone its trend would never stop on a small `minDelta`. A
+real curve stops once its fall per evaluation drowns in the evaluations' noise: the smoothed loss then makes no
+new best for `patience` evaluations in a row, at a step that is itself random. So `FUTURES` futures are replayed:
+the fitted trend plus Gaussian noise with the scatter of the newest half of the evaluations about it (a fixed
+seed: the same evaluations give the same projection), each through a copy of the rules as they stand; the
+projection is the median future's stop.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from mlless.autotuner.curves import CurveFitError, FittedCurve, fit_reference
+from mlless.runtime.supervisor.stopping import ValidationWatch, smoothed_losses
+from mlless.spec.job import StopConfig
+
+__all__ = ["StopProjection", "project_stop"]
+
+#: Evaluations a fit needs (`fit_reference`'s least).
+MIN_EVALUATIONS = 8
+#: The projection gives up this many evaluations past the newest one: a rule that far away is no forecast.
+HORIZON_EVALUATIONS = 500
+#: How many noisy futures of the fitted curve are replayed.
+FUTURES = 9
+_NO_PARAMS = np.zeros(0, np.float32)
+
+
+@dataclass(frozen=True)
+class StopProjection:
+    """Where the target-loss or patience rule is projected to end the job."""
+
+    step: int  # the step close at which the rule fires
+    rule: str  # "targetLoss" or "patience"
+    curve: FittedCurve | None  # None: too few evaluations to fit, projected from those since the best
+    noise: float  # the evaluations' scatter about the fit (loss units) its futures were given
+
+
+def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConfig, evaluate_every: int,
+                 until_step: float | None = None) -> StopProjection | None:
+    """The step at which `stop`'s target loss or patience fires, for a job whose evaluations so far (every
+    `evaluate_every` steps) scored `losses` at `steps`; None when neither rule is set, or the rule does not fire
+    before `until_step` (another limit's step, if any) or the horizon. Before a curve can be fitted, only a patience
+    already counting is projected: to fire `patience` evaluations after the best."""
+    if (stop.target_loss is None and stop.patience is None) or evaluate_every <= 0:
+        return None
+    points = [(float(s), float(x)) for s, x in zip(steps, losses) if s > 0 and math.isfinite(x)]
+    if not points:
+        return None
+    watch = ValidationWatch(stop.patience, stop.target_loss, stop.target_steps, stop.min_delta)
+    for step, loss in points:  # the rules' state now, replayed: the same code the supervisor runs
+        watch.observe(int(step), loss, _NO_PARAMS)
+    t = np.array([s for s, _ in points])
+    smoothed = np.array(smoothed_losses(x for _, x in points))
+    try:
+        curve = fit_reference(t, smoothed, min_points=MIN_EVALUATIONS)
+    except CurveFitError:  # too few evaluations yet, or a curve no fit holds
+        if not watch.stale or stop.patience is None:
+            return None
+        # The evaluations since the best are taken to go on not improving (a model that overfits early, as the
+        # clicks of benchmarks/eta.py do, stops before a curve can be fitted).
+        step = int(t[-1]) + (stop.patience - watch.stale) * evaluate_every
+        return StopProjection(step, "patience", None, 0.0) if until_step is None or step <= until_step else None
+    tail = slice(len(points) // 2, None)
+    raw = np.array([x for _, x in points])
+    noise = float(np.std(raw[tail] - np.asarray(curve(t[tail]), dtype=np.float64)))
+    first = int(t[-1])
+    last = first + HORIZON_EVALUATIONS * evaluate_every
+    last = last if until_step is None else min(until_step, last)
+    ahead = np.arange(first + evaluate_every, last + evaluate_every, evaluate_every, dtype=np.float64)
+    trend = np.asarray(curve(ahead), dtype=np.float64) if ahead.size else ahead
+    # The futures: the fitted trend plus evaluation noise as the newest half scattered about it, each replayed
+    # through a copy of the rules as they stand; the job stops where half of them have stopped.
+    rng = np.random.default_rng(len(points))
+    stops = sorted(_replay(copy.deepcopy(watch), first, ahead, trend + rng.normal(0.0, noise, trend.size), stop,
+                           evaluate_every, last) for _ in range(FUTURES if noise > 0 else 1))
+    median = stops[len(stops) // 2]
+    if median[0] == math.inf:
+        return None
+    return StopProjection(int(median[0]), median[1], curve, noise)
+
+
+def _replay(watch: ValidationWatch, first: int, ahead: np.ndarray, losses: np.ndarray, stop: StopConfig,
+            evaluate_every: int, last: float) -> tuple[float, str]:
+    """Where `watch`'s rules stop on these projected evaluations: (step, rule), or (inf, "") within `last`."""
+    for step, loss in zip([first, *ahead.astype(int).tolist()], [None, *losses.tolist()]):
+        if loss is not None:
+            watch.observe(step, loss, _NO_PARAMS)
+        # The target is read at every step close: it fires before the next evaluation if it has held long enough.
+        held = None if watch.below_since is None else max(step, watch.below_since + stop.target_steps)
+        if held is not None and held < step + evaluate_every and held <= last:
+            return held, "targetLoss"
+        if watch.patience_exhausted():
+            return step, "patience"
+    return math.inf, ""

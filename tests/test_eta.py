@@ -1,0 +1,193 @@
+"""Progress, ETA and projected cost (runtime/supervisor/eta.py) and the stop rule's projection (forecast.py).
+
+The projection is checked against where the supervisor's own `ValidationWatch` stops on the whole curve, given only
+its first part; the curves are synthetic SGD-like ones, 0.5 + 0.5/(1 + t/200), with Gaussian evaluation noise.
+The estimator is driven by hand with a fake clock; status.json is checked as a reader polling it would see it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from mlless.runtime.supervisor.eta import Estimator
+from mlless.runtime.supervisor.forecast import MIN_EVALUATIONS, project_stop
+from mlless.runtime.supervisor.stopping import Standing, ValidationWatch
+from mlless.spec.config import StopConfig
+from mlless.telemetry.record import STATUS_FILE, RunRecord
+
+EVERY = 25
+STEPS = np.arange(1, 801) * EVERY
+
+
+def curve(sigma: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return 0.5 + 0.5 / (1 + STEPS / 200) + rng.normal(0.0, sigma, STEPS.size)
+
+
+def real_stop(losses: np.ndarray, stop: StopConfig) -> int:
+    """The step close at which the supervisor's rules stop a job evaluated every EVERY steps with these losses."""
+    watch = ValidationWatch(stop.patience, stop.target_loss, stop.target_steps, stop.min_delta)
+    for k, (step, loss) in enumerate(zip(STEPS.tolist(), losses.tolist())):
+        watch.observe(step, loss, np.zeros(0))
+        for at in range(step, step + EVERY):  # the rules are read at every step close until the next evaluation
+            if watch.target_held(at) or watch.patience_exhausted():
+                return at
+    raise AssertionError("the curve never stops")
+
+
+def errors_at_half(sigma: float, stop: StopConfig, rule: str, seeds: int) -> list[float]:
+    """For each seed: |projected - real stop| / real steps left, projected from the curve up to half the real stop."""
+    errors = []
+    for seed in range(seeds):
+        losses = curve(sigma, seed)
+        real = real_stop(losses, stop)
+        seen = max(MIN_EVALUATIONS, int(np.searchsorted(STEPS, real / 2)))
+        projected = project_stop(STEPS[:seen], losses[:seen], stop, EVERY)
+        assert projected is None or (projected.rule == rule and projected.curve is not None)
+        errors.append(math.inf if projected is None else abs(projected.step - real) / (real - STEPS[seen - 1]))
+    return errors
+
+
+@pytest.mark.parametrize("sigma, bound", [(0.0, 0.2), (0.002, 0.2), (0.005, 0.3)])  # noise of 1 % is projected less closely
+def test_a_target_loss_stop_is_projected_from_the_first_half_of_the_curve(sigma, bound):
+    errors = errors_at_half(sigma, StopConfig(target_loss=0.56, target_steps=10), "targetLoss", 5)
+    assert np.median(errors) <= bound, errors
+
+
+@pytest.mark.parametrize("sigma", [0.001, 0.003])
+def test_a_patience_stop_is_projected_from_the_first_half_of_the_curve(sigma):
+    errors = errors_at_half(sigma, StopConfig(patience=5, min_delta=0.001), "patience", 8)
+    # A patience stop is where noise happens to hold the best for `patience` evaluations: single runs scatter
+    # (benchmarks/eta.py measures real ones).
+    assert np.median(errors) <= 0.5, errors
+
+
+def test_a_noise_free_curve_stops_on_patience_only_where_its_fall_is_under_min_delta():
+    losses = curve(0.0, 0)
+    early = project_stop(STEPS[:40], losses[:40], StopConfig(patience=5, min_delta=0.01), EVERY)
+    late = project_stop(STEPS[:40], losses[:40], StopConfig(patience=5, min_delta=0.001), EVERY)
+    assert early is not None and late is not None and early.step < late.step
+
+
+def test_no_projection_without_a_rule_enough_evaluations_or_before_the_limit():
+    losses = curve(0.002, 1)
+    assert project_stop(STEPS[:40], losses[:40], StopConfig(max_steps=1000), EVERY) is None
+    assert project_stop(STEPS[:MIN_EVALUATIONS - 1], losses[:MIN_EVALUATIONS - 1], StopConfig(patience=5), EVERY) is None
+    assert project_stop(STEPS[:40], losses[:40], StopConfig(target_loss=0.56), EVERY, until_step=1100) is None
+    assert project_stop(STEPS[:40], losses[:40], StopConfig(target_loss=0.1), EVERY) is None  # under the asymptote
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def standing(steps: int, seconds: float, n_batches: int = 100) -> Standing:
+    return Standing(steps=steps, cursor=2 * steps, n_batches=n_batches, train_loss=1.0, elapsed=seconds)
+
+
+def test_progress_and_eta_follow_the_nearest_limit_at_the_jobs_pace():
+    estimator = Estimator(StopConfig(max_steps=1000, max_seconds=200.0, budget_usd=1.0), 0, Clock())
+    first = estimator.estimate(standing(1, 2.0), 0.001, [])
+    assert first.limit == "maxSeconds" and first.eta_seconds == 198.0 and first.projected_cost_usd is None
+    # 10 steps and $0.001 a second: 1000 steps in 100 s, the budget in 1000 s, the clock at 200 s.
+    out = estimator.estimate(standing(101, 12.0), 0.011, [])
+    assert out.limit == "maxSteps" and out.progress == pytest.approx(0.101)
+    assert out.eta_seconds == pytest.approx(89.9) and out.projected_cost_usd == pytest.approx(0.011 + 0.0899)
+    out = estimator.estimate(standing(201, 182.0), 0.181, [])  # the pace fell: maxSeconds is nearer now
+    assert out.limit == "maxSeconds" and out.progress == pytest.approx(0.91) and out.eta_seconds == pytest.approx(18.0)
+    assert estimator.finished(0.1, completed=True).progress == 1.0 and estimator.finished(0.1, True).eta_seconds == 0.0
+    suspended = estimator.finished(0.1, completed=False)
+    assert suspended.progress == pytest.approx(0.91) and suspended.eta_seconds is None
+
+
+def test_epochs_count_mini_batches_and_the_projection_joins_the_limits():
+    clock = Clock()
+    stop = StopConfig(max_epochs=100.0, patience=5, min_delta=0.001)
+    estimator = Estimator(stop, EVERY, clock)
+    losses = curve(0.001, 3)
+    estimator.estimate(standing(0, 1.0), 0.0, [])
+    seen = 40
+    evaluations = list(zip(STEPS[:seen].tolist(), losses[:seen].tolist()))
+    at = standing(int(STEPS[seen - 1]), 1.0 + STEPS[seen - 1] / 100)  # 100 steps, 200 mini-batches a second
+    out = estimator.estimate(at, 0.0, evaluations)
+    # the epochs limit is 5000 steps away at this pace: the estimator projects up to there
+    projected = project_stop(STEPS[:seen], losses[:seen], stop, EVERY, until_step=5000)
+    assert projected is not None and projected.step < 5000  # 100 epochs are 5000 steps here
+    assert out.limit == "patience" and out.progress == pytest.approx(at.steps / projected.step)
+    assert out.eta_seconds == pytest.approx((projected.step - at.steps) / 100, rel=1e-3)
+    no_rule = Estimator(StopConfig(max_epochs=100.0), EVERY, clock)
+    no_rule.estimate(standing(0, 1.0), 0.0, [])
+    out = no_rule.estimate(at, 0.0, evaluations)
+    assert out.limit == "maxEpochs" and out.progress == pytest.approx(2 * at.steps / 10000)
+
+
+def test_status_json_is_replaced_whole(tmp_path):
+    record = RunRecord(tmp_path)
+    record.status({"step": 1, "progress": 0.1})
+    record.status({"step": 2, "progress": 0.2})
+    assert json.loads((tmp_path / STATUS_FILE).read_text()) == {"step": 2, "progress": 0.2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [STATUS_FILE]  # no temporary file left behind
+
+
+@pytest.mark.slow
+@pytest.mark.services
+def test_a_local_job_shows_its_progress_eta_and_cost_in_status_json(movielens_dir, tmp_path, redis_url, amqp_url):
+    from mlless.runtime.local import new_job_id
+    from test_platform import RecordingPlatform, run
+    from test_training import job_for
+
+    platform, run_dir, seen = RecordingPlatform(), tmp_path / "run", []
+    done = threading.Event()
+
+    def watch() -> None:  # as a user's `watch cat status.json` would: every read is a whole status
+        while not done.is_set():
+            if (run_dir / STATUS_FILE).exists():
+                status = json.loads((run_dir / STATUS_FILE).read_text())
+                if not seen or status != seen[-1]:
+                    seen.append(status)
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        summary = run(job_for(movielens_dir, workers=2, stop={"maxSteps": 400}), new_job_id("eta"), run_dir,
+                      redis_url, amqp_url, platform)
+    finally:
+        done.set()
+        watcher.join()
+    final = json.loads((run_dir / STATUS_FILE).read_text())
+    merged: dict = {}
+    for status, _ in platform.published:
+        merged = {k: v for k, v in (merged | status).items() if v is not None}
+    assert final == merged  # the object the platform (the TrainingJob's status) was sent, merged as a patch is
+    assert final["progress"] == 1.0 and final["etaSeconds"] == 0.0 and final["progressLimit"] == "maxSteps"
+    assert final["projectedCostUSD"] == final["costUSD"] == pytest.approx(summary["cost_usd"], abs=1e-6)
+    assert len(seen) >= 3, seen  # rewritten as the job went, not only at its end
+    training = [s for s, final in platform.published if not final and s["step"] > 1]
+    assert [s["progress"] for s in training] == sorted(s["progress"] for s in training)
+    assert [s["progress"] for s in seen] == sorted(s["progress"] for s in seen)
+    assert training[0]["progress"] == pytest.approx(training[0]["step"] / 400, abs=1e-4)
+    etas = [s["etaSeconds"] for s in training]
+    # The pace of a shared machine wobbles, so the ETA may tick up a little, but it falls to the end.
+    assert etas[-1] < etas[len(etas) // 2] < etas[0]
+    assert sum(b <= a for a, b in zip(etas, etas[1:])) >= 0.8 * (len(etas) - 1)
+    assert all(s["projectedCostUSD"] >= s["costUSD"] for s in training)
+
+
+def test_before_a_fit_a_patience_already_counting_is_projected_to_run_out():
+    # the clicks overfit after 4 evaluations and stop after 9, before a curve of 8 can be fitted (benchmarks/eta.py)
+    losses = [0.5955, 0.5785, 0.5751, 0.57485, 0.5769]
+    steps = [25 * (k + 1) for k in range(len(losses))]
+    projected = project_stop(steps, losses, StopConfig(patience=5, min_delta=0.001), EVERY)
+    assert projected is not None and projected.rule == "patience" and projected.curve is None
+    assert projected.step == 125 + 4 * EVERY  # one stale evaluation seen, four to go
+    assert project_stop(steps[:4], losses[:4], StopConfig(patience=5, min_delta=0.001), EVERY) is None  # improving
