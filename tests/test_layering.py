@@ -34,8 +34,10 @@ ALLOWED: dict[str, set[str]] = {
     "telemetry": {"contract", "spec"},
     "runtime": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "smoothing",
                 "progress", "plugins"},
+    # A sweep runs local jobs; its ASHA, manifest and status are pure, for the operator too.
+    "sweep": {"contract", "spec", "runtime", "telemetry", "progress", "plugins"},
     "cli": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "runtime",
-            "progress", "plugins"},
+            "progress", "plugins", "sweep"},
     "__main__": {"cli"},
     "__init__": set(),
 }
