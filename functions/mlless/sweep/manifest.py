@@ -156,17 +156,25 @@ def _parameter(i: int, raw: Mapping[str, Any]) -> Parameter:
 
 
 def _check_values(sweep: Sweep, source: str) -> None:
-    """Every value a trial can take, resolved into the template, passes the TrainingJob's checks."""
-    base = {p.field: p.ends()[0] for p in sweep.parameters}
+    """Every value a trial can take, resolved into the template, passes the TrainingJob's checks. Each value is tried
+    over the template alone, or, if the template needs the parameters (a required field set by one), over the
+    template with every parameter at its first value."""
+    name = sweep.trial_name(0)
+    firsts = {p.field: p.ends()[0] for p in sweep.parameters}
+    base: dict[str, Any] = {}
     try:
-        sweep.trial_job(sweep.trial_name(0), base, source)
-    except SpecError as exc:
-        raise SpecError(f"{source}: spec.template: {_refusal(exc)}") from None
+        sweep.trial_job(name, base, source)
+    except SpecError:
+        base = firsts
+        try:
+            sweep.trial_job(name, base, source)
+        except SpecError as exc:
+            raise SpecError(f"{source}: spec.template: {_refusal(exc)}") from None
     for i, p in enumerate(sweep.parameters):
         for j, value in enumerate(p.ends()):
             where = f"spec.parameters[{i}].{p.sampler}" + (f"[{j}]" if p.values else f".{('min', 'max')[j]}")
             try:
-                job = sweep.trial_job(sweep.trial_name(0), base | {p.field: value}, source)
+                job = sweep.trial_job(name, base | {p.field: value}, source)
             except SpecError as exc:
                 raise SpecError(f"{source}: {where}: {value!r} is refused by the TrainingJob schema: "
                                 f"{_refusal(exc)}") from None
@@ -175,6 +183,10 @@ def _check_values(sweep: Sweep, source: str) -> None:
                 field = where if p.field == "stop.budgetUSD" else "spec.template.spec.stop.budgetUSD"
                 raise SpecError(f"{source}: {field}: a trial budget of {budget:g} USD is larger than the sweep's "
                                 f"spec.budgetUSD {sweep.budget_usd:g}")
+    try:
+        sweep.trial_job(name, firsts, source)
+    except SpecError as exc:
+        raise SpecError(f"{source}: spec.parameters: their first values together: {_refusal(exc)}") from None
 
 
 def validate_sweep(doc: Any, source: str) -> None:
