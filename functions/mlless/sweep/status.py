@@ -75,6 +75,23 @@ def sweep_status(phase: str, trials: list[Trial], message: str | None = None) ->
     return status
 
 
+def copy_record(source: str, target: str) -> str:
+    """Copy a run's model and record from directory or URL `source` to `target` (fsspec); the model's URI there."""
+    import fsspec
+
+    from mlless.telemetry.record import EXPORTED
+
+    src_fs, src = fsspec.core.url_to_fs(source)
+    dst_fs, dst = fsspec.core.url_to_fs(target)
+    dst_fs.makedirs(dst, exist_ok=True)
+    for name in EXPORTED:
+        path = f"{src.rstrip('/')}/{name}"
+        if src_fs.exists(path):
+            with src_fs.open(path, "rb") as fin, dst_fs.open(f"{dst.rstrip('/')}/{name}", "wb") as fout:
+                fout.write(fin.read())
+    return f"{target.rstrip('/')}/model.npz"
+
+
 def write_status(sweep_dir: Path, status: dict[str, Any]) -> None:
     """status.json, replaced whole (written aside, then renamed) so a reader never sees half of it."""
     tmp = sweep_dir / f".{STATUS_FILE}.tmp"
