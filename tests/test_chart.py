@@ -88,12 +88,17 @@ SUPERVISOR_ROLE_RULES = [
 # (TestOperatorContract checks that they agree).
 OPERATOR_NEEDS: dict[tuple[str, str], set[str]] = {
     # Kopf watches and patches (finalizer, annotations); the operator deletes for ttlSecondsAfterFinished.
-    ("mlless.io", "trainingjobs"): {"get", "list", "watch", "patch", "delete"},
+    # A sweep creates, reads, lists and deletes its trials.
+    ("mlless.io", "trainingjobs"): {"create", "get", "list", "watch", "patch", "delete"},
     ("mlless.io", "trainingjobs/status"): {"get", "patch"},
     ("mlless.io", "trainingjobs/scale"): {"get", "patch"},  # only to grant them to the supervisor
     # The children's owner references set blockOwnerDeletion; where the OwnerReferencesPermissionEnforcement
     # admission plugin runs (OpenShift, hardened clusters) that needs update on the owner's finalizers.
     ("mlless.io", "trainingjobs/finalizers"): {"update"},
+    # Kopf watches and patches TrainingSweeps; the operator writes their status; trials' owner references block.
+    ("mlless.io", "trainingsweeps"): {"get", "list", "watch", "patch"},
+    ("mlless.io", "trainingsweeps/status"): {"get", "patch"},
+    ("mlless.io", "trainingsweeps/finalizers"): {"update"},
     # Children are addressed by name: no list/watch, above all not on Secrets. Owner references let the
     # garbage collector delete them; the operator deletes only Secrets (the OpenFaaS copy) and pods.
     ("", "secrets"): {"create", "get", "patch", "delete"},
@@ -398,24 +403,27 @@ class TestValues:
 # ---- crds/ ----------------------------------------------------------------------------------------
 
 
-class TestCRD:
-    def test_chart_ships_exactly_the_generated_crd(self, chart):
-        (crd,) = chart.crds
-        assert crd["name"] == "crds/trainingjob.yaml"
-        assert crd["data"] == CRD_FILE.read_text()
+CRD_FILES = {"crds/trainingjob.yaml": CRD_FILE, "crds/trainingsweep.yaml": ROOT / "crds" / "trainingsweep.yaml"}
 
-    def test_chart_crd_is_a_link_to_the_generated_file(self):
-        link = CHART / "crds" / "trainingjob.yaml"
-        assert link.is_symlink() and link.resolve() == CRD_FILE.resolve()
+
+class TestCRD:
+    def test_chart_ships_exactly_the_generated_crds(self, chart):
+        assert {crd["name"]: crd["data"] for crd in chart.crds} == {n: f.read_text() for n, f in CRD_FILES.items()}
+
+    @pytest.mark.parametrize("name", CRD_FILES)
+    def test_chart_crd_is_a_link_to_the_generated_file(self, name):
+        link = CHART / name
+        assert link.is_symlink() and link.resolve() == CRD_FILES[name].resolve()
 
     def test_packaged_chart_carries_the_crd_contents(self, tmp_path):
         archive = helm.package(CHART, destination=tmp_path)
         with tarfile.open(archive) as tar:
-            member = tar.getmember("mlless/crds/trainingjob.yaml")
-            assert member.isfile()  # the link is resolved, not archived as a dangling symlink
-            assert tar.extractfile(member).read().decode() == CRD_FILE.read_text()
+            for name, generated in CRD_FILES.items():
+                member = tar.getmember(f"mlless/{name}")
+                assert member.isfile()  # the link is resolved, not archived as a dangling symlink
+                assert tar.extractfile(member).read().decode() == generated.read_text()
         with helm.Chart.load(archive) as packaged:
-            assert [c["data"] for c in packaged.crds] == [CRD_FILE.read_text()]
+            assert sorted(c["data"] for c in packaged.crds) == sorted(f.read_text() for f in CRD_FILES.values())
 
     @pytest.mark.parametrize("variation", VARIATIONS)
     def test_crd_is_never_templated(self, render, variation):
@@ -583,9 +591,10 @@ class TestRBAC:
     def test_no_privilege_escalation_verbs(self, rules):
         verbs = {v for r in rules for v in r["verbs"]}
         assert not verbs & {"escalate", "bind", "impersonate", "deletecollection"}
-        # The operator patches; it never PUTs a whole object. The one `update` is on the finalizers
-        # subresource, which owner-reference admission checks and nothing calls.
-        assert {(res, v) for r in rules for res in r["resources"] for v in r["verbs"] if v == "update"} == {("trainingjobs/finalizers", "update")}
+        # The operator patches; it never PUTs a whole object. The `update`s are on the owners' finalizers
+        # subresources (jobs own children, sweeps own trials), which owner-reference admission checks and nothing calls.
+        assert {(res, v) for r in rules for res in r["resources"] for v in r["verbs"] if v == "update"} == {
+            ("trainingjobs/finalizers", "update"), ("trainingsweeps/finalizers", "update")}
 
     def test_exactly_what_the_operator_needs(self, rules):
         granted: dict[tuple[str, str], set[str]] = {}
@@ -899,7 +908,7 @@ class TestOperatorContract:
 
         for (api_version, kind), verbs in VERBS.items():
             needed = OPERATOR_NEEDS[(api_version.rpartition("/")[0], PLURALS[(api_version, kind)])]
-            if kind == "TrainingJob":
+            if kind in ("TrainingJob", "TrainingSweep"):
                 assert verbs <= needed
             else:
                 assert needed == verbs, (api_version, kind)

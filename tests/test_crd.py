@@ -65,7 +65,8 @@ def test_condition_items_have_the_metav1_condition_shape(crd):
     assert item["properties"]["type"]["enum"] == ["Created", "Running", "Suspended", "Succeeded", "Failed", "SupervisorRestarted", "PodsHealthy"]
 
 
-@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("example", sorted(p for p in (ROOT / "examples").glob("*.yaml") if not p.name.startswith("sweep-")),
+                         ids=lambda p: p.name)
 def test_examples_are_valid_for_the_crd_and_the_cli(example, crd):
     doc = yaml.safe_load(example.read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

@@ -17,7 +17,8 @@ from mlless.cli import main
 from mlless_operator.handlers.create import spec_error
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+# The TrainingJobs; the sweep examples (sweep-*.yaml) are tests/test_sweep.py's.
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml") if not p.name.startswith("sweep-"))
 CLUSTER_FIELDS = {"function", "redis", "rabbitmq", "supervisor", "suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds"}
 
 

@@ -35,12 +35,15 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "smoothing",
                 "progress", "plugins"},
     "planning": {"contract", "spec", "data", "autotuner", "runtime", "telemetry", "progress", "plugins"},
+    # A sweep runs local jobs; its ASHA, manifest and status are pure, for the operator too.
+    "sweep": {"contract", "spec", "runtime", "telemetry", "progress", "plugins"},
     "cli": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "runtime",
-            "progress", "plugins", "planning"},
+            "progress", "plugins", "planning", "sweep"},
     "__main__": {"cli"},
     "__init__": set(),
 }
-OPERATOR_ALLOWED = {"contract", "spec", "transport"}
+# `sweep` for its pure parts: the manifest, ASHA and the status table (never its local runner).
+OPERATOR_ALLOWED = {"contract", "spec", "transport", "sweep"}
 
 
 def _part(module: str) -> str:

@@ -12,14 +12,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mlless.contract import (
-    ENV_AMQP_URL,
     ENV_DEADLINE_SECONDS,
     ENV_EMBEDDED_ADDRESS,
     ENV_JOB_FILE,
     ENV_JOB_ID,
     ENV_METRICS_PORT,
     ENV_RANK,
-    ENV_REDIS_URL,
     ENV_RESUME,
     EXIT_CHECKPOINTED,
     EXIT_FAILED,
@@ -35,16 +33,16 @@ from mlless.data.dataset import Dataset, DatasetError
 from mlless.training.models import ModelFileError, load_model
 from mlless.telemetry.report.cli import add_report_parser
 from mlless.planning.cli import add_parser as add_plan_parser
+from mlless.sweep import cli as sweep_cli
 from mlless.runtime.launcher import Launcher
 from mlless.progress import Progress
-from mlless.runtime.supervisor.failover import ResumeError, resumable
-from mlless.runtime.supervisor.membership import INTERNAL_ERROR, INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST, JobFailed
-from mlless.runtime.supervisor.stopping import DIVERGED
+from mlless.runtime.supervisor.failover import ResumeError, failed, resumable
+from mlless.runtime.supervisor.membership import INTERRUPTED, JobFailed
 from mlless.plugins import load_plugins
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.spec.models import model_type
 from mlless.transport import TransportError
-from mlless.transport.env import JOB_KEY_FILE, service_urls
+from mlless.transport.env import JOB_KEY_FILE
 
 log = logging.getLogger("mlless")
 
@@ -72,16 +70,17 @@ def _check_fit(source: str, job: TrainingJob, dataset: Dataset) -> None:
         raise UsageError(f"{source}: {error}")
 
 
-def _services(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    from_env = service_urls(os.environ)
-    redis_url = args.redis_url or from_env.get(ENV_REDIS_URL)
-    amqp_url = args.amqp_url or from_env.get(ENV_AMQP_URL)
-    if bool(redis_url) != bool(amqp_url):
-        raise UsageError("give both --redis-url and --amqp-url (or REDIS_URL and AMQP_URL), or neither for the embedded transport")
-    return redis_url, amqp_url
+def service_args(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    from mlless.runtime.local import services_from
+
+    try:
+        services = services_from(args.redis_url, args.amqp_url)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return services.redis_url, services.amqp_url
 
 
-def _add_service_args(p: argparse.ArgumentParser) -> None:
+def add_service_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-url", metavar="URL", help="Redis for model updates (default: $REDIS_URL; none: embedded transport)")
     p.add_argument("--amqp-url", metavar="URL", help="RabbitMQ for control messages (default: $AMQP_URL)")
 
@@ -95,7 +94,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     # --workers goes through the schema like the manifest's own field, and the defaults that depend on P follow it.
     job = _load_job(args.job, {"workers": args.workers} if args.workers is not None else None)
     _check_fit(args.job, job, Dataset.open(job.dataset_uri))
-    redis_url, amqp_url = _services(args)
+    redis_url, amqp_url = service_args(args)
     if args.resume and not args.out:
         raise UsageError("--resume continues the job of a run directory: give it with --out RUNDIR")
     run_dir = Path(args.out or f"runs/{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -114,15 +113,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"mlless: to go on: mlless train {args.job} --out {run_dir} --resume", file=sys.stderr)
     if summary["stop_reason"] == INTERRUPTED:
         return EXIT_INTERRUPTED
-    return EXIT_FAILED if _failed(summary) else 0
-
-
-def _failed(summary: dict[str, Any]) -> bool:
-    """No model, or the job ended on a fault or diverged rather than on a stop rule (its model is the best
-    snapshot)."""
-    reason = summary["stop_reason"]
-    return (summary["validation_loss"] is None or reason in (NO_LIVE_WORKERS, DIVERGED)
-            or reason.startswith((SERVICE_LOST, INTERNAL_ERROR)))
+    return EXIT_FAILED if failed(summary) else 0
 
 
 def _print_summary(summary: dict[str, Any], progress: Progress) -> None:
@@ -209,7 +200,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not (job_file and rank is not None and job_id):
         raise UsageError("a worker needs --job/MLLESS_JOB_FILE, --rank/MLLESS_RANK and --job-id/MLLESS_JOB_ID")
     job = _load_job(job_file)
-    redis_url, amqp_url = _services(args)
+    redis_url, amqp_url = service_args(args)
     embedded = os.environ.get(ENV_EMBEDDED_ADDRESS)
     if not redis_url and not embedded:
         raise UsageError("a worker needs --redis-url/--amqp-url or MLLESS_EMBEDDED_ADDRESS")
@@ -251,7 +242,7 @@ def cmd_supervisor(args: argparse.Namespace) -> int:
     if not (job_file and job_id):
         raise UsageError("the supervisor needs --job/MLLESS_JOB_FILE and --job-id/MLLESS_JOB_ID")
     job = _load_job(job_file)
-    redis_url, amqp_url = _services(args)
+    redis_url, amqp_url = service_args(args)
     if not redis_url:
         raise UsageError("the supervisor needs --redis-url and --amqp-url (or REDIS_URL and AMQP_URL)")
     launcher = _worker_launcher(job, job_id)
@@ -265,7 +256,7 @@ def cmd_supervisor(args: argparse.Namespace) -> int:
     summary = supervise(job, job_id, transport, launcher, Path(args.out), progress, args.metrics_port, platform,
                         successor=True)
     _print_summary(summary, progress)
-    return EXIT_FAILED if _failed(summary) else 0
+    return EXIT_FAILED if failed(summary) else 0
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
@@ -303,14 +294,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start a new job in --out RUNDIR even if it holds one that can be resumed")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on this port while training")
-    _add_service_args(p)
+    add_service_args(p)
     p.set_defaults(func=cmd_train)
 
     add_prepare_parser(sub)
 
     add_report_parser(sub)
+    sweep_cli.add_parser(sub)
 
-    add_plan_parser(sub, _add_service_args, _services)
+    add_plan_parser(sub, add_service_args, service_args)
 
     p = sub.add_parser("evaluate", help="evaluate a saved model on a prepared dataset")
     p.add_argument("model", metavar="MODEL", help="model.npz written by a run")
@@ -338,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"checkpoint to Redis and exit with code {EXIT_CHECKPOINTED} before S seconds have passed (default $MLLESS_DEADLINE_SECONDS; none: run to the end)",
     )
     p.add_argument("--resume", action="store_true", help="continue from this rank's checkpoint (default: $MLLESS_RESUME=1)")
-    _add_service_args(p)
+    add_service_args(p)
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser(
@@ -371,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"Prometheus metrics port (default $MLLESS_METRICS_PORT or {SUPERVISOR_METRICS_PORT}; 0 = any free port)",
     )
     p.add_argument("-q", "--quiet", action="store_true")
-    _add_service_args(p)
+    add_service_args(p)
     p.set_defaults(func=cmd_supervisor)
 
     p = sub.add_parser(

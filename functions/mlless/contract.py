@@ -16,6 +16,17 @@ KIND = "TrainingJob"
 PLURAL = "trainingjobs"
 SINGULAR = "trainingjob"
 SHORT_NAME = "tj"
+#: The TrainingSweep: trials of one TrainingJob template over a search space (functions/mlless/spec/sweep.py).
+SWEEP_KIND = "TrainingSweep"
+SWEEP_PLURAL = "trainingsweeps"
+SWEEP_SINGULAR = "trainingsweep"
+SWEEP_SHORT_NAME = "tsw"
+#: A local sweep directory (`mlless sweep`, read by `mlless report`): its status (the TrainingSweep's status object),
+#: the resolved sweep it ran, one run directory per trial, and the best trial's model and record.
+SWEEP_STATUS_FILE = "status.json"
+SWEEP_FILE = "sweep.json"
+SWEEP_TRIALS_DIR = "trials"
+SWEEP_BEST_DIR = "best"
 
 # --- Labels and annotations on a job's children ----------------------------------------------------------------
 LABEL_JOB = f"{GROUP}/job"
@@ -24,6 +35,8 @@ LABEL_RANK = f"{GROUP}/rank"
 ANNOTATION_BACKEND = f"{GROUP}/backend"
 ANNOTATION_OWNER = f"{GROUP}/owner"
 ANNOTATION_OWNER_UID = f"{GROUP}/owner-uid"
+#: On a sweep's trial TrainingJob: the sweep that made it.
+LABEL_SWEEP = f"{GROUP}/sweep"
 #: On a TrainingJob (pod backend): the highest worker rank created in the current session, so that no rank is
 #: ever reused even after its pod is gone without a trace in status.removedRanks (a user's scale-in).
 ANNOTATION_HIGHEST_RANK = f"{GROUP}/highest-rank"

@@ -18,7 +18,7 @@ import kopf
 import kubernetes.client
 import kubernetes.config
 
-from mlless.contract import API_VERSION, KIND, PLURAL
+from mlless.contract import API_VERSION, KIND, PLURAL, SWEEP_KIND, SWEEP_PLURAL
 
 log = logging.getLogger("mlless_operator")
 
@@ -38,6 +38,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("serving.knative.dev/v1", "Service"): "services",
     ("openfaas.com/v1", "Function"): "functions",
     (API_VERSION, KIND): PLURAL,
+    (API_VERSION, SWEEP_KIND): SWEEP_PLURAL,
 }
 
 _ENSURED = frozenset({"create", "get", "patch"})  # ensure(): get, then create or patch
@@ -60,8 +61,11 @@ VERBS: dict[tuple[str, str], frozenset[str]] = {
     ("serving.knative.dev/v1", "Service"): _ENSURED,
     # In the OpenFaaS namespace, out of reach of owner references: deleted by the cleanup handler.
     ("openfaas.com/v1", "Function"): _ENSURED | {"delete"},
-    # ttlSecondsAfterFinished; Kopf itself watches and patches TrainingJobs.
-    (API_VERSION, KIND): frozenset({"delete"}),
+    # ttlSecondsAfterFinished; a sweep's trials are created, read, listed (its cleanup) and deleted (ASHA's losers).
+    # Kopf itself watches and patches TrainingJobs.
+    (API_VERSION, KIND): frozenset({"create", "get", "list", "delete"}),
+    # Kopf watches and patches TrainingSweeps; the sweep handler reads each afresh and writes its status.
+    (API_VERSION, SWEEP_KIND): frozenset({"get", "patch"}),
 }
 
 

@@ -10,12 +10,13 @@ from typing import Any
 
 import kopf
 
-from mlless.contract import GROUP, PLURAL, VERSION
+from mlless.contract import GROUP, PLURAL, SWEEP_PLURAL, VERSION
 from mlless_operator import config as config_module
 from mlless_operator import metrics
-from mlless_operator.handlers import create, delete, lifecycle, scale, status, ttl
+from mlless_operator.handlers import create, delete, lifecycle, scale, status, sweep, ttl
 
 RESOURCE = (GROUP, VERSION, PLURAL)
+SWEEPS = (GROUP, VERSION, SWEEP_PLURAL)
 #: Decorator arguments must be known at import; everything else is read in `startup`.
 _CONFIG = config_module.load()
 
@@ -66,3 +67,16 @@ async def follow_supervisor(**kwargs: Any) -> None:
 @metrics.instrumented("ttl")
 async def expire(**kwargs: Any) -> None:
     await ttl.expire(**kwargs)
+
+
+# TrainingSweeps: trials created, followed, judged (ASHA) and stopped, on a timer only (one writer of the status).
+@kopf.timer(*SWEEPS, id="sweep-follow", interval=_CONFIG.status_interval, initial_delay=min(_CONFIG.status_interval, 5.0))
+@metrics.instrumented("sweep")
+async def follow_sweep(**kwargs: Any) -> None:
+    await sweep.reconcile(**kwargs)
+
+
+@kopf.on.delete(*SWEEPS, id="sweep-cleanup", backoff=10)
+@metrics.instrumented("sweep-cleanup")
+async def cleanup_sweep(**kwargs: Any) -> None:
+    await sweep.cleanup(**kwargs)

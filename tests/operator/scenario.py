@@ -224,6 +224,10 @@ def declare(emu: Emulator, knative: bool = False, openfaas: bool = False) -> Non
         kind="TrainingJob", singular="trainingjob", namespaced=True, shortnames={"tj"},
         verbs={"get", "list", "watch", "create", "patch", "delete"}, subresources={"status", "scale"},
     )
+    emu.resources["mlless.io/v1alpha1/trainingsweeps"] = kmock.ResourceInfo(
+        kind="TrainingSweep", singular="trainingsweep", namespaced=True, shortnames={"tsw"},
+        verbs={"get", "list", "watch", "create", "patch", "delete"}, subresources={"status"},
+    )
     if knative:
         emu.resources["serving.knative.dev/v1/services"] = kmock.ResourceInfo(
             kind="Service", singular="service", namespaced=True, shortnames={"ksvc"},

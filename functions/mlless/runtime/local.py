@@ -12,7 +12,7 @@ import secrets
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_JOB_KEY, ENV_REDIS_URL
 from mlless.data.dataset import DatasetError
@@ -26,7 +26,7 @@ from mlless.runtime.supervisor.membership import JobFailed
 from mlless.spec import TrainingJob
 from mlless.transport import Transport, connect
 from mlless.transport.embedded_broker import EmbeddedBroker
-from mlless.transport.env import JOB_KEY_FILE, new_job_key, parse_job_key
+from mlless.transport.env import JOB_KEY_FILE, new_job_key, parse_job_key, service_urls
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,17 @@ class Services:
     def worker_env(self) -> dict[str, str]:
         assert self.redis_url and self.amqp_url
         return {ENV_REDIS_URL: self.redis_url, ENV_AMQP_URL: self.amqp_url}
+
+
+def services_from(redis_url: str | None, amqp_url: str | None) -> Services:
+    """The services the flags give, else REDIS_URL and AMQP_URL; ValueError unless both or neither are given."""
+    from_env = service_urls(os.environ)
+    redis_url = redis_url or from_env.get(ENV_REDIS_URL)
+    amqp_url = amqp_url or from_env.get(ENV_AMQP_URL)
+    if bool(redis_url) != bool(amqp_url):
+        raise ValueError("give both --redis-url and --amqp-url (or REDIS_URL and AMQP_URL), or neither for the "
+                         "embedded transport")
+    return Services(redis_url, amqp_url)
 
 
 def new_job_id(name: str) -> str:
@@ -61,11 +72,12 @@ def resumed_job_id(run_dir: Path) -> str:
 
 def train_local(
     job: TrainingJob, run_dir: Path, services: Services, progress: Progress, metrics_port: int | None = None,
-    job_id: str | None = None,
+    job_id: str | None = None, on_start: Callable[[Supervisor], None] | None = None,
 ) -> dict[str, Any]:
     """Train `job` here; with `metrics_port`, the supervisor serves Prometheus metrics on it meanwhile.
 
-    With a `job_id` (`resumed_job_id`), continue that job, which ended on a fault, a Ctrl-C or a kill.
+    With a `job_id` (`resumed_job_id`), continue that job, which ended on a fault, a Ctrl-C or a kill. `on_start`
+    gets the supervisor before it starts, to stop the job from another thread (`Supervisor.request_stop`: a sweep).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
@@ -81,13 +93,14 @@ def train_local(
             transport = connect(job_id, role="supervisor", redis_url=services.redis_url, amqp_url=services.amqp_url,
                                 key=key)
             summary = supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs"), run_dir,
-                                progress, metrics_port)
+                                progress, metrics_port, on_start=on_start)
         else:
             with tempfile.TemporaryDirectory(prefix="mlless-") as tmp, EmbeddedBroker(str(Path(tmp) / "broker.sock")) as broker:
                 env[ENV_EMBEDDED_ADDRESS] = broker.address
                 transport = connect(job_id, role="supervisor", embedded_address=broker.address, key=key)
                 launcher = LocalLauncher(job_file, env, run_dir / "logs")
-                summary = supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port)
+                summary = supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port,
+                                    on_start=on_start)
     except (JobFailed, DatasetError):
         if not resuming:  # a new job that failed before its first step (a corrupt batch): nothing to resume
             (run_dir / JOB_KEY_FILE).unlink(missing_ok=True)
@@ -123,6 +136,7 @@ def supervise(
     metrics_port: int | None,
     platform: Platform | None = None,
     successor: bool = False,
+    on_start: Callable[[Supervisor], None] | None = None,
 ) -> dict[str, Any]:
     """Run the supervisor to the end of the job, serving metrics meanwhile; closes the transport.
 
@@ -132,8 +146,11 @@ def supervise(
         port = metrics.serve(metrics_port)
         progress.message(f"Prometheus metrics on http://localhost:{port}/metrics")
     try:
-        return Supervisor(job, job_id, transport, launcher, run_dir, progress, platform=platform, metrics=metrics,
-                          successor=successor).run()
+        supervisor = Supervisor(job, job_id, transport, launcher, run_dir, progress, platform=platform,
+                                metrics=metrics, successor=successor)
+        if on_start is not None:
+            on_start(supervisor)
+        return supervisor.run()
     finally:
         metrics.close()
         transport.close()

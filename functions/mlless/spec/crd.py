@@ -33,20 +33,23 @@ PRINTER_COLUMNS = [
 ]
 
 
-def crd_manifest() -> dict[str, Any]:
+def custom_resource(names: dict[str, str], description: str, spec: dict[str, Any], status: dict[str, Any],
+                    subresources: dict[str, Any], columns: list[dict[str, Any]]) -> dict[str, Any]:
+    """A namespaced CRD of this group, served and stored at VERSION; `names` holds kind, plural, singular and
+    shortName."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "metadata": {"name": f"{names['plural']}.{GROUP}"},
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": [SHORT_NAME],
+                "kind": names["kind"],
+                "listKind": f"{names['kind']}List",
+                "plural": names["plural"],
+                "singular": names["singular"],
+                "shortNames": [names["shortName"]],
             },
             "versions": [
                 {
@@ -56,35 +59,49 @@ def crd_manifest() -> dict[str, Any]:
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
-                            "description": "A serverless training job: one supervisor and spec.workers worker functions.",
+                            "description": description,
                             "required": ["spec"],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
-                                "spec": copy.deepcopy(SPEC_SCHEMA),
-                                "status": copy.deepcopy(STATUS_SCHEMA),
+                                "spec": copy.deepcopy(spec),
+                                "status": copy.deepcopy(status),
                             },
                         }
                     },
-                    "subresources": {
-                        "status": {},
-                        "scale": {
-                            "specReplicasPath": ".spec.workers",
-                            "statusReplicasPath": ".status.workers",
-                            "labelSelectorPath": ".status.selector",
-                        },
-                    },
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "subresources": subresources,
+                    "additionalPrinterColumns": columns,
                 }
             ],
         },
     }
 
 
+def crd_manifest() -> dict[str, Any]:
+    return custom_resource(
+        {"kind": KIND, "plural": PLURAL, "singular": SINGULAR, "shortName": SHORT_NAME},
+        "A serverless training job: one supervisor and spec.workers worker functions.",
+        SPEC_SCHEMA, STATUS_SCHEMA,
+        {
+            "status": {},
+            "scale": {
+                "specReplicasPath": ".spec.workers",
+                "statusReplicasPath": ".status.workers",
+                "labelSelectorPath": ".status.selector",
+            },
+        },
+        PRINTER_COLUMNS,
+    )
+
+
+def render_crd(manifest: dict[str, Any], schema_module: str, module: str) -> str:
+    header = f"# Generated from functions/mlless/spec/{schema_module}.py by `python -m {module}`; do not edit.\n"
+    return header + yaml.safe_dump(manifest, sort_keys=False, width=120)
+
+
 def render() -> str:
-    header = "# Generated from functions/mlless/spec/schema.py by `python -m mlless.spec.crd`; do not edit.\n"
-    return header + yaml.safe_dump(crd_manifest(), sort_keys=False, width=120)
+    return render_crd(crd_manifest(), "schema", "mlless.spec.crd")
 
 
 if __name__ == "__main__":

@@ -181,20 +181,20 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
         name=doc.get("metadata", {}).get("name", "trainingjob"),
         workers=workers,
         model=model,
-        dataset_uri=_resolve(spec["dataset"]["uri"], base_dir),
+        dataset_uri=resolve_uri(spec["dataset"]["uri"], base_dir),
         optimizer=dataclasses.replace(default_optimizer(model.type, workers, spec.get("optimizer", {}).get("type")),
                                       **_arguments(OptimizerConfig, spec.get("optimizer", {}))),
         sync=dataclasses.replace(default_sync(model.type), **_arguments(SyncConfig, spec.get("sync", {}))),
         stop=stop,
         pricing=PricingConfig(**_arguments(PricingConfig, spec.get("pricing", {}))),
         autoscaler=TunerConfig(**_arguments(TunerConfig, spec.get("autoscaler", {}))),
-        output_uri=_resolve(output_uri, base_dir) if output_uri else None,
+        output_uri=resolve_uri(output_uri, base_dir) if output_uri else None,
         **{f.name: value for f in dataclasses.fields(TrainingJob) if "spec" in f.metadata
            for value in _given(spec, f.metadata["spec"])},
     )
 
 
-def _resolve(uri: str, base_dir: Path | None) -> str:
+def resolve_uri(uri: str, base_dir: Path | None) -> str:
     """Relative local paths resolve against the manifest's folder; URLs and absolute paths stay."""
     if base_dir is not None and "://" not in uri and not Path(uri).is_absolute():
         return str((base_dir / uri).resolve())
@@ -233,10 +233,8 @@ class _ManifestLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_manifest(path: str | Path, overrides: Mapping[str, Any] | None = None) -> TrainingJob:
-    """Read a TrainingJob YAML file (the same file `kubectl apply` takes); `overrides` replace top-level spec
-    fields (the CLI's --workers) before validation, so they pass the same checks."""
-    path = Path(path)
+def read_manifest(path: Path) -> Any:
+    """The parsed YAML document of a manifest file; SpecError naming the file (and line) if it cannot be read."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -244,13 +242,20 @@ def load_manifest(path: str | Path, overrides: Mapping[str, Any] | None = None) 
     except UnicodeDecodeError as exc:
         raise SpecError(f"{path}: not UTF-8 text (byte {exc.start}): a manifest is YAML in UTF-8") from None
     try:
-        doc = yaml.load(text, Loader=_ManifestLoader)
+        return yaml.load(text, Loader=_ManifestLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise SpecError(f"{path}: not valid YAML: {exc.problem or exc.context}{where}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
+
+
+def load_manifest(path: str | Path, overrides: Mapping[str, Any] | None = None) -> TrainingJob:
+    """Read a TrainingJob YAML file (the same file `kubectl apply` takes); `overrides` replace top-level spec
+    fields (the CLI's --workers) before validation, so they pass the same checks."""
+    path = Path(path)
+    doc = read_manifest(path)
     if overrides and isinstance(doc, dict) and isinstance(doc.get("spec"), dict):
         doc["spec"] = {**doc["spec"], **overrides}
     return from_manifest(doc, base_dir=path.parent, source=str(path))

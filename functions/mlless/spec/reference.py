@@ -29,9 +29,9 @@ def _bounds(node: Schema) -> list[str]:
 
 def _type_of(node: Schema) -> str:
     """A field's type with its constraints: `integer, ≥ 1, ≤ 1024`, `string: pmf, logistic-regression`."""
-    if node["type"] == "array":
+    if node.get("type") == "array":
         return f"array of {_type_of(node['items'])}"
-    parts = [node["type"], *_bounds(node)]
+    parts = [node.get("type", "any"), *_bounds(node)]
     if "format" in node:
         parts.append(node["format"])
     if node.get("minLength"):
@@ -46,7 +46,7 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _table(schema: Schema, root: str, only: set[str] | None = None) -> list[str]:
+def table(schema: Schema, root: str, only: set[str] | None = None) -> list[str]:
     """One row per field below `schema` (at path `root`); `only`: just these top-level fields and what they hold."""
     required = {f"{path}.{name}" for path, node in walk(schema, root) for name in node.get("required", ())}
     rows = ["| Field | Type | Default | Meaning |", "| --- | --- | --- | --- |"]
@@ -78,19 +78,19 @@ def render() -> str:
         "",
         _cell(SPEC_SCHEMA["description"]),
         "",
-        *_table(SPEC_SCHEMA, "spec", training),
+        *table(SPEC_SCHEMA, "spec", training),
         "",
         "## Cluster",
         "",
         "Read by the operator only: a local `mlless train` accepts and ignores them, so one manifest serves both.",
         "",
-        *_table(SPEC_SCHEMA, "spec", set(CLUSTER_SPEC)),
+        *table(SPEC_SCHEMA, "spec", set(CLUSTER_SPEC)),
         "",
         "## Status",
         "",
         _cell(STATUS_SCHEMA["description"]),
         "",
-        *_table(STATUS_SCHEMA, "status"),
+        *table(STATUS_SCHEMA, "status"),
     ]
     return "\n".join(lines) + "\n"
 

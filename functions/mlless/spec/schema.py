@@ -434,7 +434,7 @@ def manifest_schema(strict: bool) -> Schema:
     schema_field("model.type", spec)["enum"] = list(models.MODEL_TYPES)
     schema_field("model", spec)["properties"] |= model_fields(models.MODEL_TYPES.values())
     if strict:
-        _forbid_unknown(spec)
+        forbid_unknown(spec)
     return {
         "type": "object",
         "required": ["apiVersion", "kind", "spec"],
@@ -458,8 +458,9 @@ def manifest_schema(strict: bool) -> Schema:
     }
 
 
-def _forbid_unknown(node: Schema) -> None:
+def forbid_unknown(node: Schema) -> None:
+    """Make every object below `node` refuse fields its schema does not name (a local manifest's typo)."""
     if node.get("type") == "object" and "properties" in node:
         node["additionalProperties"] = False
         for child in node["properties"].values():
-            _forbid_unknown(child)
+            forbid_unknown(child)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlless.telemetry.report.plots import Plot, render_all
+from mlless.telemetry.report.plots import PLOTS, Plot, render_all
 from mlless.telemetry.report.runs import Run
 
 _CSS = """
@@ -91,7 +91,8 @@ def _figure(plot: Plot, path: Path) -> str:
     )
 
 
-def page(runs: Sequence[Run], figures: Sequence[tuple[Plot, Path]], title: str) -> str:
+def page(runs: Sequence[Run], figures: Sequence[tuple[Plot, Path]], title: str, intro: str = "") -> str:
+    """The page; `intro` is HTML (escaped by its maker) put before the runs' summary."""
     e = html.escape
     dropped = [
         f"{run.name}: worker {d.get('rank')} dropped at step {d.get('step')} ({d.get('reason')})"
@@ -106,17 +107,18 @@ def page(runs: Sequence[Run], figures: Sequence[tuple[Plot, Path]], title: str) 
         f"<h1>{e(title)}</h1>\n"
         f'<p class="note">{len(runs)} run(s), generated {e(time.strftime("%Y-%m-%d %H:%M:%S"))} by <code>mlless report</code>. '
         "Perf/$ = 1 / (wall seconds × cost in USD): higher is better.</p>\n"
-        "<h2>Summary</h2>\n" + summary_table(runs) + "\n"
+        + intro + "<h2>Summary</h2>\n" + summary_table(runs) + "\n"
         + (f"<h3>Dropped workers</h3>\n<ul>{notes}</ul>\n" if notes else "")
         + "<h2>Plots</h2>\n" + "\n".join(_figure(plot, path) for plot, path in figures)
         + "\n</body>\n</html>\n"
     )
 
 
-def render_report(runs: Sequence[Run], out_dir: str | Path, title: str = "mlless training report") -> Path:
-    """Write the PNGs and `index.html` into `out_dir`; returns the page's path."""
+def render_report(runs: Sequence[Run], out_dir: str | Path, title: str = "mlless training report",
+                  plots: Sequence[Plot] = PLOTS, intro: str = "") -> Path:
+    """Write the PNGs of `plots` and `index.html` into `out_dir`; returns the page's path."""
     out_dir = Path(out_dir)
-    figures = render_all(runs, out_dir)
+    figures = render_all(runs, out_dir, plots)
     index = out_dir / "index.html"
-    index.write_text(page(runs, figures, title), encoding="utf-8")
+    index.write_text(page(runs, figures, title, intro), encoding="utf-8")
     return index

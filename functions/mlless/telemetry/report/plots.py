@@ -228,6 +228,6 @@ def render(plot: Plot, runs: Sequence[Run], path: Path) -> Path:
     return path
 
 
-def render_all(runs: Sequence[Run], out_dir: Path) -> list[tuple[Plot, Path]]:
+def render_all(runs: Sequence[Run], out_dir: Path, plots: Sequence[Plot] = PLOTS) -> list[tuple[Plot, Path]]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [(plot, render(plot, runs, out_dir / plot.filename)) for plot in PLOTS]
+    return [(plot, render(plot, runs, out_dir / plot.filename)) for plot in plots]

@@ -1,0 +1,137 @@
+"""TrainingSweeps: trial TrainingJobs owned by the sweep, at most maxConcurrentTrials at once, losers stopped by ASHA.
+
+Each pass (on creation and then on a timer) reads the trials' TrainingJob statuses into the sweep's trials table
+(`mlless.sweep.status`), judges them with ASHA (`mlless.sweep.asha`, whose state is the table itself, so a
+restarted operator goes on where it was), deletes the losers (their supervisor ends the job cleanly on SIGTERM and
+exports its model to output.uri), starts pending trials in free slots, and writes the status. The trials are owned by
+the sweep (ownerReferences), so deleting it deletes them; the cleanup handler also deletes them by label, for API
+servers without garbage collection. The operator counts ASHA's resource in steps: a TrainingJob's status has no
+epoch, so a sweep that counts epochs runs without early stopping here (its status says so).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import kopf
+
+from mlless.contract import API_VERSION, KIND, LABEL_SWEEP, SWEEP_KIND, TERMINAL_JOB_PHASES
+from mlless.spec import SpecError
+from mlless.sweep.asha import judge, level
+from mlless.sweep.manifest import Sweep, sweep_from_manifest
+from mlless.sweep.status import Trial, best_trial, copy_record, sweep_status
+from mlless_operator.kubeapi import KubeAPI
+
+ASHA_STOP = "stopped by the sweep: ASHA rung {rung}"
+EPOCHS_OFF = "earlyStopping.resource epochs: the operator counts steps only, so ASHA is off for this sweep"
+
+
+def _sweep(body: Mapping[str, Any]) -> Sweep:
+    meta = body["metadata"]
+    doc = {"apiVersion": API_VERSION, "kind": SWEEP_KIND, "metadata": {"name": meta["name"]},
+           "spec": dict(body.get("spec") or {})}
+    return sweep_from_manifest(doc, None, f"{meta.get('namespace')}/{meta['name']}")
+
+
+def trial_job(sweep: Sweep, trial: Trial, body: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's TrainingJob: the template with its values, labelled with and owned by the sweep."""
+    meta = body["metadata"]
+    job = sweep.trial_manifest(trial.name, trial.parameters)
+    job["metadata"] |= {
+        "namespace": meta["namespace"],
+        "labels": {LABEL_SWEEP: meta["name"]},
+        "ownerReferences": [{"apiVersion": API_VERSION, "kind": SWEEP_KIND, "name": meta["name"], "uid": meta["uid"],
+                             "controller": True, "blockOwnerDeletion": True}],
+    }
+    if sweep.output_uri:  # each trial's record, where the best one is copied from
+        job["spec"]["output"] = {"uri": f"{sweep.output_uri.rstrip('/')}/trials/{trial.name}"}
+    return job
+
+
+def _observe(trial: Trial, job: Mapping[str, Any] | None, sweep: Sweep, limit: float | None) -> None:
+    """Take a running trial's TrainingJob status into its row."""
+    if job is None:  # deleted by someone else
+        trial.state, trial.stop_reason = "Failed", trial.stop_reason or "its TrainingJob was deleted"
+        return
+    status = job.get("status") or {}
+    trial.step = status.get("step", trial.step)
+    trial.cost_usd = status.get("costUSD", trial.cost_usd)
+    trial.observe_loss(status.get("validationLoss"))
+    rule = sweep.early_stopping
+    while (rule.enabled and rule.resource == "steps" and trial.best_validation_loss is not None
+           and trial.step >= level(rule, len(trial.rung_losses))
+           and (limit is None or level(rule, len(trial.rung_losses)) < limit)):
+        trial.rung_losses.append(trial.best_validation_loss)
+    if status.get("phase") in TERMINAL_JOB_PHASES:
+        trial.state = status["phase"]
+        trial.stop_reason = status["phase"]
+        trial.model_uri = status.get("modelURI")
+
+
+async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    api: KubeAPI = memo.api
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    # The sweep as it is now, not as the event that woke this timer saw it: the trials table is the state this pass
+    # goes on from, and a stale one would start a trial again, or forget one ASHA stopped.
+    current = await api.get(API_VERSION, SWEEP_KIND, namespace, name)
+    if current is None:
+        return
+    status = current.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return
+
+    async def write(new_status: dict[str, Any]) -> None:
+        await api.patch(API_VERSION, SWEEP_KIND, namespace, name, {"status": new_status}, subresource="status")
+
+    try:
+        sweep = _sweep(current)
+    except SpecError as exc:
+        await write({"phase": "Failed", "message": str(exc)})
+        kopf.warn(dict(body), reason="InvalidSpec", message=str(exc))
+        return
+    trials = ([Trial.from_status(row) for row in status["trials"]] if status.get("trials")
+              else [Trial(sweep.trial_name(i), values) for i, values in enumerate(sweep.assignments())])
+    rule = sweep.early_stopping
+    for trial in trials:
+        if trial.state == "Running":
+            limit = sweep.trial_job(trial.name, trial.parameters).stop.max_steps
+            _observe(trial, await api.get(API_VERSION, KIND, namespace, trial.name), sweep, limit)
+    if rule.enabled and rule.resource == "steps":
+        progress = [t.progress() for t in trials]
+        for loser, rung in judge(rule, progress).items():
+            trial = next(t for t in trials if t.name == loser)
+            await api.delete(API_VERSION, KIND, namespace, loser)
+            trial.state, trial.killed_at, trial.stop_reason = "Stopped", trial.step, ASHA_STOP.format(rung=rung)
+            kopf.info(dict(body), reason="TrialStopped", message=f"{loser} at step {trial.step} (ASHA rung {rung})")
+        for trial, seen in zip(trials, progress):
+            trial.rung = seen.passed
+    spent = sum(t.cost_usd for t in trials)
+    message = EPOCHS_OFF if rule.enabled and rule.resource != "steps" else None
+    over_budget = sweep.budget_usd is not None and spent >= sweep.budget_usd
+    if over_budget:
+        message = f"budget spent: ${spent:.5f} of ${sweep.budget_usd:g}"
+        for trial in trials:
+            if trial.state == "Running":
+                await api.delete(API_VERSION, KIND, namespace, trial.name)
+                trial.state, trial.killed_at, trial.stop_reason = "Stopped", trial.step, message
+    running = sum(t.state == "Running" for t in trials)
+    for trial in trials:
+        if over_budget or running >= sweep.max_concurrent:
+            break
+        if trial.state == "Pending":
+            await api.create(trial_job(sweep, trial, current))
+            trial.state, running = "Running", running + 1
+    done = running == 0 and (over_budget or all(t.state != "Pending" for t in trials))
+    new_status = sweep_status("Succeeded" if done else "Running", trials, message)
+    best = best_trial(trials)
+    if done and best is not None and sweep.output_uri and best.model_uri:
+        new_status["bestModelURI"] = copy_record(best.model_uri.rsplit("/", 1)[0],
+                                                 f"{sweep.output_uri.rstrip('/')}/best")
+    await write(new_status)
+
+
+async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Delete the sweep's trials: what the garbage collector does through their owner references, done here too."""
+    api: KubeAPI = memo.api
+    meta = body["metadata"]
+    for job in await api.list(API_VERSION, KIND, meta["namespace"], {LABEL_SWEEP: meta["name"]}):
+        await api.delete(API_VERSION, KIND, meta["namespace"], job["metadata"]["name"], job["metadata"].get("uid"))

@@ -1,0 +1,82 @@
+"""End to end: `kubectl apply` a TrainingSweep; the operator creates its trial TrainingJobs, the kubelet stand-in runs
+their pods (real supervisors and workers on the real Redis and RabbitMQ), ASHA stops the losers, the best trial's
+model is copied to the sweep's output, and deleting the sweep deletes its trials."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+
+from mlless.contract import LABEL_SWEEP
+from scenario import NS, TJ, launched, training_job, unique
+
+SWEEPS = kmock.resource("mlless.io/v1alpha1/trainingsweeps")
+
+
+def sweep_doc(name: str, dataset: Path, redis_url: str, amqp_url: str, out: Path) -> dict[str, Any]:
+    template = training_job("template", dataset, redis_url, amqp_url)["spec"]
+    template |= {"workers": 1, "stop": {"maxSteps": 120}, "evaluation": {"everySteps": 10},
+                 "function": {"backend": "pod"}}
+    template["dataset"]["cacheBatches"] = True
+    return {
+        "apiVersion": "mlless.io/v1alpha1", "kind": "TrainingSweep", "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "template": {"spec": template},
+            # The good learning rate first: the first trial at a rung always goes on, and the others meet it there.
+            "parameters": [{"field": "optimizer.learningRate", "grid": [0.2, 0.002, 0.001]}],
+            "maxConcurrentTrials": 2,
+            "earlyStopping": {"type": "asha", "resource": "steps", "minResource": 20, "reductionFactor": 3},
+            "output": {"uri": str(out)},
+        },
+    }
+
+
+def trials_of(c: Any, name: str) -> set[str]:
+    """The sweep's trial TrainingJobs not being deleted (a deleted one waits for its finalizer a moment)."""
+    return {o["metadata"]["name"] for o in (c.get(TJ, n) for n in c.names(TJ)) if o is not None
+            and (o["metadata"].get("labels") or {}).get(LABEL_SWEEP) == name
+            and not o["metadata"].get("deletionTimestamp")}
+
+
+@pytest.mark.asyncio
+@pytest.mark.services
+@pytest.mark.slow
+async def test_a_sweep_runs_its_trials_stops_losers_copies_the_best_and_cleans_up(
+        cluster_factory, movielens_dir, redis_url, amqp_url, tmp_path):
+    name = unique("sweep")
+    out = tmp_path / "out"
+    doc = sweep_doc(name, movielens_dir, redis_url, amqp_url, out)
+    async with launched(cluster_factory, tmp_path, doc) as job:
+        c = job.c
+        created: set[str] = set()
+
+        def watch_trials() -> bool:
+            # Owned by the sweep, labelled with it, never more at once than maxConcurrentTrials.
+            sweep = c.get(SWEEPS, name)
+            live = trials_of(c, name)
+            for trial in live:
+                refs = c.get(TJ, trial)["metadata"].get("ownerReferences") or []
+                assert any(r["uid"] == sweep["metadata"]["uid"] and r["kind"] == "TrainingSweep" for r in refs)
+            running = [t for t in live if (c.get(TJ, t).get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+            assert len(running) <= 2, running
+            created.update(live)
+            return (sweep.get("status") or {}).get("phase") == "Succeeded"
+
+        await job.until(watch_trials, "the sweep to finish")
+        status = c.get(SWEEPS, name)["status"]
+        rows = {row["name"]: row for row in status["trials"]}
+        assert created == set(rows) and status["trialsCreated"] == 3
+        stopped = [row for row in rows.values() if row["state"] == "Stopped"]
+        assert stopped and all(row["killedAt"] < 120 for row in stopped), rows
+        assert all(n not in trials_of(c, name) for n in (row["name"] for row in stopped))  # the losers were deleted
+        best = rows[status["bestTrial"]]
+        assert best["state"] == "Succeeded"
+        assert best["bestValidationLoss"] == min(r["bestValidationLoss"] for r in rows.values())
+        assert status["bestModelURI"] == f"{out}/best/model.npz" and (out / "best" / "model.npz").is_file()
+        assert (out / "best" / "summary.json").read_text() == (out / "trials" / best["name"] / "summary.json").read_text()
+
+        code, _ = await c.call("DELETE", f"/apis/mlless.io/v1alpha1/namespaces/{NS}/trainingsweeps/{name}")
+        assert code in (200, 202)
+        await job.until(lambda: not trials_of(c, name) and c.get(SWEEPS, name) is None, "the trials to be deleted")
