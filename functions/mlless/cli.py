@@ -32,6 +32,7 @@ from mlless import __version__
 from mlless.data.cli import add_prepare_parser
 from mlless.data.dataset import Dataset, DatasetError
 from mlless.training.models import ModelFileError, load_model
+from mlless.training.warm_start import initial_model
 from mlless.telemetry.report.cli import add_report_parser
 from mlless.runtime.launcher import Launcher
 from mlless.progress import Progress
@@ -93,6 +94,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if dataset.labels not in model.labels:
         raise UsageError(f"{args.job}: spec.model.type {model.name} fits {' or '.join(sorted(model.labels))} labels, "
                          f"and {job.dataset_uri} holds {dataset.labels} ones (mlless prepare --labels)")
+    initial_model(job, dataset.dims())  # a warm start that does not fit is refused before anything starts
     redis_url, amqp_url = _services(args)
     if args.resume and not args.out:
         raise UsageError("--resume continues the job of a run directory: give it with --out RUNDIR")

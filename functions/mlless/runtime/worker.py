@@ -26,13 +26,13 @@ from mlless.protocol.messages import (
 )
 from mlless.smoothing import OnlineEwma
 from mlless.data.dataset import Dataset
-from mlless.training.models import build_model
 from mlless.protocol import keys, layouts
 from mlless.runtime.sync import sync_strategy
 from mlless.runtime.sync.exchange import Published, sparse_sum
 from mlless.spec import TrainingJob
 from mlless.telemetry.timing import PhaseTimer
 from mlless.training.replica import Replica
+from mlless.training.warm_start import initial_model
 from mlless.transport import Transport, UnroutableError
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class Worker:
         self.dataset = dataset
         self.sync = sync_strategy(job.sync)
         # MLLESS_AUDIT: the replica sums every update it computed, for the supervisor's conservation check.
-        model = build_model(job.model.type, dataset.dims(), job.model, job.seed)
+        model = initial_model(job, dataset.dims())
         self.replica = Replica(model, job.optimizer, self.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)),
                                accumulator=self.sync.accumulator(model.params))
         self.feed = self.sync.feed(dataset, job.seed, job.workers, rank)

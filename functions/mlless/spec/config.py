@@ -25,7 +25,7 @@ KneeMethod = Literal["slope", "kneedle"]
 class ModelConfig:
     """Model hyper-parameters; ``l2=None`` picks the model's default.
 
-    ``rank`` only matters for PMF.  For PMF ``l2`` is a per-rating L2 penalty
+    ``rank`` only matters for PMF; ``init_from`` is ``spec.model.initFrom``, resolved.  For PMF ``l2`` is a per-rating L2 penalty
     inside the loss (see `mlless.training.kernels.pmf`); for logistic regression it is
     decoupled weight decay handed to the optimizer (`Model.weight_decay`).
     """
@@ -33,6 +33,8 @@ class ModelConfig:
     type: str
     rank: int = default("model.rank")
     l2: float | None = None
+    #: A model file every replica starts from instead of the seed (`mlless.training.warm_start`).
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         model_type(self.type)  # a ValueError naming the known types

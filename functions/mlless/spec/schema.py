@@ -71,6 +71,10 @@ SPEC_SCHEMA: Schema = obj(
                                + ".", [t.name for t in models.BUILT_IN]),
                 "rank": integer("Latent factors per user and item (pmf).", 1, 1024, default=20),
                 "l2": number("Weight decay applied to the parameters a mini-batch touches. Default per model.", 0),
+                "initFrom": {**string("Warm start: a model.npz written by an earlier job (its output.uri or run directory, "
+                                   "or the file; a path or fsspec URL, relative paths resolve like dataset.uri). Every "
+                                   "replica starts from it instead of the seed; its type and dimensions must be the "
+                                   "job's."), "minLength": 1},
             },
             ["type"],
         ),

@@ -18,7 +18,7 @@ from mlless.protocol.framing import FrameError, decode
 from mlless.protocol.messages import Tensors, Update
 from mlless.runtime.supervisor.stopping import Best, ValidationWatch
 from mlless.spec import TrainingJob
-from mlless.training.models import build_model
+from mlless.training.warm_start import initial_model
 from mlless.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class Evaluation:
         self.watch = watch
         self.on_validation = on_validation
         self.count_rejected = count_rejected
-        self.model = build_model(job.model.type, dataset.dims(), job.model, job.seed)
+        self.model = initial_model(job, dataset.dims())
         self.validation_batch = dataset.validation()
         self.evaluation_batch = self.validation_batch.head(EVALUATION_ROWS)
         self.validation: tuple[int, float] | None = None  # (step, loss) of the newest evaluation

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
-from typing import Any, Mapping
+from typing import Any, BinaryIO, Mapping
 
 from mlless.plugins import load_plugins
 from mlless.spec.config import ModelConfig
@@ -37,11 +37,12 @@ def build_model(kind: str, dims: Mapping[str, Any], config: ModelConfig | None =
     return model_class(kind).from_dims(dims, config, seed)
 
 
-def load_model(path: str | os.PathLike[str]) -> Model:
-    """Load a model saved by `Model.save`; raises `ModelFileError` naming the file if malformed."""
+def load_model(path: str | os.PathLike[str] | BinaryIO, name: str | None = None) -> Model:
+    """Load a model saved by `Model.save` from a file, or from a binary file object called `name` in messages;
+    raises `ModelFileError` naming the file if malformed."""
     load_plugins()  # the file may hold a model type a plugin registers
-    name = os.fspath(path)
-    params, meta = read_model_file(name)
+    name = name or os.fspath(path)  # type: ignore[arg-type]
+    params, meta = read_model_file(path, name)
     try:
         config = ModelConfig(meta["kind"], rank=int(meta.get("rank", ModelConfig.rank)), l2=meta.get("l2"))
         # Every user, item, feature and factor has a parameter of its own: dimensions beyond the file's parameter
