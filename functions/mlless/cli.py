@@ -36,6 +36,7 @@ from mlless.training.warm_start import initial_model
 from mlless.telemetry.report.cli import add_report_parser
 from mlless.runtime.launcher import Launcher
 from mlless.progress import Progress
+from mlless.runtime.attack import ATTACK_HELP, AttackError, checked_attack
 from mlless.runtime.supervisor.failover import ResumeError, resumable
 from mlless.runtime.supervisor.membership import INTERNAL_ERROR, INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST, JobFailed
 from mlless.runtime.supervisor.stopping import DIVERGED
@@ -108,7 +109,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"{f'resuming job {job_id}: ' if job_id else ''}training {job.model.type} with {job.workers} workers on "
         f"{job.dataset_uri} ({'Redis + RabbitMQ' if redis_url else 'embedded transport'}); run directory {run_dir}"
     )
-    summary = train_local(job, run_dir, Services(redis_url, amqp_url), progress, args.metrics_port, job_id)
+    summary = train_local(job, run_dir, Services(redis_url, amqp_url), progress, args.metrics_port, job_id,
+                          attack=checked_attack(args.attack, job.workers))
     _print_summary(summary, progress)
     if resumable(summary["stop_reason"]):
         print(f"mlless: to go on: mlless train {args.job} --out {run_dir} --resume", file=sys.stderr)
@@ -297,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start a new job in --out RUNDIR even if it holds one that can be resumed")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on this port while training")
+    p.add_argument("--attack", metavar="RANK=KIND", help=ATTACK_HELP)
     _add_service_args(p)
     p.set_defaults(func=cmd_train)
 
@@ -384,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("pika").setLevel(logging.ERROR)
     try:
         return args.func(args)
-    except (SpecError, DatasetError, UsageError, ModelFileError) as exc:
+    except (SpecError, DatasetError, UsageError, ModelFileError, AttackError) as exc:
         print(f"mlless: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (TransportError, JobFailed, ResumeError) as exc:

@@ -27,6 +27,7 @@ from mlless.protocol.messages import (
 from mlless.smoothing import OnlineEwma
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys, layouts
+from mlless.runtime.attack import from_env
 from mlless.runtime.sync import sync_strategy
 from mlless.runtime.sync.exchange import Published, sparse_sum
 from mlless.spec import TrainingJob
@@ -91,6 +92,8 @@ class Worker:
         # This worker's half of the protocol; a peer's frame the store lost is waited for half the worker timeout.
         self.half = self.sync.worker(rank, self.replica, transport, job.worker_timeout_seconds / 2, self._reject,
                                      self.feed, workers=job.workers)
+        self.attack = from_env(os.environ, rank)  # mlless train --attack: a robustness test's Byzantine worker
+        self.attack_rng = np.random.default_rng([job.seed, rank])
         self.view = _View()
         self.step = 0
         self.started = time.monotonic()
@@ -202,6 +205,8 @@ class Worker:
         self.replica.workers = len(self.view.live)
         result = self.half.train(batch, self.feed.schedule.epoch(position) + 1, self.step,
                                  alone=self.view.live == (self.rank,))
+        if self.attack is not None:
+            result = self.attack.corrupt(result, self.replica, self.attack_rng)
         timer.record(compute=result.compute_seconds, filter=result.filter_seconds)
         bytes_sent = self.half.publish(self.step, result)
         timer.lap("write")

@@ -108,6 +108,8 @@ class SyncConfig:
     local_steps: int = default("sync.localSteps")
     rho: float = default("sync.rho")
     exchange: str = default("sync.exchange")
+    aggregation: str = default("sync.aggregation")
+    trim: float = default("sync.trim")
 
 
 def default_sync(model: str) -> SyncConfig:
