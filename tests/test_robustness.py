@@ -81,3 +81,21 @@ def test_the_attack_flag_is_checked_before_anything_starts(movielens_dir, tmp_pa
                                             "dataset": {"uri": str(movielens_dir)}}}))
     assert mlless_main(["train", str(job), "--out", str(tmp_path / "run"), "--attack", "5=sign-flip"]) == 2
     assert not (tmp_path / "run").exists()
+
+
+def test_the_reducer_combines_as_all_to_all_workers_do(movielens_dir, tmp_path):
+    """Under allreduce and scatter-reduce the owner of a partition combines it: the same model as all-to-all's."""
+    losses = {}
+    for exchange in ("all-to-all", "allreduce", "scatter-reduce"):
+        job = tmp_path / f"{exchange}.yaml"
+        job.write_text(yaml.safe_dump({
+            "apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "robust"},
+            "spec": {"workers": 4, "model": {"type": "pmf"}, "dataset": {"uri": str(movielens_dir), "cacheBatches": True},
+                     "sync": {"protocol": "bsp", "aggregation": "median", "exchange": exchange},
+                     "stop": {"maxEpochs": 1}, "evaluation": {"everySteps": 0}}}))
+        assert mlless_main(["train", str(job), "--out", str(tmp_path / exchange), "-q", "--attack", ATTACK]) == 0
+        summary = json.loads((tmp_path / exchange / "summary.json").read_text())
+        assert summary["replica_spread"] < 1e-4 and summary["rejected_frames"] == 0
+        losses[exchange] = summary["validation_loss"]
+    assert losses["allreduce"] == pytest.approx(losses["all-to-all"], abs=1e-4)
+    assert losses["scatter-reduce"] == pytest.approx(losses["all-to-all"], abs=1e-4)
