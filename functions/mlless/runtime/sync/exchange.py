@@ -7,6 +7,10 @@ merges partition i of everyone's update) are subclasses too (`runtime/sync/reduc
 worker contributes, `gather` returns the updates a worker adds to its replica, already merged or not.
 `spec.sync.exchange` names a job's pattern.
 
+A rule of `spec.sync.aggregation` other than the sum (runtime/sync/aggregation.py) is applied where a pattern
+combines a step's updates: `AllToAll.gather` hands back that combination minus this worker's own update, and a
+reducer merges its partition with it.
+
 What every pattern shares is here too: the outbox of a worker's frames still readable, put back when the store
 lost the job's keys, and `fetch`, which waits for a frame the store lost until its sender has re-published it.
 """
@@ -71,7 +75,7 @@ def sparse_sum(indices: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> t
 
 
 def _distinct(indices: np.ndarray) -> bool:
-    """Whether no index repeats: at once for sorted indices (updates are, mostly), by sorting a copy otherwise."""
+    """Whether no index repeats: at once for sorted indices, by sorting a copy otherwise (PMF's updates are not)."""
     steps = np.diff(indices)
     return bool(np.all(steps > 0)) or bool(np.all(np.diff(np.sort(indices)) > 0))
 
