@@ -139,7 +139,9 @@ def main() -> None:
         "epochs, all-to-all, embedded transport, no attacker. A step's read + apply is what its workers spent, on "
         "average, reading and taking in the step's updates (the rule runs there).",
         "",
-        table(["rule", "steps", "wall s per step", "read + apply ms per step", "validation RMSE"], job_rows),
+        table(["rule", "steps", "wall s per step", "x sum", "read + apply ms per step", "x sum", "validation RMSE"],
+              [(rule, steps, wall, wall / job_rows[0][2], barrier, barrier / job_rows[0][3], loss)
+               for rule, steps, wall, barrier, loss in job_rows]),
     ])
     update_results("aggregation", body)
 
