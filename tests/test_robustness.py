@@ -24,9 +24,12 @@ ATTACK = "3=scale:-10"
 #: within 0.01 under attack by 10 epochs of 9 steps (0.0084 measured; 0.018 after 3); PMF's sparse rows move only
 #: when most updates carry them, so it stays behind (docs/robustness.md).
 MODELS = {"logistic-regression": ("synthetic_lr_dir", 10), "pmf": ("movielens_dir", 5)}
-#: How far an attacked robust run may end from the clean run, per model: PMF misses the 0.01 asked for (0.042 measured
-#: after 5 epochs, 0.035 after 10).
-WITHIN = {"logistic-regression": 0.01, "pmf": 0.06}
+#: How far an attacked robust run may end from the clean run, per model and rule: under median and trimmed-mean PMF
+#: misses the 0.01 asked for (0.042 measured after 5 epochs, 0.035 after 10); krum, which keeps whole updates, does
+#: not (0.0016 after 5).
+WITHIN = {("logistic-regression", "median"): 0.01, ("logistic-regression", "trimmed-mean"): 0.01,
+          ("logistic-regression", "krum"): 0.01, ("pmf", "median"): 0.06, ("pmf", "trimmed-mean"): 0.06,
+          ("pmf", "krum"): 0.01}
 
 
 def train(tmp: Path, data: Path, model: str, epochs: int, rule: str, attack: str | None) -> dict[str, Any]:
@@ -63,14 +66,14 @@ def test_an_attacker_wrecks_the_sum(model, workdir, request):
         loss > clean(workdir, data, model, epochs) + 0.2
 
 
-@pytest.mark.parametrize("rule", ["median", "trimmed-mean"])
+@pytest.mark.parametrize("rule", ["median", "trimmed-mean", "krum"])
 @pytest.mark.parametrize("model", MODELS)
 def test_robust_rules_end_near_the_clean_run(model, rule, workdir, request):
     fixture, epochs = MODELS[model]
     data = request.getfixturevalue(fixture)
     attacked = train(workdir, data, model, epochs, rule, ATTACK)
     assert attacked["stop_reason"] != "diverged"
-    assert attacked["validation_loss"] == pytest.approx(clean(workdir, data, model, epochs), abs=WITHIN[model])
+    assert attacked["validation_loss"] == pytest.approx(clean(workdir, data, model, epochs), abs=WITHIN[model, rule])
 
 
 def test_the_attack_flag_is_checked_before_anything_starts(movielens_dir, tmp_path):
