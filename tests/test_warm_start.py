@@ -14,7 +14,7 @@ import yaml
 from mlless.data.dataset import Dataset
 from mlless.progress import Progress
 from mlless.runtime.local import Services, train_local
-from mlless.spec import from_manifest
+from mlless.spec import from_manifest, load_manifest
 from mlless.training.models import build_model, load_model
 from mlless.training.warm_start import WarmStartError, initial_model
 
@@ -47,7 +47,7 @@ def test_a_warm_started_job_starts_where_the_first_one_ended(movielens_dir, tmp_
     # The run directory names the model (its model.npz), as an output.uri would.
     warm = train_local(from_manifest(manifest(movielens_dir, model={"type": "pmf", "initFrom": str(tmp_path / "first")},
                                               **STILL)), tmp_path / "warm", Services(), QUIET)
-    cold = train_local(from_manifest(manifest(movielens_dir, **STILL)), tmp_path / "cold", Services(), QUIET)
+    train_local(from_manifest(manifest(movielens_dir, **STILL)), tmp_path / "cold", Services(), QUIET)
     assert warm["started_from"] == str(tmp_path / "first")
     assert first_validation(tmp_path / "warm") == pytest.approx(first["validation_loss"], abs=1e-3)
     assert first_validation(tmp_path / "cold") > first["validation_loss"] + 0.05
@@ -66,7 +66,6 @@ def test_every_replica_starts_from_the_file(movielens_dir, tmp_path):
 def test_a_relative_init_from_resolves_against_the_manifest(movielens_dir, tmp_path):
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(manifest(movielens_dir, model={"type": "pmf", "initFrom": "old/model.npz"})))
-    from mlless.spec import load_manifest
     assert load_manifest(job_file).model.init_from == str(tmp_path / "old" / "model.npz")
 
 
