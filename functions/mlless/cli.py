@@ -31,11 +31,13 @@ from mlless import __version__
 from mlless.data.cli import add_prepare_parser
 from mlless.data.dataset import Dataset, DatasetError
 from mlless.training.models import ModelFileError, load_model
+from mlless.training.warm_start import initial_model
 from mlless.telemetry.report.cli import add_report_parser
 from mlless.planning.cli import add_parser as add_plan_parser
 from mlless.sweep import cli as sweep_cli
 from mlless.runtime.launcher import Launcher
 from mlless.progress import Progress
+from mlless.runtime.attack import ATTACK_HELP, AttackError, checked_attack
 from mlless.runtime.supervisor.failover import ResumeError, failed, resumable
 from mlless.runtime.supervisor.membership import INTERRUPTED, JobFailed
 from mlless.plugins import load_plugins
@@ -93,7 +95,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     # --workers goes through the schema like the manifest's own field, and the defaults that depend on P follow it.
     job = _load_job(args.job, {"workers": args.workers} if args.workers is not None else None)
-    _check_fit(args.job, job, Dataset.open(job.dataset_uri))
+    dataset = Dataset.open(job.dataset_uri)
+    _check_fit(args.job, job, dataset)
+    if job.model.init_from:
+        initial_model(job, dataset)  # a warm start that does not fit is refused before anything starts
     redis_url, amqp_url = service_args(args)
     if args.resume and not args.out:
         raise UsageError("--resume continues the job of a run directory: give it with --out RUNDIR")
@@ -107,7 +112,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"{f'resuming job {job_id}: ' if job_id else ''}training {job.model.type} with {job.workers} workers on "
         f"{job.dataset_uri} ({'Redis + RabbitMQ' if redis_url else 'embedded transport'}); run directory {run_dir}"
     )
-    summary = train_local(job, run_dir, Services(redis_url, amqp_url), progress, args.metrics_port, job_id)
+    summary = train_local(job, run_dir, Services(redis_url, amqp_url), progress, args.metrics_port, job_id,
+                          attack=checked_attack(args.attack, job.workers))
     _print_summary(summary, progress)
     if resumable(summary["stop_reason"]):
         print(f"mlless: to go on: mlless train {args.job} --out {run_dir} --resume", file=sys.stderr)
@@ -294,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start a new job in --out RUNDIR even if it holds one that can be resumed")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on this port while training")
+    p.add_argument("--attack", metavar="RANK=KIND", help=ATTACK_HELP)
     add_service_args(p)
     p.set_defaults(func=cmd_train)
 
@@ -384,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("pika").setLevel(logging.ERROR)
     try:
         return args.func(args)
-    except (SpecError, DatasetError, UsageError, ModelFileError) as exc:
+    except (SpecError, DatasetError, UsageError, ModelFileError, AttackError) as exc:
         print(f"mlless: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (TransportError, JobFailed, ResumeError) as exc:

@@ -81,6 +81,8 @@ ENV_METRICS_PORT = "MLLESS_METRICS_PORT"
 ENV_OUTAGE_SECONDS = "MLLESS_OUTAGE_SECONDS"
 #: Debugging: check that every update applied is conserved across replicas.
 ENV_AUDIT = "MLLESS_AUDIT"
+#: `mlless train --attack RANK=KIND`: the worker of that rank publishes attacked updates (runtime/attack.py).
+ENV_ATTACK = "MLLESS_ATTACK"
 #: Sync strategies, exchange patterns and model types defined outside the package: Python files or module names,
 #: comma-separated, that each process imports so that they register themselves (functions/mlless/plugins.py).
 ENV_PLUGINS = "MLLESS_PLUGINS"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_JOB_KEY, ENV_REDIS_URL
+from mlless.contract import ENV_AMQP_URL, ENV_ATTACK, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_JOB_KEY, ENV_REDIS_URL
 from mlless.data.dataset import DatasetError
 from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.runtime.launcher import Launcher, LocalLauncher
@@ -73,11 +73,13 @@ def resumed_job_id(run_dir: Path) -> str:
 def train_local(
     job: TrainingJob, run_dir: Path, services: Services, progress: Progress, metrics_port: int | None = None,
     job_id: str | None = None, on_start: Callable[[Supervisor], None] | None = None,
+    attack: str | None = None,
 ) -> dict[str, Any]:
     """Train `job` here; with `metrics_port`, the supervisor serves Prometheus metrics on it meanwhile.
 
     With a `job_id` (`resumed_job_id`), continue that job, which ended on a fault, a Ctrl-C or a kill. `on_start`
-    gets the supervisor before it starts, to stop the job from another thread (`Supervisor.request_stop`: a sweep).
+    gets the supervisor before it starts, to stop the job from another thread (`Supervisor.request_stop`: a sweep). With an
+    `attack` (RANK=KIND, runtime/attack.py), that worker publishes attacked updates: a robustness test.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
@@ -85,7 +87,7 @@ def train_local(
     resuming = job_id is not None
     job_key = run_job_key(run_dir, resume=resuming)
     job_id = job_id or new_job_id(job.name)
-    env = {ENV_JOB_ID: job_id, ENV_JOB_KEY: job_key}
+    env = {ENV_JOB_ID: job_id, ENV_JOB_KEY: job_key} | ({ENV_ATTACK: attack} if attack else {})
     key = parse_job_key(job_key)
     try:
         if services.external:

@@ -26,13 +26,14 @@ from mlless.protocol.messages import (
 )
 from mlless.smoothing import OnlineEwma
 from mlless.data.dataset import Dataset
-from mlless.training.models import build_model
 from mlless.protocol import keys, layouts
+from mlless.runtime.attack import from_env
 from mlless.runtime.sync import sync_strategy
 from mlless.runtime.sync.exchange import Published, sparse_sum
 from mlless.spec import TrainingJob
 from mlless.telemetry.timing import PhaseTimer
 from mlless.training.replica import Replica
+from mlless.training.warm_start import initial_model
 from mlless.transport import Transport, UnroutableError
 
 log = logging.getLogger(__name__)
@@ -84,13 +85,15 @@ class Worker:
         self.dataset = dataset
         self.sync = sync_strategy(job.sync)
         # MLLESS_AUDIT: the replica sums every update it computed, for the supervisor's conservation check.
-        model = build_model(job.model.type, dataset.dims(), job.model, job.seed, dataset)
+        model = initial_model(job, dataset)
         self.replica = Replica(model, job.optimizer, self.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)),
                                accumulator=self.sync.accumulator(model.params))
         self.feed = self.sync.feed(dataset, job.seed, job.workers, rank)
         # This worker's half of the protocol; a peer's frame the store lost is waited for half the worker timeout.
         self.half = self.sync.worker(rank, self.replica, transport, job.worker_timeout_seconds / 2, self._reject,
                                      self.feed, workers=job.workers)
+        self.attack = from_env(os.environ, rank)  # mlless train --attack: a robustness test's Byzantine worker
+        self.attack_rng = np.random.default_rng([job.seed, rank])
         self.view = _View()
         self.step = 0
         self.started = time.monotonic()
@@ -202,6 +205,8 @@ class Worker:
         self.replica.workers = len(self.view.live) if self.sync.sums_updates else 1
         result = self.half.train(batch, self.feed.schedule.epoch(position) + 1, self.step,
                                  alone=self.view.live == (self.rank,))
+        if self.attack is not None:
+            result = self.attack.corrupt(result, self.replica, self.attack_rng)
         timer.record(compute=result.compute_seconds, filter=result.filter_seconds)
         bytes_sent = self.half.publish(self.step, result)
         timer.lap("write")

@@ -26,7 +26,7 @@ class ModelConfig:
     """Model hyper-parameters; ``l2=None`` picks the model's default.
 
     Besides ``type`` and ``l2``, a field each of the `spec.model` fields model types declare (`ModelType.fields`,
-    snake_case): ``rank`` matters for PMF only, ``clusters`` for k-means only.  For PMF ``l2`` is a per-rating L2 penalty
+    snake_case): ``rank`` matters for PMF only, ``clusters`` for k-means only; ``init_from`` is ``spec.model.initFrom``, resolved.  For PMF ``l2`` is a per-rating L2 penalty
     inside the loss (see `mlless.training.kernels.pmf`); for logistic regression it is
     decoupled weight decay handed to the optimizer (`Model.weight_decay`).
     """
@@ -35,6 +35,8 @@ class ModelConfig:
     rank: int = default("model.rank")
     l2: float | None = None
     clusters: int = default("model.clusters")
+    #: A model file every replica starts from instead of the seed (`mlless.training.warm_start`).
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         model_type(self.type)  # a ValueError naming the known types
@@ -110,6 +112,8 @@ class SyncConfig:
     local_steps: int = default("sync.localSteps")
     rho: float = default("sync.rho")
     exchange: str = default("sync.exchange")
+    aggregation: str = default("sync.aggregation")
+    trim: float = default("sync.trim")
 
 
 def default_sync(model: str) -> SyncConfig:

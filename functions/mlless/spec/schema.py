@@ -16,7 +16,7 @@ import copy
 from typing import Any, Iterable, Iterator
 
 from mlless.contract import API_VERSION, KIND
-from mlless.spec import models
+from mlless.spec import models, robust
 from mlless.spec.nodes import Schema, boolean, choice, integer, number, obj, shown, string
 
 #: averaging's H. At P = 2 on the quick sets of benchmarks/time_to_quality.py (1M skewed ratings, 200k clicks; a
@@ -91,6 +91,10 @@ SPEC_SCHEMA: Schema = obj(
                                + ".", [t.name for t in models.BUILT_IN]),
                 **model_fields(models.BUILT_IN),
                 "l2": number("Weight decay applied to the parameters a mini-batch touches. Default per model.", 0),
+                "initFrom": {**string("Warm start: a model.npz written by an earlier job (its output.uri or run directory, "
+                                   "or the file; a path or fsspec URL, relative paths resolve like dataset.uri). Every "
+                                   "replica starts from it instead of the seed; its type and dimensions must be the "
+                                   "job's."), "minLength": 1},
             },
             ["type"],
         ),
@@ -155,6 +159,16 @@ SPEC_SCHEMA: Schema = obj(
                                    "scatter-reduce: the parameters are split into one partition per worker, each "
                                    "worker merges one partition and reads the others' merged partitions.",
                                    ["all-to-all", "allreduce", "scatter-reduce"], "all-to-all"),
+                "aggregation": choice("How a step's updates are combined: sum adds them; the Byzantine-robust rules "
+                                      "take n times a robust centre of the n updates instead of their sum: median "
+                                      "(coordinate-wise), trimmed-mean (per coordinate, without the `trim` largest "
+                                      "and smallest) and krum (Multi-Krum: the mean of the n - f updates closest "
+                                      "to their neighbours). A coordinate a worker did not send counts as its 0. The "
+                                      f"robust rules need {' or '.join(robust.PROTOCOLS)} and at least "
+                                      f"{robust.MIN_WORKERS} workers (docs/robustness.md).",
+                                      ["sum", "median", "trimmed-mean", "krum"], "sum"),
+                "trim": number("trimmed-mean, krum: the fraction of a step's n updates assumed Byzantine, f = "
+                               "floor(trim * n), at most (n - 1) / 2.", 0, below=0.5, default=robust.TRIM),
             },
         ),
         "output": obj(
@@ -410,6 +424,8 @@ def pairing_errors(spec: Any) -> Iterator[str]:
     for field, value, other, admitted in pairings(models.MODEL_TYPES.values()):
         if given(field) == value and given(other) not in admitted:
             yield f"{_pairing_message(field, value, other, admitted)}, not {given(other)}"
+    kind = models.MODEL_TYPES.get(given("model.type"))
+    yield from robust.errors(spec, kind.protocol if kind else "", default("workers"))
 
 
 def cel_rules() -> list[Schema]:

@@ -13,6 +13,7 @@ from mlless.runtime.supervisor.failover import JobState
 from mlless.runtime.supervisor.membership import UNBILLED, Membership
 from mlless.spec import TrainingJob
 from mlless.telemetry.cost import CostBreakdown, job_cost, perf_per_dollar
+from mlless.training.warm_start import started_from
 from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.telemetry.record import RunRecord
 from mlless.telemetry.rows import StepRow
@@ -201,6 +202,7 @@ class Accounting:
             "job_id": self.job_id,
             "model": self.job.model.type,
             "protocol": self.job.sync.protocol,
+            "started_from": started_from(self.job),
             "stop_reason": stop_reason,
             "loss_metric": loss_metric,
             "train_loss": None if math.isnan(self.train_loss) else self.train_loss,

@@ -20,7 +20,7 @@ from mlless.runtime.supervisor.stopping import Best, ValidationWatch
 from mlless.runtime.supervisor.membership import JobFailed
 from mlless.spec import TrainingJob
 from mlless.spec.models import model_type
-from mlless.training.models import build_model
+from mlless.training.warm_start import initial_model
 from mlless.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class Evaluation:
         self.count_rejected = count_rejected
         for error in model_type(job.model.type).dataset_errors(dataclasses.asdict(job.model), dataset)[:1]:
             raise JobFailed(error)  # before any worker starts
-        self.model = build_model(job.model.type, dataset.dims(), job.model, job.seed, dataset)
+        self.model = initial_model(job, dataset)
         self.validation_batch = dataset.validation()
         self.evaluation_batch = self.validation_batch.head(EVALUATION_ROWS)
         self.validation: tuple[int, float] | None = None  # (step, loss) of the newest evaluation

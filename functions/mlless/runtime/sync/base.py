@@ -28,6 +28,7 @@ from mlless.data.dataset import Dataset
 from mlless.protocol import keys
 from mlless.protocol.messages import Close, Report, Update
 from mlless.runtime.striding import Feed
+from mlless.runtime.sync.aggregation import aggregation
 from mlless.runtime.sync.exchange import EXCHANGES, Exchange
 from mlless.spec.job import SyncConfig
 from mlless.training.replica import Accumulator, Replica, StepResult
@@ -162,7 +163,8 @@ class SyncStrategy(ABC):
         partitions)."""
         exchange = EXCHANGES[self.config.exchange](transport, rank, self.update_key, self.slots, patience, reject,
                                                    size=replica.params.shape[0], parts=workers,
-                                                   carriers=self.worker_half.counts_carriers)
+                                                   carriers=self.worker_half.counts_carriers,
+                                                   aggregation=aggregation(self.config.aggregation, self.config.trim))
         return self.worker_half(self, rank, replica, exchange, feed)
 
     def accumulator(self, params: np.ndarray) -> Accumulator | None:

@@ -7,6 +7,10 @@ merges partition i of everyone's update) are subclasses too (`runtime/sync/reduc
 worker contributes, `gather` returns the updates a worker adds to its replica, already merged or not.
 `spec.sync.exchange` names a job's pattern.
 
+A rule of `spec.sync.aggregation` other than the sum (runtime/sync/aggregation.py) is applied where a pattern
+combines a step's updates: `AllToAll.gather` hands back that combination minus this worker's own update, and a
+reducer merges its partition with it.
+
 What every pattern shares is here too: the outbox of a worker's frames still readable, put back when the store
 lost the job's keys, and `fetch`, which waits for a frame the store lost until its sender has re-published it.
 """
@@ -17,13 +21,16 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Sequence
 
 import numpy as np
 
 from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import Close, Update
 from mlless.transport import Transport
+
+if TYPE_CHECKING:
+    from mlless.runtime.sync.aggregation import Aggregation
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +74,12 @@ def sparse_sum(indices: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> t
     return (present + low).astype(indices[0].dtype), sums[present], counts[present]
 
 
+def _distinct(indices: np.ndarray) -> bool:
+    """Whether no index repeats: at once for sorted indices, by sorting a copy otherwise (PMF's updates are not)."""
+    steps = np.diff(indices)
+    return bool(np.all(steps > 0)) or bool(np.all(np.diff(np.sort(indices)) > 0))
+
+
 #: Where `rank` publishes its update of a step: `SyncStrategy.update_key`.
 KeyOf = Callable[[int, int], str]
 
@@ -88,11 +101,14 @@ class Exchange(ABC):
     name: ClassVar[str]
 
     def __init__(self, transport: Transport, rank: int, key_of: KeyOf, slots: int, patience: float,
-                 reject: Callable[[str], None], size: int = 0, parts: int = 1, carriers: bool = True) -> None:
+                 reject: Callable[[str], None], size: int = 0, parts: int = 1, carriers: bool = True,
+                 aggregation: Aggregation | None = None) -> None:
         """`slots` steps of this worker's frames stay readable (its outbox); a frame the store lost is waited for
         `patience` seconds; `reject` counts and logs a frame that cannot be applied. `size` is the model's parameter
         count and `parts` the job's worker count, for a pattern that splits the parameters. `carriers`: `gather`
-        must show how many peers' updates carry each entry (`WorkerHalf.counts_carriers`)."""
+        must show how many peers' updates carry each entry (`WorkerHalf.counts_carriers`). `aggregation`: a rule
+        that combines a step's updates other than by adding them (runtime/sync/aggregation.py); None adds them."""
+        self.aggregation = None if aggregation is None or aggregation.adds else aggregation
         self.transport = transport
         self.rank = rank
         self.key_of = key_of
@@ -169,6 +185,29 @@ class Exchange(ABC):
                 self.bytes_read += len(frame) if frame is not None else 0
         return frames
 
+    def combined(self, step: int, updates: list[Update], own: list[Published]) -> list[Update]:
+        """The robust rule's combination of a step's `updates` and this worker's `own` frames of it, as the one update
+        this worker adds: its replica holds its own update already."""
+        assert self.aggregation is not None
+        valid = self.in_range([Update(self.rank, step, p.indices, p.values) for p in own] + updates)
+        entries, values, _ = self.aggregation.combine([u.indices for u in valid], [u.values for u in valid])
+        for p in own:
+            values[np.searchsorted(entries, p.indices)] -= p.values
+        return [Update(self.rank, step, entries.astype(np.int32), values.astype(np.float32))] if len(entries) else []
+
+    def in_range(self, updates: list[Update]) -> list[Update]:
+        """`updates` without those whose indices are out of range or repeated, which are rejected: a rule other than
+        the sum combines them before the replica's apply would find them."""
+        valid = []
+        for update in updates:
+            idx = update.indices
+            if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= self.size or not _distinct(idx)):
+                self.reject(f"update frame of worker {update.sender} for step {update.step}: indices out of range "
+                            f"for {self.size} parameters or repeated")
+            else:
+                valid.append(update)
+        return valid
+
     def checked(self, sender: int, step: int, frame: bytes | None) -> Update | None:
         """`frame` as `sender`'s update of `step`, or None (rejected) if it is missing or is something else.
         The index range and uniqueness are checked where it is applied, in one pass, before anything is added."""
@@ -195,7 +234,10 @@ class AllToAll(Exchange):
     def gather(self, close: Close) -> list[Update]:
         step, senders = close.step, [r for r in close.updates if r != self.rank]
         frames = self.fetch([self.key_of(r, step) for r in senders])
-        return [u for r, frame in zip(senders, frames) if (u := self.checked(r, step, frame)) is not None]
+        updates = [u for r, frame in zip(senders, frames) if (u := self.checked(r, step, frame)) is not None]
+        if self.aggregation is None:
+            return updates
+        return self.combined(step, updates, [p for p in self.outbox if p.step == step and self.rank in close.updates])
 
 
 EXCHANGES: dict[str, type[Exchange]] = {AllToAll.name: AllToAll}

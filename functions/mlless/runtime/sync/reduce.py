@@ -96,7 +96,11 @@ class ScatterReduce(Exchange):
                     if p.step == step and p.key == self.part_key(self.rank, part, step)]
         if not updates:
             return Update(self.rank, step, np.zeros(0, np.int32), np.zeros(0, np.float32))
-        entries, sums, counts = sparse_sum([u.indices for u in updates], [u.values for u in updates])
+        if self.aggregation is None:
+            entries, sums, counts = sparse_sum([u.indices for u in updates], [u.values for u in updates])
+        else:  # every update counts as carrying every entry: the robust rule moves even one only this worker sent
+            updates = self.in_range(updates)
+            entries, sums, counts = self.aggregation.combine([u.indices for u in updates], [u.values for u in updates])
         # The count most entries have (1 for sparse rows, every update for dense ones) goes last, as entry 2N.
         usual = len(updates) if 2 * np.count_nonzero(counts == len(updates)) > len(counts) else 1
         odd = counts != usual

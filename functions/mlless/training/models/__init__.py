@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
-from typing import Any, Mapping
+from typing import Any, BinaryIO, Mapping
 
 from mlless.plugins import load_plugins
 from mlless.spec.config import ModelConfig
@@ -42,11 +42,12 @@ def build_model(kind: str, dims: Mapping[str, Any], config: ModelConfig | None =
     return model
 
 
-def load_model(path: str | os.PathLike[str]) -> Model:
-    """Load a model saved by `Model.save`; raises `ModelFileError` naming the file if malformed."""
+def load_model(path: str | os.PathLike[str] | BinaryIO, name: str | None = None) -> Model:
+    """Load a model saved by `Model.save` from a file, or from a binary file object called `name` in messages;
+    raises `ModelFileError` naming the file if malformed."""
     load_plugins()  # the file may hold a model type a plugin registers
-    name = os.fspath(path)
-    params, meta = read_model_file(name)
+    name = name or os.fspath(path)  # type: ignore[arg-type]
+    params, meta = read_model_file(path, name)
     try:
         config = ModelConfig(meta["kind"], rank=int(meta.get("rank", ModelConfig.rank)), l2=meta.get("l2"),
                              clusters=int(meta.get("clusters", ModelConfig.clusters)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Mapping, Protocol, TypeVar
+from typing import Any, BinaryIO, ClassVar, Mapping, Protocol, TypeVar
 
 import numpy as np
 from scipy.stats import rankdata
@@ -217,11 +217,12 @@ def contiguous(arr: np.ndarray, dtype: type) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
-def read_model_file(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
-    """Read and validate the container layout; model-specific checks happen in the loader."""
-    name = os.fspath(path)
+def read_model_file(path: str | os.PathLike[str] | BinaryIO, name: str | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    """Read and validate the container layout (of a file, or a binary file object called `name`); model-specific
+    checks happen in the loader."""
+    name = name or os.fspath(path)  # type: ignore[arg-type]
     try:
-        with np.load(name, allow_pickle=False) as npz:
+        with np.load(path, allow_pickle=False) as npz:
             if not hasattr(npz, "files"):
                 raise ModelFileError(f"{name}: not an .npz archive")
             missing = {"params", "metadata"} - set(npz.files)

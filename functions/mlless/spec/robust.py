@@ -1,0 +1,33 @@
+"""What the Byzantine-robust aggregation rules (`spec.sync.aggregation`, runtime/sync/aggregation.py) need of a job.
+
+A robust rule combines the updates of one step, so it needs a protocol whose workers add their peers' updates of
+each step (BSP, ISP, SSP): averaging's rounds divide by the carriers of each entry, blocked's rows stay at home and
+async and ADMM combine models, not a step's updates. A median of two updates is their mean, so it needs three
+workers. This module imports nothing of mlless, so that the schema can read it.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+#: The protocols a robust rule applies under.
+PROTOCOLS = ("bsp", "isp", "ssp")
+#: The fewest workers a robust rule is admitted with.
+MIN_WORKERS = 3
+#: `spec.sync.trim`'s default: one update of four is assumed Byzantine.
+TRIM = 0.25
+#: The rule that is no robust rule.
+SUM = "sum"
+
+
+def errors(spec: Mapping[str, Any], default_protocol: str, default_workers: int) -> Iterator[str]:
+    """One line per way the parsed manifest's `spec` pairs a robust rule with what it cannot work with."""
+    sync = spec.get("sync") if isinstance(spec.get("sync"), Mapping) else {}
+    rule = sync.get("aggregation", SUM)
+    if rule == SUM:
+        return
+    protocol = sync.get("protocol", default_protocol)
+    if protocol not in PROTOCOLS:
+        yield f"spec.sync.aggregation: {rule} needs spec.sync.protocol {' or '.join(PROTOCOLS)}, not {protocol}"
+    workers = spec.get("workers", default_workers)
+    if isinstance(workers, int) and workers < MIN_WORKERS:
+        yield f"spec.sync.aggregation: {rule} needs spec.workers >= {MIN_WORKERS}, not {workers}"
