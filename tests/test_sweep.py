@@ -18,6 +18,9 @@ from generated import assert_generated
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE = EarlyStopping("asha", "steps", 20.0, 2.0)
+#: A trial's length: the sweep judges its trials every `POLL_SECONDS`, and on a quiet machine a 60-step trial ended
+#: before the first look, so that no trial was left running to stop.
+MAX_STEPS = 600
 
 
 def sweep_doc(dataset: Path, **spec) -> dict:
@@ -29,7 +32,7 @@ def sweep_doc(dataset: Path, **spec) -> dict:
             "template": {"spec": {"workers": 1, "model": {"type": "logistic-regression"},
                                   "dataset": {"uri": str(dataset), "cacheBatches": True},
                                   "optimizer": {"type": "adam", "lrDecay": "none"},
-                                  "evaluation": {"everySteps": 10}, "stop": {"maxSteps": 60}}},
+                                  "evaluation": {"everySteps": 10}, "stop": {"maxSteps": MAX_STEPS}}},
             "parameters": [{"field": "optimizer.learningRate", "grid": [0.05, 0.0001, 0.00001]}],
             "maxTrials": 3,
             "maxConcurrentTrials": 3,
@@ -60,7 +63,7 @@ def test_the_local_sweep_stops_losers_and_hands_back_the_best_trial(swept, synth
     stopped = [row for row in rows.values() if row["state"] == "Stopped"]
     assert stopped, "ASHA stopped no trial"
     for row in stopped:  # stopped where the sweep said, before the trial's own limit, with its reason recorded
-        assert row["killedAt"] < 60 and row["stopReason"].startswith("stopped by the sweep: ASHA rung")
+        assert row["killedAt"] < MAX_STEPS and row["stopReason"].startswith("stopped by the sweep: ASHA rung")
         summary = json.loads((swept / "trials" / row["name"] / "summary.json").read_text())
         assert summary["steps"] == row["killedAt"]
     # The best trial is the one with the lowest best validation loss, and its model in best/ scores it.

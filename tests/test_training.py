@@ -384,7 +384,7 @@ class _FailsAtStep40(Supervisor):
 def test_an_unexpected_supervisor_error_still_ends_the_job_cleanly(movielens_dir, tmp_path, redis_url, amqp_url):
     """Issue #22: any exception in the supervisor's loop ends the job as a failure, with the workers' replicas
     handed in, summary.json and the model written, and the job's keys deleted."""
-    from mlless.cli import _failed
+    from mlless.runtime.supervisor.failover import failed as _failed
 
     job = job_for(movielens_dir, sync={"protocol": "isp"}, stop={"maxSteps": 400}, evaluation={"everySteps": 5})
     summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: None, supervisor_cls=_FailsAtStep40)

@@ -58,7 +58,7 @@ def test_every_replica_starts_from_the_file(movielens_dir, tmp_path):
     saved = build_model("pmf", dataset.dims(), seed=7)
     saved.save(tmp_path / "model.npz")
     job = from_manifest(manifest(movielens_dir, model={"type": "pmf", "initFrom": str(tmp_path / "model.npz")}))
-    started = initial_model(job, dataset.dims())
+    started = initial_model(job, dataset)
     np.testing.assert_array_equal(started.params, saved.params)
     assert not np.array_equal(build_model("pmf", dataset.dims(), seed=0).params, saved.params)
 
@@ -71,7 +71,8 @@ def test_a_relative_init_from_resolves_against_the_manifest(movielens_dir, tmp_p
 
 @pytest.mark.parametrize("other", ["type", "dims", "missing"])
 def test_a_model_that_does_not_fit_is_refused_naming_the_field(movielens_dir, synthetic_lr_dir, tmp_path, other):
-    dims = Dataset.open(str(movielens_dir)).dims()
+    dataset = Dataset.open(str(movielens_dir))
+    dims = dataset.dims()
     if other == "type":
         build_model("logistic-regression", Dataset.open(str(synthetic_lr_dir)).dims()).save(tmp_path / "model.npz")
     elif other == "dims":
@@ -85,7 +86,7 @@ def test_a_model_that_does_not_fit_is_refused_naming_the_field(movielens_dir, sy
     assert err.count("\n") == 1 and "spec.model.initFrom" in err and "Traceback" not in err
     assert not (tmp_path / "run" / "logs").exists() or not any((tmp_path / "run" / "logs").iterdir())
     with pytest.raises(WarmStartError, match="spec.model.initFrom"):
-        initial_model(from_manifest(manifest(movielens_dir, model={"type": "pmf", "initFrom": str(tmp_path)})), dims)
+        initial_model(from_manifest(manifest(movielens_dir, model={"type": "pmf", "initFrom": str(tmp_path)})), dataset)
 
 
 def test_a_saved_model_round_trips_through_a_file_object(movielens_dir, tmp_path):

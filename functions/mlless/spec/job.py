@@ -172,7 +172,7 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
     spec = doc["spec"]
     model = ModelConfig(**_arguments(ModelConfig, spec["model"]))
     if model.init_from is not None:
-        model = dataclasses.replace(model, init_from=_resolve(model.init_from, base_dir))
+        model = dataclasses.replace(model, init_from=resolve_uri(model.init_from, base_dir))
     workers = spec.get("workers", default("workers"))
     stop = StopConfig(**_arguments(StopConfig, spec.get("stop", {})))
     if not stop.has_length_limit():
