@@ -13,11 +13,14 @@ from mlless.contract import LABEL_SWEEP
 from scenario import NS, TJ, launched, training_job, unique
 
 SWEEPS = kmock.resource("mlless.io/v1alpha1/trainingsweeps")
+#: A trial's length: long enough that the operator sees a loser at a rung before it ends (at 120 steps a quiet
+#: machine ran the trials to the end between two of the sweep's passes).
+MAX_STEPS = 1000
 
 
 def sweep_doc(name: str, dataset: Path, redis_url: str, amqp_url: str, out: Path) -> dict[str, Any]:
     template = training_job("template", dataset, redis_url, amqp_url)["spec"]
-    template |= {"workers": 1, "stop": {"maxSteps": 120}, "evaluation": {"everySteps": 10},
+    template |= {"workers": 1, "stop": {"maxSteps": MAX_STEPS}, "evaluation": {"everySteps": 10},
                  "function": {"backend": "pod"}}
     template["dataset"]["cacheBatches"] = True
     return {
@@ -69,7 +72,7 @@ async def test_a_sweep_runs_its_trials_stops_losers_copies_the_best_and_cleans_u
         rows = {row["name"]: row for row in status["trials"]}
         assert created == set(rows) and status["trialsCreated"] == 3
         stopped = [row for row in rows.values() if row["state"] == "Stopped"]
-        assert stopped and all(row["killedAt"] < 120 for row in stopped), rows
+        assert stopped and all(row["killedAt"] < MAX_STEPS for row in stopped), rows
         assert all(n not in trials_of(c, name) for n in (row["name"] for row in stopped))  # the losers were deleted
         best = rows[status["bestTrial"]]
         assert best["state"] == "Succeeded"

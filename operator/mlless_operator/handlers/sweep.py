@@ -97,6 +97,11 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
             _observe(trial, await api.get(API_VERSION, KIND, namespace, trial.name), sweep, limit)
     if rule.enabled and rule.resource == "steps":
         progress = [t.progress() for t in trials]
+        for trial, seen in zip(trials, progress):
+            # A trial seen at its own step limit is ending by itself: stopping it would save nothing, and would
+            # record as killed a trial that ran to the end (its status can reach the limit between two passes).
+            limit = sweep.trial_job(trial.name, trial.parameters).stop.max_steps
+            seen.running = seen.running and (limit is None or trial.step < limit)
         for loser, rung in judge(rule, progress).items():
             trial = next(t for t in trials if t.name == loser)
             await api.delete(API_VERSION, KIND, namespace, loser)
