@@ -7,18 +7,21 @@ curve it recorded is fitted with the auto-tuner's reference curve (`autotuner/cu
 + θ3, here with t in samples) and the rule replayed on the curve at the job's evaluation cadence, with the run's
 own evaluation noise added (the residuals' standard deviation around the fit, NOISE_DRAWS seeded draws, the
 median of where it fires): on a real run patience fires once the curve improves by less than that noise an
-evaluation, long before a smooth curve flattens below `minDelta`. The reference curve never turns up, so a run
+evaluation, long before a smooth curve flattens below `minDelta`. The noisy replays are the supervisor's ETA's
+own (`runtime/supervisor/forecast.median_future`), here in steps from scratch. The reference curve never turns up, so a run
 that overfits early still stops sooner than the model says.
 
 `samples_when_stop_fires` is the one place the planner turns a loss curve into the point where the rule fires.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import numpy as np
 
 from mlless.autotuner.curves import CurveFitError, fit_reference, fit_slow
+from mlless.runtime.supervisor.forecast import median_future
 from mlless.runtime.supervisor.stopping import ValidationWatch
 from mlless.spec.job import StopConfig
 
@@ -73,14 +76,12 @@ def samples_when_stop_fires(stop: StopConfig, evaluations: Sequence[tuple[float,
         curve = fit_curve(evaluations)
     except CurveFitError as exc:
         raise ValueError(f"{len(evaluations)} evaluations: {exc}") from None
-    xs = np.arange(1, int(limit_samples // interval_samples) + 1) * interval_samples
-    smooth = np.asarray(curve(xs), dtype=np.float64)
     recorded = np.array(evaluations, dtype=np.float64)
     resid = recorded[:, 1] - np.asarray(curve(recorded[:, 0]))
     noise = float(np.std(resid, ddof=1)) if len(resid) > 1 else 0.0
-    rng = np.random.default_rng(NOISE_SEED)
-    draws = [smooth + rng.normal(0.0, noise, smooth.shape) for _ in range(NOISE_DRAWS)] if noise > 0 else [smooth]
-    fires = [replay(stop, list(zip(xs.tolist(), ys.tolist())), samples_per_step) for ys in draws]
-    ends = sorted(limit_samples if f is None else f for f in fires)
-    n = ends[len(ends) // 2]
-    return n, n < limit_samples
+    # The futures start from scratch (step 0, no evaluation seen), counted in steps as the rule counts them.
+    watch = ValidationWatch(stop.patience, stop.target_loss, stop.target_steps, stop.min_delta)
+    step, _ = median_future(watch, lambda steps: curve(steps * samples_per_step), noise, 0,
+                            interval_samples / samples_per_step, limit_samples / samples_per_step,
+                            futures=NOISE_DRAWS, seed=NOISE_SEED)
+    return (limit_samples, False) if step == math.inf else (min(step * samples_per_step, limit_samples), True)

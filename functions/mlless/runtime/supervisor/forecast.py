@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from mlless.autotuner.curves import CurveFitError, FittedCurve, fit_reference
 from mlless.runtime.supervisor.stopping import ValidationWatch, smoothed_losses
 from mlless.spec.job import StopConfig
 
-__all__ = ["StopProjection", "project_stop"]
+__all__ = ["StopProjection", "median_future", "project_stop"]
 
 #: Evaluations a fit needs (`fit_reference`'s least).
 MIN_EVALUATIONS = 8
@@ -76,30 +76,35 @@ def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConf
     tail = slice(len(points) // 2, None)
     raw = np.array([x for _, x in points])
     noise = float(np.std(raw[tail] - np.asarray(curve(t[tail]), dtype=np.float64)))
-    first = int(t[-1])
-    last = first + HORIZON_EVALUATIONS * evaluate_every
-    last = last if until_step is None else min(until_step, last)
-    ahead = np.arange(first + evaluate_every, last + evaluate_every, evaluate_every, dtype=np.float64)
-    trend = np.asarray(curve(ahead), dtype=np.float64) if ahead.size else ahead
-    # The futures: the fitted trend plus evaluation noise as the newest half scattered about it, each replayed
-    # through a copy of the rules as they stand; the job stops where half of them have stopped.
-    rng = np.random.default_rng(len(points))
-    stops = sorted(_replay(copy.deepcopy(watch), first, ahead, trend + rng.normal(0.0, noise, trend.size), stop,
-                           evaluate_every, last) for _ in range(FUTURES if noise > 0 else 1))
-    median = stops[len(stops) // 2]
-    if median[0] == math.inf:
-        return None
-    return StopProjection(int(median[0]), median[1], curve, noise)
+    last = int(t[-1]) + HORIZON_EVALUATIONS * evaluate_every
+    step, rule = median_future(watch, curve, noise, int(t[-1]), evaluate_every,
+                               last if until_step is None else min(until_step, last), futures=FUTURES, seed=len(points))
+    return None if step == math.inf else StopProjection(int(step), rule, curve, noise)
 
 
-def _replay(watch: ValidationWatch, first: int, ahead: np.ndarray, losses: np.ndarray, stop: StopConfig,
-            evaluate_every: int, last: float) -> tuple[float, str]:
+def median_future(watch: ValidationWatch, trend: Callable[[np.ndarray], np.ndarray], noise: float, first: int,
+                  evaluate_every: float, last: float, *, futures: int, seed: int) -> tuple[float, str]:
+    """Where `watch`'s rules, as they stand after the evaluation at step `first`, stop the job in the median of
+    `futures` futures: `trend` (step -> validation loss) evaluated every `evaluate_every` steps up to `last`, plus
+    Gaussian noise of deviation `noise` (seeded by `seed`: the same inputs give the same answer; one future when
+    `noise` is 0). (step, "targetLoss" or "patience"), or (inf, "") when the median future does not stop by `last`.
+    The planner replays a pilot run's fitted curve with it (`planning/stoprule.py`), the ETA a live job's."""
+    ahead = first + evaluate_every * np.arange(1, int((last - first) // evaluate_every) + 1, dtype=np.float64)
+    smooth = np.asarray(trend(ahead), dtype=np.float64) if ahead.size else ahead
+    rng = np.random.default_rng(seed)
+    stops = sorted(_replay(copy.deepcopy(watch), first, ahead, smooth + rng.normal(0.0, noise, smooth.size),
+                           evaluate_every, last) for _ in range(futures if noise > 0 else 1))
+    return stops[len(stops) // 2]
+
+
+def _replay(watch: ValidationWatch, first: int, ahead: np.ndarray, losses: np.ndarray, evaluate_every: float,
+            last: float) -> tuple[float, str]:
     """Where `watch`'s rules stop on these projected evaluations: (step, rule), or (inf, "") within `last`."""
     for step, loss in zip([first, *ahead.astype(int).tolist()], [None, *losses.tolist()]):
         if loss is not None:
             watch.observe(step, loss, _NO_PARAMS)
         # The target is read at every step close: it fires before the next evaluation if it has held long enough.
-        held = None if watch.below_since is None else max(step, watch.below_since + stop.target_steps)
+        held = None if watch.below_since is None else max(step, watch.below_since + watch.target_steps)
         if held is not None and held < step + evaluate_every and held <= last:
             return held, "targetLoss"
         if watch.patience_exhausted():
