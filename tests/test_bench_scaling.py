@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import _common  # noqa: E402
 import projection  # noqa: E402
+from mlless.planning import steptime  # noqa: E402
 import scaling  # noqa: E402
 
 PRICING = {"function_memory_gb": 2.0, "price_per_gb_second": 1.7e-05, "billing_granularity_seconds": 0.1,
@@ -92,11 +93,11 @@ def test_the_model_reads_every_peer_all_to_all_and_the_store_link_caps_it():
     assert one["read_bytes"] == 0 and one["link"] == 0 and one["step"] == pytest.approx(0.001 + 0.0005 + 1e-4)
     assert two["read_bytes"] == 1e6
     assert many["read_bytes"] == 63e6 and many["link"] == pytest.approx(64 * 63e6 / 1.25e9)
-    assert projection.bytes_read("allreduce", 4, 1e6, 2e6) == (2e6, 0.0)
+    assert steptime.bytes_read("allreduce", 4, 1e6, 2e6) == (2e6, 0.0)
 
 
 def test_beta_fits_a_power_law_and_is_clamped():
-    assert projection._fit_beta([(1, 100.0), (2, 200.0 * 2 ** -0.5), (3, 300.0 * 3 ** -0.5)]) == pytest.approx(0.5)
-    assert projection._fit_beta([(1, 100.0), (2, 50.0)]) == 0.0
-    assert projection._fit_beta([(1, 100.0), (2, 800.0)]) == 1.0
-    assert math.isclose(projection._fit_beta([(1, 100.0)]), 0.0)
+    assert steptime.fit_beta([(1, 100.0), (2, 200.0 * 2 ** -0.5), (3, 300.0 * 3 ** -0.5)]) == pytest.approx(0.5)
+    assert steptime.fit_beta([(1, 100.0), (2, 50.0)]) == 0.0
+    assert steptime.fit_beta([(1, 100.0), (2, 800.0)]) == 1.0
+    assert math.isclose(steptime.fit_beta([(1, 100.0)]), 0.0)
