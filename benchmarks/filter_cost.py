@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         ds = Dataset.open(str(args.dataset))
         batches = [ds.batch(i) for i in range(ds.n_batches)]
         dims = {**ds.dims(), "rating_min": ds.manifest.rating_min, "rating_max": ds.manifest.rating_max}
-        replica = Replica(build_model("pmf", dims, ModelConfig("pmf", rank=20), 0), default_optimizer("pmf", 2), args.v)
+        replica = Replica(build_model("pmf", dims, ModelConfig.of("pmf", rank=20), 0), default_optimizer("pmf", 2), args.v)
         size = replica.params.size
         acc, flags, dirty, n_dirty = np.zeros(size, np.float32), np.zeros(size, np.uint8), np.empty(size, np.int32), 0
         rows, step, disagreements = [], 0, 0

@@ -73,7 +73,7 @@ def rmse(pred: np.ndarray, truth: np.ndarray, lo: float, hi: float) -> float:
 
 def run_mlless(ds, batches, val, epochs, seed, with_filter: bool, v: float = 0.7):
     dims = {**ds.dims(), "rating_min": ds.manifest.rating_min, "rating_max": ds.manifest.rating_max}
-    model = build_model("pmf", dims, ModelConfig("pmf", rank=RANK), seed)
+    model = build_model("pmf", dims, ModelConfig.of("pmf", rank=RANK), seed)
     replica = Replica(model, default_optimizer("pmf", workers=2), v)
     plan = orders(len(batches), epochs, seed)
     n = step = sent = 0

@@ -79,7 +79,7 @@ def pmf_update(rank: int, batch: int, seed: int) -> tuple[np.ndarray, np.ndarray
 
     params = PmfParams(rows=batch, users=70_000, items=10_000)
     chunk = next(generate_pmf(params, seed))
-    model = PMF(params.users, params.items, params.mean, ModelConfig("pmf", rank=rank), seed)
+    model = PMF(params.users, params.items, params.mean, ModelConfig.of("pmf", rank=rank), seed)
     b = RatingsBatch(chunk.users.astype(np.int32), chunk.items.astype(np.int32), chunk.ratings)
     idx, delta, _, _ = model.adagrad_step(b, _accumulator(model), 0.1, 0.0)
     return idx, delta

@@ -96,7 +96,7 @@ def test_kmeans_clusters_sparse_rows(tmp_path):
 
 def test_a_step_at_rate_1_is_sculleys_per_row_loop():
     rng = np.random.default_rng(0)
-    model = build_model("kmeans", {"n_features": 3}, ModelConfig("kmeans", clusters=2))
+    model = build_model("kmeans", {"n_features": 3}, ModelConfig.of("kmeans", clusters=2))
     model.centroids[:] = [[0.0, 0.0, 0.0], [5.0, 5.0, 5.0]]
     model.counts[:] = [4.0, 0.0]
     x = np.vstack([rng.normal(0, 1, (6, 3)), rng.normal(5, 1, (5, 3))]).astype(np.float32)

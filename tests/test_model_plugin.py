@@ -15,10 +15,12 @@ from mlless.contract import ENV_PLUGINS
 from mlless.data.batches import Batch, RatingsBatch
 from mlless.spec.config import ModelConfig
 from mlless.spec.models import ModelType, OptimizerDefaults, register
+from mlless.spec.nodes import boolean
 from mlless.training.models.base import Model, expect_batch, required_dim
 
+# `userBiases`, a field of its own: false leaves the users' biases at 0 (the items' baseline alone).
 register(ModelType("biases", "user and item biases", "ratings", "rmse", OptimizerDefaults("adam", 0.05),
-                   protocol="bsp"))
+                   protocol="bsp", fields={"userBiases": boolean("Learn a bias per user (biases).", default=True)}))
 
 
 class Biases(Model):
@@ -29,14 +31,16 @@ class Biases(Model):
 
     @classmethod
     def from_dims(cls, dims: Mapping[str, Any], config: ModelConfig | None, seed: int) -> Biases:
-        return cls(*(required_dim(dims, d, cls.kind) for d in ("n_users", "n_items", "mean_rating")))
+        return cls(*(required_dim(dims, d, cls.kind) for d in ("n_users", "n_items", "mean_rating")),
+                   user_biases=(config or ModelConfig("biases")).options["userBiases"])
 
-    def __init__(self, n_users: int, n_items: int, mean: float) -> None:
+    def __init__(self, n_users: int, n_items: int, mean: float, user_biases: bool = True) -> None:
         super().__init__(n_users + n_items)
         self.n_users, self.n_items, self.mean = int(n_users), int(n_items), float(mean)
+        self.user_biases = user_biases
 
     def _rows(self, b: RatingsBatch) -> np.ndarray:
-        return np.concatenate([b.users, self.n_users + b.items])
+        return np.concatenate([b.users if self.user_biases else b.users[:0], self.n_users + b.items])
 
     def predict(self, batch: Batch) -> np.ndarray:
         b = expect_batch(batch, RatingsBatch, "biases")
@@ -45,8 +49,9 @@ class Biases(Model):
     def gradient(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, float, int]:
         b = expect_batch(batch, RatingsBatch, "biases")
         residual = self.predict(b).astype(np.float64) - b.ratings
-        idx, slot = np.unique(self._rows(b), return_inverse=True)
-        grad = np.bincount(slot, np.tile(2 * residual / len(b), 2), len(idx))
+        rows = self._rows(b)
+        idx, slot = np.unique(rows, return_inverse=True)
+        grad = np.bincount(slot, np.tile(2 * residual / len(b), len(rows) // len(b)), len(idx))
         return idx.astype(np.int32), grad.astype(np.float32), float(residual @ residual), len(b)
 
     def evaluate(self, batch: Batch) -> tuple[float, int]:
@@ -58,7 +63,7 @@ class Biases(Model):
         return {"n_users": self.n_users, "n_items": self.n_items, "mean_rating": self.mean}
 
     def config(self) -> ModelConfig:
-        return ModelConfig("biases")
+        return ModelConfig.of("biases", userBiases=self.user_biases)
 
 
 pytestmark = pytest.mark.slow
@@ -99,3 +104,27 @@ def test_a_job_trains_a_model_defined_in_a_test(movielens_dir, tmp_path, redis_u
                                                                              None, 0).mean) ** 2)))
     assert summary["validation_loss"] < mean_only - 0.03, (summary["validation_loss"], mean_only)
     assert type(load_model(tmp_path / "model.npz")).__name__ == "Biases"  # the class the plugin's import registered
+
+
+def test_a_field_the_registered_type_declares_reaches_every_worker_and_the_saved_model(movielens_dir, tmp_path,
+                                                                                     monkeypatch):
+    from mlless.runtime.local import Services, train_local
+    from mlless.training.models import load_model
+    from test_training import QUIET, job_for
+
+    monkeypatch.setenv(ENV_PLUGINS, __file__)
+    job = job_for(movielens_dir, workers=2, model={"type": "biases", "userBiases": False}, stop={"maxEpochs": 2})
+    assert job.model.options == {"userBiases": False}
+    summary = train_local(job, tmp_path, Services(), QUIET)
+    assert summary["stop_reason"] == "max epochs" and summary["rejected_frames"] == 0
+    model = load_model(tmp_path / "model.npz")
+    assert model.user_biases is False and not np.any(model.params[:model.n_users])
+    assert np.any(model.params[model.n_users:])  # the items' biases learned
+
+
+def test_a_value_the_declared_field_refuses_is_one_line_naming_it(movielens_dir, monkeypatch):
+    from mlless.spec import SpecError
+    from test_training import job_for
+
+    with pytest.raises(SpecError, match="spec.model.userBiases: 'no' is not of type 'boolean'"):
+        job_for(movielens_dir, model={"type": "biases", "userBiases": "no"})

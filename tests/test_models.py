@@ -40,8 +40,8 @@ def ratings_batches(users, items, ratings, batch_size, seed):
 
 
 def test_pmf_views_share_the_flat_vector_and_seed_is_deterministic():
-    a = build_model("pmf", PMF_DIMS, ModelConfig("pmf", rank=4), seed=7)
-    b = build_model("pmf", PMF_DIMS, ModelConfig("pmf", rank=4), seed=7)
+    a = build_model("pmf", PMF_DIMS, ModelConfig.of("pmf", rank=4), seed=7)
+    b = build_model("pmf", PMF_DIMS, ModelConfig.of("pmf", rank=4), seed=7)
     np.testing.assert_array_equal(a.params, b.params)
     assert a.params.dtype == np.float32 and a.size == (30 + 20) * 5
     assert a.U.shape == (30, 4) and a.M.shape == (20, 4) and a.bu.shape == (30,) and a.bi.shape == (20,)
@@ -56,7 +56,7 @@ def test_pmf_views_share_the_flat_vector_and_seed_is_deterministic():
 
 def test_save_load_roundtrip(tmp_path):
     for kind, dims in (("pmf", PMF_DIMS), ("logistic-regression", {"n_features": 17})):
-        m = build_model(kind, dims, ModelConfig(kind, rank=3, l2=0.25), seed=1)
+        m = build_model(kind, dims, ModelConfig.of(kind, rank=3, l2=0.25), seed=1)
         m.params[:] = np.random.default_rng(0).normal(size=m.size)
         path = tmp_path / f"{kind}.npz"
         m.save(path, {"job": "j1", "step": 12})
@@ -104,7 +104,7 @@ def test_build_model_validation():
     with pytest.raises(ValueError, match="no-such-model"):
         build_model("no-such-model", {})
     with pytest.raises(ValueError):
-        ModelConfig("pmf", rank=0)
+        ModelConfig.of("pmf", rank=0)
     with pytest.raises(TypeError):
         build_model("pmf", PMF_DIMS).gradient(SparseBatch(np.zeros(1, np.int64), np.zeros(0, np.int32),
                                                           np.zeros(0, np.float32), np.zeros(0, np.float32)))
@@ -130,7 +130,7 @@ def test_pmf_trains_on_synthetic_low_rank():
     r = ((U[users] * M[items]).sum(1) + 3.0 + rng.normal(0, 0.1, n)).astype(np.float32)
     tr, va = slice(0, 25000), slice(25000, None)
     model = build_model("pmf", {"n_users": nu, "n_items": ni, "mean_rating": float(r[tr].mean())},
-                        ModelConfig("pmf", rank=5, l2=0.01), seed=0)
+                        ModelConfig.of("pmf", rank=5, l2=0.01), seed=0)
     val = RatingsBatch(users[va], items[va], r[va])
     baseline = float(np.sqrt(np.mean((r[va] - r[tr].mean()) ** 2)))
     curve = train(model, ratings_batches(users[tr], items[tr], r[tr], 1000, 0), 30, val=val)
@@ -261,7 +261,7 @@ def test_adagrad_kernels_match_a_float64_reference(kind, rank):
     rng = np.random.default_rng(3)
     if kind == "pmf":
         model = build_model("pmf", {"n_users": 7, "n_items": 5, "mean_rating": 3.0},
-                            ModelConfig("pmf", rank=rank, l2=0.05))
+                            ModelConfig.of("pmf", rank=rank, l2=0.05))
         model.params[:] = rng.normal(0, 0.3, model.size)
         n = 40
         batch = RatingsBatch(rng.integers(0, 7, n).astype(np.int32), rng.integers(0, 5, n).astype(np.int32),

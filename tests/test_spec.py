@@ -29,7 +29,7 @@ def with_spec(**changes) -> dict:
 def test_minimal_manifest_gets_the_defaults():
     job = from_manifest(MINIMAL)
     assert job.workers == 3
-    assert job.model.type == "pmf" and job.model.rank == 20
+    assert job.model.type == "pmf" and job.model.options["rank"] == 20
     assert job.optimizer.type == "adagrad" and job.optimizer.learning_rate == pytest.approx(0.4 / 3)  # P = 3
     assert job.sync.protocol == "blocked" and job.sync.significance_threshold == pytest.approx(3.0)  # PMF's v
     # a job with no limit stops when validation stops improving, and ends even if it never does
@@ -177,7 +177,7 @@ def test_a_minimal_manifest_resolves_to_the_schema_defaults(tmp_path):
 
     job = from_manifest({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob",
                          "spec": {"model": {"type": "pmf"}, "dataset": {"uri": str(tmp_path)}}})
-    assert (job.workers, job.seed, job.model.rank, job.evaluate_every) == (
+    assert (job.workers, job.seed, job.model.options["rank"], job.evaluate_every) == (
         default("workers"), default("seed"), default("model.rank"), default("evaluation.everySteps"))
     assert (job.sync.protocol, job.sync.significance_threshold, job.sync.slack) == (
         MODEL_TYPES["pmf"].protocol, PMF_V, default("sync.slack"))

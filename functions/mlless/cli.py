@@ -7,7 +7,6 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -68,7 +67,7 @@ def _load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> Trai
 
 def _check_fit(source: str, job: TrainingJob, dataset: Dataset) -> None:
     """UsageError naming the field if `dataset` does not fit the job's model (`ModelType.dataset_errors`)."""
-    for error in model_type(job.model.type).dataset_errors(asdict(job.model), dataset)[:1]:
+    for error in model_type(job.model.type).dataset_errors(job.model.options, dataset)[:1]:
         raise UsageError(f"{source}: {error}")
 
 

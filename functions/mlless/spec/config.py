@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
+
+from jsonschema import Draft4Validator
+from jsonschema.exceptions import best_match
 
 from mlless.spec.models import PAPERS_V, TYPE_LEARNING_RATES, model_type
 from mlless.spec.schema import choices, default
@@ -25,27 +28,34 @@ KneeMethod = Literal["slope", "kneedle"]
 class ModelConfig:
     """Model hyper-parameters; ``l2=None`` picks the model's default.
 
-    Besides ``type`` and ``l2``, a field each of the `spec.model` fields model types declare (`ModelType.fields`,
-    snake_case): ``rank`` matters for PMF only, ``clusters`` for k-means only; ``init_from`` is ``spec.model.initFrom``, resolved.  For PMF ``l2`` is a per-rating L2 penalty
-    inside the loss (see `mlless.training.kernels.pmf`); for logistic regression it is
-    decoupled weight decay handed to the optimizer (`Model.weight_decay`).
+    ``options`` holds the `spec.model` fields the type declares (`ModelType.fields`), by their manifest names,
+    defaults filled in: ``rank`` for PMF, ``clusters`` for k-means, a plugin type's own; a field another type
+    declares is not the model's and is left out.  ``init_from`` is ``spec.model.initFrom``, resolved.  For PMF
+    ``l2`` is a per-rating L2 penalty inside the loss (see `mlless.training.kernels.pmf`); for logistic regression
+    it is decoupled weight decay handed to the optimizer (`Model.weight_decay`).
     """
 
     type: str
-    rank: int = default("model.rank")
     l2: float | None = None
-    clusters: int = default("model.clusters")
     #: A model file every replica starts from instead of the seed (`mlless.training.warm_start`).
     init_from: str | None = None
+    #: A plain dict, so that `TrainingJob.to_json` writes it; left out of the hash (a dict has none).
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        model_type(self.type)  # a ValueError naming the known types
-        if self.rank < 1:
-            raise ValueError(f"rank must be >= 1, got {self.rank}")
-        if self.clusters < 1:
-            raise ValueError(f"clusters must be >= 1, got {self.clusters}")
+        declared = model_type(self.type).fields  # a ValueError naming the known types
+        options = {name: self.options.get(name, node.get("default")) for name, node in declared.items()}
+        for name, value in options.items():
+            if (error := best_match(Draft4Validator(declared[name]).iter_errors(value))) is not None:
+                raise ValueError(f"spec.model.{name}: {error.message}")
+        object.__setattr__(self, "options", options)
         if self.l2 is not None and not (self.l2 >= 0 and math.isfinite(self.l2)):
             raise ValueError(f"l2 must be a finite value >= 0, got {self.l2}")
+
+    @classmethod
+    def of(cls, type: str, l2: float | None = None, init_from: str | None = None, **options: Any) -> ModelConfig:
+        """A config with the type's fields as keywords: ``ModelConfig.of("pmf", rank=8)``."""
+        return cls(type, l2, init_from, options)
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ class TrainingJob:
             spec["output"] = {"uri": self.output_uri}
         for section in ("model", "optimizer", "sync", "stop", "pricing", "autoscaler"):
             spec[section] = _section(getattr(self, section), schema_field(section))
+        spec["model"] |= self.model.options
         for f in dataclasses.fields(self):
             if "spec" in f.metadata:
                 *parents, leaf = f.metadata["spec"].split(".")
@@ -170,9 +171,10 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
     """Validate a parsed manifest and resolve defaults."""
     validate_manifest(doc, source)
     spec = doc["spec"]
-    model = ModelConfig(**_arguments(ModelConfig, spec["model"]))
-    if model.init_from is not None:
-        model = dataclasses.replace(model, init_from=resolve_uri(model.init_from, base_dir))
+    section = spec["model"]
+    init_from = section.get("initFrom")
+    model = ModelConfig(section["type"], section.get("l2"), init_from and resolve_uri(init_from, base_dir),
+                        {k: v for k, v in section.items() if k not in ("type", "l2", "initFrom")})
     workers = spec.get("workers", default("workers"))
     stop = StopConfig(**_arguments(StopConfig, spec.get("stop", {})))
     if not stop.has_length_limit():

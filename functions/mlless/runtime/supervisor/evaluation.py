@@ -69,7 +69,7 @@ class Evaluation:
         self.watch = watch
         self.on_validation = on_validation
         self.count_rejected = count_rejected
-        for error in model_type(job.model.type).dataset_errors(dataclasses.asdict(job.model), dataset)[:1]:
+        for error in model_type(job.model.type).dataset_errors(job.model.options, dataset)[:1]:
             raise JobFailed(error)  # before any worker starts
         self.model = initial_model(job, dataset)
         self.validation_batch = dataset.validation()

@@ -13,6 +13,7 @@ from typing import Any, BinaryIO, Mapping
 
 from mlless.plugins import load_plugins
 from mlless.spec.config import ModelConfig
+from mlless.spec.models import model_type
 from mlless.training.models.base import REGISTRY, Model, ModelFileError, TrainingData, read_model_file
 
 __all__ = ["Model", "ModelFileError", "build_model", "load_model", "model_class"]
@@ -49,13 +50,12 @@ def load_model(path: str | os.PathLike[str] | BinaryIO, name: str | None = None)
     name = name or os.fspath(path)  # type: ignore[arg-type]
     params, meta = read_model_file(path, name)
     try:
-        config = ModelConfig(meta["kind"], rank=int(meta.get("rank", ModelConfig.rank)), l2=meta.get("l2"),
-                             clusters=int(meta.get("clusters", ModelConfig.clusters)))
-        # Every user, item, feature, factor and centroid has a parameter of its own: dimensions beyond the file's
+        kind = model_type(meta["kind"])
+        config = ModelConfig(kind.name, meta.get("l2"), options={k: meta[k] for k in kind.fields if k in meta})
+        # Every user, item, feature, factor and centroid has a parameter of its own: sizes beyond the file's
         # parameter count are refused before the model they describe is allocated (a few bytes could ask for
         # terabytes).
-        sizes = {"rank": config.rank, "clusters": config.clusters} | {
-            k: v for k, v in dict(meta["dims"]).items() if isinstance(v, int)}
+        sizes = {k: v for k, v in {**config.options, **dict(meta["dims"])}.items() if isinstance(v, int)}
         for key, value in sizes.items():
             if value > params.shape[0]:
                 raise ValueError(f"{key} {value} is more than the file's {params.shape[0]} parameters")

@@ -170,14 +170,13 @@ class Model(ABC):
 
     def metadata(self) -> dict[str, Any]:
         cfg = self.config()
-        return {"kind": self.kind, "dims": self.dims(), "rank": cfg.rank, "l2": cfg.l2, "clusters": cfg.clusters,
-                "version": FORMAT_VERSION}
+        return {**cfg.options, "kind": self.kind, "dims": self.dims(), "l2": cfg.l2, "version": FORMAT_VERSION}
 
     def save(self, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None) -> None:
         """Write params + JSON metadata to ``path`` (.npz, loadable without pickle).
 
         ``metadata`` adds caller fields (job id, step, ...); the model's own
-        fields (kind, dims, rank, l2, clusters, version) always win.
+        fields (kind, dims, l2, version, and its type's `spec.model` fields such as rank) always win.
         """
         meta = {**(metadata or {}), **self.metadata()}
         with open(path, "wb") as fh:  # a file object stops np.savez from appending ".npz"

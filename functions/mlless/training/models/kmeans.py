@@ -118,8 +118,7 @@ class KMeans(Model):
         config = config or ModelConfig(self.kind)
         if n_features < 1:
             raise ValueError(f"n_features must be >= 1, got {n_features}")
-        self.n_features, self.k = int(n_features), int(config.clusters)
-        self.rank = int(config.rank)  # unused, kept so the config round-trips
+        self.n_features, self.k = int(n_features), int(config.options["clusters"])
         super().__init__(self.k * (self.n_features + 1))
         self.centroids = self.params[: self.k * self.n_features].reshape(self.k, self.n_features)
         self.counts = self.params[self.k * self.n_features:]
@@ -179,4 +178,4 @@ class KMeans(Model):
         return {"n_features": self.n_features}
 
     def config(self) -> ModelConfig:
-        return ModelConfig(self.kind, rank=self.rank, clusters=self.k)
+        return ModelConfig.of(self.kind, clusters=self.k)

@@ -36,7 +36,6 @@ class LinearModel(Model):
         if n_features < 1:
             raise ValueError(f"n_features must be >= 1, got {n_features}")
         self.n_features = int(n_features)
-        self.rank = int(config.rank)  # unused, kept so the config round-trips
         self.l2 = DEFAULT_L2 if config.l2 is None else float(config.l2)
         self.seed = seed  # zero init: every replica starts identical anyway
         super().__init__(self.n_features + 1)
@@ -90,7 +89,7 @@ class LinearModel(Model):
         return {"n_features": self.n_features}
 
     def config(self) -> ModelConfig:
-        return ModelConfig(self.kind, rank=self.rank, l2=self.l2)
+        return ModelConfig(self.kind, self.l2)
 
 
 class BinaryClassifier(LinearModel):

@@ -64,7 +64,7 @@ class PMF(Model):
         if not math.isfinite(mean_rating):
             raise ValueError("mean_rating must be finite")
         self.n_users, self.n_items = int(n_users), int(n_items)
-        self.rank = int(config.rank)
+        self.rank = int(config.options["rank"])
         self.l2 = default_l2(n_users, n_items, n_ratings) if config.l2 is None else float(config.l2)
         self.mean = float(mean_rating)
         self.rating_min = None if rating_min is None else float(rating_min)
@@ -131,7 +131,7 @@ class PMF(Model):
         return d
 
     def config(self) -> ModelConfig:
-        return ModelConfig("pmf", rank=self.rank, l2=self.l2)
+        return ModelConfig.of("pmf", self.l2, rank=self.rank)
 
     def metadata(self) -> dict[str, Any]:
         return {**super().metadata(), "mean": self.mean}

@@ -38,7 +38,6 @@ class Softmax(Model):
         if self.classes.ndim != 1 or len(self.classes) < 2 or np.any(np.diff(self.classes) <= 0):
             raise ValueError("softmax needs at least 2 classes, as sorted distinct labels")
         self.n_features, self.k = int(n_features), len(self.classes)
-        self.rank = int(config.rank)  # unused, kept so the config round-trips
         self.l2 = DEFAULT_L2 if config.l2 is None else float(config.l2)
         super().__init__((self.n_features + 1) * self.k)
         self._slots = np.full(self.n_features, -1, dtype=np.int32)
@@ -90,4 +89,4 @@ class Softmax(Model):
         return {"n_features": self.n_features, "classes": self.classes.tolist()}
 
     def config(self) -> ModelConfig:
-        return ModelConfig(self.kind, rank=self.rank, l2=self.l2)
+        return ModelConfig(self.kind, self.l2)
