@@ -62,6 +62,25 @@ local function pack_many(code, values, parts)
     end
 end
 
+-- Whether the indices idx[1..n] are distinct: at once when they increase, as protocol/runs.py's runs and a sorted
+-- update's do, through a set otherwise.
+local function distinct(idx, n)
+    local rising = true
+    for j = 2, n do
+        if idx[j] <= idx[j - 1] then
+            rising = false
+            break
+        end
+    end
+    if rising then return true end
+    local seen = {}
+    for j = 1, n do
+        if seen[idx[j]] then return false end
+        seen[idx[j]] = true
+    end
+    return true
+end
+
 -- The indices and values of `frame` if it is a well-formed update of `rank` for this step; nil otherwise.
 local function parse(frame, rank)
     local magic, version, ftype, flags, sender, fstep, length = struct.unpack(HEADER, frame)
@@ -95,20 +114,21 @@ local function parse(frame, rank)
         end
     end
     unpack_many('f', frame, pos, n, val)
-    local seen = {}
     for j = 1, n do
         local x, v = idx[j], val[j]
-        if x < 0 or x >= size or seen[x] or v ~= v or v == math.huge or v == -math.huge then
+        if x < 0 or x >= size or v ~= v or v == math.huge or v == -math.huge then
             return nil
         end
-        seen[x] = true
+    end
+    if not distinct(idx, n) then
+        return nil
     end
     return idx, val
 end
 
-local sums, counts, entries = {}, {}, {}
-local lo, hi = math.huge, -1
-local rejected, missing, added, first = {}, {}, 0, nil
+-- Each contribution verified and parsed, in the senders' order.
+local updates, rejected, missing, first = {}, {}, {}, nil
+local lo, hi, total = math.huge, -1, 0
 for i = 2, #KEYS do
     local rank = tonumber(ARGV[5 + i])
     local value = redis.call('GET', KEYS[i])
@@ -127,8 +147,46 @@ for i = 2, #KEYS do
     if value and not idx then
         rejected[#rejected + 1] = rank
     elseif idx then
-        added = added + 1
+        updates[#updates + 1] = { idx, val }
         first = first or rank
+        total = total + #idx
+        for j = 1, #idx do
+            local x = idx[j]
+            if x < lo then lo = x end
+            if x > hi then hi = x end
+        end
+    end
+end
+if #missing > 0 then
+    return missing
+end
+
+-- The sums and carrier counts of the union, in index order: over the range in arrays (Lua's array part) when the
+-- entries fill enough of it, in a hash and sorted otherwise.
+local added, entries, esum, ecount = #updates, {}, {}, {}
+if total >= DENSE_ENOUGH * (hi - lo + 1) then
+    local span, at_sum, at_count = hi - lo + 1, {}, {}
+    for k = 1, span do
+        at_sum[k], at_count[k] = 0, 0
+    end
+    for u = 1, added do
+        local idx, val = updates[u][1], updates[u][2]
+        for j = 1, #idx do
+            local k = idx[j] - lo + 1
+            at_sum[k], at_count[k] = at_sum[k] + val[j], at_count[k] + 1
+        end
+    end
+    local e = 0
+    for k = 1, span do
+        if at_count[k] > 0 then
+            e = e + 1
+            entries[e], esum[e], ecount[e] = lo + k - 1, at_sum[k], at_count[k]
+        end
+    end
+else
+    local sums, counts = {}, {}
+    for u = 1, added do
+        local idx, val = updates[u][1], updates[u][2]
         for j = 1, #idx do
             local x = idx[j]
             local c = counts[x]
@@ -137,24 +195,13 @@ for i = 2, #KEYS do
             else
                 sums[x], counts[x] = val[j], 1
                 entries[#entries + 1] = x
-                if x < lo then lo = x end
-                if x > hi then hi = x end
             end
         end
     end
-end
-if #missing > 0 then
-    return missing
-end
-
--- The union in index order: scanned over its range when it fills enough of it, sorted otherwise.
-if #entries >= DENSE_ENOUGH * (hi - lo + 1) then
-    entries = {}
-    for x = lo, hi do
-        if counts[x] then entries[#entries + 1] = x end
-    end
-else
     table.sort(entries)
+    for e = 1, #entries do
+        esum[e], ecount[e] = sums[entries[e]], counts[entries[e]]
+    end
 end
 
 -- The merged partition as runtime/sync/reduce.py writes it: the sums, then each entry whose count is not the usual
@@ -162,16 +209,16 @@ end
 local out_idx, out_val = {}, {}
 if added > 0 then
     local full = 0
-    for j = 1, #entries do
-        if counts[entries[j]] == added then full = full + 1 end
+    for e = 1, #entries do
+        if ecount[e] == added then full = full + 1 end
     end
     local usual = (2 * full > #entries) and added or 1
     local odd_idx, odd_val = {}, {}
-    for j = 1, #entries do
-        local x = entries[j]
-        out_idx[j], out_val[j] = x, sums[x]
-        if counts[x] ~= usual then
-            odd_idx[#odd_idx + 1], odd_val[#odd_val + 1] = x + size, counts[x]
+    for e = 1, #entries do
+        local x = entries[e]
+        out_idx[e], out_val[e] = x, esum[e]
+        if ecount[e] ~= usual then
+            odd_idx[#odd_idx + 1], odd_val[#odd_val + 1] = x + size, ecount[e]
         end
     end
     for j = 1, #odd_idx do
