@@ -68,7 +68,7 @@ def test_each_worker_adds_its_peers_sum_with_their_carriers_even_if_an_owner_nev
         assert np.array_equal(carriers, want_carriers)  # what AveragingHalf.combine divides by
         assert w.traffic()[1] > 0
     assert rejected == []
-    assert set(EXCHANGES) == {"all-to-all", "allreduce", "scatter-reduce"}
+    assert set(EXCHANGES) == {"all-to-all", "allreduce", "scatter-reduce", "in-store"}
 
 
 @pytest.mark.parametrize("cls", [AllReduce, ScatterReduce])

@@ -92,12 +92,19 @@ def test_the_store_adds_the_step_and_each_worker_reads_one_frame(job, touched, s
     assert rejected == []
 
 
-@pytest.mark.services
-def test_a_forged_contribution_is_left_out_and_counted_by_every_reader(job, redis_url):
+@pytest.fixture
+def step(job):
+    """The job's id, its workers' exchanges once each has published its update of STEP, those updates and the
+    list of what the workers rejected."""
     job_id, transports = job
-    rejected = []
+    rejected: list[str] = []
     exchanges = workers(transports, rejected, carriers=False)
-    sent, values = publish(exchanges)
+    return job_id, exchanges, *publish(exchanges), rejected
+
+
+@pytest.mark.services
+def test_a_forged_contribution_is_left_out_and_counted_by_every_reader(step, redis_url):
+    job_id, exchanges, sent, values, rejected = step
     # Someone who can write to Redis but has no job key replaces worker 1's update: right sender and step, MAC made
     # with a key of its own, the transport's seal faked.
     forged = encode(Update(1, STEP, np.arange(5), np.full(5, 1000.0)), sealed=True)
@@ -106,16 +113,13 @@ def test_a_forged_contribution_is_left_out_and_counted_by_every_reader(job, redi
     for w in exchanges:
         dense, _ = added(w.gather(CLOSE))
         want, _ = expected(sent, values, [r for r in (0, 2) if r != w.rank])
-        np.testing.assert_allclose(dense, want, atol=1e-5)  # rank 1 applies its own only; nobody the forgery
+        np.testing.assert_allclose(dense, want, atol=1e-5)  # nobody applies the forgery
     assert len(rejected) == N and all("worker 1 for step 7" in r and "in-store MAC" in r for r in rejected)
 
 
 @pytest.mark.services
-def test_a_changed_merged_record_is_rejected_and_the_reader_merges_the_step_itself(job, redis_url):
-    job_id, transports = job
-    rejected = []
-    exchanges = workers(transports, rejected, carriers=False)
-    sent, values = publish(exchanges)
+def test_a_changed_merged_record_is_rejected_and_the_reader_merges_the_step_itself(step, redis_url):
+    job_id, exchanges, sent, values, rejected = step
     exchanges[0].gather(CLOSE)  # the store merges the step and keeps the record
     r = redis.Redis.from_url(redis_url)
     merged = key_prefix(job_id) + exchanges[0].reduced_key(0, STEP)
