@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 import time
 import uuid
@@ -43,7 +44,8 @@ def script_cost(entries: int, dense: bool) -> tuple[float, float]:
     of `entries` entries each."""
     job = f"instore-bench-{uuid.uuid4().hex[:8]}"
     size = 4 * entries if dense else 100 * entries
-    transports = [connect(job, role="worker", rank=r, redis_url=_common.REDIS, amqp_url=_common.AMQP)
+    key = secrets.token_bytes(32)
+    transports = [connect(job, role="worker", rank=r, key=key, redis_url=_common.REDIS, amqp_url=_common.AMQP)
                   for r in range(3)]
     try:
         rng = np.random.default_rng(0)
@@ -72,6 +74,8 @@ def main() -> None:
     parser.add_argument("--write-results", action="store_true", help="replace this script's section of RESULTS.md")
     args = parser.parse_args()
     info = _common.machine_info()
+    # Kept small: Redis serves nothing else while it merges, and this Redis may be shared.
+    costs = [(entries, dense, *script_cost(entries, dense)) for entries in (10_000, 30_000) for dense in (True, False)]
     rows = []
     for label, params, density, steps in CASES:
         for workers in map(int, args.workers.split(",")):
@@ -80,7 +84,6 @@ def main() -> None:
                 rows.append({**row, "case": label})
                 print(f"{label} P={workers} {pattern}: exchange {row['exchange']:.4f} s, read "
                       f"{row['read'] / 1e6:.4f} MB, conserved {row['conserved']}", flush=True)
-    costs = [(entries, dense, *script_cost(entries, dense)) for entries in (10_000, 100_000) for dense in (True, False)]
     lines = [f"Run: `{_common.command_line()}`; {_common.machine_line(info)}; load average at the end "
              f"{_common.loadavg()}.", "",
              "Median seconds per worker-step of `exchange_size.py`'s harness (publish, wait for peers at the barrier, "
