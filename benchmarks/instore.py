@@ -13,22 +13,30 @@ the models' kernel to apply, and the conservation check. Two kinds of update:
 It also times the script alone (`script_cost`): three contributions of n entries merged in one EVALSHA, then the
 kept record read again, in one process, which is what Redis spends per step and blocks its other clients for.
 
-    python benchmarks/instore.py [--workers 2,3,4] [--write-results]
+With `--jobs`, it runs `mlless train` instead: PMF on the MovieLens sample under BSP for 40 steps at P = 2-4, with
+each pattern, and reports the validation loss, the seconds per step and the bytes read per worker-step.
+
+    python benchmarks/instore.py [--workers 2,3,4] [--jobs] [--write-results]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
+import statistics
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 import exchange_size  # noqa: E402
 
 import numpy as np  # noqa: E402
+import yaml  # noqa: E402
 
 from mlless.protocol.messages import Close  # noqa: E402
 from mlless.runtime.sync.instore import InStore  # noqa: E402
@@ -68,12 +76,51 @@ def script_cost(entries: int, dense: bool) -> tuple[float, float]:
             t.close()
 
 
+def job_run(data: Path, out: Path, workers: int, pattern: str) -> list[object]:
+    """`mlless train` of PMF under BSP with `pattern`: a row of the jobs' table."""
+    spec = {"workers": workers, "model": {"type": "pmf"}, "dataset": {"uri": str(data), "cacheBatches": True},
+            "sync": {"protocol": "bsp", "exchange": pattern}, "stop": {"maxSteps": 40}}
+    job = out / f"{pattern}-{workers}.yaml"
+    job.write_text(yaml.safe_dump({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob",
+                                   "metadata": {"name": f"instore-{workers}"}, "spec": spec}))
+    run = _common.mlless_train(job, out / job.stem, services=True)
+    summary = json.loads((run / "summary.json").read_text())
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    read = [r["bytes_read"] for r in rows if r.get("bytes_read")]
+    return [workers, pattern, summary["validation_loss"], summary["wall_seconds"] / summary["steps"],
+            statistics.median(read) / workers / 1e3, summary["rejected_frames"]]
+
+
+def jobs(args: argparse.Namespace, info: dict[str, str]) -> str:
+    data = _common.prepare(_common.DEFAULT_DATA_DIR / "movielens-small", "--sample", "movielens-small")
+    body = []
+    with tempfile.TemporaryDirectory(prefix="instore-") as tmp:
+        for workers in map(int, args.workers.split(",")):
+            for pattern in PATTERNS:
+                body.append(job_run(data, Path(tmp), workers, pattern))
+                print(body[-1], flush=True)
+    return "\n".join([f"Run: `{_common.command_line()}`; {_common.machine_line(info)}; load average at the end "
+                      f"{_common.loadavg()}.", "",
+                      "PMF, MovieLens sample, BSP, 40 steps, Redis + RabbitMQ on loopback: the validation RMSE at the "
+                      "end, the job's wall seconds per step (start-up included), the median kB read per worker-step, "
+                      "and the frames rejected.", "",
+                      _common.table(["P", "exchange", "validation RMSE", "s per step", "kB read per worker-step",
+                                     "rejected"], body), ""])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", default="2,3,4", help="worker counts P")
+    parser.add_argument("--jobs", action="store_true", help="time whole `mlless train` jobs instead")
     parser.add_argument("--write-results", action="store_true", help="replace this script's section of RESULTS.md")
     args = parser.parse_args()
     info = _common.machine_info()
+    if args.jobs:
+        text = jobs(args, info)
+        print(text)
+        if args.write_results:
+            _common.update_results("instore-jobs", text)
+        return
     # Kept small: Redis serves nothing else while it merges, and this Redis may be shared.
     costs = [(entries, dense, *script_cost(entries, dense)) for entries in (10_000, 30_000) for dense in (True, False)]
     rows = []
