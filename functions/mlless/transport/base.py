@@ -17,7 +17,10 @@ protocol code, so no write can skip it.  A value or message whose MAC does not
 verify comes back as a ``sealing.Rejected``, which ``decode`` rejects with the
 reason: the receiver counts it where it counts any malformed frame.  A
 transport cannot be opened without the key; ``connect`` reads it from the
-environment (``mlless.transport.env.job_key``).
+environment (``mlless.transport.env.job_key``).  The one exception is
+``run_script``: what a script in Redis writes and returns cannot carry the
+job key's seal, so its caller authenticates it with a key derived for the
+purpose (``subkey``; ``mlless.runtime.sync.instore``).
 """
 from __future__ import annotations
 

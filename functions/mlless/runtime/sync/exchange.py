@@ -4,8 +4,9 @@ A pattern is one subclass of `Exchange`, registered under the name a strategy's 
 today's pattern, writes each worker's update to its own ring of slots and has every worker read every peer's.
 AllReduce (one reducer merges a step's updates into one frame every worker reads) and ScatterReduce (worker i
 merges partition i of everyone's update) are subclasses too (`runtime/sync/reduce.py`): `publish` writes what the
-worker contributes, `gather` returns the updates a worker adds to its replica, already merged or not.
-`spec.sync.exchange` names a job's pattern.
+worker contributes, `gather` returns the updates a worker adds to its replica, already merged or not. In-store
+(`runtime/sync/instore.py`) is AllReduce whose merge a script runs in Redis. `spec.sync.exchange` names a job's
+pattern.
 
 A rule of `spec.sync.aggregation` other than the sum (runtime/sync/aggregation.py) is applied where a pattern
 combines a step's updates: `AllToAll.gather` hands back that combination minus this worker's own update, and a
