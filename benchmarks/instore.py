@@ -38,7 +38,6 @@ import exchange_size  # noqa: E402
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
-from mlless.protocol.messages import Close  # noqa: E402
 from mlless.runtime.sync.instore import InStore  # noqa: E402
 from mlless.transport import connect  # noqa: E402
 
