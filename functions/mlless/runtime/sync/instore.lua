@@ -247,7 +247,9 @@ else
 end
 pack_many('f', out_val, parts)
 local payload = table.concat(parts)
-local frame = struct.pack(HEADER, 'MLs', VERSION, UPDATE, SEALED, first or tonumber(ARGV[7]), step, #payload, 0) .. payload
+-- Its sender: the lowest rank added (an Update frame carries a worker's rank), the first sender if none was.
+local sender = first or tonumber(ARGV[7])
+local frame = struct.pack(HEADER, 'MLs', VERSION, UPDATE, SEALED, sender, step, #payload, 0) .. payload
 local record = prefix .. table.concat(rejected, ',') .. '|'
 record = record .. mac('m\0' .. record .. frame) .. frame
 redis.call('SET', KEYS[1], record, 'EX', ttl)
