@@ -159,7 +159,7 @@ def test_lr_trains_under_each_pattern_over_redis_and_rabbitmq(synthetic_lr_dir, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("exchange", PATTERNS)
+@pytest.mark.parametrize("exchange", [*PATTERNS, "in-store"])  # in-store: the store merges the survivors' updates
 def test_a_scale_in_mid_job_moves_ownership_to_the_survivors(movielens_dir, tmp_path, redis_url, amqp_url, audit,
                                                              exchange):
     from test_training import _supervise_with, _when_step
