@@ -138,7 +138,8 @@ def test_every_protocol_trains_pmf_under_each_pattern_and_conserves_updates(movi
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("protocol, exchange", [("averaging", "allreduce"), ("bsp", "scatter-reduce")])
+@pytest.mark.parametrize("protocol, exchange", [("averaging", "allreduce"), ("bsp", "scatter-reduce"),
+                                               ("averaging", "in-store")])
 def test_lr_trains_under_each_pattern_over_redis_and_rabbitmq(synthetic_lr_dir, movielens_dir, tmp_path, redis_url,
                                                               amqp_url, audit, protocol, exchange):
     svc = Services(redis_url, amqp_url)
