@@ -43,8 +43,12 @@ class Services:
         return {ENV_REDIS_URL: self.redis_url, ENV_AMQP_URL: self.amqp_url}
 
 
-def services_from(redis_url: str | None, amqp_url: str | None) -> Services:
-    """The services the flags give, else REDIS_URL and AMQP_URL; ValueError unless both or neither are given."""
+def services_from(redis_url: str | list[str] | None, amqp_url: str | None) -> Services:
+    """The services the flags give, else REDIS_URL and AMQP_URL; ValueError unless both or neither are given.
+    A list of Redis URLs (`--redis-url` repeated) is the job's shards, passed on space-separated as REDIS_URL
+    carries them (mlless.transport.env)."""
+    if isinstance(redis_url, list):
+        redis_url = " ".join(redis_url)
     from_env = service_urls(os.environ)
     redis_url = redis_url or from_env.get(ENV_REDIS_URL)
     amqp_url = amqp_url or from_env.get(ENV_AMQP_URL)

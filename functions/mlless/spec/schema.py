@@ -308,8 +308,8 @@ def _secret_key_ref(description: str) -> Schema:
     return obj(description, {"name": string("Secret name."), "key": string("Key in the Secret.")}, ["name", "key"])
 
 
-def _service(name: str, tls_scheme: str) -> Schema:
-    """A backing service that is either managed by the operator (a StatefulSet) or external."""
+def _service(name: str, tls_scheme: str, extra: dict[str, Schema] | None = None) -> Schema:
+    """A backing service that is either managed by the operator (a StatefulSet) or external; `extra`: its own fields."""
     return obj(
         f"{name}: managed by the operator (default), or an existing one given by URL.",
         {
@@ -323,6 +323,7 @@ def _service(name: str, tls_scheme: str) -> Schema:
             "image": string(f"Image of the managed {name}."),
             "storage": string("Volume size of the managed instance, e.g. 1Gi; empty for none."),
             "resources": _RESOURCES,
+            **(extra or {}),
         },
     )
 
@@ -345,7 +346,11 @@ CLUSTER_SPEC: dict[str, Schema] = {
             },
         },
     ),
-    "redis": _service("Redis", "rediss"),
+    "redis": _service("Redis", "rediss", {"shards": integer(
+        "How many Redis instances the operator runs for the job (each its own StatefulSet and Service): workers' "
+        "update slots and checkpoints are spread over them by rank, job-level keys live on the first "
+        "(functions/mlless/transport/shards.py). An external sharded Redis lists one URL per shard in url, "
+        "separated by spaces, instead. Locally, repeat --redis-url.", 1, 16, default=1)}),
     "rabbitmq": _service("RabbitMQ", "amqps"),
     "supervisor": obj("The supervisor pod.", {"resources": _RESOURCES}),
     "suspend": {"type": "boolean", "description": "Checkpoint and scale to zero; unset to resume from the checkpoint."},

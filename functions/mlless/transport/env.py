@@ -1,6 +1,7 @@
 """Redis and RabbitMQ URLs, and the worker invocation token, from a process's environment, as the operator hands them over.
 
-- `REDIS_URL` / `AMQP_URL`, complete (the job's generated Secret holds whole URLs);
+- `REDIS_URL` / `AMQP_URL`, complete (the job's generated Secret holds whole URLs); a sharded Redis's URLs
+  are separated by spaces, one per shard;
 - or, for an external service, the URL without its password plus `REDIS_PASSWORD` /
   `RABBITMQ_PASSWORD` from the user's Secret; the password is percent-encoded here,
   because the kubelet's `$(VAR)` expansion would paste `@`, `/` or `:` in raw and
@@ -51,6 +52,12 @@ def with_password(url: str, password: str | None) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:{quote(password, safe='')}@{host}"))
 
 
+def shard_urls(redis_url: str) -> list[str]:
+    """The URLs of a job's Redis shards (`mlless.transport.shards`): `redis_url` holds one, or several separated by
+    whitespace (no URL holds a raw space), as `REDIS_URL` and the job Secret's `redis-url` carry them."""
+    return redis_url.split()
+
+
 def service_urls(environ: Mapping[str, str]) -> dict[str, str]:
     """Whichever of REDIS_URL and AMQP_URL the environment provides (none, one or both)."""
     urls = {name: environ[name] for name in SECRET_FILES if environ.get(name)}
@@ -64,7 +71,8 @@ def service_urls(environ: Mapping[str, str]) -> dict[str, str]:
                 raise TransportError(f"{path}: cannot read the {name} secret: {exc.strerror}") from None
     for name, password_var in PASSWORD_VARS.items():
         if name in urls and environ.get(password_var) is not None:
-            urls[name] = with_password(urls[name], environ[password_var])
+            # An external sharded Redis: one password for every shard.
+            urls[name] = " ".join(with_password(url, environ[password_var]) for url in shard_urls(urls[name]))
     return urls
 
 
