@@ -9,32 +9,25 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import numpy as np
 import pytest
 import redis
 import yaml
 
 from mlless.protocol import keys
-from mlless.protocol.framing import decode, encode
-from mlless.protocol.messages import Update
-from mlless.data.dataset import Dataset
 from mlless.runtime.local import new_job_id
 from mlless.runtime.supervisor.failover import STATE_FILE
-from mlless.runtime.sync.exchange import Published
-from mlless.runtime.worker import Worker
 from mlless.transport import connect
 from mlless.transport.admin import delete_job_keys
 from mlless.transport.shards import ShardMap
-from test_training import job_for
 
 from faults.conftest import redis_server
+from faults.test_outages import assert_a_lost_frame_is_published_again
 from faults.test_failover import KILL_AT, assert_whole_job, finish, kill_at, manifest, reference, train  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
@@ -111,37 +104,17 @@ def test_deleting_a_jobs_keys_from_outside_covers_every_shard(shards):
 
 
 def test_a_frame_a_restarted_shard_lost_is_published_again_by_its_sender(shards, amqp_url, movielens_dir):
-    """Worker 1's frames live on shard 1. Shard 1 loses them; worker 0 finds worker 1's frame missing and waits;
-    worker 1, waiting for a step-close meanwhile, probes every shard, notices, and publishes it again; worker 0 reads
-    it. Shard 0's keys are untouched."""
-    job = job_for(movielens_dir, workers=2)
-    job_id = new_job_id("shard-repair")
-    url = " ".join(shards)
-    transports = [connect(job_id, redis_url=url, amqp_url=amqp_url, role="worker", rank=r) for r in (0, 1)]
-    dataset = Dataset.open(job.dataset_uri)
-    reader, sender = (Worker(job, r, t, dataset) for r, t in enumerate(transports))
-    try:
-        indices, values = np.array([3], np.int32), np.array([0.5], np.float32)
-        frame = encode(Update(sender=1, step=1, indices=indices, values=values))
-        key = sender.sync.update_key(1, 1)
-        sender.transport.put(key, frame)
-        sender.half.exchange.outbox.append(Published(1, key, frame, indices, values))
-        reader.transport.put(keys.snapshot(), b"kept")
+    """Worker 1's frames live on shard 1, and only shard 1 loses the job's keys: worker 0 finds worker 1's frame
+    missing, and worker 1, waiting for a step-close, probes every shard and publishes it again. Shard 0 keeps its
+    keys, and each worker notices the loss once."""
+    def lose(job_id: str) -> None:
+        redis.Redis.from_url(shards[0]).set(f"mlless:{job_id}:{keys.snapshot()}", b"kept")
         redis.Redis.from_url(shards[1]).flushall()
-        waiting = threading.Thread(target=sender._await_close, args=(0,), daemon=True)  # no close comes: it probes
-        waiting.start()
-        [got] = reader.half.exchange.fetch([key])
-        assert got is not None and decode(got) == decode(frame)
-        assert reader.repaired_frames == 1 and reader.transport.store_epoch == 1
-        sender.leave_requested = True
-        waiting.join(timeout=5)
-        assert not waiting.is_alive()
-        assert sender.transport.store_epoch == 1
+
+    def check(job_id: str, key: str) -> None:
         assert keys_on(shards[0], job_id) == {keys.snapshot()} and keys_on(shards[1], job_id) == {key}
-    finally:
-        for t in transports:
-            t.delete_job()
-            t.close()
+
+    assert_a_lost_frame_is_published_again(" ".join(shards), amqp_url, movielens_dir, 1, lose, check)
 
 
 def sharded_job(tmp_path: Path, dataset: Path, shards: list[str], amqp_url: str) -> tuple[subprocess.Popen, Path]:
