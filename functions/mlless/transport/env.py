@@ -42,9 +42,14 @@ SECRET_FILES = {ENV_REDIS_URL: "redis-url", ENV_AMQP_URL: "amqp-url"}
 
 
 def with_password(url: str, password: str | None) -> str:
-    """`url` with `password` (percent-encoded) as its password; unchanged if `password` is None."""
+    """`url` with `password` (percent-encoded) as its password; unchanged if `password` is None. A sharded Redis's
+    URLs (`shard_urls`) each get it: an external sharded Redis has one passwordSecretRef."""
     if password is None:
         return url
+    return " ".join(_with_password(u, password) for u in shard_urls(url))
+
+
+def _with_password(url: str, password: str) -> str:
     parts = urlsplit(url)
     host = parts.hostname or ""
     if parts.port:
@@ -71,8 +76,7 @@ def service_urls(environ: Mapping[str, str]) -> dict[str, str]:
                 raise TransportError(f"{path}: cannot read the {name} secret: {exc.strerror}") from None
     for name, password_var in PASSWORD_VARS.items():
         if name in urls and environ.get(password_var) is not None:
-            # An external sharded Redis: one password for every shard.
-            urls[name] = " ".join(with_password(url, environ[password_var]) for url in shard_urls(urls[name]))
+            urls[name] = with_password(urls[name], environ[password_var])
     return urls
 
 
