@@ -77,6 +77,7 @@ def test_keys_land_on_their_shards_and_a_read_goes_to_every_shard_at_once(shards
         assert keys_on(shards[1], job_id) == {keys.update(1, 0, 0), keys.update(3, 0, 0)}
         names = [keys.update(3, 0, 0), keys.snapshot(), keys.update(1, 1, 0), keys.update(0, 0, 0)]
         assert t.get_many(names) == [b"frame of 3", b"snapshot", None, b"frame of 0"]  # in the order asked
+        assert t.store_instances == 2  # two Redis VMs in the job's cost
 
         # Both shards hold every client's commands for 1 s: one read over both takes 1 s, not one after the other.
         for url in shards:

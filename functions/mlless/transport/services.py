@@ -73,6 +73,10 @@ class ServicesTransport(Transport):
         return self._store.epoch
 
     @property
+    def store_instances(self) -> int:  # type: ignore[override]
+        return len(self._store.stores) if isinstance(self._store, ShardedStore) else 1
+
+    @property
     def reconnected_at(self) -> float:  # type: ignore[override]
         # Either service: a supervisor that waited out a Redis outage in any call must not drop the workers that
         # waited it out too (faults/test_outages.py).
