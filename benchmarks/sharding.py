@@ -4,7 +4,7 @@
 MLES (journal extension of MLLess, §6.5) measured two Redis instances 1.4x faster than one at 64 workers. The
 question here is its direction: does sharding help when the store's link is the bottleneck? Each shard sits behind
 a link of its own (`benchmarks/netlink.py`: a network namespace per shard, a veth pair with `tbf` both ways at
-`--rate`), as two Redis VMs each have their own NIC; RabbitMQ shares the first shard's namespace and link in both
+each of `--rates`), as two Redis VMs each have their own NIC; RabbitMQ shares the first shard's namespace and link in both
 settings. The workers and the supervisor run on the host.
 
 Each run is `mlless train` of PMF on the MovieLens sample under BSP (all-to-all: a worker writes its update once
@@ -12,10 +12,11 @@ and reads its P − 1 peers'), `--steps` steps, with `--redis-url` given once pe
 - time per step: the median of the step-to-step times in metrics.jsonl after the first `WARMUP` steps;
 - bytes per shard: what each Redis received and sent over the whole run (its INFO `total_net_input_bytes` and
   `total_net_output_bytes`, read before and after), and per step.
-Runs alternate between 1 and 2 shards at each P, so the machine's load drifts alike over both.
+Runs alternate between 1 and 2 shards at each P, so the machine's load drifts alike over both. A slow link (20 Mbit/s,
+where the frames' bytes take most of a step) and a fast one (1 Gbit/s, where they do not) answer "when".
 
-    python benchmarks/sharding.py                          # 50mbit, P = 2,3,4, 40 steps: about 5 min
-    python benchmarks/sharding.py --rate 20mbit --workers 2,4 --no-results
+    python benchmarks/sharding.py                          # 20mbit and 1gbit, P = 2,3,4, 40 steps: under 10 min
+    python benchmarks/sharding.py --rates 20mbit --workers 2,4 --no-results
 """
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rate", default="50mbit", help="tbf rate of each shard's link (default %(default)s)")
+    p.add_argument("--rates", default="20mbit,1gbit", help="comma list of tbf rates of each shard's link "
+                                                          "(default %(default)s)")
     p.add_argument("--workers", default="2,3,4", help="comma list of P (default %(default)s)")
     p.add_argument("--steps", type=int, default=40, help="steps per run (default %(default)s)")
     p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR, help="prepared data and runs")
@@ -94,31 +96,31 @@ def main(argv: list[str] | None = None) -> int:
     data = _common.prepare(args.data_dir / "movielens-small", "--sample", "movielens-small")
     base = args.data_dir / "sharding"
     base.mkdir(parents=True, exist_ok=True)
-    results = []
-    with ExitStack() as stack:
-        try:
-            links = [stack.enter_context(netlink.limited_link(args.rate, rabbitmq=shard == 0)) for shard in range(2)]
-        except netlink.LinkUnavailable as exc:
-            print(exc)
-            return 1
-        print(f"links: {'; '.join(link.description for link in links)}", flush=True)
-        for workers in (int(w) for w in args.workers.split(",")):
-            for shards in (1, 2):
-                results.append(run(data, base, workers, args.steps, [link.redis_url for link in links[:shards]],
-                                   links[0].amqp_url))
-    md = table(results)
-    print(md)
+    tables, results = [], []
+    for rate in args.rates.split(","):
+        with ExitStack() as stack:
+            try:
+                links = [stack.enter_context(netlink.limited_link(rate, rabbitmq=shard == 0)) for shard in range(2)]
+            except netlink.LinkUnavailable as exc:
+                print(exc)
+                return 1
+            print(f"links: {'; '.join(link.description for link in links)}", flush=True)
+            at_rate = [run(data, base, workers, args.steps, [link.redis_url for link in links[:shards]],
+                           links[0].amqp_url)
+                       for workers in (int(w) for w in args.workers.split(",")) for shards in (1, 2)]
+        tables.append(f"#### tbf {netlink.rate_label(netlink.rate_bits(rate))} each way, per shard\n\n{table(at_rate)}\n")
+        results += [{**r, "rate": rate} for r in at_rate]
+        print(tables[-1], flush=True)
     if not args.no_results:
         body = "\n".join([
-            "## Redis sharding on a rate-limited link (`benchmarks/sharding.py`, issue #25 item 1)", "",
+            "### Redis sharding on a rate-limited link (`benchmarks/sharding.py`, issue #25 item 1)", "",
             f"Machine: {_common.machine_line(info)}. Command: `{_common.command_line()}`. Each shard behind its own "
-            f"link: tbf {args.rate} each way (`benchmarks/netlink.py`), RabbitMQ behind the first. PMF, MovieLens "
-            f"sample, BSP, all-to-all, {args.steps} steps; time per step is the median step after the first {WARMUP}; "
-            "bytes are each Redis's INFO net input/output over the whole run (start-up and final replicas included).",
-            "", md, ""])
+            f"link (`benchmarks/netlink.py`), RabbitMQ behind the first. PMF, MovieLens sample, BSP, all-to-all, "
+            f"{args.steps} steps; time per step is the median step after the first {WARMUP}; bytes are each Redis's "
+            "INFO net input/output over the whole run (start-up and final replicas included).", "", *tables])
         _common.update_results("sharding", body)
     (base / "sharding.json").write_text(json.dumps({"machine": info, "command": _common.command_line(),
-                                                    "rate": args.rate, "results": results}, indent=1) + "\n")
+                                                    "results": results}, indent=1) + "\n")
     return 0
 
 
