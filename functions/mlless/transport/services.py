@@ -59,6 +59,7 @@ class ServicesTransport(Transport):
             for url in shard_urls(redis_url) or [redis_url]
         ]
         self._store: JobStore | ShardedStore = stores[0] if len(stores) == 1 else ShardedStore(stores)
+        self._instances = len(stores)
         self._bus = JobBus(
             amqp_url, job_id=self.job_id, role=role, rank=self.rank, outage_seconds=window,
             ca=amqp_ca or ca_from_env("amqp"), queue_expires=queue_expires, prefetch=prefetch, heartbeat=heartbeat,
@@ -74,7 +75,7 @@ class ServicesTransport(Transport):
 
     @property
     def store_instances(self) -> int:  # type: ignore[override]
-        return len(self._store.stores) if isinstance(self._store, ShardedStore) else 1
+        return self._instances
 
     @property
     def reconnected_at(self) -> float:  # type: ignore[override]
