@@ -88,7 +88,9 @@ def test_keys_land_on_their_shards_and_a_read_goes_to_every_shard_at_once(shards
 
         assert t.store_epoch == 0
         redis.Redis.from_url(shards[1]).flushall()  # shard 1 lost the job's keys
-        t.get_many([keys.snapshot()])  # a read from shard 0 alone looks at shard 1's mark too
+        t.get_many([keys.snapshot()])  # a read reaches only shard 0 ...
+        assert t.store_epoch == 0
+        t.probe_store()  # ... a probe every shard
         assert t.store_epoch == 1
     finally:
         assert t.delete_job() == 3  # shard 0's three keys of the caller; shard 1's were flushed

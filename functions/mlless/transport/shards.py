@@ -17,12 +17,16 @@ turns); a worker writes only to its home shard; and a job-level key that a succe
 
 Repair. Each shard keeps its own `_alive` marks (`mlless.transport.store`): a shard that restarted without
 persistence is noticed by the first call that reaches it, and `epoch` (the sum of the shards') goes up, so the
-process re-publishes its frames (all of them: the ones on other shards are written again unchanged). Every
-`get_many` looks at the marks of every shard, the ones it reads nothing from included, so a worker whose own
-shard lost its frames notices at its next read, as it would with one Redis, not only at its next write.
+process re-publishes its frames (all of them: the ones on other shards are written again unchanged). A call
+reaches only the shards of its keys, so a worker whose own shard lost its frames, while it reads its peers' from
+others, notices at its next write, or at its next `probe` (every shard; runtime/worker.py probes while it waits
+for a step-close), not at its next read as with one Redis; its waiting peers wait for the frame meanwhile
+(runtime/sync/exchange.py, `fetch`). Probing every shard on every read would notice sooner, at one more command
+per shard per read on the hot path.
 
-Reads fan out: `get_many` sends one pipelined round trip to each shard concurrently (a thread per shard), so a
-read over S shards takes about the slowest shard's time, not the sum.
+Reads fan out: `get_many` sends one pipelined round trip to each shard it reads from, concurrently (the calling
+thread and one pool thread per further shard), so a read over S shards takes about the slowest shard's time, not
+the sum.
 """
 from __future__ import annotations
 
@@ -57,7 +61,7 @@ class ShardedStore:
         self.stores = list(stores)
         self.map = ShardMap(len(self.stores))
         self.desc = " ".join(s.desc for s in self.stores)
-        self._pool = ThreadPoolExecutor(max_workers=len(self.stores), thread_name_prefix="mlless-shard")
+        self._pool = ThreadPoolExecutor(max_workers=max(len(self.stores) - 1, 1), thread_name_prefix="mlless-shard")
 
     @property
     def epoch(self) -> int:
@@ -69,15 +73,18 @@ class ShardedStore:
         return max(s.reconnected_at for s in self.stores)
 
     def _each(self, calls: Sequence[Callable[[], T]]) -> list[T]:
-        """Run `calls` concurrently, one per thread; every one finishes before the first error is raised."""
-        if len(calls) == 1:
-            return [calls[0]()]
-        futures = [self._pool.submit(c) for c in calls]
-        errors = [f.exception() for f in futures]
-        for error in errors:
-            if error is not None:
-                raise error
-        return [f.result() for f in futures]
+        """Run `calls` concurrently: the first in this thread, each other in one of the pool's (a hand-off less on
+        a busy CPU); every one finishes before the first error is raised."""
+        futures = [self._pool.submit(c) for c in calls[1:]]
+        try:
+            first, error = calls[0](), None
+        except Exception as exc:  # raised below, once the others are done too
+            first, error = None, exc
+        errors = [error, *(f.exception() for f in futures)]
+        for e in errors:
+            if e is not None:
+                raise e
+        return [first, *(f.result() for f in futures)]  # type: ignore[list-item]
 
     def connect(self, window: float) -> None:
         self._each([lambda s=s: s.connect(window) for s in self.stores])
@@ -89,24 +96,14 @@ class ShardedStore:
         self.stores[self.map.shard(key)].put(key, value, ttl)
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        """The values under `keys`, one round trip per shard, all shards at once; a shard none of `keys` is on is
-        probed meanwhile (see the module docstring)."""
-        if not keys:
-            return []
-        at: list[list[int]] = [[] for _ in self.stores]
+        """The values under `keys`: one round trip to each shard that holds some, all of them at once."""
+        at: dict[int, list[int]] = {}
         for i, key in enumerate(keys):
-            at[self.map.shard(key)].append(i)
-
-        def read(shard: int) -> list[bytes | None]:
-            store = self.stores[shard]
-            if not at[shard]:
-                store.probe()
-                return []
-            return store.get_many([keys[i] for i in at[shard]])
-
+            at.setdefault(self.map.shard(key), []).append(i)
         values: list[bytes | None] = [None] * len(keys)
-        for shard, got in enumerate(self._each([lambda s=s: read(s) for s in range(len(self.stores))])):
-            for i, value in zip(at[shard], got):
+        reads = [lambda s=s, ids=ids: self.stores[s].get_many([keys[i] for i in ids]) for s, ids in at.items()]
+        for ids, got in zip(at.values(), self._each(reads) if reads else []):
+            for i, value in zip(ids, got):
                 values[i] = value
         return values
 
