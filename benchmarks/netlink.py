@@ -325,10 +325,11 @@ def _start_rabbitmq(prefix: list[str], name: str, addr: str, base: Path) -> None
                    timeout=60, start_new_session=True)
 
 
-def _wait_for_services(addr: str, redis_server: subprocess.Popen, base: Path, timeout: float = 120.0) -> None:
-    """Until both accept connections from the host, through the link (RabbitMQ takes 6-15 s here)."""
+def _wait_for_services(addr: str, redis_server: subprocess.Popen, base: Path, ports: tuple[int, ...],
+                       timeout: float = 120.0) -> None:
+    """Until every one of `ports` accepts connections from the host, through the link (RabbitMQ takes 6-15 s here)."""
     deadline = time.monotonic() + timeout
-    for port in (REDIS_PORT, AMQP_PORT):
+    for port in ports:
         while not _accepts(addr, port):
             if redis_server.poll() is not None or time.monotonic() > deadline:
                 logs = "".join(f"\n--- {p}\n" + p.read_text(errors="replace")[-2000:] for p in base.rglob("*.log"))
@@ -340,11 +341,12 @@ def _wait_for_services(addr: str, redis_server: subprocess.Popen, base: Path, ti
 # ---------------------------------------------------------------------------------------------- the link
 
 @contextmanager
-def limited_link(rate: str | None) -> Iterator[Link]:
+def limited_link(rate: str | None, rabbitmq: bool = True) -> Iterator[Link]:
     """A namespace with its own Redis and RabbitMQ, reached over a veth pair limited to `rate` each way
     ("1gbit", "200mbit"); None: loopback and the shared services. Raises LinkUnavailable before anything
     runs where the link cannot be made. Everything is removed on exit, including processes the caller
-    started inside the namespace."""
+    started inside the namespace. `rabbitmq=False`: Redis only (a further Redis shard behind a link of its own,
+    benchmarks/sharding.py); the link's `amqp_url` is then empty."""
     if rate is None:
         yield Link(None, _common.REDIS, _common.AMQP, "loopback, shared services", "127.0.0.1", "127.0.0.1")
         return
@@ -361,10 +363,12 @@ def limited_link(rate: str | None) -> Iterator[Link]:
         prefix = ["ip", "netns", "exec", name]
         base = Path(tempfile.mkdtemp(prefix=f"{name}-"))
         base.chmod(0o755)  # the RabbitMQ node runs as the rabbitmq user
-        _start_rabbitmq(prefix, name, netns_addr, base)  # first: it is the slow one
+        if rabbitmq:
+            _start_rabbitmq(prefix, name, netns_addr, base)  # first: it is the slow one
         redis_server = _start_redis(prefix, netns_addr, base)
-        _wait_for_services(netns_addr, redis_server, base)
-        yield Link(rate, f"redis://{netns_addr}:{REDIS_PORT}/0", f"amqp://guest:guest@{netns_addr}:{AMQP_PORT}/%2F",
+        _wait_for_services(netns_addr, redis_server, base, (REDIS_PORT, AMQP_PORT) if rabbitmq else (REDIS_PORT,))
+        yield Link(rate, f"redis://{netns_addr}:{REDIS_PORT}/0",
+                   f"amqp://guest:guest@{netns_addr}:{AMQP_PORT}/%2F" if rabbitmq else "",
                    f"tbf {rate_label(bits)} each way, veth, netns {name}", host_addr, netns_addr, name,
                    _host_dev(name), NETNS_DEV)
     finally:

@@ -21,6 +21,8 @@ def test_job_cost_matches_the_papers_formula():
     assert cost.redis == pytest.approx(0.17 * 36 / 3600)
     assert cost.rabbitmq == pytest.approx(0.15 * 36 / 3600)
     assert cost.total == pytest.approx(sum(cost.as_dict().values()))
+    sharded = job_cost(pricing, [10.05, 20.0], wall_seconds=36.0, redis_instances=2)  # a Redis VM per shard
+    assert sharded.redis == pytest.approx(2 * cost.redis) and sharded.rabbitmq == cost.rabbitmq
 
 
 def test_perf_per_dollar_is_the_papers_metric_and_undefined_without_time_or_cost():

@@ -284,6 +284,9 @@ def test_service_urls_come_from_env_or_the_openfaas_secret_files(tmp_path):
 def test_an_external_services_password_is_percent_encoded_into_its_url():
     env = {"REDIS_URL": "redis://cache:6380/2", "REDIS_PASSWORD": "p@ss/w:rd", "AMQP_URL": "amqp://ml@mq/%2F", "RABBITMQ_PASSWORD": "x y"}
     assert service_urls(env) == {"REDIS_URL": "redis://:p%40ss%2Fw%3Ard@cache:6380/2", "AMQP_URL": "amqp://ml:x%20y@mq/%2F"}
+    # An external sharded Redis: its URLs, space-separated, each get the one password.
+    sharded = {**env, "REDIS_URL": "redis://cache-0:6379/0 redis://cache-1:6379/0"}
+    assert service_urls(sharded)["REDIS_URL"] == "redis://:p%40ss%2Fw%3Ard@cache-0:6379/0 redis://:p%40ss%2Fw%3Ard@cache-1:6379/0"
 
 
 def test_the_worker_server_without_services_fails_clearly(tmp_path):

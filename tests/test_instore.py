@@ -167,10 +167,16 @@ def test_a_redis_that_lost_its_keys_and_script_is_repaired_by_re_publication(amq
                 t.close()
 
 
-def test_in_store_needs_redis_and_the_sum(movielens_dir, tmp_path):
+def test_in_store_needs_one_redis_and_the_sum(movielens_dir, tmp_path, redis_url, amqp_url):
     job = job_for(movielens_dir, sync={"exchange": "in-store"}, stop={"maxSteps": 5})
     with pytest.raises(SpecError, match="spec.sync.exchange: in-store runs a script in Redis"):
         train_local(job, tmp_path, Services(), QUIET)
+    with pytest.raises(SpecError, match="spec.sync.exchange: in-store runs a script in one Redis, and --redis-url "
+                                        "gives 2 shards"):
+        train_local(job, tmp_path, Services(f"{redis_url} {redis_url}", amqp_url), QUIET)
+    with pytest.raises(SpecError, match="spec.sync.exchange: in-store runs a script in one Redis, and "
+                                        "spec.redis.shards is 2"):
+        job_for(movielens_dir, sync={"exchange": "in-store"}, redis={"shards": 2})
     with pytest.raises(SpecError, match="spec.sync.aggregation: median cannot run with spec.sync.exchange in-store"):
         job_for(movielens_dir, workers=3, sync={"exchange": "in-store", "aggregation": "median"})
 

@@ -82,7 +82,9 @@ def service_args(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 
 def add_service_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--redis-url", metavar="URL", help="Redis for model updates (default: $REDIS_URL; none: embedded transport)")
+    p.add_argument("--redis-url", metavar="URL", action="append",
+                   help="Redis for model updates (default: $REDIS_URL; none: embedded transport); repeat it to shard "
+                        "the job's keys over several Redis instances")
     p.add_argument("--amqp-url", metavar="URL", help="RabbitMQ for control messages (default: $AMQP_URL)")
 
 

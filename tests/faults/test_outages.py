@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -129,22 +130,31 @@ def test_workers_waiting_out_a_redis_outage_longer_than_the_worker_timeout_are_n
         assert_nothing_lost(finish(proc, run_dir), rabbit)
 
 
-def test_a_frame_the_store_lost_is_published_again_and_read(private_redis, amqp_url, movielens_dir, tmp_path):
-    """The repair itself, step by step: worker 0 publishes an update, the store loses it (this test's own Redis is
-    flushed, as a restart without persistence would leave it), worker 1 finds it missing and waits; worker 0, waiting
-    for a step-close meanwhile, notices the loss within a second and publishes it again; worker 1 reads it."""
-    job = job_for(movielens_dir, workers=2)
+def test_a_frame_the_store_lost_is_published_again_and_read(private_redis, amqp_url, movielens_dir):
+    """The repair itself, with this test's own Redis flushed, as a restart without persistence would leave it."""
+    assert_a_lost_frame_is_published_again(private_redis, amqp_url, movielens_dir, 0,
+                                           lambda job_id: redis.Redis.from_url(private_redis).flushall())
+
+
+def assert_a_lost_frame_is_published_again(redis_url: str, amqp_url: str, dataset: Path, sender_rank: int,
+                                           lose: Callable[[str], None],
+                                           check: Callable[[str, str], None] = lambda job_id, key: None) -> None:
+    """Step by step: worker `sender_rank` publishes an update, `lose(job_id)` makes the store lose it, the other
+    worker finds it missing and waits; the sender, waiting for a step-close meanwhile, notices the loss within a
+    second and publishes it again; the reader reads it. Then `check(job_id, key)`, before the keys are deleted."""
+    job = job_for(dataset, workers=2)
     job_id = new_job_id("repair")
-    transports = [connect(job_id, redis_url=private_redis, amqp_url=amqp_url, role="worker", rank=r) for r in (0, 1)]
-    dataset = Dataset.open(job.dataset_uri)
-    sender, reader = (Worker(job, r, t, dataset) for r, t in enumerate(transports))
+    transports = [connect(job_id, redis_url=redis_url, amqp_url=amqp_url, role="worker", rank=r) for r in (0, 1)]
+    data = Dataset.open(job.dataset_uri)
+    workers = [Worker(job, r, t, data) for r, t in enumerate(transports)]
+    sender, reader = workers[sender_rank], workers[1 - sender_rank]
     try:
         indices, values = np.array([3], np.int32), np.array([0.5], np.float32)
-        frame = encode(Update(sender=0, step=1, indices=indices, values=values))
-        key = sender.sync.update_key(0, 1)
+        frame = encode(Update(sender=sender_rank, step=1, indices=indices, values=values))
+        key = sender.sync.update_key(sender_rank, 1)
         sender.transport.put(key, frame)
         sender.half.exchange.outbox.append(Published(1, key, frame, indices, values))
-        redis.Redis.from_url(private_redis).flushall()
+        lose(job_id)
         waiting = threading.Thread(target=sender._await_close, args=(0,), daemon=True)  # no close comes: it probes
         waiting.start()
         [got] = reader.half.exchange.fetch([key])
@@ -154,6 +164,7 @@ def test_a_frame_the_store_lost_is_published_again_and_read(private_redis, amqp_
         waiting.join(timeout=5)
         assert not waiting.is_alive()
         assert sender.transport.store_epoch == 1  # noticed once, though it looked more than once
+        check(job_id, key)
     finally:
         for t in transports:
             t.delete_job()

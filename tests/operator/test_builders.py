@@ -171,6 +171,31 @@ def test_redis_and_rabbitmq_read_passwords_from_the_secret():
     assert svc["spec"]["selector"] == build_redis_statefulset(j)["spec"]["selector"]["matchLabels"]
 
 
+def test_a_sharded_redis_is_one_statefulset_and_service_per_shard_behind_the_job_policy_and_password():
+    """spec.redis.shards: 3 -> three Redis StatefulSets and Services, each Service selecting only its own shard's
+    pod, all under the job's NetworkPolicy and one password; the Secret's URL lists the shards in order."""
+    j = job(spec={**SPEC, "redis": {"shards": 3}})
+    shards = [(build_redis_statefulset(j, k), build_redis_service(j, k)) for k in range(3)]
+    names = [sts["metadata"]["name"] for sts, _ in shards]
+    assert names == ["ml-redis", "ml-redis-1", "ml-redis-2"] and [svc["metadata"]["name"] for _, svc in shards] == names
+    selectors = [svc["spec"]["selector"] for _, svc in shards]
+    for k, (sts, svc) in enumerate(shards):
+        validate(sts)
+        validate(svc)
+        pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+        assert [all(pod_labels.get(key) == v for key, v in sel.items()) for sel in selectors] == [i == k for i in range(3)]
+        redis = containers(sts)[0]
+        assert env_of(redis)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "redis-password"}
+    creds = generate_credentials(j)
+    assert creds["redis-url"].split() == [f"redis://:{creds['redis-password']}@{n}.team.svc:6379/0" for n in names]
+    guarded = build_network_policy(j)["spec"]["podSelector"]["matchExpressions"][0]["values"]
+    assert guarded == ["redis", "redis-1", "redis-2", "rabbitmq"]
+    assert build_network_policy(j)["spec"]["ingress"][0]["ports"] == build_network_policy(job())["spec"]["ingress"][0]["ports"]
+    # The default is one Redis, built exactly as before sharding.
+    assert build_redis_statefulset(job(spec={**SPEC, "redis": {"shards": 1}})) == build_redis_statefulset(job())
+    assert generate_credentials(job())["redis-url"].count("redis://") == 1
+
+
 def test_supervisor_rbac_is_limited_to_its_own_status_and_scale():
     j = job()
     (rule,) = build_supervisor_role(j)["rules"]

@@ -293,6 +293,18 @@ async def test_a_job_created_suspended_gets_its_state_but_no_runtime_until_resum
         await c.until(lambda: c.phase() == "Pending" and c.condition("Suspended")["reason"] == "Resumed", "resumed")
 
 
+async def test_a_sharded_redis_is_created_shard_by_shard_and_reaches_the_pods_in_one_url_list(cluster_factory):
+    async with cluster_factory() as c, running_operator():
+        await c.created(manifest(redis={"shards": 2}))
+        shard = {("apps/v1/statefulsets", "ml-redis-1"), ("/v1/services", "ml-redis-1")}
+        assert {(r, n) for r, ns, n in c.children()} == POD_JOB_CHILDREN | shard
+        urls = c.secret_value("ml-credentials", "redis-url").split()
+        assert [u.split("@")[1] for u in urls] == ["ml-redis.team.svc:6379/0", "ml-redis-1.team.svc:6379/0"]
+        assert env(c.get(PODS, "ml-worker-0"))["REDIS_URL"]["valueFrom"]["secretKeyRef"]["key"] == "redis-url"
+        policy = c.get(kmock.resource("networking.k8s.io/v1/networkpolicies"), "ml-services")
+        assert "redis-1" in policy["spec"]["podSelector"]["matchExpressions"][0]["values"]
+
+
 async def test_delete_removes_the_jobs_keys_from_an_external_redis(cluster_factory, redis_url):
     import redis as redis_client
 

@@ -58,6 +58,7 @@ def measure_link(redis_url: str | None) -> Link:
         return Link(0.0, float("inf"), "embedded transport (in-process)")
     import redis
 
+    redis_url = redis_url.split()[0]  # a sharded Redis's URLs are space-separated: the link to the first shard
     client = redis.Redis.from_url(redis_url)
     rtts = []
     for _ in range(PINGS):

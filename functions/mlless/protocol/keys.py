@@ -7,6 +7,10 @@ writing step t+K needs step t+K-s-1 closed, and every worker that reported
 that step had applied all updates up to t+K-2s-2, so K = 2s+2 slots suffice
 for slack s; one more is kept as margin. The frame carries its step, so a
 reader would detect an overwritten slot instead of applying it.
+
+A key whose second field is a number (a rank, a partition, a block) lives on the Redis shard that number mod the
+shard count names, every other key on the first (mlless.transport.shards): a new key with an owner keeps the
+`kind:owner:...` shape so that it goes with its owner's.
 """
 
 

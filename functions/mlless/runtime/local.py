@@ -44,8 +44,12 @@ class Services:
         return {ENV_REDIS_URL: self.redis_url, ENV_AMQP_URL: self.amqp_url}
 
 
-def services_from(redis_url: str | None, amqp_url: str | None) -> Services:
-    """The services the flags give, else REDIS_URL and AMQP_URL; ValueError unless both or neither are given."""
+def services_from(redis_url: str | list[str] | None, amqp_url: str | None) -> Services:
+    """The services the flags give, else REDIS_URL and AMQP_URL; ValueError unless both or neither are given.
+    A list of Redis URLs (`--redis-url` repeated) is the job's shards, passed on space-separated as REDIS_URL
+    carries them (mlless.transport.env)."""
+    if isinstance(redis_url, list):
+        redis_url = " ".join(redis_url)
     from_env = service_urls(os.environ)
     redis_url = redis_url or from_env.get(ENV_REDIS_URL)
     amqp_url = amqp_url or from_env.get(ENV_AMQP_URL)
@@ -85,6 +89,10 @@ def train_local(
     if EXCHANGES[job.sync.exchange].runs_in_store and not services.external:
         raise SpecError(f"spec.sync.exchange: {job.sync.exchange} runs a script in Redis, which the embedded transport "
                         "has not: give --redis-url and --amqp-url")
+    if EXCHANGES[job.sync.exchange].runs_in_store and len(services.redis_url.split()) > 1:
+        # A script runs in one Redis, and the shards spread a step's updates by rank (transport/shards.py).
+        raise SpecError(f"spec.sync.exchange: {job.sync.exchange} runs a script in one Redis, and --redis-url gives "
+                        f"{len(services.redis_url.split())} shards")
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
     job_file.write_text(job.to_json())

@@ -310,8 +310,8 @@ def _secret_key_ref(description: str) -> Schema:
     return obj(description, {"name": string("Secret name."), "key": string("Key in the Secret.")}, ["name", "key"])
 
 
-def _service(name: str, tls_scheme: str) -> Schema:
-    """A backing service that is either managed by the operator (a StatefulSet) or external."""
+def _service(name: str, tls_scheme: str, extra: dict[str, Schema] | None = None) -> Schema:
+    """A backing service that is either managed by the operator (a StatefulSet) or external; `extra`: its own fields."""
     return obj(
         f"{name}: managed by the operator (default), or an existing one given by URL.",
         {
@@ -325,6 +325,7 @@ def _service(name: str, tls_scheme: str) -> Schema:
             "image": string(f"Image of the managed {name}."),
             "storage": string("Volume size of the managed instance, e.g. 1Gi; empty for none."),
             "resources": _RESOURCES,
+            **(extra or {}),
         },
     )
 
@@ -347,7 +348,11 @@ CLUSTER_SPEC: dict[str, Schema] = {
             },
         },
     ),
-    "redis": _service("Redis", "rediss"),
+    "redis": _service("Redis", "rediss", {"shards": integer(
+        "How many Redis instances the operator runs for the job (each its own StatefulSet and Service): workers' "
+        "update slots and checkpoints are spread over them by rank, job-level keys live on the first "
+        "(functions/mlless/transport/shards.py). An external sharded Redis lists one URL per shard in url, "
+        "separated by spaces, instead. Locally, repeat --redis-url.", 1, 16, default=1)}),
     "rabbitmq": _service("RabbitMQ", "amqps"),
     "supervisor": obj("The supervisor pod.", {"resources": _RESOURCES}),
     "suspend": {"type": "boolean", "description": "Checkpoint and scale to zero; unset to resume from the checkpoint."},
@@ -428,6 +433,10 @@ def pairing_errors(spec: Any) -> Iterator[str]:
             yield f"{_pairing_message(field, value, other, admitted)}, not {given(other)}"
     kind = models.MODEL_TYPES.get(given("model.type"))
     yield from robust.errors(spec, kind.protocol if kind else "", default("workers"))
+    # In-store's script runs in one Redis, and the shards spread a step's updates by rank (transport/shards.py).
+    shards = given("redis.shards")
+    if given("sync.exchange") in robust.SUMMING_EXCHANGES and isinstance(shards, int) and shards > 1:
+        yield f"spec.sync.exchange: {given('sync.exchange')} runs a script in one Redis, and spec.redis.shards is {shards}"
 
 
 def cel_rules() -> list[Schema]:

@@ -48,14 +48,16 @@ def perf_per_dollar(seconds: float, dollars: float) -> float | None:
     return 1.0 / (seconds * dollars) if seconds > 0 and dollars > 0 else None
 
 
-def job_cost(pricing: PricingConfig, invocation_seconds: list[float], wall_seconds: float) -> CostBreakdown:
-    """Cost of worker invocations of the given durations plus a supervisor and services running `wall_seconds`."""
+def job_cost(pricing: PricingConfig, invocation_seconds: list[float], wall_seconds: float,
+             redis_instances: int = 1) -> CostBreakdown:
+    """Cost of worker invocations of the given durations plus a supervisor and services running `wall_seconds`
+    (`redis_instances` Redis VMs: a sharded Redis, mlless.transport.shards)."""
     gb_price = pricing.function_memory_gb * pricing.price_per_gb_second
     granularity = pricing.billing_granularity_seconds
     workers = sum(billed_seconds(s, granularity) for s in invocation_seconds) * gb_price
     return CostBreakdown(
         workers=workers,
         supervisor=billed_seconds(wall_seconds, granularity) * gb_price,
-        redis=wall_seconds * pricing.redis_per_hour / 3600.0,
+        redis=redis_instances * wall_seconds * pricing.redis_per_hour / 3600.0,
         rabbitmq=wall_seconds * pricing.rabbitmq_per_hour / 3600.0,
     )

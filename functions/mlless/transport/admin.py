@@ -11,6 +11,7 @@ from __future__ import annotations
 import redis
 
 from .base import TransportError, check_job_id, key_prefix, redact_url
+from .env import shard_urls
 from .tls import TrustedCA, redis_tls_options
 
 __all__ = ["delete_job_keys", "unlink_prefix"]
@@ -35,8 +36,12 @@ def unlink_prefix(client: redis.Redis, prefix: str, spare: tuple[str, ...] = ())
 
 
 def delete_job_keys(redis_url: str, job_id: str, timeout: float = 10.0, ca: TrustedCA | None = None) -> int:
-    """Delete every key of `job_id` from the Redis at `redis_url`, trusting `ca` for TLS (no queue is touched;
-    they expire on their own)."""
+    """Delete every key of `job_id` from the Redis at `redis_url` (from each shard, if it lists several), trusting
+    `ca` for TLS (no queue is touched; they expire on their own)."""
+    return sum(_delete_keys(url, job_id, timeout, ca) for url in shard_urls(redis_url))
+
+
+def _delete_keys(redis_url: str, job_id: str, timeout: float, ca: TrustedCA | None) -> int:
     client = redis.Redis.from_url(redis_url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                   **redis_tls_options(redis_url, ca))
     try:

@@ -149,6 +149,8 @@ class Transport(ABC):
     #: How many times the key-value store was found to have lost the job's keys (a Redis restarted without
     #: persistence); a process that sees it grow publishes again what its peers may still read.
     store_epoch: int = 0
+    #: How many key-value store instances the job pays for (its Redis shards, `mlless.transport.shards`).
+    store_instances: int = 1
     #: The job's key (`check_job_key`); a backend sets it before its first write, and never shows it.
     _job_key: bytes
 

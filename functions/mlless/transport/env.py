@@ -1,6 +1,7 @@
 """Redis and RabbitMQ URLs, and the worker invocation token, from a process's environment, as the operator hands them over.
 
-- `REDIS_URL` / `AMQP_URL`, complete (the job's generated Secret holds whole URLs);
+- `REDIS_URL` / `AMQP_URL`, complete (the job's generated Secret holds whole URLs); a sharded Redis's URLs
+  are separated by spaces, one per shard;
 - or, for an external service, the URL without its password plus `REDIS_PASSWORD` /
   `RABBITMQ_PASSWORD` from the user's Secret; the password is percent-encoded here,
   because the kubelet's `$(VAR)` expansion would paste `@`, `/` or `:` in raw and
@@ -41,14 +42,25 @@ SECRET_FILES = {ENV_REDIS_URL: "redis-url", ENV_AMQP_URL: "amqp-url"}
 
 
 def with_password(url: str, password: str | None) -> str:
-    """`url` with `password` (percent-encoded) as its password; unchanged if `password` is None."""
+    """`url` with `password` (percent-encoded) as its password; unchanged if `password` is None. A sharded Redis's
+    URLs (`shard_urls`) each get it: an external sharded Redis has one passwordSecretRef."""
     if password is None:
         return url
+    return " ".join(_with_password(u, password) for u in shard_urls(url))
+
+
+def _with_password(url: str, password: str) -> str:
     parts = urlsplit(url)
     host = parts.hostname or ""
     if parts.port:
         host = f"{host}:{parts.port}"
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:{quote(password, safe='')}@{host}"))
+
+
+def shard_urls(redis_url: str) -> list[str]:
+    """The URLs of a job's Redis shards (`mlless.transport.shards`): `redis_url` holds one, or several separated by
+    whitespace (no URL holds a raw space), as `REDIS_URL` and the job Secret's `redis-url` carry them."""
+    return redis_url.split()
 
 
 def service_urls(environ: Mapping[str, str]) -> dict[str, str]:

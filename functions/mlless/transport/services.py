@@ -2,7 +2,8 @@
 
 ``ServicesTransport`` composes the two sides, each in its own module with its
 client library's idioms and its own outage handling: ``JobStore``
-(``mlless.transport.store``, redis-py) holds the job's keys, ``JobBus``
+(``mlless.transport.store``, redis-py) holds the job's keys (over several Redis shards,
+``mlless.transport.shards``), ``JobBus``
 (``mlless.transport.bus``, pika) its queues.  Either service out of reach is
 waited out (``mlless.transport.outage``); the constructor connects to both, so
 a wrong URL is reported at once.  The transport seals what it hands them and
@@ -16,6 +17,7 @@ from typing import Any, Sequence
 from .base import DEFAULT_TTL, Role, Transport, check_key
 from .bus import JobBus
 from .outage import CONNECT_SECONDS, outage_window
+from .shards import ShardedStore, shard_urls
 from .store import JobStore
 from .tls import TrustedCA, ca_from_env
 
@@ -29,7 +31,7 @@ class ServicesTransport(Transport):
         self,
         job_id: str,
         *,
-        redis_url: str,
+        redis_url: str,  # one URL, or the shards' separated by whitespace
         amqp_url: str,
         role: Role,
         rank: int | None = None,
@@ -49,23 +51,31 @@ class ServicesTransport(Transport):
         self._identify(job_id, role, rank, key, ttl)
         window = outage_window(outage_seconds)
         # TLS (rediss://, amqps://): the system's CAs, plus a private CA's bundle if one is named; see .tls.
-        self._store = JobStore(
-            redis_url, job_id=self.job_id, role=role, rank=self.rank, ttl=self.ttl, outage_seconds=window,
-            ca=redis_ca or ca_from_env("redis"), socket_timeout=socket_timeout,
-            health_check_interval=health_check_interval, redis_retries=redis_retries,
-        )
+        # Several URLs are the job's Redis shards (.shards); one is one JobStore, as before sharding.
+        stores = [
+            JobStore(url, job_id=self.job_id, role=role, rank=self.rank, ttl=self.ttl, outage_seconds=window,
+                     ca=redis_ca or ca_from_env("redis"), socket_timeout=socket_timeout,
+                     health_check_interval=health_check_interval, redis_retries=redis_retries)
+            for url in shard_urls(redis_url) or [redis_url]
+        ]
+        self._store: JobStore | ShardedStore = stores[0] if len(stores) == 1 else ShardedStore(stores)
+        self._instances = len(stores)
         self._bus = JobBus(
             amqp_url, job_id=self.job_id, role=role, rank=self.rank, outage_seconds=window,
             ca=amqp_ca or ca_from_env("amqp"), queue_expires=queue_expires, prefetch=prefetch, heartbeat=heartbeat,
             blocked_connection_timeout=blocked_connection_timeout, socket_timeout=socket_timeout,
         )
         # Connect now (connect() is synchronous), and fail at connect rather than at the first step.
-        self._store.call(self._store.mark, window=CONNECT_SECONDS)
+        self._store.connect(CONNECT_SECONDS)
         self._bus.call(lambda: None, window=CONNECT_SECONDS)
 
     @property
     def store_epoch(self) -> int:  # type: ignore[override]
         return self._store.epoch
+
+    @property
+    def store_instances(self) -> int:  # type: ignore[override]
+        return self._instances
 
     @property
     def reconnected_at(self) -> float:  # type: ignore[override]

@@ -111,6 +111,10 @@ class JobStore:
             outage.wait(f"redis {self.desc}", reason)
             waited = True
 
+    def connect(self, window: float) -> None:
+        """Reach the store and mark it, waiting at most `window` seconds: a wrong URL is reported at once."""
+        self.call(self.mark, window=window)
+
     def mark(self) -> None:
         """Mark the store as holding this job's keys, and register a worker's rank (the queues delete_job deletes)."""
         with self.redis.pipeline(transaction=False) as p:

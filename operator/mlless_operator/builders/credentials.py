@@ -14,7 +14,7 @@ from mlless_operator.builders.names import (
     REDIS_PORT,
     metadata,
     rabbitmq_name,
-    redis_name,
+    redis_shards,
     secret_name,
 )
 
@@ -47,7 +47,9 @@ def generate_credentials(job: JobRef) -> dict[str, str]:
     if job.external("redis") is None:
         pw = secrets.token_urlsafe(24)
         creds[REDIS_PASSWORD_KEY] = pw
-        creds[REDIS_URL_KEY] = f"redis://:{pw}@{redis_name(job)}.{job.namespace}.svc:{REDIS_PORT}/0"
+        # A sharded Redis: one URL per shard, space-separated, as mlless.transport.env reads them.
+        creds[REDIS_URL_KEY] = " ".join(f"redis://:{pw}@{name}.{job.namespace}.svc:{REDIS_PORT}/0"
+                                        for name, _ in redis_shards(job))
     if job.external("rabbitmq") is None:
         pw = secrets.token_urlsafe(24)
         creds[RABBITMQ_USER_KEY] = RABBITMQ_USER

@@ -36,6 +36,14 @@ def redis_name(job: JobRef) -> str:
     return child_name(job, "redis")
 
 
+def redis_shards(job: JobRef) -> list[tuple[str, str]]:
+    """(name, role) of each shard of the job's managed Redis (`spec.redis.shards`): the first is the one Redis of an
+    unsharded job, unchanged; shard k's StatefulSet, Service and pods' role are `redis-k`, so that each Service
+    selects its own shard's pod."""
+    count = int((job.spec.get("redis") or {}).get("shards") or 1)
+    return [(redis_name(job), "redis")] + [(child_name(job, f"redis-{k}"), f"redis-{k}") for k in range(1, count)]
+
+
 def rabbitmq_name(job: JobRef) -> str:
     return child_name(job, "rabbitmq")
 

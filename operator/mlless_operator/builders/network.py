@@ -1,4 +1,4 @@
-"""NetworkPolicy `NAME-services`: the job's managed Redis and RabbitMQ accept connections only from its own pods.
+"""NetworkPolicy `NAME-services`: the job's managed Redis (every shard) and RabbitMQ accept connections only from its own pods.
 
 Allowed in: the job's supervisor and workers (by the job's labels; workers outside
 the job's namespace, such as an OpenFaaS Function's, as their backend selects them)
@@ -12,7 +12,7 @@ from typing import Iterable, Mapping
 
 from mlless.contract import LABEL_JOB, LABEL_ROLE
 from mlless_operator.builders.jobref import JobRef, Manifest
-from mlless_operator.builders.names import AMQP_PORT, REDIS_PORT, child_name, metadata
+from mlless_operator.builders.names import AMQP_PORT, REDIS_PORT, child_name, metadata, redis_shards
 #: The label the API server puts on every namespace (Kubernetes 1.21+), holding its name.
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
@@ -33,7 +33,8 @@ def _in_namespace(namespace: str, pods: Manifest) -> Manifest:
 def build_network_policy(job: JobRef, foreign_pods: Iterable[tuple[str, Mapping[str, str]]] = ()) -> Manifest | None:
     """The policy, or None when neither Redis nor RabbitMQ is managed (nothing of the job's to guard).
     `foreign_pods`: (namespace, labels) of the job's workers outside its namespace (`Backend.foreign_pods`)."""
-    managed = [(role, port) for role, port in (("redis", REDIS_PORT), ("rabbitmq", AMQP_PORT)) if job.external(role) is None]
+    managed = [(role, REDIS_PORT) for _, role in redis_shards(job)] if job.external("redis") is None else []
+    managed += [("rabbitmq", AMQP_PORT)] if job.external("rabbitmq") is None else []
     if not managed:
         return None
     operator_pods: Manifest = {"matchLabels": dict(job.config.pod_labels)}
@@ -50,6 +51,6 @@ def build_network_policy(job: JobRef, foreign_pods: Iterable[tuple[str, Mapping[
         "spec": {
             "podSelector": _roles(job, *(role for role, _ in managed)),
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": port} for _, port in managed]}],
+            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": port} for port in dict.fromkeys(p for _, p in managed)]}],
         },
     }

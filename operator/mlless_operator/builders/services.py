@@ -1,4 +1,5 @@
-"""Redis and RabbitMQ: a StatefulSet and a Service each (not built when spec.redis / spec.rabbitmq is external)."""
+"""Redis and RabbitMQ: a StatefulSet and a Service each (not built when spec.redis / spec.rabbitmq is external); one
+of each per shard of a sharded Redis (`spec.redis.shards`, names.redis_shards)."""
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -11,7 +12,7 @@ from mlless_operator.builders.credentials import (
     secret_env,
 )
 from mlless_operator.builders.jobref import JobRef, Manifest
-from mlless_operator.builders.names import AMQP_PORT, REDIS_PORT, labels, metadata, rabbitmq_name, redis_name, secret_name, selector_labels
+from mlless_operator.builders.names import AMQP_PORT, REDIS_PORT, labels, metadata, rabbitmq_name, redis_shards, secret_name, selector_labels
 from mlless_operator.builders.podspec import SERVICE_UID, container_security_context, pod_security_context, resources
 
 _SERVICE_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
@@ -66,11 +67,14 @@ def _statefulset(job: JobRef, name: str, role: str, container: Manifest, data_pa
     return sts
 
 
-def build_redis_service(job: JobRef) -> Manifest:
-    return cluster_ip_service(job, redis_name(job), "redis", "redis", REDIS_PORT)
+def build_redis_service(job: JobRef, shard: int = 0) -> Manifest:
+    name, role = redis_shards(job)[shard]
+    return cluster_ip_service(job, name, role, "redis", REDIS_PORT)
 
 
-def build_redis_statefulset(job: JobRef) -> Manifest:
+def build_redis_statefulset(job: JobRef, shard: int = 0) -> Manifest:
+    """Shard `shard` of the job's Redis; every shard has the job's one Redis password."""
+    name, role = redis_shards(job)[shard]
     section = job.spec.get("redis") or {}
     persistent = bool(section.get("storage"))
     container = {
@@ -86,7 +90,7 @@ def build_redis_statefulset(job: JobRef) -> Manifest:
         "resources": resources(section, _SERVICE_RESOURCES),
         "securityContext": container_security_context(read_only_root=True),
     }
-    return _statefulset(job, redis_name(job), "redis", container, "/data", section)
+    return _statefulset(job, name, role, container, "/data", section)
 
 
 def build_rabbitmq_service(job: JobRef) -> Manifest:

@@ -23,6 +23,7 @@ from mlless_operator import backends
 from mlless_operator.builders.credentials import build_secret
 from mlless_operator.builders.jobfile import build_job_configmap
 from mlless_operator.builders.jobref import JobRef
+from mlless_operator.builders.names import redis_shards
 from mlless_operator.builders.network import build_network_policy
 from mlless_operator.builders.services import (
     build_rabbitmq_service,
@@ -60,8 +61,9 @@ async def ensure_children(api: KubeAPI, job: JobRef, runtime: Runtime = "start",
     await ensure(build_secret(job), update=False)
     await ensure(build_job_configmap(job))
     if job.external("redis") is None:
-        await ensure(build_redis_service(job))
-        await ensure(build_redis_statefulset(job))
+        for shard in range(len(redis_shards(job))):
+            await ensure(build_redis_service(job, shard))
+            await ensure(build_redis_statefulset(job, shard))
     if job.external("rabbitmq") is None:
         await ensure(build_rabbitmq_service(job))
         await ensure(build_rabbitmq_statefulset(job))

@@ -55,9 +55,11 @@ class Accounting:
     """The job's running totals, fed at each step close, and everything that reports them."""
 
     def __init__(
-        self, job: TrainingJob, job_id: str, started: float, record: RunRecord, metrics: SupervisorMetrics, progress: Progress
+        self, job: TrainingJob, job_id: str, started: float, record: RunRecord, metrics: SupervisorMetrics, progress: Progress,
+        redis_instances: int = 1,
     ) -> None:
         self.job = job
+        self.redis_instances = redis_instances  # Redis VMs billed: the job's shards
         self.job_id = job_id
         self.started = started
         self.record = record
@@ -113,7 +115,8 @@ class Accounting:
 
     def cost(self, now: float, members: Membership) -> CostBreakdown:
         """The job's cost up to `now` (monotonic): one instant for the stop rule and the row of a step alike."""
-        return job_cost(self.job.pricing, self.worker_seconds_before + members.invocation_seconds(now), self.elapsed(now))
+        return job_cost(self.job.pricing, self.worker_seconds_before + members.invocation_seconds(now), self.elapsed(now),
+                        self.redis_instances)
 
     def pod(self, rank: int) -> str:
         """The pod (or local process) a worker runs in, for the billing metrics' `pod` label."""

@@ -98,7 +98,8 @@ class Supervisor:
         self.members = Membership(launcher, self.progress)
         self.stopping = StopRules(job.stop, job.evaluate_every)
         self.metrics = metrics or SupervisorMetrics.for_job(job_id, job.pricing)
-        self.accounting = Accounting(job, job_id, self.started, self.record, self.metrics, self.progress)
+        self.accounting = Accounting(job, job_id, self.started, self.record, self.metrics, self.progress,
+                                     transport.store_instances)
         self.evaluation = Evaluation(job, self.dataset, transport, self.stopping.watch, self.metrics.validation,
                                      self.accounting.count_rejected)
         self.status = StatusBoard(job, self.record, self.platform, self.metrics, self.progress, self.stopping.watch)
