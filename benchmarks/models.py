@@ -19,40 +19,24 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
-from model_peers import CASES, mlless_predictions, mlless_run, quality, sklearn_peers, split, timed, vw_peer  # noqa: E402
+from model_peers import (CASES, kmeans_peers, mlless_predictions, mlless_quality, mlless_run, quality,  # noqa: E402
+                         sklearn_peers, split, vw_peer)
 
 from mlless.data.dataset import Dataset  # noqa: E402
 
-#: The labelled cases and k-means, whose peers are its own (`kmeans_rows`).
-ALL_CASES = CASES | {"kmeans": ("kmeans", "blobs", "inertia")}
-
-
-def mean_inertia(centres: np.ndarray, X) -> float:
-    """The mean squared distance of the rows of `X` to their nearest of `centres`."""
-    from mlless.training.models.kmeans import squared_distances
-
-    return float(squared_distances(X, centres).min(axis=1).mean())
-
-
-def kmeans_rows(data: Path, X, workers: list[int], epochs: float, work: Path) -> list[tuple[str, float, float]]:
+def kmeans_rows(data: Path, parts: tuple, workers: list[int], epochs: float,
+                work: Path) -> list[tuple[str, float, float]]:
     """(system, seconds, training inertia / rows) of mlless at each P and scikit-learn's KMeans and MiniBatchKMeans,
     each with its inertia's ratio to KMeans's in the name."""
-    from sklearn.cluster import KMeans, MiniBatchKMeans
-
     rows = []
     for p in workers:
         model, seconds, summary = mlless_run("kmeans", data, p, epochs, work, None)
-        rows.append((f"mlless kmeans, P = {p}, {summary['epochs']:.2f} epochs", seconds, mean_inertia(model.centroids, X)))
+        rows.append((f"mlless kmeans, P = {p}, {summary['epochs']:.2f} epochs", seconds,
+                     mlless_quality(model, "inertia", parts)))
         print(rows[-1], flush=True)
-    for name, fit in [("sklearn KMeans", lambda: KMeans(8, random_state=0).fit(X)),
-                      ("sklearn MiniBatchKMeans", lambda: MiniBatchKMeans(8, random_state=0).fit(X))]:
-        peer, seconds = timed(fit)
-        rows.append((name, seconds, mean_inertia(peer.cluster_centers_, X)))
-        print(rows[-1], flush=True)
+    rows += kmeans_peers(parts[1])
     reference = rows[len(workers)][2]
     return [(f"{name} ({value / reference:.4f} x KMeans)", seconds, value) for name, seconds, value in rows]
-
-
 
 
 def labelled_rows(case: str, data: Path, parts: tuple, args: argparse.Namespace,
@@ -81,7 +65,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000, help="rows of each synthetic set (default 200,000)")
     parser.add_argument("--epochs", type=float, default=3.0, help="mlless's epoch limit (default 3)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="mlless's P values (default 1 2)")
-    parser.add_argument("--cases", nargs="+", choices=list(ALL_CASES), default=list(ALL_CASES))
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/mlless-bench"))
     parser.add_argument("--optimizer", metavar="TYPE:LR", default=None,
                         help="train mlless with this optimizer (e.g. normalized:0.5) instead of the model's default")
@@ -94,12 +78,12 @@ def main() -> None:
     info = _common.machine_info()
     sections = [f"Machine: {_common.machine_line(info)}.", f"Command: `{_common.command_line()}`."]
     for case in args.cases:
-        _, synthetic, metric = ALL_CASES[case]
+        _, synthetic, metric = CASES[case]
         data = _common.prepare(args.data_dir / f"models-{synthetic}-{args.rows}", "--synthetic", synthetic,
                                "--rows", str(args.rows))
         parts = split(Dataset.open(str(data)))
         if case == "kmeans":
-            rows = kmeans_rows(data, parts[1], args.workers, args.epochs, args.data_dir)
+            rows = kmeans_rows(data, parts, args.workers, args.epochs, args.data_dir)
         else:
             rows = labelled_rows(case, data, parts, args, optimizer)
         sections.append(f"### {case}: `mlless prepare --synthetic {synthetic} --rows {args.rows}`, "
@@ -107,7 +91,7 @@ def main() -> None:
     body = "\n\n".join(sections)
     print(body)
     if not args.no_results:
-        whole = set(args.cases) == set(ALL_CASES)
+        whole = set(args.cases) == set(CASES)
         _common.update_results("models" if whole else "models-" + "-".join(args.cases),
                                f"## {'The models' if whole else ', '.join(args.cases)} of #23 against their peers "
                                "(`benchmarks/models.py`)\n\n" + body)

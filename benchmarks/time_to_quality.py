@@ -23,10 +23,12 @@ LR (validation BCE)
     `LogisticRegression` (lbfgs, C=1) on the whole CSR matrix.
   * mlless as for PMF.
 
-The models of issue #23 (`--datasets models`, or any of svm, softmax, linear-regression, dense-lr; 200k rows each):
+The models of issue #23 (`--datasets models`, or any of svm, softmax, linear-regression, dense-lr, kmeans; 200k rows
+each):
   * the peers of `benchmarks/model_peers.py` at their documented good settings (scikit-learn and Vowpal Wabbit);
   * mlless with only `model.type` at each `--model-workers` P, trained from scratch for each `--model-epochs` limit
-    until its validation accuracy (RMSE) is within 0.01 (2 %) of the best peer's, the issue's bar. Its seconds
+    until its validation accuracy (RMSE) is within 0.01 (2 %) of the best peer's, the issue's bar; k-means until its
+    training inertia is within 3 % of scikit-learn's `KMeans`. Its seconds
     are the whole `mlless train` process's (start-up included): per-evaluation accuracy is not in metrics.jsonl.
 
 Targets (the anchor's converged quality plus a margin): LIBMF's 10-iteration RMSE (2 threads) + 0.01 on the
@@ -440,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR, help="prepared datasets and runs (default %(default)s)")
     p.add_argument("--datasets", default=",".join(DATASETS),
-                   help=f"comma list of %(default)s, {', '.join(MODEL_SETS)}, or 'models' for the last four")
+                   help=f"comma list of %(default)s, {', '.join(MODEL_SETS)}, or 'models' for the last {len(MODEL_SETS)}")
     p.add_argument("--quick", action="store_true",
                    help="small data (MovieLens, 1M skewed ratings, 200k clicks) and mlless on the embedded transport only; ~3 min")
     p.add_argument("--max-seconds", type=float, default=120, help="cap on each mlless run (default 120)")
