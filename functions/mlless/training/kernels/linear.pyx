@@ -98,19 +98,16 @@ cdef class Hinge(Loss):
 
 
 cdef class Squared(Loss):
-    """(z − y)²: its sum over a batch is the squared error RMSE is reported from."""
+    """(z − y)²: its sum over a batch is the squared error RMSE is reported from.
+
+    It keeps the first-order step: its invariant one, (z − y)(1 − e^(−2·rate·ppu))/ppu, ended 2-3 % higher in
+    validation RMSE after 3 epochs at P = 1 and 2 (benchmarks/RESULTS.md, "The importance-invariant step")."""
 
     cdef double loss(self, double z, double y) noexcept nogil:
         return (z - y) * (z - y)
 
     cdef double dloss(self, double z, double y) noexcept nogil:
         return 2.0 * (z - y)
-
-    cdef double step(self, double z, double y, double rate, double ppu) noexcept nogil:
-        # dz/dh = −2·ppu·(z − y): z − y decays as exp(−2·ppu·h).
-        if rate * ppu < 1e-6:
-            return rate * self.dloss(z, y)
-        return (z - y) * (1.0 - exp(-2.0 * rate * ppu)) / ppu
 
 
 cdef int _check_batch(const float[::1] params, const cnp.int64_t[::1] indptr, const int[::1] indices,
@@ -240,7 +237,8 @@ def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1
     (``norm`` = [N, t]). A feature multiplied by 1,000 gets a weight 1,000 times smaller and the same predictions:
     the step is scale-free. The bias is a feature of value 1. The step lr·√(t/N)·r is taken importance-invariant,
     as Vowpal Wabbit's `--invariant` default: `Loss.step` integrates the loss's flow along the row's update
-    direction in closed form, so a large step lands on the label or the margin instead of past them.
+    direction in closed form (logistic and hinge), so a large step lands short of the label or on the margin
+    instead of past them.
 
     Under the sum of ``workers`` replicas' updates, each replica learns its batch as one learner would, and then
     divides each feature's move over the batch by the workers expected to move it, k_j = 1 + (P − 1)·(1 − (1 −
