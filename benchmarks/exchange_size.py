@@ -65,22 +65,30 @@ def steps_for(params: int) -> int:
     return int(np.clip(2e7 // max(params, 1), 3, 20))
 
 
+def update_of(rank: int, params: int, density: float) -> tuple[np.ndarray, np.ndarray]:
+    """The update worker `rank` publishes every step: every parameter, or a random `density` of them (sorted)."""
+    rng = np.random.default_rng(rank)
+    values = rng.standard_normal(params).astype(np.float32) * 1e-3
+    if density >= 1:
+        return np.arange(params, dtype=np.int32), values
+    indices = np.sort(rng.choice(params, max(int(params * density), 1), replace=False)).astype(np.int32)
+    return indices, values[:len(indices)]
+
+
 def worker(rank: int, workers: int, pattern: str, params: int, steps: int, job: str, key: bytes,
-           address: dict[str, str], barrier, results) -> None:  # type: ignore[no-untyped-def]
+           address: dict[str, str], barrier, results, density: float = 1.0) -> None:  # type: ignore[no-untyped-def]
     transport = connect(job, role="worker", rank=rank, key=key, **address)
     rejected: list[str] = []
     exchange = EXCHANGES[pattern](transport, rank, lambda r, s: f"update:{r}:{s % 2}", 2, 60.0, rejected.append,
                                   size=params, parts=workers)
-    rng = np.random.default_rng(rank)
-    indices = np.arange(params, dtype=np.int32)
-    values = rng.standard_normal(params).astype(np.float32) * 1e-3
+    indices, values = update_of(rank, params, density)
     replica, marks = np.zeros(params, np.float32), np.zeros(params, np.uint8)
     ranks = tuple(range(workers))
     times: dict[str, list[float]] = {p: [] for p in PHASES}
     written = read = 0
     for step in range(steps + 1):  # step 0 warms the connections up and is not counted
         t0 = time.perf_counter()
-        replica += values  # the worker's own step, already in its replica
+        replica[indices] += values  # the worker's own step, already in its replica
         out = exchange.publish(step, indices, values)
         t1 = time.perf_counter()
         barrier.wait()
@@ -97,8 +105,10 @@ def worker(rank: int, workers: int, pattern: str, params: int, steps: int, job: 
                 times[phase].append(seconds)
             written, read = written + out + merged, read + got
         barrier.wait()  # no worker overwrites a slot of step s + 2 while a peer still reads step s
-    expected = (steps + 1) * sum(np.random.default_rng(r).standard_normal(params).astype(np.float32).astype(np.float64)
-                                 * 1e-3 for r in ranks)
+    expected = np.zeros(params)
+    for r in ranks:
+        idx, val = update_of(r, params, density)
+        expected[idx] += (steps + 1) * val.astype(np.float64)
     # float32 rounding: each of the (steps + 1) * P additions to the replica, and of the merged sums, is within an
     # ulp of the running value, so the replica is within that many ulps of the largest value
     bound = 4 * (steps + 1) * workers * np.finfo(np.float32).eps * float(np.max(np.abs(expected)))
@@ -109,13 +119,13 @@ def worker(rank: int, workers: int, pattern: str, params: int, steps: int, job: 
 
 
 def run(pattern: str, workers: int, params: int, transport: str, broker: EmbeddedBroker | None,
-        steps: int) -> dict[str, object]:
+        steps: int, density: float = 1.0) -> dict[str, object]:
     ctx = mp.get_context("spawn")
     job, key = f"xsize-{uuid.uuid4().hex[:8]}", secrets.token_bytes(32)
     address = ({"embedded_address": broker.address} if broker is not None
                else {"redis_url": _common.REDIS, "amqp_url": _common.AMQP})
     barrier, results = ctx.Barrier(workers), ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, workers, pattern, params, steps, job, key, address, barrier, results))
+    procs = [ctx.Process(target=worker, args=(r, workers, pattern, params, steps, job, key, address, barrier, results, density))
              for r in range(workers)]
     for p in procs:
         p.start()
@@ -135,6 +145,7 @@ def run(pattern: str, workers: int, params: int, transport: str, broker: Embedde
     cleanup.close()
     phase = {p: statistics.median(statistics.median(r["times"][p]) for r in reports) for p in PHASES}
     return {"pattern": pattern, "workers": workers, "params": params, "transport": transport, "steps": steps,
+            "density": density,
             **phase, "step": sum(phase.values()),
             "exchange": phase["publish"] + phase["gather"] + phase["apply"],
             "written": statistics.mean(r["written"] for r in reports),

@@ -68,7 +68,7 @@ def test_each_worker_adds_its_peers_sum_with_their_carriers_even_if_an_owner_nev
         assert np.array_equal(carriers, want_carriers)  # what AveragingHalf.combine divides by
         assert w.traffic()[1] > 0
     assert rejected == []
-    assert set(EXCHANGES) == {"all-to-all", "allreduce", "scatter-reduce"}
+    assert set(EXCHANGES) == {"all-to-all", "allreduce", "scatter-reduce", "in-store"}
 
 
 @pytest.mark.parametrize("cls", [AllReduce, ScatterReduce])
@@ -138,7 +138,8 @@ def test_every_protocol_trains_pmf_under_each_pattern_and_conserves_updates(movi
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("protocol, exchange", [("averaging", "allreduce"), ("bsp", "scatter-reduce")])
+@pytest.mark.parametrize("protocol, exchange", [("averaging", "allreduce"), ("bsp", "scatter-reduce"),
+                                               ("averaging", "in-store")])
 def test_lr_trains_under_each_pattern_over_redis_and_rabbitmq(synthetic_lr_dir, movielens_dir, tmp_path, redis_url,
                                                               amqp_url, audit, protocol, exchange):
     svc = Services(redis_url, amqp_url)
@@ -159,7 +160,7 @@ def test_lr_trains_under_each_pattern_over_redis_and_rabbitmq(synthetic_lr_dir, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("exchange", PATTERNS)
+@pytest.mark.parametrize("exchange", [*PATTERNS, "in-store"])  # in-store: the store merges the survivors' updates
 def test_a_scale_in_mid_job_moves_ownership_to_the_survivors(movielens_dir, tmp_path, redis_url, amqp_url, audit,
                                                              exchange):
     from test_training import _supervise_with, _when_step

@@ -35,8 +35,9 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "smoothing",
                 "progress", "plugins"},
     "planning": {"contract", "spec", "data", "autotuner", "runtime", "telemetry", "progress", "plugins"},
-    # A sweep runs local jobs; its ASHA, manifest and status are pure, for the operator too.
-    "sweep": {"contract", "spec", "runtime", "telemetry", "progress", "plugins"},
+    # A sweep runs local jobs, and checks their dataset first; its ASHA, manifest and status are pure, for the
+    # operator too.
+    "sweep": {"contract", "spec", "data", "runtime", "telemetry", "progress", "plugins"},
     "cli": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "runtime",
             "progress", "plugins", "planning", "sweep"},
     "__main__": {"cli"},

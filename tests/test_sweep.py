@@ -121,6 +121,25 @@ def test_bad_input_is_one_line_naming_the_field_and_nothing_starts(change, field
     assert not out.exists()
 
 
+def test_a_dataset_the_trials_cannot_train_on_is_one_line_and_nothing_starts(tmp_path, capsys):
+    """As `mlless train` refuses a job's dataset: missing, or too few rows for a trial's clusters."""
+    from mlless.data.dataset import Dataset
+
+    missing = sweep_doc(tmp_path / "no-such-data")
+    few = tmp_path / "few"
+    assert main(["prepare", "--synthetic", "blobs", "--rows", "300", "--out", str(few), "--quiet"]) == 0
+    rows = Dataset.open(str(few)).manifest.n_train
+    kmeans = sweep_doc(few, parameters=[{"field": "model.clusters", "grid": [2, rows + 1]}])
+    kmeans["spec"]["template"]["spec"] |= {"model": {"type": "kmeans"}, "optimizer": {}}
+    for doc, says in ((missing, "no-such-data/manifest.json: not found"),
+                      (kmeans, f"trial lr-sweep-2: spec.model.clusters: {rows + 1} is more than the {rows} training rows")):
+        out = tmp_path / "out"
+        assert main(["sweep", str(write(tmp_path, doc)), "--out", str(out)]) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("mlless: error: ") and says in err, err
+        assert not out.exists()
+
+
 def test_a_trainingjob_is_refused_by_name(tmp_path, capsys):
     assert main(["sweep", str(ROOT / "examples" / "movielens.yaml")]) == EXIT_USAGE
     assert "kind" in capsys.readouterr().err

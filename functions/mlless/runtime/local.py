@@ -23,7 +23,8 @@ from mlless.progress import Progress
 from mlless.runtime.supervisor.failover import STATE_FILE, JobState, ResumeError, resumable
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.supervisor.membership import JobFailed
-from mlless.spec import TrainingJob
+from mlless.runtime.sync.exchange import EXCHANGES
+from mlless.spec import SpecError, TrainingJob
 from mlless.transport import Transport, connect
 from mlless.transport.embedded_broker import EmbeddedBroker
 from mlless.transport.env import JOB_KEY_FILE, new_job_key, parse_job_key, service_urls
@@ -81,6 +82,9 @@ def train_local(
     gets the supervisor before it starts, to stop the job from another thread (`Supervisor.request_stop`: a sweep). With an
     `attack` (RANK=KIND, runtime/attack.py), that worker publishes attacked updates: a robustness test.
     """
+    if EXCHANGES[job.sync.exchange].runs_in_store and not services.external:
+        raise SpecError(f"spec.sync.exchange: {job.sync.exchange} runs a script in Redis, which the embedded transport "
+                        "has not: give --redis-url and --amqp-url")
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
     job_file.write_text(job.to_json())

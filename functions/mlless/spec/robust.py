@@ -17,6 +17,8 @@ MIN_WORKERS = 3
 TRIM = 0.25
 #: The rule that is no robust rule.
 SUM = "sum"
+#: The exchange patterns that can only add a step's updates: in-store's script in Redis (runtime/sync/instore.py).
+SUMMING_EXCHANGES = ("in-store",)
 
 
 def errors(spec: Mapping[str, Any], default_protocol: str, default_workers: int) -> Iterator[str]:
@@ -28,6 +30,8 @@ def errors(spec: Mapping[str, Any], default_protocol: str, default_workers: int)
     protocol = sync.get("protocol", default_protocol)
     if protocol not in PROTOCOLS:
         yield f"spec.sync.aggregation: {rule} needs spec.sync.protocol {' or '.join(PROTOCOLS)}, not {protocol}"
+    if sync.get("exchange") in SUMMING_EXCHANGES:
+        yield f"spec.sync.aggregation: {rule} cannot run with spec.sync.exchange {sync['exchange']}, which only sums"
     workers = spec.get("workers", default_workers)
     if isinstance(workers, int) and workers < MIN_WORKERS:
         yield f"spec.sync.aggregation: {rule} needs spec.workers >= {MIN_WORKERS}, not {workers}"

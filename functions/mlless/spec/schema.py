@@ -157,8 +157,10 @@ SPEC_SCHEMA: Schema = obj(
                 "exchange": choice("Who reads what. all-to-all: each worker reads every peer's update; allreduce: one "
                                    "worker per step merges them and every other worker reads the merged frame; "
                                    "scatter-reduce: the parameters are split into one partition per worker, each "
-                                   "worker merges one partition and reads the others' merged partitions.",
-                                   ["all-to-all", "allreduce", "scatter-reduce"], "all-to-all"),
+                                   "worker merges one partition and reads the others' merged partitions; in-store: "
+                                   "a Lua script in Redis merges them and every worker reads the merged frame "
+                                   "(needs Redis, and aggregation sum; docs/architecture.md).",
+                                   ["all-to-all", "allreduce", "scatter-reduce", "in-store"], "all-to-all"),
                 "aggregation": choice("How a step's updates are combined: sum adds them; the Byzantine-robust rules "
                                       "take n times a robust centre of the n updates instead of their sum: median "
                                       "(coordinate-wise), trimmed-mean (per coordinate, without the `trim` largest "

@@ -7,8 +7,12 @@ import time
 from pathlib import Path
 
 from mlless.contract import EXIT_USAGE
+from mlless.data.dataset import Dataset
+from mlless.spec import SpecError
+from mlless.spec.models import model_type
 from mlless.progress import Progress
 from mlless.contract import SWEEP_BEST_DIR as BEST_DIR, SWEEP_STATUS_FILE as STATUS_FILE, SWEEP_TRIALS_DIR as TRIALS_DIR
+from mlless.sweep.manifest import Sweep, load_sweep
 from mlless.sweep.status import table
 
 
@@ -16,9 +20,9 @@ def run(args: argparse.Namespace) -> int:
     # Imported here: every `mlless` process (a worker too) builds the parser, and only a sweep needs the runtime.
     from mlless.runtime.local import services_from
     from mlless.sweep.local import LocalSweep
-    from mlless.sweep.manifest import load_sweep
 
     sweep = load_sweep(args.sweep)  # every bad field is refused here, before a trial starts
+    check_dataset(sweep, args.sweep)
     out = Path(args.out or f"runs/{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         services = services_from(args.redis_url, args.amqp_url)
@@ -35,6 +39,17 @@ def run(args: argparse.Namespace) -> int:
         f"best trial {best} (validation {status['bestValidationLoss']:.4f}), model {status['bestModelURI']}"
         if best else "no trial produced a model") + (f"\n{status['message']}" if status.get("message") else ""))
     return 0 if best else 1
+
+
+def check_dataset(sweep: Sweep, source: str) -> None:
+    """Refuse in one line, as `mlless train` refuses a job's, a dataset the trials share that is missing or does
+    not fit one of them (a `clusters` value above its rows), before any trial starts."""
+    dataset = None
+    for i, values in enumerate(sweep.assignments()):
+        job = sweep.trial_job(sweep.trial_name(i), values, source)
+        dataset = dataset or Dataset.open(job.dataset_uri)
+        for error in model_type(job.model.type).dataset_errors(job.model.options, dataset)[:1]:
+            raise SpecError(f"{source}: trial {job.name}: {error}")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

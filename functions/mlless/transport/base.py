@@ -17,13 +17,17 @@ protocol code, so no write can skip it.  A value or message whose MAC does not
 verify comes back as a ``sealing.Rejected``, which ``decode`` rejects with the
 reason: the receiver counts it where it counts any malformed frame.  A
 transport cannot be opened without the key; ``connect`` reads it from the
-environment (``mlless.transport.env.job_key``).
+environment (``mlless.transport.env.job_key``).  The one exception is
+``run_script``: what a script in Redis writes and returns cannot carry the
+job key's seal, so its caller authenticates it with a key derived for the
+purpose (``subkey``; ``mlless.runtime.sync.instore``).
 """
 from __future__ import annotations
 
+import hmac
 import re
 from abc import ABC, abstractmethod
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from mlless.protocol.sealing import seal, unseal
@@ -172,6 +176,11 @@ class Transport(ABC):
     def _unseal_message(self, body: bytes | None) -> bytes | None:
         return None if body is None else unseal(body, self._job_key, MESSAGE_CONTEXT)
 
+    def subkey(self, purpose: str) -> bytes:
+        """A key for `purpose` derived from the job's (HMAC-SHA256 of the purpose), for a MAC that a party without
+        the job key must compute: the job key itself never leaves the process (runtime/sync/instore.py)."""
+        return hmac.new(self._job_key, f"subkey {purpose}".encode("utf-8"), "sha256").digest()
+
     # ---------------------------------------------------------------- key-value
     @abstractmethod
     def put(self, key: str, value: bytes, ttl: int | None = None) -> None:
@@ -184,6 +193,12 @@ class Transport(ABC):
     @abstractmethod
     def delete_job(self) -> int:
         """Delete every key, queue and exchange of this job; return the number of keys deleted."""
+
+    def run_script(self, source: str, keys: Sequence[str], args: Sequence[bytes | str | int]) -> Any:
+        """Run the Lua `source` inside the key-value store over the job-namespaced `keys`, and return its reply.
+        Neither the arguments nor the reply are sealed: the caller authenticates what the script makes
+        (runtime/sync/instore.py). TransportError if the store runs no scripts."""
+        raise TransportError(f"{type(self).__name__} runs no scripts in its store: that needs Redis")
 
     def probe_store(self) -> None:
         """Look whether the key-value store has lost the job's keys (`store_epoch`), between other calls, which look

@@ -11,7 +11,7 @@ from outside the job is ``mlless.transport.admin``.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from .base import DEFAULT_TTL, Role, Transport, check_key
 from .bus import JobBus
@@ -80,6 +80,9 @@ class ServicesTransport(Transport):
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         values = self._store.get_many([check_key(k) for k in keys])
         return [self._unseal_value(k, v) for k, v in zip(keys, values)]
+
+    def run_script(self, source: str, keys: Sequence[str], args: Sequence[bytes | str | int]) -> Any:
+        return self._store.run_script(source, [check_key(k) for k in keys], args)
 
     def probe_store(self) -> None:
         self._store.probe()

@@ -20,6 +20,7 @@ under names the transport has checked.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from typing import Any, Callable, Sequence, TypeVar
@@ -149,6 +150,29 @@ class JobStore:
         *values, alive = self.call(lambda: self.redis.mget(ks + [self._alive]))  # one round trip
         self._check(alive is not None)
         return values
+
+    def run_script(self, source: str, keys: Sequence[str], args: Sequence[bytes | str | int]) -> Any:
+        """EVALSHA `source` over the job's `keys`, loading it first if Redis does not have it (a new or restarted
+        Redis), in one round trip with the store's mark."""
+        sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
+        ks = [self._prefix + k for k in keys]
+
+        def run() -> list[Any]:
+            for _ in range(2):
+                with self.redis.pipeline(transaction=False) as p:
+                    p.evalsha(sha, len(ks), *ks, *args)
+                    p.exists(self._alive)
+                    result = p.execute(raise_on_error=False)
+                if not isinstance(result[0], redis.exceptions.NoScriptError):
+                    break
+                self.redis.script_load(source)
+            if isinstance(result[0], redis.RedisError):
+                raise result[0]
+            return result
+
+        reply, alive = self.call(run)
+        self._check(bool(alive))
+        return reply
 
     def delete_job(self) -> tuple[int, list[int]]:
         """SCAN the job prefix and UNLINK in batches: the number of the caller's keys deleted, and the worker ranks

@@ -41,5 +41,5 @@ def sync_strategy(config: SyncConfig) -> SyncStrategy:
 
 
 # The built-in protocols register themselves on import; they import `register` from here, defined above (and
-# `reduce`, its exchange patterns, into `exchange.EXCHANGES`).
-from mlless.runtime.sync import admm, asynchronous, averaging, blocked, bsp, isp, reduce, ssp  # noqa: E402,F401
+# `reduce` and `instore`, their exchange patterns, into `exchange.EXCHANGES`).
+from mlless.runtime.sync import admm, asynchronous, averaging, blocked, bsp, instore, isp, reduce, ssp  # noqa: E402,F401

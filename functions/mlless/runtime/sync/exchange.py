@@ -4,8 +4,9 @@ A pattern is one subclass of `Exchange`, registered under the name a strategy's 
 today's pattern, writes each worker's update to its own ring of slots and has every worker read every peer's.
 AllReduce (one reducer merges a step's updates into one frame every worker reads) and ScatterReduce (worker i
 merges partition i of everyone's update) are subclasses too (`runtime/sync/reduce.py`): `publish` writes what the
-worker contributes, `gather` returns the updates a worker adds to its replica, already merged or not.
-`spec.sync.exchange` names a job's pattern.
+worker contributes, `gather` returns the updates a worker adds to its replica, already merged or not. In-store
+(`runtime/sync/instore.py`) is AllReduce whose merge a script runs in Redis. `spec.sync.exchange` names a job's
+pattern.
 
 A rule of `spec.sync.aggregation` other than the sum (runtime/sync/aggregation.py) is applied where a pattern
 combines a step's updates: `AllToAll.gather` hands back that combination minus this worker's own update, and a
@@ -99,6 +100,8 @@ class Exchange(ABC):
     """How one worker's updates reach its peers: written by `publish`, read at a step-close by `gather`."""
 
     name: ClassVar[str]
+    #: Whether the pattern runs a script in the store (runtime/sync/instore.py), which the embedded transport has not.
+    runs_in_store: ClassVar[bool] = False
 
     def __init__(self, transport: Transport, rank: int, key_of: KeyOf, slots: int, patience: float,
                  reject: Callable[[str], None], size: int = 0, parts: int = 1, carriers: bool = True,
@@ -143,11 +146,20 @@ class Exchange(ABC):
 
     def write(self, step: int, key: str, indices: np.ndarray, values: np.ndarray) -> int:
         """Put one update frame under `key`, keeping it in the outbox; returns its size."""
-        frame = encode(Update(sender=self.rank, step=step, indices=indices, values=values), sealed=True)
+        frame = self.stored(step, encode(Update(sender=self.rank, step=step, indices=indices, values=values),
+                                         sealed=True))
         self.transport.put(key, frame)
         self.outbox.append(Published(step, key, frame, indices, values))
         self.republish_if_store_lost()
         return len(frame)
+
+    def stored(self, step: int, frame: bytes) -> bytes:
+        """What `write` stores for the update `frame` of `step`: the frame, unless a pattern's store must read more."""
+        return frame
+
+    def opened(self, stored: bytes) -> bytes:
+        """The update frame in what `stored` made of it, as `fetch` read it."""
+        return stored
 
     def unread(self, after: int) -> list[Published]:
         """This worker's frames of steps after `after`: once the close of `after` took it out of the job, no peer
@@ -214,7 +226,7 @@ class Exchange(ABC):
         try:
             if frame is None:
                 raise FrameError("missing")
-            update = decode(frame)
+            update = decode(self.opened(frame))
             if not isinstance(update, Update) or update.sender != sender or update.step != step:
                 raise FrameError(f"expected the update of worker {sender} for step {step}")
         except FrameError as exc:
