@@ -342,3 +342,26 @@ def test_normalized_moves_are_averaged_among_the_workers_expected_to_make_them()
     np.testing.assert_allclose(moves[2], moves[1] / k, rtol=1e-5)
     for one, two in zip(after[1], after[2]):  # the optimizer's state is as one learner's
         np.testing.assert_array_equal(one, two)
+
+
+@pytest.mark.parametrize("name, y", [("log", 1.0), ("log", 0.0), ("hinge", 1.0), ("hinge", 0.0)])
+@pytest.mark.parametrize("z", [-3.0, -0.2, 0.4, 2.0])
+@pytest.mark.parametrize("rate_ppu", [1e-3, 0.5, 4.0, 40.0])
+def test_the_importance_invariant_step_is_the_limit_of_many_small_gradient_steps(name, y, z, rate_ppu):
+    """u with u·ppu the margin's move equals the sum of 20,000 gradient steps adding up to the rate; a large step
+    stops at the margin (hinge) or moves the logistic margin by less than its first order. The squared loss keeps
+    the first-order step (measured better)."""
+    loss_fn = {"log": klin.Log, "hinge": klin.Hinge}[name]()
+    ppu, n = 0.8, 20_000
+    rate = rate_ppu / ppu
+    margin = z
+    for _ in range(n):
+        dloss = 1 / (1 + np.exp(-margin)) - y if name == "log" else -(2 * y - 1) * ((2 * y - 1) * margin < 1)
+        margin -= rate / n * ppu * dloss
+    u = loss_fn.invariant_step(z, y, rate, ppu)
+    assert z - u * ppu == pytest.approx(margin, abs=2e-3 * max(1.0, rate_ppu))
+    assert klin.Squared().invariant_step(z, 2.5, rate, ppu) == pytest.approx(rate * 2 * (z - 2.5))
+    if name == "log":
+        assert abs(u) <= abs(rate * (1 / (1 + np.exp(-z)) - y)) + 1e-12
+    else:
+        assert (2 * y - 1) * (z - u * ppu) <= max(1.0, (2 * y - 1) * z) + 1e-9  # never past the margin

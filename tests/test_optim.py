@@ -132,22 +132,23 @@ def test_lr_schedule_and_defaults():
     assert c.lr_at(1) == pytest.approx(0.04) and c.lr_at(4) == pytest.approx(0.02)
     assert OptimizerConfig(learning_rate=0.3).lr_at(9) == 0.3
     assert default_optimizer("pmf").type == "adagrad" and default_optimizer("pmf").lr_decay == "none"
-    lr = default_optimizer("logistic-regression")
-    assert lr.type == "adam" and lr.lr_decay == "sqrt-epoch"
+    softmax = default_optimizer("softmax")
+    assert softmax.type == "adam" and softmax.lr_decay == "sqrt-epoch"
 
 
-@pytest.mark.parametrize("given, want", [
-    ({"type": "normalized"}, ("normalized", 0.5, "none")),  # another type: its own rate, not Adam's 0.01
-    ({"type": "normalized", "learningRate": 0.2}, ("normalized", 0.2, "none")),
-    ({"type": "adam"}, ("adam", 0.01, "sqrt-epoch")),  # the model's own type keeps the model's rate and decay
-    ({"learningRate": 0.05}, ("adam", 0.05, "sqrt-epoch")),
+@pytest.mark.parametrize("kind, given, want", [
+    ("softmax", {"type": "normalized"}, ("normalized", 0.5, "none")),  # another type: its own rate, not Adam's 0.01
+    ("softmax", {"type": "adagrad", "learningRate": 0.2}, ("adagrad", 0.2, "none")),
+    ("softmax", {"type": "adam"}, ("adam", 0.01, "sqrt-epoch")),  # the model's own type keeps its rate and decay
+    ("softmax", {"learningRate": 0.05}, ("adam", 0.05, "sqrt-epoch")),
+    ("logistic-regression", {"type": "adam"}, ("adam", 0.001, "none")),
+    ("logistic-regression", {"learningRate": 0.2}, ("normalized", 0.2, "none")),
 ])
-def test_an_optimizer_type_named_alone_takes_that_types_rate(given, want):
+def test_an_optimizer_type_named_alone_takes_that_types_rate(kind, given, want):
     from mlless.spec import from_manifest
 
     job = from_manifest({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "t"},
-                         "spec": {"model": {"type": "logistic-regression"}, "dataset": {"uri": "/data"},
-                                  "optimizer": given}})
+                         "spec": {"model": {"type": kind}, "dataset": {"uri": "/data"}, "optimizer": given}})
     assert (job.optimizer.type, job.optimizer.learning_rate, job.optimizer.lr_decay) == want
 
 

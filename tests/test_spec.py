@@ -57,9 +57,10 @@ def test_papers_optimizers_stay_selectable():
     assert job.optimizer.type == "nesterov" and job.optimizer.learning_rate == 4.0
 
 
-def test_logistic_regression_defaults_to_adam_with_sqrt_decay():
-    job = from_manifest(with_spec(model={"type": "logistic-regression"}))
-    assert job.optimizer.type == "adam" and job.optimizer.lr_decay == "sqrt-epoch"
+@pytest.mark.parametrize("kind", ["logistic-regression", "svm", "linear-regression"])
+def test_the_linear_family_defaults_to_the_normalized_updates_at_vws_rate(kind):
+    job = from_manifest(with_spec(model={"type": kind}))
+    assert (job.optimizer.type, job.optimizer.learning_rate, job.optimizer.lr_decay) == ("normalized", 0.5, "none")
 
 
 def test_bsp_and_ssp_send_every_entry():

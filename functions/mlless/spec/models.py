@@ -121,6 +121,9 @@ class ModelType:
                          for name in self.per_row if values[name] > rows]
 
 
+#: The linear family's optimizer (the comment in `BUILT_IN` says why).
+LINEAR_OPTIMIZER = OptimizerDefaults("normalized", TYPE_LEARNING_RATES["normalized"])
+
 #: The model types of the package, in the order the schema lists them.
 BUILT_IN = (
     # Per-sample AdaGrad (LIBMF's rule) at 0.2, 0.4/P beyond 2 workers (benchmarks/RESULTS.md, "Choosing the
@@ -131,26 +134,23 @@ BUILT_IN = (
               OptimizerDefaults("adagrad", 0.2, full_rate_workers=2),
               protocol="blocked", significance_threshold=PMF_V, traits=frozenset({"blocks"}),
               fields={"rank": integer("Latent factors per user and item (pmf).", 1, 1024, default=20)}),
-    # The papers' Adam with lr/√epoch. Every worker's step is applied to every replica, so P workers move the shared
-    # model about P times as far per step; 0.01 reached Vowpal Wabbit's one-pass BCE in 1-1.25 epochs at P = 1-4
-    # (benchmarks/defaults.py), 0.03 did not at any P. Per-sample AdaGrad is faster at P = 1 but diverges at P >= 3:
-    # the dense integer features are in every row, and the sum of P workers' moves overshoots P-fold. The normalized
-    # updates are scale-free and safe at P = 1-4 but took 2.0 epochs at P = 4 where Adam took 1.67
-    # (benchmarks/RESULTS.md, "A P-safe rule for the normalized updates").
+    # The linear family learns by Vowpal Wabbit's rule: per-coordinate normalized adaptive updates with the
+    # importance-invariant step (kernels/linear.pyx, `normalized_step`), at VW's 0.5. It is scale-free: a column
+    # a user gives in raw units (clock times, distances) learns as its log1p'd self, where Adam diverged at P >= 2
+    # and per-sample AdaGrad at P >= 3 (the sum of P workers' moves on the dense columns overshoots P-fold); the
+    # P-safe rule divides a move by the workers expected to make it. On 1M clicks it reached VW's one-pass BCE
+    # + 0.005 in 0.875, 1.0 and 2.0 epochs at P = 1, 2, 4, Adam at 0.01 with lr/√epoch in 1.13, 1.13 and 1.67
+    # (benchmarks/RESULTS.md, "The importance-invariant step"). The SVM met VW's hinge accuracy in one epoch at
+    # P = 1 and 2, which Adam missed; linear regression ended closer to Ridge than per-sample AdaGrad at 0.3.
     ModelType("logistic-regression", "sparse logistic regression on hashed features", "sparse", "bce",
-              OptimizerDefaults("adam", 0.01, lr_decay="sqrt-epoch"), traits=frozenset({"convex"})),
-    # The SVM shares logistic regression's loops (kernels/linear.pyx) and its optimizer: on 40k synthetic clicks
-    # Adam at 0.01 ended 3 epochs at a validation hinge of 0.68 at P = 1-3, per-sample AdaGrad at 0.1 diverged at
-    # P = 3, as LR's does (benchmarks/RESULTS.md, "The linear SVM and linear regression").
+              LINEAR_OPTIMIZER, traits=frozenset({"convex"})),
     ModelType("svm", "linear SVM, hinge loss, on hashed features, labels 0/1", "sparse", "hinge",
-              OptimizerDefaults("adam", 0.01, lr_decay="sqrt-epoch"), traits=frozenset({"convex"})),
-    # Per-sample AdaGrad at 0.3 reached RMSE 0.52 (noise 0.5) in 0.5, 1.0 and 1.4 epochs at P = 1, 2, 3 on sparse
-    # real labels, where LR's Adam at 0.01 stayed above 1.0 for 6 epochs (the same section). 1/P beyond 2 workers,
-    # as PMF's: dense columns, where LR's AdaGrad overshot, are untried.
+              LINEAR_OPTIMIZER, traits=frozenset({"convex"})),
     ModelType("linear-regression", "linear regression, squared loss, on hashed features", "sparse", "rmse",
-              OptimizerDefaults("adagrad", 0.3, full_rate_workers=2), traits=frozenset({"convex"}),
-              labels=frozenset({"binary", "real"})),
-    # Cirrus's softmax: K weights a feature; LR's Adam until measured on its own.
+              LINEAR_OPTIMIZER, traits=frozenset({"convex"}), labels=frozenset({"binary", "real"})),
+    # Cirrus's softmax: K weights a feature. Adam at 0.01 with lr/√epoch met scikit-learn's multinomial accuracy in
+    # 2 epochs at P = 1 and 2 (benchmarks/RESULTS.md, "The models of #23 timed"); the normalized rule has no
+    # softmax kernel.
     ModelType("softmax", "multinomial logistic regression on hashed features, one class a distinct label", "sparse",
               "cross-entropy", OptimizerDefaults("adam", 0.01, lr_decay="sqrt-epoch"), traits=frozenset({"convex"}),
               labels=frozenset({"binary", "classes"})),

@@ -34,9 +34,21 @@ cdef class Loss:
     cdef double dloss(self, double z, double y) noexcept nogil:
         return 0.0
 
+    cdef double step(self, double z, double y, double rate, double ppu) noexcept nogil:
+        """The importance-invariant step (Karampatziakis and Langford, "Online Importance Weight Aware Updates",
+        UAI 2011): u such that moving each weight by −u·c_j, where Σ_j c_j·x_j = ``ppu`` (the margin's change per
+        unit of u), is the limit of infinitely many small gradient steps adding up to ``rate``. It never carries z
+        past the label, however large ``rate``·``ppu``. The first-order step, ``rate``·dloss, by default; a loss
+        with a closed form overrides it."""
+        return rate * self.dloss(z, y)
+
     def value(self, double z, double y):
         """The loss, from Python (tests)."""
         return self.loss(z, y)
+
+    def invariant_step(self, double z, double y, double rate, double ppu):
+        """`step`, from Python (tests)."""
+        return self.step(z, y, rate, ppu)
 
 
 cdef class Log(Loss):
@@ -48,6 +60,22 @@ cdef class Log(Loss):
 
     cdef double dloss(self, double z, double y) noexcept nogil:
         return _sigmoid(z) - y
+
+    cdef double step(self, double z, double y, double rate, double ppu) noexcept nogil:
+        # With s = 2y − 1 and m = s·z, the flow dm/dh = ppu·σ(−m) integrates to m + e^m = m0 + e^m0 + rate·ppu,
+        # solved by Newton's method (f convex and increasing: from the right of the root it only descends).
+        cdef double s = 2.0 * y - 1.0, m0 = s * z, m, target, em
+        cdef int i
+        if rate * ppu < 1e-6 or m0 > 30.0:  # a tiny move: the first-order step is exact to float precision
+            return rate * self.dloss(z, y)
+        target = m0 + exp(m0) + rate * ppu
+        m = m0 + rate * ppu  # at or right of the root, as f(m0 + δ) ≥ f(m0) + δ
+        for i in range(50):
+            em = exp(m) if m < 700.0 else exp(700.0)
+            if fabs(m + em - target) <= 1e-12 * (1.0 + fabs(target)):
+                break
+            m -= (m + em - target) / (1.0 + em)
+        return -s * (m - m0) / ppu
 
 
 cdef class Hinge(Loss):
@@ -61,9 +89,19 @@ cdef class Hinge(Loss):
         cdef double s = 2.0 * y - 1.0
         return -s if s * z < 1.0 else 0.0
 
+    cdef double step(self, double z, double y, double rate, double ppu) noexcept nogil:
+        # The flow moves z towards the margin at a constant pace and stops there.
+        cdef double s = 2.0 * y - 1.0, gap = 1.0 - s * z
+        if gap <= 0.0:
+            return 0.0
+        return -s * (rate if rate * ppu <= gap else gap / ppu)
+
 
 cdef class Squared(Loss):
-    """(z − y)²: its sum over a batch is the squared error RMSE is reported from."""
+    """(z − y)²: its sum over a batch is the squared error RMSE is reported from.
+
+    It keeps the first-order step: its invariant one, (z − y)(1 − e^(−2·rate·ppu))/ppu, ended 2-3 % higher in
+    validation RMSE after 3 epochs at P = 1 and 2 (benchmarks/RESULTS.md, "The importance-invariant step")."""
 
     cdef double loss(self, double z, double y) noexcept nogil:
         return (z - y) * (z - y)
@@ -197,7 +235,10 @@ def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1
     raises s_j to |x_j| (``scale``); then with z = w·x + b, r = dloss(z, y) and g = r·x_j, G_j += g² (``g2``) and
     w_j −= lr·√(t/N)·g/(s_j·√G_j) + lr·wd·w_j, where N sums Σ_j (x_j/s_j)² over the rows seen and t counts them
     (``norm`` = [N, t]). A feature multiplied by 1,000 gets a weight 1,000 times smaller and the same predictions:
-    the step is scale-free. The bias is a feature of value 1.
+    the step is scale-free. The bias is a feature of value 1. The step lr·√(t/N)·r is taken importance-invariant,
+    as Vowpal Wabbit's `--invariant` default: `Loss.step` integrates the loss's flow along the row's update
+    direction in closed form (logistic and hinge), so a large step lands short of the label or on the margin
+    instead of past them.
 
     Under the sum of ``workers`` replicas' updates, each replica learns its batch as one learner would, and then
     divides each feature's move over the batch by the workers expected to move it, k_j = 1 + (P − 1)·(1 − (1 −
@@ -223,7 +264,7 @@ def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1
     cdef float *G = &g2[0]
     cdef float *S = &scale[0]
     cdef float *R = &rows[0]
-    cdef double z, loss = 0.0, rate, ax, g, seen = norm[1] + n
+    cdef double z, loss = 0.0, rate, ax, g, ppu, u, seen = norm[1] + n
     cdef float resid, lr_wd = lr * wd
     with nogil:
         for j in range(indices.shape[0]):
@@ -250,14 +291,22 @@ def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1
             if resid == 0:
                 continue
             rate = lr * sqrtf(<float>(norm[1] / norm[0]))
+            # Each weight moves by −u·x_j/(s_j·√G_j): first G, and the margin's change per unit of u (ppu), then
+            # u, the importance-invariant step of the loss (`Loss.step`; rate·resid to first order).
+            G[n_features] += resid * resid
+            ppu = 1.0 / sqrtf(G[n_features])
             for j in range(indptr[r], indptr[r + 1]):
                 f = indices[j]
                 if values[j] != 0:  # then s_j > 0 too
                     g = resid * values[j]
                     G[f] += <float>(g * g)
-                    W[f] -= <float>(rate * g / (S[f] * sqrtf(G[f]))) + lr_wd * W[f]
-            G[n_features] += resid * resid
-            W[n_features] -= <float>(rate * resid / sqrtf(G[n_features]))
+                    ppu += values[j] * values[j] / (S[f] * sqrtf(G[f]))
+            u = loss_fn.step(z, labels[r], rate, ppu)
+            for j in range(indptr[r], indptr[r + 1]):
+                f = indices[j]
+                if values[j] != 0:
+                    W[f] -= <float>(u * values[j] / (S[f] * sqrtf(G[f]))) + lr_wd * W[f]
+            W[n_features] -= <float>(u / sqrtf(G[n_features]))
         if workers > 1:
             for k in range(n_slots + 1):
                 f = feats[k]
