@@ -103,9 +103,9 @@ class Issuer:
         self._key = key or Ed25519PrivateKey.generate()
         self.public = _raw_public(self._key)
 
-    def issue(self, signer: int) -> Identity:
-        """A fresh identity for `signer` (a rank, SUPERVISOR or ANY_WORKER)."""
-        key = Ed25519PrivateKey.generate()
+    def issue(self, signer: int, key: Ed25519PrivateKey | None = None) -> Identity:
+        """A fresh identity for `signer` (a rank, SUPERVISOR or ANY_WORKER), with `key` if given."""
+        key = key or Ed25519PrivateKey.generate()
         return Identity(signer, key, self._key.sign(CERTIFICATE_DOMAIN + SIGNER.pack(signer) + _raw_public(key)),
                         self.public)
 
