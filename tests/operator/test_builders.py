@@ -549,26 +549,36 @@ def test_every_job_gets_an_invocation_token_that_reaches_the_supervisor_and_the_
     knative = build_knative_service(j)["spec"]["template"]["spec"]["containers"][0]
     assert env_of(knative)["MLLESS_INVOKE_TOKEN"]["valueFrom"] == token_ref
     copy_ = build_openfaas_secret(job("openfaas"), {**creds, "redis-password": "never copied"})
-    assert set(copy_["data"]) == {"redis-url", "amqp-url", "invoke-token", "job-key"}
+    assert set(copy_["data"]) == {"redis-url", "amqp-url", "invoke-token", "identity"}  # never the issuer
 
 
-def test_every_job_gets_a_key_in_its_secret_that_reaches_every_runtime_pod():
-    """The key every frame is sealed with: in the job Secret, fresh per job, and in the environment of the
-    supervisor and of the workers of every backend (OpenFaaS: a file of the Secret's copy)."""
-    from mlless.transport.env import parse_job_key
+def test_every_process_reads_its_own_identity_and_no_pod_the_issuer():
+    """The job Secret holds a fresh issuer per job and the identities it certified: the supervisor's pod reads only
+    the supervisor's, worker pod RANK only `identity-rank-RANK` (handed out by the operator: tests/operator/
+    test_operator_kmock.py), and a function backend's replicas the workers' shared one (OpenFaaS: a file of the
+    Secret's copy, which never holds the issuer)."""
+    from mlless.protocol.identity import ANY_WORKER, SUPERVISOR, Identity, Issuer, parse_identity
 
     j = job("knative")
     secret = build_secret(j)
-    key = base64.b64decode(secret["data"]["job-key"]).decode()
-    assert len(parse_job_key(key)) == 32 and build_secret(j)["data"]["job-key"] != secret["data"]["job-key"]
-    key_ref = {"secretKeyRef": {"name": "ml-credentials", "key": "job-key", "optional": True}}
-    runtime_containers = [containers(build_supervisor_pod(j))[0], containers(build_worker_pod(job("pod"), 3))[0],
-                          build_knative_service(j)["spec"]["template"]["spec"]["containers"][0]]
-    for container in runtime_containers:
-        assert env_of(container)["MLLESS_JOB_KEY"]["valueFrom"] == key_ref, container["name"]
-        assert key not in repr(container)
-    copy_ = build_openfaas_secret(job("openfaas"), {"job-key": key, "redis-url": "redis://r", "amqp-url": "amqp://a"})
-    assert base64.b64decode(copy_["data"]["job-key"]).decode() == key
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    issuer = parse_identity(data["identity-issuer"])
+    assert isinstance(issuer, Issuer) and build_secret(j)["data"]["identity-issuer"] != secret["data"]["identity-issuer"]
+    for key, signer in (("identity-supervisor", SUPERVISOR), ("identity", ANY_WORKER)):
+        identity = parse_identity(data[key])
+        assert isinstance(identity, Identity) and identity.signer == signer and identity.issuer == issuer.public
+    def ref(key: str) -> dict:
+        return {"secretKeyRef": {"name": "ml-credentials", "key": key, "optional": True}}
+
+    expected = [(containers(build_supervisor_pod(j))[0], "identity-supervisor"),
+                (containers(build_worker_pod(job("pod"), 3))[0], "identity-rank-3"),
+                (build_knative_service(j)["spec"]["template"]["spec"]["containers"][0], "identity")]
+    for container, key in expected:
+        assert env_of(container)["MLLESS_IDENTITY"]["valueFrom"] == ref(key), container["name"]
+        assert "identity-issuer" not in repr(container) and data["identity-issuer"] not in repr(container)
+    copy_ = build_openfaas_secret(job("openfaas"), {**data, "redis-url": "redis://r", "amqp-url": "amqp://a"})
+    assert base64.b64decode(copy_["data"]["identity"]).decode() == data["identity"]
+    assert "identity-issuer" not in copy_["data"] and "identity-supervisor" not in copy_["data"]
 
 
 def test_workers_run_the_worker_image_and_the_supervisor_keeps_the_full_one():

@@ -1,0 +1,48 @@
+"""Each worker rank's own identity, as an entry of the job Secret (pod backend): made before the rank's pod, and
+removed once its pod is deleted.
+
+The issuer (`credentials.ISSUER_KEY`, which no pod mounts) certifies each new rank's identity, and the operator
+patches it into the job Secret as `identity-rank-RANK` before it creates the pod, which reads that entry alone
+(`backends.pod.build_worker_pod`). A rank is never reused within a session (`mlless_operator.ranks`), so a retired
+rank's identity can only ever speak as a rank the job has left; removing its entry when its pod goes keeps the Secret
+to the ranks alive. Patching only these entries leaves the services' passwords as they were.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import kopf
+
+from mlless.protocol.identity import Issuer, parse_identity
+from mlless_operator.builders.credentials import ISSUER_KEY, b64, rank_identity_key
+from mlless_operator.builders.jobref import JobRef
+from mlless_operator.builders.names import secret_name
+from mlless_operator.kubeapi import KubeAPI
+from mlless_operator.reconcile.service_urls import secret_value
+
+
+async def hand_out(api: KubeAPI, job: JobRef, ranks: Iterable[int]) -> list[int]:
+    """Make sure the job Secret holds an identity for each of `ranks`; returns the ranks given a new one."""
+    secret = await api.get("v1", "Secret", job.namespace, secret_name(job))
+    if secret is None:
+        raise kopf.TemporaryError(f"Secret {secret_name(job)} does not exist yet", delay=5)
+    data = secret.get("data") or {}
+    missing = [rank for rank in ranks if rank_identity_key(rank) not in data]
+    if not missing:
+        return []
+    text = secret_value(secret, ISSUER_KEY)
+    issuer = parse_identity(text) if text else None
+    if not isinstance(issuer, Issuer):
+        raise kopf.PermanentError(f"Secret {secret_name(job)} has no {ISSUER_KEY} (made by an operator before "
+                                  "per-worker identities): recreate the TrainingJob")
+    entries = {rank_identity_key(rank): b64(issuer.issue(rank).text()) for rank in missing}
+    if await api.patch("v1", "Secret", job.namespace, secret_name(job), {"data": entries}) is None:
+        raise kopf.TemporaryError(f"Secret {secret_name(job)} is gone", delay=5)
+    return missing
+
+
+async def retire(api: KubeAPI, job: JobRef, ranks: Iterable[int]) -> None:
+    """Remove the identities of `ranks`, whose pods are deleted, from the job Secret."""
+    entries = {rank_identity_key(rank): None for rank in ranks}
+    if entries:
+        await api.patch("v1", "Secret", job.namespace, secret_name(job), {"data": entries})
