@@ -370,7 +370,7 @@ def test_a_member_cannot_pass_for_another_rank_or_the_supervisor(backend: Backen
         decode(w0.receive(5.0))
     w1.put("update:1:3", encode(Update(1, 3, np.array([1]), np.array([0.5], np.float32)), sealed=True))
     assert decode(w0.get_many(["update:1:3"])[0]).sender == 1  # its own still reads
-    with pytest.raises(ValueError, match="^the identity of rank 1 cannot speak as rank 0$"):
+    with pytest.raises(TransportError, match="^the identity of rank 1 cannot speak as rank 0$"):
         backend.connect("worker", rank=0, identity=ISSUER.issue(1))
 
 

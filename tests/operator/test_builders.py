@@ -102,7 +102,8 @@ def test_external_services_and_persistent_storage_are_valid():
     # The URL as given; the runtime percent-encodes the password into it (`$(VAR)` would paste it raw).
     assert env["REDIS_URL"]["value"] == "redis://cache.example:6380/2"
     assert env["AMQP_URL"]["value"] == "amqp://ml@mq.example:5672/%2F"
-    assert set(generate_credentials(j)) == {"invoke-token", "job-key"}  # no service passwords to generate
+    # no service passwords to generate
+    assert set(generate_credentials(j)) == {"invoke-token", "identity-issuer", "identity-supervisor", "identity"}
     stored = {**SPEC, "redis": {"storage": "5Gi"}}
     sts = build_redis_statefulset(job(spec=stored))
     validate(sts)
@@ -156,7 +157,8 @@ def test_no_password_appears_literally_in_any_pod_spec():
             continue
         text = repr(obj)
         assert creds["redis-password"] not in text and creds["rabbitmq-password"] not in text
-        assert creds["invoke-token"] not in text and creds["job-key"] not in text
+        assert creds["invoke-token"] not in text and creds["identity-issuer"] not in text
+        assert creds["identity-supervisor"] not in text and creds["identity"] not in text
 
 
 def test_redis_and_rabbitmq_read_passwords_from_the_secret():
@@ -487,10 +489,10 @@ def test_openfaas_copy_holds_full_urls_and_the_invocation_token():
             return self.secrets.get(name)
 
     managed = build_secret(job(), {"redis-url": "redis://:a@ml-redis.team.svc:6379/0", "amqp-url": "amqp://mlless:b@ml-rabbitmq.team.svc:5672/%2F",
-                                     "invoke-token": "t0k", "job-key": "k3y"})
+                                     "invoke-token": "t0k", "identity": "1d", "identity-issuer": "never copied"})
     assert asyncio.run(openfaas_secrets(FakeAPI({"ml-credentials": managed}), job("openfaas"))) == {
         "redis-url": "redis://:a@ml-redis.team.svc:6379/0", "amqp-url": "amqp://mlless:b@ml-rabbitmq.team.svc:5672/%2F", "invoke-token": "t0k",
-        "job-key": "k3y"}
+        "identity": "1d"}
     # External services have no URL in the job Secret: their URL, with the password from passwordSecretRef.
     spec = {**SPEC, "redis": {"url": "redis://cache.example:6380/2", "passwordSecretRef": {"name": "cache", "key": "pw"}},
             "rabbitmq": {"url": "amqp://ml:open@mq.example:5672/%2F"}}

@@ -10,7 +10,7 @@ A sealed frame carries its *badge* (signer id, public key, certificate) before i
 (``mlless.protocol.sealing``), so a reader needs no roster: a worker that joins later is verified by the
 certificate it brings, and a process keeps the badges it has verified (``Verifier``), so each certificate is
 checked once. Signer ids are a worker's rank, ``SUPERVISOR``, or ``ANY_WORKER``: the one identity a function
-backend's replicas share, since any replica may be invoked as any rank (docs/security.md). It speaks as any
+backend's replicas share, since any replica may be invoked as any rank (docs/kubernetes.md, "Security"). It speaks as any
 worker and never as the supervisor.
 
 Ed25519 rather than one MAC key per pair of processes: a frame in the store is read by processes that do not exist

@@ -29,13 +29,14 @@ from typing import Literal, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from mlless.protocol import keys
-from mlless.protocol.identity import SUPERVISOR, Identity, Issuer, Verifier, describe, speaks_for
+from mlless.protocol.identity import ANY_WORKER, SUPERVISOR, Identity, Issuer, Verifier, describe, speaks_for
 from mlless.protocol.sealing import Rejected, seal, unseal
 
 __all__ = [
     "Role",
     "DEFAULT_TTL",
     "SUPERVISOR",
+    "ANY_WORKER",
     "Transport",
     "TransportError",
     "UnroutableError",
@@ -110,13 +111,14 @@ def check_key(key: str) -> str:
 
 def check_identity(identity: Identity | Issuer, rank: int) -> Identity:
     """The identity a transport for queue id `rank` seals with: `identity`, if it may speak as `rank`, or one the
-    issuer `identity` makes for it (a harness that plays several processes). ValueError otherwise (never shows it)."""
+    issuer `identity` makes for it (a harness that plays several processes). TransportError otherwise, in one line
+    (never showing it)."""
     if isinstance(identity, Issuer):
         return identity.issue(rank)
     if not isinstance(identity, Identity):
-        raise ValueError("a transport needs an Identity (mlless.protocol.identity)")
+        raise TransportError("a transport needs an Identity (mlless.protocol.identity)")
     if not speaks_for(identity.signer, rank):
-        raise ValueError(f"the identity of {describe(identity.signer)} cannot speak as {describe(rank)}")
+        raise TransportError(f"the identity of {describe(identity.signer)} cannot speak as {describe(rank)}")
     return identity
 
 

@@ -34,7 +34,7 @@ from mlless.contract import (
     ENV_REDIS_URL,
     ENV_SECRETS_DIR,
 )
-from mlless.protocol.identity import Identity, Issuer, parse_identity
+from mlless.protocol.identity import Identity, Issuer, parse_identity  # Issuer: also the operator's (its layer)
 from mlless.transport.base import TransportError
 
 PASSWORD_VARS = {ENV_REDIS_URL: ENV_REDIS_PASSWORD, ENV_AMQP_URL: ENV_RABBITMQ_PASSWORD}

@@ -38,7 +38,7 @@ def build_knative_service(job: JobRef) -> Manifest:
         *common_env(job),
         {"name": ENV_FUNCTION_TIMEOUT_SECONDS, "value": str(job.timeout_seconds)},
         invoke_token_env(job),
-        identity_env(job, WORKERS_IDENTITY_KEY),  # any replica serves any rank: docs/security.md
+        identity_env(job, WORKERS_IDENTITY_KEY),  # any replica serves any rank: docs/kubernetes.md, "Security"
         *service_env(job),
         *user_env(job),
     ]

@@ -106,7 +106,7 @@ def build_openfaas_secret(job: JobRef, urls: Mapping[str, str]) -> Manifest:
     `urls` maps `redis-url` and `amqp-url` to the full URLs, passwords included
     (OpenFaaS has no secretKeyRef, so nothing can be assembled at start),
     `invoke-token` to the job's invocation token and `identity` to the identity its
-    replicas share (any may be invoked as any rank: docs/security.md). The
+    replicas share (any may be invoked as any rank: docs/kubernetes.md, "Security"). The
     Function sees each key as a file of that name under OPENFAAS_SECRETS_DIR.
     No owner reference can cross namespaces: `OpenFaaSBackend.cleanup` removes it.
     """

@@ -8,8 +8,8 @@ import secrets
 from typing import Mapping
 
 from mlless.contract import CA_FILE_VARS, ENV_AMQP_URL, ENV_REDIS_URL
-from mlless.protocol.identity import ANY_WORKER, SUPERVISOR, Issuer
-from mlless.transport.env import IDENTITY_FILE, PASSWORD_VARS
+from mlless.transport.base import ANY_WORKER, SUPERVISOR
+from mlless.transport.env import IDENTITY_FILE, PASSWORD_VARS, Issuer
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import (
     AMQP_PORT,
@@ -34,7 +34,7 @@ INVOKE_TOKEN_KEY = "invoke-token"
 ISSUER_KEY = "identity-issuer"
 #: The supervisor's identity: only the supervisor's pod reads it.
 SUPERVISOR_IDENTITY_KEY = "identity-supervisor"
-#: The identity a function backend's replicas share, as any replica may be invoked as any rank (docs/security.md);
+#: The identity a function backend's replicas share, as any replica may be invoked as any rank (docs/kubernetes.md, "Security");
 #: named as the runtime reads it from a mounted Secret (OpenFaaS), and never mounted by a pod of the pod backend.
 WORKERS_IDENTITY_KEY = IDENTITY_FILE
 #: Where a runtime container finds a service's CA bundle (named by `mlless.contract.CA_FILE_VARS`): one folder per

@@ -13,7 +13,8 @@ from typing import Iterable
 
 import kopf
 
-from mlless.protocol.identity import Issuer, parse_identity
+from mlless.transport import TransportError
+from mlless.transport.env import Issuer, read_identity
 from mlless_operator.builders.credentials import ISSUER_KEY, b64, rank_identity_key
 from mlless_operator.builders.jobref import JobRef
 from mlless_operator.builders.names import secret_name
@@ -31,7 +32,10 @@ async def hand_out(api: KubeAPI, job: JobRef, ranks: Iterable[int]) -> list[int]
     if not missing:
         return []
     text = secret_value(secret, ISSUER_KEY)
-    issuer = parse_identity(text) if text else None
+    try:
+        issuer = read_identity(text, f"Secret {secret_name(job)} {ISSUER_KEY}") if text else None
+    except TransportError as exc:
+        raise kopf.PermanentError(str(exc)) from None
     if not isinstance(issuer, Issuer):
         raise kopf.PermanentError(f"Secret {secret_name(job)} has no {ISSUER_KEY} (made by an operator before "
                                   "per-worker identities): recreate the TrainingJob")
