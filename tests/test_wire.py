@@ -697,3 +697,19 @@ def test_golden_sealed_frame() -> None:
     sealed = seal(frame, RANK3, "value update:3:7")
     assert sealed[:len(frame)] == frame
     assert sealed[len(frame):].hex() == GOLDEN_SEAL
+
+
+def test_who_may_write_each_key() -> None:
+    """A rank's keys are its own (the supervisor may empty them); the job's state is the supervisor's; the snapshot
+    and reduced parts are anyone's, whose frames name their sender."""
+    from mlless.protocol import keys
+
+    for key in (keys.update(3, 9, 1), f"{keys.update(3, 9, 1)}:2", keys.snapshot_pending(3), keys.final_replica(3),
+                keys.leaver_replica(3), keys.checkpoint(3)):
+        assert keys.writer(key) == 3, key
+        assert [keys.may_write(s, key) for s in (3, 4, SUPERVISOR, ANY_WORKER)] == [True, False, True, True], key
+    for key in (keys.job_checkpoint(), keys.job_state(), keys.job_rows(2)):
+        assert keys.writer(key) == SUPERVISOR, key
+        assert [keys.may_write(s, key) for s in (3, SUPERVISOR, ANY_WORKER)] == [False, True, False], key
+    for key in (keys.snapshot(), "reduced:1:update:0:2", "x"):
+        assert keys.writer(key) is None and keys.may_write(3, key), key

@@ -59,6 +59,21 @@ def snapshot_frame(sender: int, step: int, size: int) -> bytes:
     return frame(FrameType.TENSORS, sender, step, payload[:-4 * size] + np.full(size, 1e30, "<f4").tobytes())
 
 
+def unharmed(proc: subprocess.Popen, run_dir: Path) -> str:
+    """Check that the job `proc` ran to its last step with both workers and a finite model, having rejected at least
+    five frames; return everything it logged."""
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "max steps" and summary["steps"] == STEPS
+    assert summary["dropped_workers"] == [] and summary["workers_final"] == 2
+    assert summary["rejected_frames"] >= 5  # the forged messages, and update forgeries
+    assert summary["validation_loss"] is not None and math.isfinite(summary["validation_loss"])
+    with np.load(run_dir / "model.npz") as model:
+        assert np.isfinite(model["params"]).all() and np.abs(model["params"]).max() < 100
+    return out + err + "".join(p.read_text() for p in run_dir.rglob("*") if p.is_file() and p.suffix != ".npz")
+
+
 class Forger(threading.Thread):
     """Overwrites the job's update slots and its snapshot, round after round, until stopped."""
 
@@ -133,18 +148,8 @@ def test_forged_frames_are_rejected_counted_and_never_applied(rabbit, private_re
     forger.stop.set()
     forger.join(timeout=10)
     forger.snapshots.join(timeout=10)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-
+    logs = unharmed(proc, run_dir)
     assert forger.written > 20
-    assert summary["stop_reason"] == "max steps" and summary["steps"] == STEPS
-    assert summary["dropped_workers"] == [] and summary["workers_final"] == 2
-    assert summary["rejected_frames"] >= 5  # the four messages, and update forgeries
-    assert summary["validation_loss"] is not None and math.isfinite(summary["validation_loss"])
-    with np.load(run_dir / "model.npz") as model:
-        assert np.isfinite(model["params"]).all() and np.abs(model["params"]).max() < 100
-    logs = out + err + "".join(p.read_text() for p in run_dir.rglob("*") if p.is_file() and p.suffix != ".npz")
     for reason in ("rejected frame: message: bad or missing seal: not written by a member of this job",
                    "rejected control frame: message: bad or missing seal",
                    "bad or missing seal: not written by a member of this job", "values reach 1e+30, beyond the bound",

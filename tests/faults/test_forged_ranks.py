@@ -12,16 +12,12 @@ broker, which the forger reaches through its socket as any process of the user c
 """
 from __future__ import annotations
 
-import json
-import math
-import os
 import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
-import numpy as np
 import pika
 import pytest
 import redis
@@ -37,7 +33,7 @@ from mlless.transport.base import MESSAGE_CONTEXT, SUPERVISOR, key_prefix, value
 from mlless.transport.bus import queue_names
 from mlless.transport.embedded_broker import I32, LEN, OP_BROADCAST, OP_GET_MANY, OP_PUT_MANY, OP_SEND, U64, U8, recv_exact
 
-from faults.test_forged_frames import environ, update_frame
+from faults.test_forged_frames import environ, unharmed, update_frame
 from faults.test_outages import STEPS, start_job, wait_for_steps
 from faults.test_supervisor_loss import children
 
@@ -157,18 +153,8 @@ def test_a_worker_cannot_forge_another_rank_or_the_supervisor(transport, request
     wait_for_steps(run_dir, proc, STEPS * 2 // 3)
     forger.stop.set()
     forger.join(timeout=10)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-
+    logs = unharmed(proc, run_dir)  # the close and the finish at each worker, the Failed, and updates: rejected
     assert forger.written > 20
-    assert summary["stop_reason"] == "max steps" and summary["steps"] == STEPS
-    assert summary["dropped_workers"] == [] and summary["workers_final"] == 2
-    assert summary["rejected_frames"] >= 5  # the close and the finish at each worker, the Failed, and updates
-    assert summary["validation_loss"] is not None and math.isfinite(summary["validation_loss"])
-    with np.load(run_dir / "model.npz") as model:
-        assert np.isfinite(model["params"]).all() and np.abs(model["params"]).max() < 100
-    logs = out + err + "".join(p.read_text() for p in run_dir.rglob("*") if p.is_file() and p.suffix != ".npz")
     for reason in (f"frame from sender -1 was sealed by rank {rank}: forged",
                    f"frame from sender {peer} was sealed by rank {rank}: forged",
                    f"sealed by rank {rank}, which may not write it: forged"):
