@@ -260,6 +260,7 @@ async def test_suspend_waits_for_the_checkpoint_keeps_the_state_and_resumes(clus
         resumed = c.condition("Suspended")
         assert resumed["status"] == "False" and resumed["reason"] == "Resumed" and "step 42" in resumed["message"]
         assert c.names(PODS) == {"ml-supervisor", "ml-worker-0", "ml-worker-1"}  # a new session: ranks 0..N-1
+        assert identity_ranks(c) == {0, 1}  # and only their identities: rank 2's is retired
         assert "workers: 2" in c.get(kmock.resource("v1/configmaps"), "ml-job")["data"]["job.yaml"]
         await c.until_event("Resumed")
         c.set_pod_phase("ml-supervisor", "Running")

@@ -89,7 +89,7 @@ class PodBackend(Backend):
                              highest_used: int) -> tuple[dict[str, str], int | None]:
         if session == "start":
             results = {}
-            await identities.hand_out(api, job, range(job.workers))
+            await identities.hand_out(api, job, range(job.workers), only=True)
             for rank in range(job.workers):
                 pod = build_worker_pod(job, rank)
                 results[f"Pod/{pod['metadata']['name']}"] = await api.ensure_pod(pod)

@@ -47,9 +47,13 @@ def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
+#: The Secret entries of worker ranks' identities (pod backend) start with this.
+RANK_IDENTITY_PREFIX = "identity-rank-"
+
+
 def rank_identity_key(rank: int) -> str:
     """The Secret entry of worker `rank`'s identity (pod backend): only that rank's pod reads it."""
-    return f"identity-rank-{rank}"
+    return f"{RANK_IDENTITY_PREFIX}{rank}"
 
 
 def generate_credentials(job: JobRef) -> dict[str, str]:
