@@ -81,7 +81,7 @@ class Broker:
 
     def get(self, name: str) -> bytes | None:
         payload = self.call(OP_GET_MANY, U32.pack(1) + pack_text(name, U16))
-        return payload[9:] if payload[4] else None  # count u32, present u8, length u32
+        return payload[9:] if len(payload) > 4 and payload[4] else None  # count u32, present u8, length u32
 
     def put(self, name: str, value: bytes) -> None:
         self.call(OP_PUT_MANY, U64.pack(600_000) + U32.pack(1) + pack_text(name, U16) + pack_blob(value, U32))
