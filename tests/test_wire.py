@@ -645,8 +645,9 @@ def test_seal_roundtrip_and_every_forgery_is_rejected() -> None:
 
 
 def test_a_verified_frame_decodes_only_as_what_its_signer_may_speak_as() -> None:
-    """A member's seal verifies, but a frame whose sender is another rank, or the supervisor, is a forgery; the
-    supervisor speaks only as -1, and a function backend's shared identity as any rank but never as the supervisor."""
+    """A member's seal verifies, but a worker's frame whose sender is another rank, or the supervisor, is a forgery;
+    a function backend's shared identity speaks as any rank but never as the supervisor, and the supervisor, trusted
+    with the job, as anyone (the model it hands workers is a replica frame)."""
     def opened(msg: Message, signer: int) -> Verified:
         return unseal(seal(encode(msg, sealed=True), ISSUER.issue(signer), "message"), VERIFIER, "message")
 
@@ -654,8 +655,9 @@ def test_a_verified_frame_decodes_only_as_what_its_signer_may_speak_as() -> None
     assert decode(opened(update, 0)) == update
     assert decode(opened(update, ANY_WORKER)) == update
     assert decode(opened(Finish(-1, 7), SUPERVISOR)) == Finish(-1, 7)
-    for msg, signer, who in ((update, 1, "rank 1"), (update, SUPERVISOR, "the supervisor"),
-                             (Finish(-1, 7), 0, "rank 0"), (Finish(-1, 7), ANY_WORKER, "a function worker")):
+    assert decode(opened(update, SUPERVISOR)) == update
+    for msg, signer, who in ((update, 1, "rank 1"), (Finish(-1, 7), 0, "rank 0"),
+                             (Finish(-1, 7), ANY_WORKER, "a function worker")):
         with pytest.raises(FrameError, match=f"^frame from sender {msg.sender} was sealed by {who}: forged$"):
             decode(opened(msg, signer))
 

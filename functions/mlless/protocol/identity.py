@@ -9,7 +9,8 @@ any member's frame and seal only as itself.
 A sealed frame carries its *badge* (signer id, public key, certificate) before its signature
 (``mlless.protocol.sealing``), so a reader needs no roster: a worker that joins later is verified by the
 certificate it brings, and a process keeps the badges it has verified (``Verifier``), so each certificate is
-checked once. Signer ids are a worker's rank, ``SUPERVISOR``, or ``ANY_WORKER``: the one identity a function
+checked once (``speaks_for`` says which senders a signer may name). Signer ids are a worker's rank,
+``SUPERVISOR``, or ``ANY_WORKER``: the one identity a function
 backend's replicas share, since any replica may be invoked as any rank (docs/kubernetes.md, "Security"). It speaks as any
 worker and never as the supervisor.
 
@@ -57,8 +58,11 @@ _ISSUER_TAG = "issuer"
 
 
 def speaks_for(signer: int, sender: int) -> bool:
-    """Whether an identity with signer id `signer` may write a frame whose sender is `sender`."""
-    return signer == sender or (signer == ANY_WORKER and sender >= 0)
+    """Whether an identity with signer id `signer` may write a frame whose sender is `sender`: its own, a function
+    worker's any rank's, and the supervisor's any at all. The supervisor is trusted with the whole job (it closes
+    the steps and names who is live), and the model it hands workers to start from is a replica frame, which names
+    a worker (runtime/supervisor/failover.py)."""
+    return signer in (sender, SUPERVISOR) or (signer == ANY_WORKER and sender >= 0)
 
 
 def describe(signer: int) -> str:
