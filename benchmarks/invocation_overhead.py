@@ -30,13 +30,13 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-from mlless.contract import ENV_JOB_KEY  # noqa: E402
+from mlless.contract import ENV_IDENTITY  # noqa: E402
+from mlless.protocol.identity import ANY_WORKER, SUPERVISOR, Issuer  # noqa: E402
 from mlless.runtime.launcher import HttpLauncher, Launcher, LocalLauncher  # noqa: E402
 from mlless.runtime.local import new_job_id  # noqa: E402
 from mlless.runtime.supervisor.loop import Supervisor  # noqa: E402
 from mlless.spec import load_manifest  # noqa: E402
 from mlless.transport import connect  # noqa: E402
-from mlless.transport.env import new_job_key, parse_job_key  # noqa: E402
 
 
 def free_port() -> int:
@@ -45,10 +45,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(job_id: str, job_key: str, concurrency: int, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(job_id: str, issuer: Issuer, concurrency: int, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "REDIS_URL": _common.REDIS, "AMQP_URL": _common.AMQP, "MLLESS_JOB_ID": job_id,
-           ENV_JOB_KEY: job_key}
+           ENV_IDENTITY: issuer.issue(ANY_WORKER).text()}  # a function's replicas serve any rank
     cmd = [sys.executable, "-m", "mlless", "worker-server", "--port", str(port), "--concurrency", str(concurrency)]
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
@@ -63,20 +63,20 @@ def start_server(job_id: str, job_key: str, concurrency: int, log: Path) -> tupl
 
 def run(job_file: Path, base: Path, mode: str, timeout: float | None) -> dict:
     job = load_manifest(job_file)
-    job_id, job_key = new_job_id("bench-invoke"), new_job_key()
+    job_id, issuer = new_job_id("bench-invoke"), Issuer()
     run_dir = base / f"run-{mode}-{timeout}-{int(time.time() * 1000) % 10**8}"
     run_dir.mkdir(parents=True)
     server = None
     launcher: Launcher
     if mode == "processes":
         (run_dir / "job.json").write_text(job.to_json())
-        env = {"MLLESS_JOB_ID": job_id, "REDIS_URL": _common.REDIS, "AMQP_URL": _common.AMQP, ENV_JOB_KEY: job_key}
-        launcher = LocalLauncher(run_dir / "job.json", env, run_dir / "logs")
+        env = {"MLLESS_JOB_ID": job_id, "REDIS_URL": _common.REDIS, "AMQP_URL": _common.AMQP}
+        launcher = LocalLauncher(run_dir / "job.json", env, run_dir / "logs", issuer)
     else:
-        server, url = start_server(job_id, job_key, job.workers, run_dir / "server.log")
+        server, url = start_server(job_id, issuer, job.workers, run_dir / "server.log")
         launcher = HttpLauncher(url, job, job_id, timeout_seconds=timeout or 3600)
     transport = connect(job_id, role="supervisor", redis_url=_common.REDIS, amqp_url=_common.AMQP,
-                        key=parse_job_key(job_key))
+                        identity=issuer.issue(SUPERVISOR))
     try:
         started = time.perf_counter()
         summary = Supervisor(job, job_id, transport, launcher, run_dir).run()

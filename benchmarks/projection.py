@@ -15,7 +15,7 @@ The model (one worker's step, all workers alike; s = bytes a worker sends per st
                                                 update's write, the report → close round trip, the peers' read
     σ       = the supervisor's close            from P = 1: step − local − L (a lone worker writes and reads nothing)
     κ       = CPU seconds per byte exchanged    from P = 2 (the smallest P > 1 measured): (write + read + apply
-                                                − 2·L − (s + r)/B) / (s + r): encode, seal (HMAC), decode,
+                                                − 2·L − (s + r)/B) / (s + r): encode, seal (hash + sign), decode,
                                                 scatter-add, copies
     link(P) = max((s + r)/B, P·s/B, P·r/B)      each worker's own link, and the store's link, which carries every
                                                 worker's update in (P·s) and every read out (P·r), full duplex

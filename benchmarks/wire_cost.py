@@ -16,7 +16,8 @@ encode is `encode(Update(...), sealed=True)` and decode is `decode` of the unsea
 (`runtime/worker.py`); seal and unseal are `mlless.protocol.sealing`'s; store + fetch is a Redis SET and a GET of
 the sealed frame on loopback (left out when no Redis answers at `--redis`).
 
-The MAC table times HMAC-SHA256 (what `sealing.py` uses) against keyed BLAKE2b and BLAKE2s from `hashlib`, over
+The MAC table times HMAC-SHA256 (what `sealing.py` used before each process sealed with its own Ed25519 identity:
+benchmarks/identity.py) against keyed BLAKE2b and BLAKE2s from `hashlib`, over
 the same context and frame, on 1 KB to 1 MB.
 
     python benchmarks/wire_cost.py [--rounds N] [--baseline REV] [--write-results]
@@ -31,7 +32,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -46,20 +46,6 @@ KEY = bytes(range(32))
 CONTEXT = "value update:3:7"
 MAC_SIZES = (1 << 10, 16 << 10, 128 << 10, 1 << 20)
 PHASES = ("encode", "seal", "store + fetch", "unseal", "decode")
-
-
-def best_us(fn, budget: float = 0.02, samples: int = 7) -> float:
-    """Fastest of `samples` timings of `fn` in µs, each over as many calls as fill about `budget` seconds."""
-    start = time.perf_counter()
-    fn()
-    calls = max(1, int(budget / max(time.perf_counter() - start, 1e-7)))
-    fastest = float("inf")
-    for _ in range(samples):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        fastest = min(fastest, (time.perf_counter() - start) / calls)
-    return fastest * 1e6
 
 
 # --------------------------------------------------------------------------- the updates
@@ -114,7 +100,16 @@ def measure(updates: Path, redis_url: str) -> dict[str, object]:
     import mlless
     from mlless.protocol.framing import decode, encode
     from mlless.protocol.messages import Update
+    from mlless.protocol import sealing
     from mlless.protocol.sealing import seal, unseal
+
+    if hasattr(sealing, "SEAL_BYTES"):  # each process seals with its own identity (benchmarks/identity.py)
+        from mlless.protocol.identity import Issuer, Verifier
+
+        issuer = Issuer()
+        writer, reader = issuer.issue(0), Verifier(issuer.public)
+    else:  # a library from before: one HMAC key per job
+        writer = reader = KEY
 
     try:
         import redis
@@ -128,20 +123,20 @@ def measure(updates: Path, redis_url: str) -> dict[str, object]:
     for i in range(len(data.files) // 2):
         idx, val = data[f"{i}_idx"], data[f"{i}_val"]
         frame = encode(Update(0, 7, idx, val), sealed=True)
-        sealed = seal(frame, KEY, CONTEXT)
-        opened = unseal(sealed, KEY, CONTEXT)
+        sealed = seal(frame, writer, CONTEXT)
+        opened = unseal(sealed, reader, CONTEXT)
         assert decode(opened) == Update(0, 7, idx, val)
         row = {
             "entries": float(idx.size),
             "bytes": float(len(frame)),
-            "encode": best_us(lambda: encode(Update(0, 7, idx, val), sealed=True)),
-            "seal": best_us(lambda: seal(frame, KEY, CONTEXT)),
-            "unseal": best_us(lambda: unseal(sealed, KEY, CONTEXT)),
-            "decode": best_us(lambda: decode(opened)),
+            "encode": _common.best_us(lambda: encode(Update(0, 7, idx, val), sealed=True)),
+            "seal": _common.best_us(lambda: seal(frame, writer, CONTEXT)),
+            "unseal": _common.best_us(lambda: unseal(sealed, reader, CONTEXT)),
+            "decode": _common.best_us(lambda: decode(opened)),
         }
         if store is not None:
             name = f"mlless-wire-cost:{os.getpid()}"
-            row["store + fetch"] = best_us(lambda: (store.set(name, sealed), store.get(name)))
+            row["store + fetch"] = _common.best_us(lambda: (store.set(name, sealed), store.get(name)))
             store.delete(name)
         out.append(row)
     return {"from": mlless.__file__, "rows": out}
@@ -198,7 +193,7 @@ def mac_table() -> list[list[object]]:
     rows = []
     for size in MAC_SIZES:
         frame = os.urandom(size)
-        times = [best_us(lambda f=f: f(frame), samples=15) for f in (hmac_sha256, blake2b, blake2s)]
+        times = [_common.best_us(lambda f=f: f(frame), samples=15) for f in (hmac_sha256, blake2b, blake2s)]
         mb = size / (1 << 20)
         rows.append([f"{size >> 10:,} KB", *times, *(t / 1000 / mb for t in times)])
     return rows

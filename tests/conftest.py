@@ -13,15 +13,16 @@ from pathlib import Path
 import pytest
 
 from mlless.cli import main as mlless_main
-from mlless.contract import ENV_JOB_KEY
-from mlless.transport.env import new_job_key
+from mlless.contract import ENV_IDENTITY
+from mlless.protocol.identity import Issuer
 
 REDIS_URL = os.environ.get("MLLESS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 AMQP_URL = os.environ.get("MLLESS_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 
-# The job key of every transport a test opens with connect() and of every worker process it starts (they inherit
-# the environment), as if the whole session were one job's processes. `mlless train` makes its own per run.
-os.environ[ENV_JOB_KEY] = new_job_key()
+# The issuer every transport a test opens with connect(), and every worker process it starts (they inherit the
+# environment), takes its identity from, as if the test were the one that starts the session's processes.
+# `mlless train` makes its own issuer per run and hands each worker only its own identity.
+os.environ[ENV_IDENTITY] = Issuer().text()
 
 
 @pytest.fixture(scope="session")

@@ -18,15 +18,17 @@ from mlless.data.formats import LibsvmOptions, read_criteo, read_libsvm, read_mo
 from mlless.data.manifest import DatasetError, Manifest
 from mlless.data.npz import load_npz_bytes
 from mlless.data.text import ErrorLog, MalformedInputError
-from mlless.protocol.framing import FrameError, decode
+from mlless.protocol.framing import HEADER, FrameError, decode
+from mlless.protocol.identity import Issuer, Verifier
 from mlless.protocol.sealing import Verified, unseal
 from mlless.runtime.function_server import InvocationError, Invocation
 from mlless.spec import SpecError
 from mlless.spec.job import load_manifest
 
 JOB_ID = "fuzz-0123456789"
-#: The job key the sealed-message target's seeds are sealed with (any 32 bytes: the fuzzer never sees it).
-KEY = bytes(range(32))
+#: The issuer of the identities the sealed-message target's seeds are sealed with (the fuzzer never sees its key).
+ISSUER = Issuer()
+VERIFIER = Verifier(ISSUER.public)
 #: The context control messages are sealed under (`transport/base.py` MESSAGE_CONTEXT).
 CONTEXT = "message"
 
@@ -77,8 +79,9 @@ def batch(data: bytes) -> None:
 
 def frame(data: bytes) -> None:
     """Any frame, every control message and update among them: as it comes from the embedded broker (with its
-    checksum), and as a MAC-verified one (without it), which reaches every field's checks."""
-    for given in (data, Verified(data)):
+    checksum), and as one whose seal verified as its sender's (without it), which reaches every field's checks."""
+    sender = HEADER.unpack_from(data)[4] if len(data) >= HEADER.size else 0
+    for given in (data, Verified(data, sender)):
         try:
             decode(given)
         except FrameError:
@@ -86,9 +89,9 @@ def frame(data: bytes) -> None:
 
 
 def sealed(data: bytes) -> None:
-    """A message as a worker or the supervisor receives it: unsealed under the job's key, then decoded."""
+    """A message as a worker or the supervisor receives it: unsealed against the job's issuer, then decoded."""
     try:
-        decode(unseal(data, KEY, CONTEXT))
+        decode(unseal(data, VERIFIER, CONTEXT))
     except FrameError:
         pass
 
@@ -164,5 +167,5 @@ def valid_seeds(tmp: Path) -> dict[str, list[bytes]]:
         "libsvm": [b"1 1:0.5 7:1\n0 2:1.5 3:-2\n", b"-1 4:1\n+1 1:1 2:2\n"],
         "csv": [b"a,b,y\n1.5,x,1\n2,,0\n", b'y,c,n\n-1,"q,r",3e2\n1,s,\n'],
         "frame": [encode(m) for m in messages] + [encode(m, sealed=True) for m in messages],
-        "sealed": [seal(encode(m, sealed=True), KEY, CONTEXT) for m in messages],
+        "sealed": [seal(encode(m, sealed=True), ISSUER.issue(m.sender), CONTEXT) for m in messages],
     }

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mlless.protocol.messages import Close
+from mlless.protocol.identity import ANY_WORKER, Issuer, Verifier
 from mlless.protocol.sealing import seal, unseal
 from mlless.runtime.local import Services, train_local
 from mlless.runtime.sync.exchange import EXCHANGES, sparse_sum
@@ -20,19 +21,21 @@ PATTERNS = ["allreduce", "scatter-reduce"]
 
 
 class Store:
-    """The part of a transport an exchange uses, in memory, sealing as a transport does."""
+    """The part of a transport an exchange uses, in memory, sealing as a transport does (one store stands for every
+    rank's transport, so it seals as any worker)."""
 
     store_epoch = 0
-    key = b"k" * 32
+    identity = Issuer().issue(ANY_WORKER)
+    verifier = Verifier(identity.issuer)
 
     def __init__(self) -> None:
         self.frames: dict[str, bytes] = {}
 
     def put(self, key: str, value: bytes) -> None:
-        self.frames[key] = seal(value, self.key, key)
+        self.frames[key] = seal(value, self.identity, key)
 
     def get_many(self, names: list[str]) -> list[bytes | None]:
-        return [None if (f := self.frames.get(n)) is None else unseal(f, self.key, n) for n in names]
+        return [None if (f := self.frames.get(n)) is None else unseal(f, self.verifier, n) for n in names]
 
 
 def exchanges(cls, store: Store, n: int, size: int, rejected: list[str]):

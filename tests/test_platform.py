@@ -7,6 +7,8 @@ supervisor, its workers (real processes), Redis and RabbitMQ are real.
 """
 from __future__ import annotations
 
+import os
+
 import math
 import threading
 from pathlib import Path
@@ -23,6 +25,7 @@ from mlless.runtime.platform import Platform, PlatformRequest
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.spec import TrainingJob
 from mlless.transport import connect
+from mlless.transport.env import identity as env_identity  # the session's issuer (tests/conftest.py)
 
 from test_training import QUIET, _when_step, job_for, job_keys, read_metrics
 
@@ -59,7 +62,7 @@ def run(job: TrainingJob, job_id: str, run_dir: Path, redis_url: str, amqp_url: 
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
     job_file.write_text(job.to_json())
-    launcher = LocalLauncher(job_file, {"MLLESS_JOB_ID": job_id, "REDIS_URL": redis_url, "AMQP_URL": amqp_url}, run_dir / "logs")
+    launcher = LocalLauncher(job_file, {"MLLESS_JOB_ID": job_id, "REDIS_URL": redis_url, "AMQP_URL": amqp_url}, run_dir / "logs", env_identity(os.environ))
     transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
     supervisor = Supervisor(job, job_id, transport, launcher, run_dir, QUIET, platform=platform, successor=successor)
     if isinstance(platform, RecordingPlatform):

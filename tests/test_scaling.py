@@ -72,6 +72,7 @@ def test_scale_out_joiner_starts_from_the_shared_state(movielens_dir, tmp_path, 
     summary = _supervise_with(job, tmp_path, redis_url, amqp_url, scale_out)
     assert summary["workers_initial"] == 2 and summary["workers_final"] == 3
     assert [e["event"] for e in summary["scaling_events"]] == ["launch", "join"]
+    assert summary["rejected_frames"] == 0  # the joiner sealed with the identity the launcher made for it
     assert_conserved(summary)
     workers = [r["workers"] for r in read_metrics(tmp_path)]
     assert workers[0] == 2 and workers[-1] == 3

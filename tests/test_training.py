@@ -27,6 +27,7 @@ from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.sync import sync_strategy
 from mlless.spec import TrainingJob, from_manifest
 from mlless.transport import connect
+from mlless.transport.env import identity as env_identity  # the session's issuer (tests/conftest.py)
 
 pytestmark = pytest.mark.slow
 
@@ -138,7 +139,7 @@ def _supervise_with(
     job_file = run_dir / "job.json"
     job_file.write_text(job.to_json())
     env = {"MLLESS_JOB_ID": job_id, "REDIS_URL": redis_url, "AMQP_URL": amqp_url}
-    launcher = LocalLauncher(job_file, env, run_dir / "logs")
+    launcher = LocalLauncher(job_file, env, run_dir / "logs", env_identity(os.environ))
     transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
     supervisor = supervisor_cls(job, job_id, transport, launcher, run_dir, QUIET)
     hook = threading.Thread(target=during, args=(supervisor, launcher), daemon=True)

@@ -21,11 +21,12 @@ import pytest
 import redis
 
 from mlless.contract import (
-    ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_JOB_KEY, ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE, ENV_REDIS_URL, ENV_SECRETS_DIR,
+    ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_IDENTITY, ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE, ENV_REDIS_URL, ENV_SECRETS_DIR,
 )
 from mlless.protocol.framing import FrameError, decode, encode
-from mlless.protocol.messages import Close, Finish, Hello, Report, Update
-from mlless.protocol.sealing import Rejected, seal
+from mlless.protocol.identity import Identity, Issuer, Verifier
+from mlless.protocol.messages import Close, Done, Finish, Hello, Report, Update
+from mlless.protocol.sealing import SEAL_BYTES, Rejected, seal, unseal
 from mlless.transport import (
     EmbeddedBroker,
     Transport,
@@ -34,25 +35,27 @@ from mlless.transport import (
     connect,
     redact_url,
 )
-from mlless.transport.base import MESSAGE_CONTEXT, value_context
+from mlless.transport.base import MESSAGE_CONTEXT, SUPERVISOR, value_context
 from mlless.transport.bus import REDECLARE_SECONDS, queue_names
-from mlless.transport.env import job_key
+from mlless.transport.env import identity as env_identity
 from mlless.transport.tls import TrustedCA, ca_from_env, redis_tls_options, untrusted_certificate
 
 # Same overrides as tests/conftest.py.  Services tests fail (not skip) when the
 # servers are down: passing without them would prove nothing.
 REDIS_URL = os.environ.get("MLLESS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 AMQP_URL = os.environ.get("MLLESS_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
-#: The session's job key (tests/conftest.py), which connect() reads from the environment.
-JOB_KEY = job_key(os.environ)
+#: The session's issuer (tests/conftest.py), which connect() reads from the environment.
+ISSUER = env_identity(os.environ)
+assert isinstance(ISSUER, Issuer)
 
 
-def send_to_worker(env: dict[str, str], job: str, rank: int, body: bytes, key: bytes | None = JOB_KEY) -> None:
+def send_to_worker(env: dict[str, str], job: str, rank: int, body: bytes,
+                   identity: Identity | None = ISSUER.issue(SUPERVISOR)) -> None:
     """Queue ``body`` for one worker through the backend's own protocol (the broker's SEND op, or pika): the
-    runtime only ever broadcasts to workers, so a transport has no such call.  Sealed with ``key`` as a transport
-    would, unless it is None."""
-    if key is not None:
-        body = seal(body, key, MESSAGE_CONTEXT)
+    runtime only ever broadcasts to workers, so a transport has no such call.  Sealed by ``identity`` (the
+    supervisor's) as a transport would, unless it is None."""
+    if identity is not None:
+        body = seal(body, identity, MESSAGE_CONTEXT)
     address = env.get(ENV_EMBEDDED_ADDRESS)
     if address is not None:
         request = struct.pack("<BH", 6, len(job)) + job.encode() + struct.pack("<iI", rank, len(body)) + body
@@ -85,8 +88,8 @@ class Backend:
         self.job = "test-" + uuid.uuid4().hex[:12]
         self.opened: list[Transport] = []
 
-    def send_to_worker(self, rank: int, body: bytes, key: bytes | None = JOB_KEY) -> None:
-        send_to_worker(self.env, self.job, rank, body, key)
+    def send_to_worker(self, rank: int, body: bytes, identity: Identity | None = ISSUER.issue(SUPERVISOR)) -> None:
+        send_to_worker(self.env, self.job, rank, body, identity)
 
     def ttl_of(self, key: str) -> float | None:
         """Seconds ``key`` has left, read from the store itself: Redis's PTTL, or the in-process broker's table."""
@@ -155,7 +158,7 @@ def test_put_get_many_and_missing(backend: Backend) -> None:
 
 
 def test_big_values(backend: Backend) -> None:
-    t = backend.connect("supervisor")
+    t = backend.connect("worker", rank=1)
     upd = Update(1, 3, np.arange(1_000_000), np.ones(1_000_000, np.float32))
     frame = encode(upd, compress=False)
     t.put("u:1:3", frame)
@@ -190,7 +193,9 @@ def test_services_keys_are_namespaced_with_redis_ttl() -> None:
     try:
         t.put("x", b"1")
         r = redis.Redis.from_url(REDIS_URL)
-        assert r.get(f"mlless:{job}:x") == seal(b"1", JOB_KEY, value_context("x"))
+        stored = r.get(f"mlless:{job}:x")
+        assert stored[:1] == b"1" and len(stored) == 1 + SEAL_BYTES
+        assert unseal(stored, Verifier(ISSUER.public), value_context("x")) == b"1"
         assert r.ttl(f"mlless:{job}:x") > 0
     finally:
         t.delete_job()
@@ -306,23 +311,23 @@ def test_invalid_names() -> None:
         connect("job", embedded_address="x", redis_url="redis://h", role="supervisor")
 
 
-def test_values_and_messages_not_sealed_with_the_job_key_come_back_rejected(backend: Backend) -> None:
-    """An outsider (another key, or none) can write into the job's keys and queues, but what it wrote never reads
-    back as a frame: the reader gets a Rejected, which decode refuses with the reason."""
+def test_values_and_messages_not_sealed_by_a_member_come_back_rejected(backend: Backend) -> None:
+    """An outsider (another issuer's identity, or none) can write into the job's keys and queues, but what it wrote
+    never reads back as a frame: the reader gets a Rejected, which decode refuses with the reason."""
     sup = backend.connect("supervisor")
     w = backend.connect("worker", rank=0)
-    outsider = backend.connect("worker", rank=1, key=bytes(32))
+    outsider = backend.connect("worker", rank=1, identity=Issuer())
     frame = encode(Update(0, 3, np.array([1]), np.array([0.5], np.float32)))
     outsider.put("update:0:3", frame)
     outsider.send_to_supervisor(frame)
     outsider.broadcast(frame)
-    backend.send_to_worker(0, frame, key=None)
+    backend.send_to_worker(0, frame, identity=None)
     got = sup.get_many(["update:0:3"])[0]
     assert isinstance(got, Rejected)
-    with pytest.raises(FrameError, match="^value update:0:3: bad or missing MAC: not written by a member of this job$"):
+    with pytest.raises(FrameError, match="^value update:0:3: bad or missing seal: not written by a member of this job$"):
         decode(got)
     for receiver in (sup, w, w):
-        with pytest.raises(FrameError, match="^message: bad or missing MAC"):
+        with pytest.raises(FrameError, match="^message: bad or missing seal"):
             decode(receiver.receive(5.0))
     w.put("update:0:3", frame)  # a member's frame reads back as written, and only under its own key
     assert sup.get_many(["update:0:3"]) == [frame]
@@ -331,28 +336,65 @@ def test_values_and_messages_not_sealed_with_the_job_key_come_back_rejected(back
 
         with redis.Redis.from_url(REDIS_URL) as r:
             r.copy(f"mlless:{backend.job}:update:0:3", f"mlless:{backend.job}:update:0:4")
-            r.set(f"mlless:{backend.job}:update:0:5", frame)  # no MAC at all
-        assert [isinstance(v, Rejected) for v in sup.get_many(["update:0:4", "update:0:5"])] == [True, True]
+            r.set(f"mlless:{backend.job}:update:0:5", frame)  # no seal at all
+            stored = r.get(f"mlless:{backend.job}:update:0:3")
+            r.set(f"mlless:{backend.job}:update:0:6", stored[:-1] + bytes([stored[-1] ^ 1]))  # signature changed
+        got = sup.get_many(["update:0:4", "update:0:5", "update:0:6"])
+        assert [isinstance(v, Rejected) for v in got] == [True, True, True]
+        assert got[2].reason == "value update:0:6: bad signature: not written by rank 0 of this job, or changed since"
 
 
-def test_no_transport_without_a_valid_job_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv(ENV_JOB_KEY)
-    with pytest.raises(TransportError, match=f"^no job key: set {ENV_JOB_KEY}, or the file job-key under"):
+def test_a_member_cannot_pass_for_another_rank_or_the_supervisor(backend: Backend) -> None:
+    """Rank 1 holds its own identity, certified by the job's issuer: what it writes as rank 0's update, or sends as
+    rank 0's report or the supervisor's finish, reads back rejected, with the reason."""
+    sup = backend.connect("supervisor")
+    w0 = backend.connect("worker", rank=0)
+    w1 = backend.connect("worker", rank=1, identity=ISSUER.issue(1))
+    update = encode(Update(0, 3, np.array([1]), np.array([0.5], np.float32)), sealed=True)
+    w1.put("update:0:3", update)  # rank 0's slot
+    w1.put("snapshot", update)  # a shared key: the frame's sender gives it away
+    w1.put("job-state", b"{}")  # the supervisor's
+    got = w0.get_many(["update:0:3", "snapshot", "job-state"])
+    assert got[0].reason == "value update:0:3: sealed by rank 1, which may not write it: forged"
+    assert got[2].reason == "value job-state: sealed by rank 1, which may not write it: forged"
+    for value in got:
+        with pytest.raises(FrameError, match="forged$"):
+            decode(value)
+    with pytest.raises(FrameError, match="^frame from sender 0 was sealed by rank 1: forged$"):
+        decode(got[1])
+    w1.send_to_supervisor(encode(Done(0, 3, 1.0), sealed=True))
+    w1.broadcast(encode(Finish(SUPERVISOR, 3), sealed=True))
+    with pytest.raises(FrameError, match="^frame from sender 0 was sealed by rank 1: forged$"):
+        decode(sup.receive(5.0))
+    with pytest.raises(FrameError, match="^frame from sender -1 was sealed by rank 1: forged$"):
+        decode(w0.receive(5.0))
+    w1.put("update:1:3", encode(Update(1, 3, np.array([1]), np.array([0.5], np.float32)), sealed=True))
+    assert decode(w0.get_many(["update:1:3"])[0]).sender == 1  # its own still reads
+    with pytest.raises(TransportError, match="^the identity of rank 1 cannot speak as rank 0$"):
+        backend.connect("worker", rank=0, identity=ISSUER.issue(1))
+
+
+def test_no_transport_without_a_valid_identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(ENV_IDENTITY)
+    with pytest.raises(TransportError, match=f"^no identity: set {ENV_IDENTITY}, or the file identity under"):
         connect("test-nokey", embedded_address="unix:/nonexistent", role="supervisor")
-    monkeypatch.setenv(ENV_JOB_KEY, "not-hex-" + JOB_KEY.hex())
-    with pytest.raises(TransportError, match=f"^{ENV_JOB_KEY}: a job key must be 64 hex digits$"):
+    monkeypatch.setenv(ENV_IDENTITY, "not-hex-" + ISSUER.text())
+    with pytest.raises(TransportError, match=f"^{ENV_IDENTITY}: not an identity: "):
         connect("test-nokey", embedded_address="unix:/nonexistent", role="supervisor")
-    monkeypatch.delenv(ENV_JOB_KEY)
-    (tmp_path / "job-key").write_text(JOB_KEY.hex()[:-2] + "\n")
-    with pytest.raises(TransportError, match=f"^{tmp_path / 'job-key'}: a job key must be 64 hex digits$"):
-        job_key({ENV_SECRETS_DIR: str(tmp_path)})
-    (tmp_path / "job-key").write_text(JOB_KEY.hex() + "\n")  # as OpenFaaS mounts it
-    assert job_key({ENV_SECRETS_DIR: str(tmp_path)}) == JOB_KEY
+    monkeypatch.delenv(ENV_IDENTITY)
+    mine = ISSUER.issue(2)
+    (tmp_path / "identity").write_text(mine.text()[:-2] + "\n")
+    with pytest.raises(TransportError, match=f"^{tmp_path / 'identity'}: not an identity: "):
+        env_identity({ENV_SECRETS_DIR: str(tmp_path)})
+    (tmp_path / "identity").write_text(mine.text() + "\n")  # as OpenFaaS mounts it
+    assert env_identity({ENV_SECRETS_DIR: str(tmp_path)}).badge == mine.badge
 
 
 def test_the_key_is_never_shown(backend: Backend) -> None:
     t = backend.connect("supervisor")
-    assert JOB_KEY.hex() not in repr(t) and repr(JOB_KEY) not in repr(t)
+    secret = ISSUER.text().split(":")[1]
+    assert secret not in repr(t) and t._identity.text().split(":")[1] not in repr(t)
+    assert secret not in repr(ISSUER) and "Identity(the supervisor)" == repr(t._identity)
 
 
 def test_invalid_keys(backend: Backend) -> None:

@@ -6,6 +6,7 @@ import struct
 import zlib
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -40,7 +41,8 @@ from mlless.protocol.messages import (
     Tensors,
     Update,
 )
-from mlless.protocol.sealing import MAC_BYTES, Rejected, Verified, seal, unseal
+from mlless.protocol.identity import ANY_WORKER, BADGE_BYTES, SUPERVISOR, Issuer, Verifier, parse_identity
+from mlless.protocol.sealing import SEAL_BYTES, Rejected, Verified, seal, unseal
 
 ranks = st.integers(0, 2**31 - 1)
 steps = st.integers(0, 2**63 - 1)
@@ -601,53 +603,115 @@ def test_field_tables_match_the_dataclasses() -> None:
 
 # --------------------------------------------------------------------------- sealing
 
-KEY = bytes(range(32))
+ISSUER = Issuer(Ed25519PrivateKey.from_private_bytes(bytes(range(32))))
+RANK3 = ISSUER.issue(3, Ed25519PrivateKey.from_private_bytes(bytes(range(32, 64))))
+VERIFIER = Verifier(ISSUER.public)
+#: The seal of GOLDEN[0]'s frame by RANK3 under "value update:3:7": signer id, public key, certificate, signature.
+GOLDEN_SEAL = (
+    "0300000029acbae141bccaf0b22e1a94d34d0bc7361e526d0bfe12c89794bc9322966dd7c1566822c491dfdca5108a5f7f63"
+    "671b0edb0e2313b00b00926d48ddcae9c8b5bb505c84afbf6b58fb6ec626f9075c7ece23f18a781f0deb9aa4d2ad2960dc04"
+    "2a43d07a0f8092d85d8faadf966253104115f93c2daa9f08dd9f142ac48a89917fb0d8a60ec48adfa657cfb33f648da84ece"
+    "733b50ce969c01805b1a7987de00"
+)
 
 
 def test_seal_roundtrip_and_every_forgery_is_rejected() -> None:
     frame = encode(Update(3, 7, np.array([0, 5]), np.array([1.5, -2.0], np.float32)))
-    sealed = seal(frame, KEY, "value update:3:7")
-    assert len(sealed) == len(frame) + MAC_BYTES
-    opened = unseal(sealed, KEY, "value update:3:7")
-    assert opened == frame and not isinstance(opened, Rejected)
+    sealed = seal(frame, RANK3, "value update:3:7")
+    assert len(sealed) == len(frame) + SEAL_BYTES
+    opened = unseal(sealed, VERIFIER, "value update:3:7")
+    assert opened == frame and isinstance(opened, Verified) and opened.signer == 3
     flipped = bytearray(sealed)
     flipped[40] ^= 1
+    certificate = bytearray(sealed)
+    certificate[-SEAL_BYTES + BADGE_BYTES - 1] ^= 1
+    claimed = bytearray(sealed)
+    claimed[-SEAL_BYTES] = 4  # the badge's signer id says rank 4: the certificate no longer covers it
     forgeries = {
-        "no MAC": frame,
-        "another key": seal(frame, bytes(32), "value update:3:7"),
-        "another key name": seal(frame, KEY, "value update:3:8"),
-        "a flipped bit": bytes(flipped),
-        "shorter than a MAC": sealed[:MAC_BYTES - 1],
-        "empty": b"",
+        "no seal": (frame, "bad or missing seal: not written by a member of this job"),
+        "another issuer's identity": (seal(frame, Issuer().issue(3), "value update:3:7"), "bad or missing seal"),
+        "another key name": (seal(frame, RANK3, "value update:3:8"), "bad signature: not written by rank 3"),
+        "a flipped bit": (bytes(flipped), "bad signature: not written by rank 3 of this job, or changed since"),
+        "a changed certificate": (bytes(certificate), "bad or missing seal"),
+        "another signer id": (bytes(claimed), "bad or missing seal"),
+        "shorter than a seal": (sealed[:SEAL_BYTES - 1], "bad or missing seal"),
+        "empty": (b"", "bad or missing seal"),
     }
-    for what, forged in forgeries.items():
-        rejected = unseal(forged, KEY, "value update:3:7")
+    for what, (forged, reason) in forgeries.items():
+        rejected = unseal(forged, VERIFIER, "value update:3:7")
         assert isinstance(rejected, Rejected) and rejected == b"", what
-        with pytest.raises(FrameError, match="^value update:3:7: bad or missing MAC: not written by a member of this job$"):
+        with pytest.raises(FrameError, match=f"^value update:3:7: {reason}"):
             decode(rejected)
 
 
-def test_a_frame_without_checksum_decodes_only_once_its_mac_is_verified() -> None:
+def test_a_verified_frame_decodes_only_as_what_its_signer_may_speak_as() -> None:
+    """A member's seal verifies, but a worker's frame whose sender is another rank, or the supervisor, is a forgery;
+    a function backend's shared identity speaks as any rank but never as the supervisor, and the supervisor, trusted
+    with the job, as anyone (the model it hands workers is a replica frame)."""
+    def opened(msg: Message, signer: int) -> Verified:
+        return unseal(seal(encode(msg, sealed=True), ISSUER.issue(signer), "message"), VERIFIER, "message")
+
+    update = Update(0, 7, np.array([0]), np.array([1.0], np.float32))
+    assert decode(opened(update, 0)) == update
+    assert decode(opened(update, ANY_WORKER)) == update
+    assert decode(opened(Finish(-1, 7), SUPERVISOR)) == Finish(-1, 7)
+    assert decode(opened(update, SUPERVISOR)) == update
+    for msg, signer, who in ((update, 1, "rank 1"), (Finish(-1, 7), 0, "rank 0"),
+                             (Finish(-1, 7), ANY_WORKER, "a function worker")):
+        with pytest.raises(FrameError, match=f"^frame from sender {msg.sender} was sealed by {who}: forged$"):
+            decode(opened(msg, signer))
+
+
+def test_identity_text_roundtrip_and_bad_text() -> None:
+    again = parse_identity(RANK3.text())
+    assert again.badge == RANK3.badge and again.issuer == ISSUER.public
+    assert parse_identity(ISSUER.text()).public == ISSUER.public
+    for bad in ("", "3:00", RANK3.text()[:-2], "issuer:zz", RANK3.text().replace("3:", "-3:", 1)):
+        with pytest.raises(ValueError, match="^not an identity: SIGNER:KEY:CERTIFICATE:ISSUER or issuer:KEY, in hex$"):
+            parse_identity(bad)
+    assert RANK3.text().split(":")[1] not in repr(RANK3) and ISSUER.text() not in repr(ISSUER)
+
+
+def test_a_frame_without_checksum_decodes_only_once_its_seal_is_verified() -> None:
     msg = Update(3, 7, np.array([0, 5]), np.array([1.5, -2.0], np.float32))
     frame = encode(msg, sealed=True)
     assert frame[5] == FLAG_SEALED and frame[HEADER.size - 4:HEADER.size] == bytes(4)  # flags, then crc32 0
     assert frame[HEADER.size:] == encode(msg)[HEADER.size:]
     with pytest.raises(FrameError, match="no checksum"):
         decode(frame)  # e.g. read from a file: nothing vouches for it
-    opened = unseal(seal(frame, KEY, "value update:3:7"), KEY, "value update:3:7")
+    opened = unseal(seal(frame, RANK3, "value update:3:7"), VERIFIER, "value update:3:7")
     assert isinstance(opened, Verified)
     got = decode(opened)
     np.testing.assert_array_equal(got.indices, msg.indices)
     np.testing.assert_array_equal(got.values, msg.values)
-    # a verified frame's checksum is not read again: the MAC covered every bit of it
+    # a verified frame's checksum is not read again: the signature covered every bit of it
     stale = bytearray(encode(msg))
     stale[HEADER.size - 1] ^= 0xFF
     with pytest.raises(FrameError, match="crc"):
         decode(bytes(stale))
-    assert decode(unseal(seal(bytes(stale), KEY, "c"), KEY, "c")).step == 7
+    assert decode(unseal(seal(bytes(stale), RANK3, "c"), VERIFIER, "c")).step == 7
 
 
 def test_golden_sealed_frame() -> None:
-    """The MAC (HMAC-SHA256 over context, a zero byte and the frame, first 16 bytes) is wire format too."""
+    """The seal (signer id, public key, certificate, then the Ed25519 signature of SHA-256 over a prefix, the
+    context, a zero byte and the frame) is wire format too; Ed25519 signatures are deterministic."""
     frame = bytes.fromhex(GOLDEN[0][3])
-    assert seal(frame, KEY, "value update:3:7") == frame + bytes.fromhex("b91f01a29d3764361a4259b062dc62d2")
+    sealed = seal(frame, RANK3, "value update:3:7")
+    assert sealed[:len(frame)] == frame
+    assert sealed[len(frame):].hex() == GOLDEN_SEAL
+
+
+def test_who_may_write_each_key() -> None:
+    """A rank's keys are its own (the supervisor may empty them); the job's state is the supervisor's; the snapshot
+    and reduced parts are anyone's, whose frames name their sender."""
+    from mlless.protocol import keys
+
+    for key in (keys.update(3, 9, 1), f"{keys.update(3, 9, 1)}:2", keys.snapshot_pending(3), keys.final_replica(3),
+                keys.leaver_replica(3), keys.checkpoint(3)):
+        assert keys.writer(key) == 3, key
+        assert [keys.may_write(s, key) for s in (3, 4, SUPERVISOR, ANY_WORKER)] == [True, False, True, True], key
+    for key in (keys.job_checkpoint(), keys.job_state(), keys.job_rows(2)):
+        assert keys.writer(key) == SUPERVISOR, key
+        assert [keys.may_write(s, key) for s in (3, SUPERVISOR, ANY_WORKER)] == [False, True, False], key
+    for key in (keys.snapshot(), "reduced:1:update:0:2", "x"):
+        assert keys.writer(key) is None and keys.may_write(3, key), key

@@ -43,7 +43,6 @@ from mlless.plugins import load_plugins
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.spec.models import model_type
 from mlless.transport import TransportError
-from mlless.transport.env import JOB_KEY_FILE
 
 log = logging.getLogger("mlless")
 
@@ -92,7 +91,7 @@ def add_service_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from mlless.runtime.local import Services, resumed_job_id, train_local
+    from mlless.runtime.local import ISSUER_FILE, Services, resumed_job_id, train_local
 
     # --workers goes through the schema like the manifest's own field, and the defaults that depend on P follow it.
     job = _load_job(args.job, {"workers": args.workers} if args.workers is not None else None)
@@ -104,9 +103,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and not args.out:
         raise UsageError("--resume continues the job of a run directory: give it with --out RUNDIR")
     run_dir = Path(args.out or f"runs/{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if not (args.resume or args.force) and (run_dir / JOB_KEY_FILE).exists():
+    if not (args.resume or args.force) and (run_dir / ISSUER_FILE).exists():
         raise UsageError(f"{run_dir}: holds a job that can still be resumed; continue it with --resume, or start "
-                         "over with --force (its record and key are replaced)")
+                         "over with --force (its record and issuer are replaced)")
     job_id = resumed_job_id(run_dir) if args.resume else None
     progress = Progress(enabled=not args.quiet)
     progress.message(

@@ -73,9 +73,9 @@ ENV_WORKER_URL = "MLLESS_WORKER_URL"
 #: The shared secret of a job's function invocations, given directly or as a file under the secrets folder.
 ENV_INVOKE_TOKEN = "MLLESS_INVOKE_TOKEN"
 ENV_SECRETS_DIR = "MLLESS_SECRETS_DIR"
-#: The job's authentication key (64 hex digits), given directly or as the file `job-key` under the secrets folder:
-#: every frame a job's process writes to Redis or RabbitMQ carries a MAC made with it.
-ENV_JOB_KEY = "MLLESS_JOB_KEY"
+#: The process's own identity (mlless.protocol.identity), given directly or as the file `identity` under the secrets
+#: folder: every frame the process writes to Redis or RabbitMQ carries its signature.
+ENV_IDENTITY = "MLLESS_IDENTITY"
 ENV_METRICS_PORT = "MLLESS_METRICS_PORT"
 #: How long Redis's and RabbitMQ's clients wait out an outage before the process gives up (seconds).
 ENV_OUTAGE_SECONDS = "MLLESS_OUTAGE_SECONDS"

@@ -94,7 +94,7 @@ def assert_whole_job(run_dir: Path, reference: dict, gaps_allowed: int) -> dict:
     assert len(steps) >= STEPS - gaps_allowed
     assert abs(summary["validation_loss"] - reference["validation_loss"]) < 0.01
     assert summary["replica_spread"] < 1e-4  # BSP: the replicas agree, as in an undisturbed run
-    for name in (STATE_FILE, CHECKPOINT_FILE, "job-key"):  # nothing is left to resume
+    for name in (STATE_FILE, CHECKPOINT_FILE, "issuer"):  # nothing is left to resume
         assert not (run_dir / name).exists(), name
     return summary
 
@@ -154,16 +154,16 @@ def test_ctrl_c_then_resume_continues_from_the_final_replicas(movielens_dir, tmp
     assert proc.returncode == 130, err
     interrupted = summary_of(run_dir)
     assert interrupted["stop_reason"] == "interrupted"
-    assert (run_dir / "job-key").stat().st_mode & 0o077 == 0  # kept for --resume, readable by its owner only
+    assert (run_dir / "issuer").stat().st_mode & 0o077 == 0  # kept for --resume, readable by its owner only
     assert f"--out {run_dir} --resume" in err  # it says how to go on
     # Issue #22: without --resume (or --force) a new job must not overwrite the one that can still be resumed.
-    key_before = (run_dir / "job-key").read_bytes()
+    key_before = (run_dir / "issuer").read_bytes()
     refused = subprocess.run([sys.executable, "-m", "mlless", "train", str(job), "--out", str(run_dir), "-q"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         f"mlless: error: {run_dir}: holds a job that can still be resumed; continue it with --resume, or start over "
-        "with --force (its record and key are replaced)"]
-    assert (run_dir / "job-key").read_bytes() == key_before
+        "with --force (its record and issuer are replaced)"]
+    assert (run_dir / "issuer").read_bytes() == key_before
     finish(train(job, run_dir, "--resume"))
     summary = assert_whole_job(run_dir, reference, gaps_allowed=0)
     [takeover] = summary["takeovers"]

@@ -1,11 +1,12 @@
 """Frames written into a running job's Redis keys and RabbitMQ queues by someone else are rejected and counted.
 
 Before, a well-formed update frame with 1e30 values written into Redis was applied: every worker hit NaN and the
-job failed. Now every frame carries a MAC made with the job's key (`mlless.protocol.sealing.seal`), and update and
-replica values are bounded (`mlless.protocol.messages.MAX_MAGNITUDE`). The job runs as `mlless train` over a Redis
-of the test's own and this module's RabbitMQ node; the forger writes while it trains: frames without a MAC, with
-another key's, and, as a member gone wrong would (the key read from a worker's environment, as only a process of
-the same user can), with the job's own MAC around 1e30 or NaN values.
+job failed. Now every frame carries its writer's seal (`mlless.protocol.sealing.seal`), and update and replica
+values are bounded (`mlless.protocol.messages.MAX_MAGNITUDE`). The job runs as `mlless train` over a Redis of the
+test's own and this module's RabbitMQ node; the forger writes while it trains: frames without a seal, sealed by
+another job's identity, and, as a member gone wrong would (a worker's identity read from its environment, as only a
+process of the same user can), sealed by that worker around 1e30 or NaN values: in its own slots the bound stops
+them, in its peers' the seal (tests/faults/test_forged_ranks.py forges ranks and the supervisor on both transports).
 """
 from __future__ import annotations
 
@@ -21,14 +22,14 @@ import pika
 import pytest
 import redis
 
-from mlless.contract import ENV_JOB_ID, ENV_JOB_KEY
+from mlless.contract import ENV_IDENTITY, ENV_JOB_ID, ENV_RANK
 from mlless.protocol import keys, layouts
 from mlless.protocol.framing import HEADER, MAGIC, VERSION, FrameType, decode, encode
 from mlless.protocol.messages import Failed, Finish, Tensors, Update
+from mlless.protocol.identity import Identity, Issuer, Verifier, parse_identity
 from mlless.protocol.sealing import Rejected, seal, unseal
 from mlless.transport.base import MESSAGE_CONTEXT, key_prefix, value_context
 from mlless.transport.bus import queue_names
-from mlless.transport.env import parse_job_key
 
 from faults.test_outages import STEPS, start_job, wait_for_steps
 from faults.test_supervisor_loss import children
@@ -52,31 +53,47 @@ def update_frame(sender: int, step: int, value: float) -> bytes:
     return frame(FrameType.UPDATE, sender, step, payload[:-4 * n] + np.full(n, value, "<f4").tobytes())
 
 
-def snapshot_frame(step: int, size: int) -> bytes:
+def snapshot_frame(sender: int, step: int, size: int) -> bytes:
     """A replica of `size` parameters, all 1e30 (finite in float32, so only the bound stops it)."""
-    payload = encode(Tensors(0, step, {layouts.PARAMS: np.zeros(size, np.float32)}))[HEADER.size:]
-    return frame(FrameType.TENSORS, 0, step, payload[:-4 * size] + np.full(size, 1e30, "<f4").tobytes())
+    payload = encode(Tensors(sender, step, {layouts.PARAMS: np.zeros(size, np.float32)}))[HEADER.size:]
+    return frame(FrameType.TENSORS, sender, step, payload[:-4 * size] + np.full(size, 1e30, "<f4").tobytes())
+
+
+def unharmed(proc: subprocess.Popen, run_dir: Path) -> str:
+    """Check that the job `proc` ran to its last step with both workers and a finite model, having rejected at least
+    five frames; return everything it logged."""
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "max steps" and summary["steps"] == STEPS
+    assert summary["dropped_workers"] == [] and summary["workers_final"] == 2
+    assert summary["rejected_frames"] >= 5  # the forged messages, and update forgeries
+    assert summary["validation_loss"] is not None and math.isfinite(summary["validation_loss"])
+    with np.load(run_dir / "model.npz") as model:
+        assert np.isfinite(model["params"]).all() and np.abs(model["params"]).max() < 100
+    return out + err + "".join(p.read_text() for p in run_dir.rglob("*") if p.is_file() and p.suffix != ".npz")
 
 
 class Forger(threading.Thread):
     """Overwrites the job's update slots and its snapshot, round after round, until stopped."""
 
-    def __init__(self, redis_url: str, job_id: str, key: bytes) -> None:
+    def __init__(self, redis_url: str, job_id: str, identity: Identity) -> None:
         super().__init__(daemon=True)
-        self.r, self.prefix, self.key = redis.Redis.from_url(redis_url), key_prefix(job_id), key
+        self.r, self.prefix, self.identity = redis.Redis.from_url(redis_url), key_prefix(job_id), identity
+        self.verifier = Verifier(identity.issuer)
         self.stop, self.written = threading.Event(), 0
         self.snapshot: tuple[int, int] | None = None  # (step, size) of the newest real snapshot
         # A snapshot is read within milliseconds of being put: a thread of its own looks for it all the time.
         self.snapshots = threading.Thread(target=self.forge_snapshots, daemon=True)
 
     def sealed(self, name: str, forged: bytes) -> bytes:
-        return seal(forged, self.key, value_context(name))
+        return seal(forged, self.identity, value_context(name))
 
     def forgeries(self, name: str, sender: int, step: int) -> list[bytes]:
-        """The four kinds, for the slot `name` now holding `sender`'s update for `step` (so that only the MAC or the
+        """The four kinds, for the slot `name` now holding `sender`'s update for `step` (so that only the seal or the
         values give them away)."""
         forged = update_frame(sender, step, 1e30)
-        return [forged, seal(forged, bytes(32), value_context(name)), self.sealed(name, forged),
+        return [forged, seal(forged, Issuer().issue(sender), value_context(name)), self.sealed(name, forged),
                 self.sealed(name, update_frame(sender, step, float("nan")))]
 
     def run(self) -> None:
@@ -93,14 +110,16 @@ class Forger(threading.Thread):
     def forge_snapshots(self) -> None:
         """Overwrite each real snapshot, and the empty value of one asked for and not put yet, with a forgery."""
         while not self.stop.wait(0.0005):
-            snapshot = unseal(self.r.get(self.prefix + keys.snapshot()) or b"", self.key, value_context(keys.snapshot()))
+            snapshot = unseal(self.r.get(self.prefix + keys.snapshot()) or b"", self.verifier,
+                              value_context(keys.snapshot()))
             if isinstance(snapshot, Rejected):
                 continue  # not there, or a forgery of ours
             if snapshot:
                 replica = decode(snapshot)
                 self.snapshot = replica.step, replica.arrays[layouts.PARAMS].size
             if self.snapshot is not None:
-                self.r.set(self.prefix + keys.snapshot(), self.sealed(keys.snapshot(), snapshot_frame(*self.snapshot)))
+                self.r.set(self.prefix + keys.snapshot(), self.sealed(keys.snapshot(),
+                                                                    snapshot_frame(self.identity.signer, *self.snapshot)))
 
 
 def test_forged_frames_are_rejected_counted_and_never_applied(rabbit, private_redis, movielens_dir, tmp_path):
@@ -108,12 +127,13 @@ def test_forged_frames_are_rejected_counted_and_never_applied(rabbit, private_re
     proc = start_job(movielens_dir, run_dir, private_redis, rabbit.url)
     wait_for_steps(run_dir, proc, 20)
     workers = children(proc.pid)
-    job_id, key_text = (environ(workers[0])[name] for name in (ENV_JOB_ID, ENV_JOB_KEY))
-    key = parse_job_key(key_text)
-    assert key_text != environ(proc.pid).get(ENV_JOB_KEY)  # `mlless train` made the job's own key
+    job_id, key_text, rank = (environ(workers[0])[name] for name in (ENV_JOB_ID, ENV_IDENTITY, ENV_RANK))
+    identity = parse_identity(key_text)
+    assert isinstance(identity, Identity) and identity.signer == int(rank)  # its own, and not the issuer
+    assert key_text != environ(proc.pid).get(ENV_IDENTITY)  # `mlless train` made the job's own issuer
     assert key_text not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
-    forger = Forger(private_redis, job_id, key)
+    forger = Forger(private_redis, job_id, identity)
     forger.start()
     forger.snapshots.start()
     # Control frames too: a Failed from worker 0 would drop it, a Finish would end the job early.
@@ -121,28 +141,19 @@ def test_forged_frames_are_rejected_counted_and_never_applied(rabbit, private_re
     with pika.BlockingConnection(pika.URLParameters(rabbit.url)) as conn:
         channel = conn.channel()
         failed = encode(Failed(sender=0, step=0, reason="forged"))
-        for body in (failed, seal(failed, bytes(32), MESSAGE_CONTEXT)):
+        for body in (failed, seal(failed, Issuer().issue(0), MESSAGE_CONTEXT)):
             channel.basic_publish("", names["supervisor"], body)
         channel.basic_publish(names["exchange"], "", encode(Finish(sender=-1, step=0)))
     wait_for_steps(run_dir, proc, STEPS * 2 // 3)
     forger.stop.set()
     forger.join(timeout=10)
     forger.snapshots.join(timeout=10)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-
+    logs = unharmed(proc, run_dir)
     assert forger.written > 20
-    assert summary["stop_reason"] == "max steps" and summary["steps"] == STEPS
-    assert summary["dropped_workers"] == [] and summary["workers_final"] == 2
-    assert summary["rejected_frames"] >= 5  # the four messages, and update forgeries
-    assert summary["validation_loss"] is not None and math.isfinite(summary["validation_loss"])
-    with np.load(run_dir / "model.npz") as model:
-        assert np.isfinite(model["params"]).all() and np.abs(model["params"]).max() < 100
-    logs = out + err + "".join(p.read_text() for p in run_dir.rglob("*") if p.is_file() and p.suffix != ".npz")
-    for reason in ("rejected frame: message: bad or missing MAC: not written by a member of this job",
-                   "rejected control frame: message: bad or missing MAC",
-                   "bad or missing MAC: not written by a member of this job", "values reach 1e+30, beyond the bound",
+    for reason in ("rejected frame: message: bad or missing seal: not written by a member of this job",
+                   "rejected control frame: message: bad or missing seal",
+                   "bad or missing seal: not written by a member of this job", "values reach 1e+30, beyond the bound",
+                   f"sealed by rank {rank}, which may not write it: forged",
                    "values contains NaN or inf", "rejected replica: params reach 1e+30, beyond the bound"):
         assert reason in logs, reason
     assert key_text not in logs

@@ -102,7 +102,8 @@ def test_external_services_and_persistent_storage_are_valid():
     # The URL as given; the runtime percent-encodes the password into it (`$(VAR)` would paste it raw).
     assert env["REDIS_URL"]["value"] == "redis://cache.example:6380/2"
     assert env["AMQP_URL"]["value"] == "amqp://ml@mq.example:5672/%2F"
-    assert set(generate_credentials(j)) == {"invoke-token", "job-key"}  # no service passwords to generate
+    # no service passwords to generate
+    assert set(generate_credentials(j)) == {"invoke-token", "identity-issuer", "identity-supervisor", "identity"}
     stored = {**SPEC, "redis": {"storage": "5Gi"}}
     sts = build_redis_statefulset(job(spec=stored))
     validate(sts)
@@ -156,7 +157,8 @@ def test_no_password_appears_literally_in_any_pod_spec():
             continue
         text = repr(obj)
         assert creds["redis-password"] not in text and creds["rabbitmq-password"] not in text
-        assert creds["invoke-token"] not in text and creds["job-key"] not in text
+        assert creds["invoke-token"] not in text and creds["identity-issuer"] not in text
+        assert creds["identity-supervisor"] not in text and creds["identity"] not in text
 
 
 def test_redis_and_rabbitmq_read_passwords_from_the_secret():
@@ -512,10 +514,10 @@ def test_openfaas_copy_holds_full_urls_and_the_invocation_token():
             return self.secrets.get(name)
 
     managed = build_secret(job(), {"redis-url": "redis://:a@ml-redis.team.svc:6379/0", "amqp-url": "amqp://mlless:b@ml-rabbitmq.team.svc:5672/%2F",
-                                     "invoke-token": "t0k", "job-key": "k3y"})
+                                     "invoke-token": "t0k", "identity": "1d", "identity-issuer": "never copied"})
     assert asyncio.run(openfaas_secrets(FakeAPI({"ml-credentials": managed}), job("openfaas"))) == {
         "redis-url": "redis://:a@ml-redis.team.svc:6379/0", "amqp-url": "amqp://mlless:b@ml-rabbitmq.team.svc:5672/%2F", "invoke-token": "t0k",
-        "job-key": "k3y"}
+        "identity": "1d"}
     # External services have no URL in the job Secret: their URL, with the password from passwordSecretRef.
     spec = {**SPEC, "redis": {"url": "redis://cache.example:6380/2", "passwordSecretRef": {"name": "cache", "key": "pw"}},
             "rabbitmq": {"url": "amqp://ml:open@mq.example:5672/%2F"}}
@@ -574,26 +576,36 @@ def test_every_job_gets_an_invocation_token_that_reaches_the_supervisor_and_the_
     knative = build_knative_service(j)["spec"]["template"]["spec"]["containers"][0]
     assert env_of(knative)["MLLESS_INVOKE_TOKEN"]["valueFrom"] == token_ref
     copy_ = build_openfaas_secret(job("openfaas"), {**creds, "redis-password": "never copied"})
-    assert set(copy_["data"]) == {"redis-url", "amqp-url", "invoke-token", "job-key"}
+    assert set(copy_["data"]) == {"redis-url", "amqp-url", "invoke-token", "identity"}  # never the issuer
 
 
-def test_every_job_gets_a_key_in_its_secret_that_reaches_every_runtime_pod():
-    """The key every frame is sealed with: in the job Secret, fresh per job, and in the environment of the
-    supervisor and of the workers of every backend (OpenFaaS: a file of the Secret's copy)."""
-    from mlless.transport.env import parse_job_key
+def test_every_process_reads_its_own_identity_and_no_pod_the_issuer():
+    """The job Secret holds a fresh issuer per job and the identities it certified: the supervisor's pod reads only
+    the supervisor's, worker pod RANK only `identity-rank-RANK` (handed out by the operator: tests/operator/
+    test_operator_kmock.py), and a function backend's replicas the workers' shared one (OpenFaaS: a file of the
+    Secret's copy, which never holds the issuer)."""
+    from mlless.protocol.identity import ANY_WORKER, SUPERVISOR, Identity, Issuer, parse_identity
 
     j = job("knative")
     secret = build_secret(j)
-    key = base64.b64decode(secret["data"]["job-key"]).decode()
-    assert len(parse_job_key(key)) == 32 and build_secret(j)["data"]["job-key"] != secret["data"]["job-key"]
-    key_ref = {"secretKeyRef": {"name": "ml-credentials", "key": "job-key", "optional": True}}
-    runtime_containers = [containers(build_supervisor_pod(j))[0], containers(build_worker_pod(job("pod"), 3))[0],
-                          build_knative_service(j)["spec"]["template"]["spec"]["containers"][0]]
-    for container in runtime_containers:
-        assert env_of(container)["MLLESS_JOB_KEY"]["valueFrom"] == key_ref, container["name"]
-        assert key not in repr(container)
-    copy_ = build_openfaas_secret(job("openfaas"), {"job-key": key, "redis-url": "redis://r", "amqp-url": "amqp://a"})
-    assert base64.b64decode(copy_["data"]["job-key"]).decode() == key
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    issuer = parse_identity(data["identity-issuer"])
+    assert isinstance(issuer, Issuer) and build_secret(j)["data"]["identity-issuer"] != secret["data"]["identity-issuer"]
+    for key, signer in (("identity-supervisor", SUPERVISOR), ("identity", ANY_WORKER)):
+        identity = parse_identity(data[key])
+        assert isinstance(identity, Identity) and identity.signer == signer and identity.issuer == issuer.public
+    def ref(key: str) -> dict:
+        return {"secretKeyRef": {"name": "ml-credentials", "key": key, "optional": True}}
+
+    expected = [(containers(build_supervisor_pod(j))[0], "identity-supervisor"),
+                (containers(build_worker_pod(job("pod"), 3))[0], "identity-rank-3"),
+                (build_knative_service(j)["spec"]["template"]["spec"]["containers"][0], "identity")]
+    for container, key in expected:
+        assert env_of(container)["MLLESS_IDENTITY"]["valueFrom"] == ref(key), container["name"]
+        assert "identity-issuer" not in repr(container) and data["identity-issuer"] not in repr(container)
+    copy_ = build_openfaas_secret(job("openfaas"), {**data, "redis-url": "redis://r", "amqp-url": "amqp://a"})
+    assert base64.b64decode(copy_["data"]["identity"]).decode() == data["identity"]
+    assert "identity-issuer" not in copy_["data"] and "identity-supervisor" not in copy_["data"]
 
 
 def test_workers_run_the_worker_image_and_the_supervisor_keeps_the_full_one():

@@ -287,8 +287,8 @@ async def test_openfaas_backend_trains_to_succeeded_through_the_gateway(cluster_
         secret = c.get(SECRETS, f"{function}-credentials", FN_NS)
         copied = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
         token = c.secret_value(f"{name}-credentials", "invoke-token")
-        key = c.secret_value(f"{name}-credentials", "job-key")
-        assert copied == {"redis-url": redis_url, "amqp-url": amqp_url, "invoke-token": token, "job-key": key}
+        key = c.secret_value(f"{name}-credentials", "identity")
+        assert copied == {"redis-url": redis_url, "amqp-url": amqp_url, "invoke-token": token, "identity": key}
         fn = c.get(FUNCTIONS, function, FN_NS)
         assert fn["spec"]["labels"]["com.openfaas.scale.min"] == "2"
         copies = kubelet.openfaas.runtimes()

@@ -13,6 +13,7 @@ import kmock
 import pytest
 
 from mlless.contract import ANNOTATION_BACKEND, ANNOTATION_HIGHEST_RANK
+from mlless.protocol.identity import SUPERVISOR, parse_identity
 from mlless_operator import metrics
 
 from scenario import (  # tests/operator/ is on sys.path (rootdir-relative test modules); the fixtures are in conftest.py
@@ -21,6 +22,15 @@ from scenario import (  # tests/operator/ is on sys.path (rootdir-relative test 
 )
 
 pytestmark = pytest.mark.asyncio
+
+
+def identity_ranks(c) -> set[int]:
+    """The ranks whose identity the job Secret holds (`mlless_operator.reconcile.identities`)."""
+    return {int(k.rsplit("-", 1)[1]) for k in c.get(SECRETS, "ml-credentials")["data"] if k.startswith("identity-rank-")}
+
+
+def worker_ranks(names: set[str]) -> set[int]:
+    return {int(n.rsplit("-", 1)[1]) for n in names}
 
 
 async def test_pod_backend_creates_every_child_sets_status_and_scales(cluster_factory):
@@ -37,6 +47,16 @@ async def test_pod_backend_creates_every_child_sets_status_and_scales(cluster_fa
         assert worker["spec"]["containers"][0]["image"] == "registry.example/mlless:test"
         assert env(supervisor)["MLLESS_WORKER_BACKEND"]["value"] == "pod"
         assert password not in repr(c.get(kmock.resource("apps/v1/statefulsets"), "ml-redis"))
+        # Each worker pod reads its own identity alone, the supervisor its own; no pod reads the issuer.
+        assert e["MLLESS_IDENTITY"]["valueFrom"]["secretKeyRef"] == {"name": "ml-credentials", "key": "identity-rank-1",
+                                                                     "optional": True}
+        assert env(supervisor)["MLLESS_IDENTITY"]["valueFrom"]["secretKeyRef"]["key"] == "identity-supervisor"
+        issuer = parse_identity(c.secret_value("ml-credentials", "identity-issuer"))
+        for key, signer in (("identity-rank-1", 1), ("identity-supervisor", SUPERVISOR)):
+            identity = parse_identity(c.secret_value("ml-credentials", key))
+            assert identity.signer == signer and identity.issuer == issuer.public
+        assert identity_ranks(c) == {0, 1, 2}
+        assert "identity-issuer" not in repr([c.get(PODS, n) for n in c.names(PODS)])
 
         status, created = job["status"], c.condition("Created")
         assert status["phase"] == "Pending" and status["workers"] == 3
@@ -54,6 +74,7 @@ async def test_pod_backend_creates_every_child_sets_status_and_scales(cluster_fa
         # kubectl scale tj/ml --replicas=1, then a spec patch back up to 2: the highest ranks go, a new worker gets a new rank.
         await c.scale_to(1, {"ml-supervisor", "ml-worker-0"}, subresource=True)
         await c.scale_to(2, {"ml-supervisor", "ml-worker-0", "ml-worker-3"})
+        await c.until(lambda: identity_ranks(c) == {0, 3}, "ranks 1 and 2 retired, rank 3 handed out")
         await c.supervisor_to("Succeeded")  # the supervisor finishes: Succeeded, with a completion time
         assert c.condition("Succeeded")["status"] == "True" and c.job()["status"]["completionTime"]
         assert c.condition("Running")["status"] == "False"
@@ -101,8 +122,9 @@ async def test_openfaas_backend_function_scaled_and_cleaned_up_on_delete(cluster
         assert copy_["data"]["redis-url"] == original["data"]["redis-url"]
         assert copy_["data"]["amqp-url"] == original["data"]["amqp-url"]
         assert copy_["data"]["invoke-token"] == original["data"]["invoke-token"]
-        assert copy_["data"]["job-key"] == original["data"]["job-key"]
-        assert set(copy_["data"]) == {"redis-url", "amqp-url", "invoke-token", "job-key"}  # never the bare passwords
+        assert copy_["data"]["identity"] == original["data"]["identity"]
+        # never the bare passwords, the issuer or the supervisor's identity
+        assert set(copy_["data"]) == {"redis-url", "amqp-url", "invoke-token", "identity"}
         supervisor_env = env(c.get(PODS, "ml-supervisor"))
         assert supervisor_env["MLLESS_WORKER_BACKEND"]["value"] == "openfaas"
         assert supervisor_env["MLLESS_WORKER_URL"]["value"] == f"http://gateway.openfaas:8080/function/mlless-team-ml.{FN_NS}"
@@ -184,10 +206,16 @@ async def test_pod_scaling_is_rank_aware_and_never_reuses_a_rank(cluster_factory
         await c.patch_job("ml", {"status": {"removedRanks": [1]}}, "/status")
         await c.patch_job("ml", {"spec": {"replicas": 2}}, "/scale")
         await c.until(lambda: workers() == {"ml-worker-0", "ml-worker-2"}, "the removed rank deleted")
+        await c.until(lambda: identity_ranks(c) == {0, 2}, "the removed rank's identity retired")
 
         # Scale-out: new ranks above every rank used so far.
         await c.patch_job("ml", {"spec": {"workers": 4}})
         await c.until(lambda: workers() == {"ml-worker-0", "ml-worker-2", "ml-worker-3", "ml-worker-4"}, "ranks 3 and 4 created")
+        assert identity_ranks(c) == {0, 2, 3, 4}  # handed out before the pods were made
+        for rank in (3, 4):
+            ref = env(c.get(PODS, f"ml-worker-{rank}"))["MLLESS_IDENTITY"]["valueFrom"]["secretKeyRef"]
+            assert ref["key"] == f"identity-rank-{rank}"
+            assert parse_identity(c.secret_value("ml-credentials", ref["key"])).signer == rank
 
         # A finished pod goes first, then the highest rank.
         c.set_pod_phase("ml-worker-0", "Succeeded")
@@ -197,6 +225,7 @@ async def test_pod_scaling_is_rank_aware_and_never_reuses_a_rank(cluster_factory
         # Rank 4 left no trace in status.removedRanks; the job's annotation remembers it, so the next rank is 5.
         await c.patch_job("ml", {"spec": {"workers": 3}})
         await c.until(lambda: workers() == {"ml-worker-2", "ml-worker-3", "ml-worker-5"}, "rank 5 created")
+        await c.until(lambda: identity_ranks(c) == worker_ranks(workers()), "identities follow the ranks")
         await c.until(lambda: c.job()["metadata"]["annotations"][ANNOTATION_HIGHEST_RANK] == "5", "the highest rank recorded")
         assert c.job()["status"]["removedRanks"] == [1]  # the supervisor's field, untouched
 
@@ -231,6 +260,7 @@ async def test_suspend_waits_for_the_checkpoint_keeps_the_state_and_resumes(clus
         resumed = c.condition("Suspended")
         assert resumed["status"] == "False" and resumed["reason"] == "Resumed" and "step 42" in resumed["message"]
         assert c.names(PODS) == {"ml-supervisor", "ml-worker-0", "ml-worker-1"}  # a new session: ranks 0..N-1
+        assert identity_ranks(c) == {0, 1}  # and only their identities: rank 2's is retired
         assert "workers: 2" in c.get(kmock.resource("v1/configmaps"), "ml-job")["data"]["job.yaml"]
         await c.until_event("Resumed")
         c.set_pod_phase("ml-supervisor", "Running")

@@ -34,6 +34,8 @@ Decoded numpy arrays are fresh, aligned, writable copies: the caller owns them.
 
 Frames cross processes sealed (``mlless.protocol.sealing``); ``decode`` takes
 what ``unseal`` hands back, and only a ``Verified`` frame may lack its checksum.
+A ``Verified`` frame decodes only if its signer may speak as its header's sender
+(a worker as its own rank, the supervisor as -1).
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mlless.protocol.identity import describe, speaks_for
 from mlless.protocol.sealing import Rejected, Verified
 
 if TYPE_CHECKING:
@@ -284,7 +287,10 @@ def decode(data: bytes, *, size: int | None = None) -> Message:
     """
     h = peek_header(data)
     payload: bytes | memoryview = memoryview(data)[HEADER.size :]  # no copy: arrays are copied out of it once
-    if not isinstance(data, Verified):
+    if isinstance(data, Verified):
+        if not speaks_for(data.signer, h.sender):
+            raise FrameError(f"frame from sender {h.sender} was sealed by {describe(data.signer)}: forged")
+    else:
         if h.flags & FLAG_SEALED:
             raise FrameError("frame has no checksum and did not come through a transport that verified it")
         if zlib.crc32(payload) != h.crc:

@@ -11,7 +11,35 @@ reader would detect an overwritten slot instead of applying it.
 A key whose second field is a number (a rank, a partition, a block) lives on the Redis shard that number mod the
 shard count names, every other key on the first (mlless.transport.shards): a new key with an owner keeps the
 `kind:owner:...` shape so that it goes with its owner's.
+
+Who may write a key follows from its name (`writer`): a worker writes only its
+own rank's keys and the shared ones, the supervisor its own and clears any
+other (a reader of a frame still checks its sender: `mlless.protocol.framing`).
+The transport rejects a value sealed by anyone else (`mlless.transport.base`).
 """
+from mlless.protocol.identity import SUPERVISOR, speaks_for
+
+#: Keys named `PREFIX:RANK...`: only that rank's worker writes them.
+RANK_KEYS = ("update", "snapshot-pending", "final", "leaver", "checkpoint")
+#: Keys only the supervisor writes.
+SUPERVISOR_KEYS = ("job-checkpoint", "job-state", "job-rows")
+
+
+def writer(key: str) -> int | None:
+    """Who alone writes `key`: a worker's rank, SUPERVISOR, or None for a key any member writes (the snapshot, a
+    reduced part: the frame's sender says who wrote it)."""
+    head, _, rest = key.partition(":")
+    if head in SUPERVISOR_KEYS:
+        return SUPERVISOR
+    rank = rest.partition(":")[0]
+    return int(rank) if head in RANK_KEYS and rank.isdigit() else None
+
+
+def may_write(signer: int, key: str) -> bool:
+    """Whether a value under `key` sealed by `signer` (`mlless.protocol.identity`) is accepted: the supervisor
+    empties keys it asks to be written anew (runtime/supervisor/evaluation.py), so it may write any."""
+    owner = writer(key)
+    return signer == SUPERVISOR or owner is None or (owner != SUPERVISOR and speaks_for(signer, owner))
 
 
 def update_slots(staleness: int) -> int:

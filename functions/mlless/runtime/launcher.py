@@ -25,6 +25,7 @@ from typing import Mapping
 
 from mlless.contract import (
     ENV_FUNCTION_TIMEOUT_SECONDS,
+    ENV_IDENTITY,
     ENV_JOB_FILE,
     ENV_RANK,
     ENV_WORKER_BACKEND,
@@ -34,6 +35,7 @@ from mlless.contract import (
     WORKER_INVOCATION_EXTERNAL,
     WORKER_INVOCATION_HTTP,
 )
+from mlless.protocol.identity import Issuer
 from mlless.spec import TrainingJob
 from mlless.transport.env import invoke_token
 
@@ -63,15 +65,19 @@ class Launcher(ABC):
 class LocalLauncher(Launcher):
     """Workers as child processes, each in its own session so a terminal Ctrl-C reaches only the supervisor."""
 
-    def __init__(self, job_file: Path, env: dict[str, str], log_dir: Path) -> None:
+    def __init__(self, job_file: Path, env: dict[str, str], log_dir: Path, issuer: Issuer) -> None:
         self.job_file = job_file
         self.env = env
         self.log_dir = log_dir
+        self.issuer = issuer
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
     def start(self, rank: int) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.env, ENV_RANK: str(rank), ENV_JOB_FILE: str(self.job_file)}
+        # A worker gets its own identity and nothing it could seal as anyone else with; a joiner's is made when
+        # it starts, and goes with its process.
+        env = {**os.environ, **self.env, ENV_RANK: str(rank), ENV_JOB_FILE: str(self.job_file),
+               ENV_IDENTITY: self.issuer.issue(rank).text()}
         with (self.log_dir / f"worker-{rank}.log").open("ab") as log:
             self.procs[rank] = subprocess.Popen(
                 [sys.executable, "-m", "mlless", "worker"],

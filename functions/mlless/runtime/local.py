@@ -2,8 +2,10 @@
 
 With Redis and RabbitMQ URLs the job runs over those services; without them
 the supervisor hosts the embedded broker and the workers connect to it. The
-protocol code is the same either way. Each run makes its own job key, which
-the workers get in their environment.
+protocol code is the same either way. Each run makes its own issuer
+(`mlless.protocol.identity`), which stays in this process: the supervisor seals
+with an identity of its own, and each worker gets only its own identity in its
+environment (`LocalLauncher`).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from mlless.contract import ENV_AMQP_URL, ENV_ATTACK, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_JOB_KEY, ENV_REDIS_URL
+from mlless.contract import ENV_AMQP_URL, ENV_ATTACK, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_REDIS_URL
 from mlless.data.dataset import DatasetError
 from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.runtime.launcher import Launcher, LocalLauncher
@@ -27,7 +29,13 @@ from mlless.runtime.sync.exchange import EXCHANGES
 from mlless.spec import SpecError, TrainingJob
 from mlless.transport import Transport, connect
 from mlless.transport.embedded_broker import EmbeddedBroker
-from mlless.transport.env import JOB_KEY_FILE, new_job_key, parse_job_key, service_urls
+from mlless.protocol.identity import Issuer, parse_identity
+from mlless.transport.base import SUPERVISOR
+from mlless.transport.env import service_urls
+
+
+#: The job's issuer in its run directory, while the job may be resumed.
+ISSUER_FILE = "issuer"
 
 
 @dataclass(frozen=True)
@@ -97,47 +105,52 @@ def train_local(
     job_file = run_dir / "job.json"
     job_file.write_text(job.to_json())
     resuming = job_id is not None
-    job_key = run_job_key(run_dir, resume=resuming)
+    issuer = run_issuer(run_dir, resume=resuming)
     job_id = job_id or new_job_id(job.name)
-    env = {ENV_JOB_ID: job_id, ENV_JOB_KEY: job_key} | ({ENV_ATTACK: attack} if attack else {})
-    key = parse_job_key(job_key)
+    env = {ENV_JOB_ID: job_id} | ({ENV_ATTACK: attack} if attack else {})
+    identity = issuer.issue(SUPERVISOR)
     try:
         if services.external:
             env |= services.worker_env()
             transport = connect(job_id, role="supervisor", redis_url=services.redis_url, amqp_url=services.amqp_url,
-                                key=key)
-            summary = supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs"), run_dir,
+                                identity=identity)
+            summary = supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs", issuer), run_dir,
                                 progress, metrics_port, on_start=on_start)
         else:
             with tempfile.TemporaryDirectory(prefix="mlless-") as tmp, EmbeddedBroker(str(Path(tmp) / "broker.sock")) as broker:
                 env[ENV_EMBEDDED_ADDRESS] = broker.address
-                transport = connect(job_id, role="supervisor", embedded_address=broker.address, key=key)
-                launcher = LocalLauncher(job_file, env, run_dir / "logs")
+                transport = connect(job_id, role="supervisor", embedded_address=broker.address, identity=identity)
+                launcher = LocalLauncher(job_file, env, run_dir / "logs", issuer)
                 summary = supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port,
                                     on_start=on_start)
     except (JobFailed, DatasetError):
         if not resuming:  # a new job that failed before its first step (a corrupt batch): nothing to resume
-            (run_dir / JOB_KEY_FILE).unlink(missing_ok=True)
+            (run_dir / ISSUER_FILE).unlink(missing_ok=True)
         raise
     if not resumable(summary["stop_reason"]):
-        (run_dir / JOB_KEY_FILE).unlink(missing_ok=True)
+        (run_dir / ISSUER_FILE).unlink(missing_ok=True)
     return summary
 
 
-def run_job_key(run_dir: Path, resume: bool) -> str:
-    """The job's key (hex): a new one, kept in `run_dir` (owner-only) while the job may be resumed, or, to `resume`,
-    that one: what the job's surviving workers sealed their frames with, and Redis its state."""
-    path = run_dir / JOB_KEY_FILE
+def run_issuer(run_dir: Path, resume: bool) -> Issuer:
+    """The job's issuer: a new one, kept in `run_dir` (owner-only) while the job may be resumed, or, to `resume`,
+    that one: what certified the identities the job's surviving workers seal their frames with."""
+    path = run_dir / ISSUER_FILE
     if resume:
         try:
-            return path.read_text()
+            found = parse_identity(path.read_text())
         except OSError as exc:
-            raise ResumeError(f"{path}: cannot read the job's key: {exc.strerror}") from None
-    key = new_job_key()
+            raise ResumeError(f"{path}: cannot read the job's issuer: {exc.strerror}") from None
+        except ValueError as exc:
+            raise ResumeError(f"{path}: {exc}") from None
+        if not isinstance(found, Issuer):
+            raise ResumeError(f"{path}: not an issuer")
+        return found
+    issuer = Issuer()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
-        fh.write(key)
-    return key
+        fh.write(issuer.text())
+    return issuer
 
 
 def supervise(

@@ -5,15 +5,15 @@
 all it reads the embedded address, or the Redis and AMQP URLs, from the
 environment (`mlless.contract`'s ENV_* names), which is how the operator hands
 per-job credentials to pods without them ever appearing in a command line.
-The job key (see ``mlless.transport.base``) comes the same way unless given;
-there is no transport without one.
+The process's identity (see ``mlless.transport.base``) comes the same way
+unless given; there is no transport without one.
 """
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_JOB_KEY, ENV_REDIS_URL, ENV_SECRETS_DIR
+from mlless.contract import ENV_AMQP_URL, ENV_EMBEDDED_ADDRESS, ENV_IDENTITY, ENV_REDIS_URL, ENV_SECRETS_DIR
 
 from .base import (
     DEFAULT_TTL,
@@ -24,7 +24,9 @@ from .base import (
     UnroutableError,
     redact_url,
 )
-from .env import JOB_KEY_FILE, job_key
+from mlless.protocol.identity import Identity, Issuer
+
+from .env import IDENTITY_FILE, identity as env_identity
 
 __all__ = [
     "DEFAULT_TTL",
@@ -49,20 +51,20 @@ def connect(
     embedded_address: str | None = None,
     role: Role,
     rank: int | None = None,
-    key: bytes | None = None,
+    identity: Identity | Issuer | None = None,
     **options: Any,
 ) -> Transport:
-    """Open this process's transport for ``job_id``, sealing with the job key ``key`` (default: the environment's).
+    """Open this process's transport for ``job_id``, sealing with ``identity`` (default: the environment's).
 
     Returns only once the process's own queue exists (for a worker: declared
     and bound to the job's fanout), so every later broadcast reaches it.
     ``options`` go to the backend constructor (e.g. ``ttl=`` seconds).
     """
-    if key is None:
-        key = job_key(os.environ)
-    if key is None:
-        raise TransportError(f"no job key: set {ENV_JOB_KEY}, or the file {JOB_KEY_FILE} under {ENV_SECRETS_DIR} "
-                             "(`mlless train` and the operator make one per job)")
+    if identity is None:
+        identity = env_identity(os.environ)
+    if identity is None:
+        raise TransportError(f"no identity: set {ENV_IDENTITY}, or the file {IDENTITY_FILE} under {ENV_SECRETS_DIR} "
+                             "(`mlless train` and the operator make one per process)")
     if embedded_address is None and redis_url is None and amqp_url is None:
         embedded_address = os.environ.get(ENV_EMBEDDED_ADDRESS) or None
         if embedded_address is None:
@@ -73,7 +75,7 @@ def connect(
             raise ValueError("give either embedded_address or redis_url+amqp_url, not both")
         from .embedded import EmbeddedTransport
 
-        return EmbeddedTransport(embedded_address, job_id, role=role, rank=rank, key=key, **options)
+        return EmbeddedTransport(embedded_address, job_id, role=role, rank=rank, identity=identity, **options)
     if redis_url is None or amqp_url is None:
         raise ValueError(
             f"no transport configured: pass embedded_address, or both redis_url and amqp_url "
@@ -81,7 +83,7 @@ def connect(
         )
     from .services import ServicesTransport
 
-    return ServicesTransport(job_id, redis_url=redis_url, amqp_url=amqp_url, role=role, rank=rank, key=key, **options)
+    return ServicesTransport(job_id, redis_url=redis_url, amqp_url=amqp_url, role=role, rank=rank, identity=identity, **options)
 
 
 def __getattr__(name: str) -> Any:

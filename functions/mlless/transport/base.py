@@ -11,16 +11,18 @@ Every key and queue is namespaced by job id, so two jobs sharing one Redis or
 RabbitMQ never see each other's data, and ``delete_job`` removes exactly one
 job.  Every write carries a TTL so a crashed job cannot leak.
 
-Every value and message is sealed with the job's key on the way out and
-unsealed on the way in (``mlless.protocol.sealing.seal``), here rather than in the
-protocol code, so no write can skip it.  A value or message whose MAC does not
-verify comes back as a ``sealing.Rejected``, which ``decode`` rejects with the
-reason: the receiver counts it where it counts any malformed frame.  A
-transport cannot be opened without the key; ``connect`` reads it from the
-environment (``mlless.transport.env.job_key``).  The one exception is
-``run_script``: what a script in Redis writes and returns cannot carry the
-job key's seal, so its caller authenticates it with a key derived for the
-purpose (``subkey``; ``mlless.runtime.sync.instore``).
+Every value and message is sealed with the process's own identity on the way
+out and unsealed on the way in (``mlless.protocol.sealing.seal``), here rather
+than in the protocol code, so no write can skip it.  A value or message whose
+seal does not verify, or a value under a key its signer may not write
+(``mlless.protocol.keys.may_write``: a worker writes only its own rank's keys),
+comes back as a ``sealing.Rejected``, which ``decode`` rejects with the reason:
+the receiver counts it where it counts any malformed frame.  A transport cannot
+be opened without an identity; ``connect`` reads it from the environment
+(``mlless.transport.env.identity``).  The one exception is ``run_script``: what
+a script in Redis writes and returns cannot carry a signature, so its caller
+authenticates it with a key derived for the purpose from what every member of
+the job holds (``subkey``; ``mlless.runtime.sync.instore``).
 """
 from __future__ import annotations
 
@@ -30,12 +32,15 @@ from abc import ABC, abstractmethod
 from typing import Any, Literal, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-from mlless.protocol.sealing import seal, unseal
+from mlless.protocol import keys
+from mlless.protocol.identity import ANY_WORKER, SUPERVISOR, Identity, Issuer, Verifier, describe, speaks_for
+from mlless.protocol.sealing import Rejected, seal, unseal
 
 __all__ = [
     "Role",
     "DEFAULT_TTL",
     "SUPERVISOR",
+    "ANY_WORKER",
     "Transport",
     "TransportError",
     "UnroutableError",
@@ -43,8 +48,7 @@ __all__ = [
     "check_job_id",
     "check_key",
     "key_prefix",
-    "JOB_KEY_BYTES",
-    "check_job_key",
+    "check_identity",
     "MESSAGE_CONTEXT",
     "value_context",
 ]
@@ -52,11 +56,6 @@ __all__ = [
 Role = Literal["supervisor", "worker"]
 #: Default lifetime of every key written by a job (seconds).
 DEFAULT_TTL = 24 * 3600
-#: The sender/queue id used for the supervisor (workers are ranks >= 0).
-SUPERVISOR = -1
-
-#: Bytes of a job key: SHA-256's output size, the least RFC 2104 recommends for HMAC-SHA256.
-JOB_KEY_BYTES = 32
 #: What a message's MAC is bound to besides the frame (a value's: `value_context`).
 MESSAGE_CONTEXT = "message"
 
@@ -114,11 +113,17 @@ def check_key(key: str) -> str:
     return key
 
 
-def check_job_key(key: bytes) -> bytes:
-    """ValueError unless `key` is a job key (never shows it)."""
-    if not isinstance(key, bytes) or len(key) != JOB_KEY_BYTES:
-        raise ValueError(f"a job key is {JOB_KEY_BYTES} bytes")
-    return key
+def check_identity(identity: Identity | Issuer, rank: int) -> Identity:
+    """The identity a transport for queue id `rank` seals with: `identity`, if it may speak as `rank`, or one the
+    issuer `identity` makes for it (a harness that plays several processes). TransportError otherwise, in one line
+    (never showing it)."""
+    if isinstance(identity, Issuer):
+        return identity.issue(rank)
+    if not isinstance(identity, Identity):
+        raise TransportError("a transport needs an Identity (mlless.protocol.identity)")
+    if not speaks_for(identity.signer, rank):
+        raise TransportError(f"the identity of {describe(identity.signer)} cannot speak as {describe(rank)}")
+    return identity
 
 
 def value_context(key: str) -> str:
@@ -151,37 +156,47 @@ class Transport(ABC):
     store_epoch: int = 0
     #: How many key-value store instances the job pays for (its Redis shards, `mlless.transport.shards`).
     store_instances: int = 1
-    #: The job's key (`check_job_key`); a backend sets it before its first write, and never shows it.
-    _job_key: bytes
+    #: This process's identity (`check_identity`) and the verifier of its peers'; a backend sets them before its
+    #: first write, and never shows them.
+    _identity: Identity
+    _verifier: Verifier
 
-    def _identify(self, job_id: str, role: Role, rank: int | None, key: bytes, ttl: int) -> None:
-        """Check and set who this transport is: its job, role and queue id (`check_role`), the job key, and the
+    def _identify(self, job_id: str, role: Role, rank: int | None, identity: Identity | Issuer, ttl: int) -> None:
+        """Check and set who this transport is: its job, role and queue id (`check_role`), its identity, and the
         lifetime of what it writes; every backend's constructor starts with it."""
         self.job_id = check_job_id(job_id)
         self.role = role
         self.rank = check_role(role, rank)
-        self._job_key = check_job_key(key)
+        self._identity = check_identity(identity, self.rank)
+        self._verifier = Verifier(self._identity.issuer)
         if ttl <= 0:
             raise ValueError("ttl must be > 0 seconds")
         self.ttl = int(ttl)
 
     # ---------------------------------------------------------------- sealing, for the backends
     def _seal_value(self, key: str, value: bytes) -> bytes:
-        return seal(check_body(value), self._job_key, value_context(key))
+        return seal(check_body(value), self._identity, value_context(key))
 
     def _unseal_value(self, key: str, value: bytes | None) -> bytes | None:
-        return None if value is None else unseal(value, self._job_key, value_context(key))
+        if value is None:
+            return None
+        found = unseal(value, self._verifier, value_context(key))
+        if isinstance(found, Rejected) or keys.may_write(found.signer, key):
+            return found
+        return Rejected(f"{value_context(key)}: sealed by {describe(found.signer)}, which may not write it: forged")
 
     def _seal_message(self, body: bytes) -> bytes:
-        return seal(check_body(body), self._job_key, MESSAGE_CONTEXT)
+        return seal(check_body(body), self._identity, MESSAGE_CONTEXT)
 
     def _unseal_message(self, body: bytes | None) -> bytes | None:
-        return None if body is None else unseal(body, self._job_key, MESSAGE_CONTEXT)
+        return None if body is None else unseal(body, self._verifier, MESSAGE_CONTEXT)
 
     def subkey(self, purpose: str) -> bytes:
-        """A key for `purpose` derived from the job's (HMAC-SHA256 of the purpose), for a MAC that a party without
-        the job key must compute: the job key itself never leaves the process (runtime/sync/instore.py)."""
-        return hmac.new(self._job_key, f"subkey {purpose}".encode("utf-8"), "sha256").digest()
+        """A key for `purpose` that every member of the job derives alike (HMAC-SHA256 of the purpose under the
+        issuer's public key, which only the job's identities carry: no frame shows it), for a MAC that a party
+        without an identity must check: a script in Redis (runtime/sync/instore.py). Any member can compute it, so
+        such a MAC tells a member's write from an outsider's, not one member's from another's."""
+        return hmac.new(self._identity.issuer, f"subkey {purpose}".encode("utf-8"), "sha256").digest()
 
     # ---------------------------------------------------------------- key-value
     @abstractmethod

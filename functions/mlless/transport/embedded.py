@@ -12,6 +12,7 @@ import time
 from typing import Sequence
 
 from mlless.protocol.framing import U8, U16, U32, FrameError, Reader, pack_blob, pack_text
+from mlless.protocol.identity import Identity, Issuer
 
 from .base import (
     DEFAULT_TTL,
@@ -65,11 +66,11 @@ class EmbeddedTransport(Transport):
         *,
         role: Role,
         rank: int | None = None,
-        key: bytes,
+        identity: Identity | Issuer,
         ttl: int = DEFAULT_TTL,
         timeout: float = 30.0,
     ) -> None:
-        self._identify(job_id, role, rank, key, ttl)
+        self._identify(job_id, role, rank, identity, ttl)
         self.address = address
         self._timeout = timeout
         self._job = pack_text(job_id, U16)

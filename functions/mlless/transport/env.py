@@ -13,15 +13,15 @@ The invocation token (`MLLESS_INVOKE_TOKEN`, or the file `invoke-token`) is the
 job's shared secret between the supervisor and its worker functions, whose URL
 any pod in the cluster can reach.
 
-The job key (`MLLESS_JOB_KEY`, or the file `job-key`) authenticates every frame
-the job's processes exchange (`mlless.protocol.sealing.seal`): whoever starts a job
-makes one with `new_job_key` (`mlless train` in memory, the operator in the job's
-Secret) and hands it to the processes in their environment, never on a command
-line. Neither secret is ever logged.
+A process's identity (`MLLESS_IDENTITY`, or the file `identity`) is what it
+seals every frame with (`mlless.protocol.identity`, `mlless.protocol.sealing`):
+its own signing key, certified by the job's issuer. Whoever starts a job's
+processes holds the issuer (`mlless train` in its own process, the operator in
+the job's Secret) and hands each process its own identity in its environment,
+never on a command line. No secret is ever logged.
 """
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 from typing import Mapping
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -29,13 +29,14 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from mlless.contract import (
     ENV_AMQP_URL,
     ENV_INVOKE_TOKEN,
-    ENV_JOB_KEY,
+    ENV_IDENTITY,
     ENV_RABBITMQ_PASSWORD,
     ENV_REDIS_PASSWORD,
     ENV_REDIS_URL,
     ENV_SECRETS_DIR,
 )
-from mlless.transport.base import JOB_KEY_BYTES, TransportError
+from mlless.protocol.identity import Identity, Issuer, parse_identity  # Issuer: also the operator's (its layer)
+from mlless.transport.base import TransportError
 
 PASSWORD_VARS = {ENV_REDIS_URL: ENV_REDIS_PASSWORD, ENV_AMQP_URL: ENV_RABBITMQ_PASSWORD}
 SECRET_FILES = {ENV_REDIS_URL: "redis-url", ENV_AMQP_URL: "amqp-url"}
@@ -99,27 +100,20 @@ def invoke_token(environ: Mapping[str, str]) -> str | None:
     return None if found is None else found[0]
 
 
-#: The job key's file under MLLESS_SECRETS_DIR (OpenFaaS mounts each key of a Secret as a file of its name).
-JOB_KEY_FILE = "job-key"
+#: The identity's file under MLLESS_SECRETS_DIR (OpenFaaS mounts each key of a Secret as a file of its name).
+IDENTITY_FILE = "identity"
 
 
-def new_job_key() -> str:
-    """A fresh job key, as its text form (hex)."""
-    return secrets.token_hex(JOB_KEY_BYTES)
-
-
-def parse_job_key(text: str, where: str = ENV_JOB_KEY) -> bytes:
-    """The key of `new_job_key`'s text; TransportError naming `where` (never the text) unless it is 64 hex digits."""
+def read_identity(text: str, where: str = ENV_IDENTITY) -> Identity | Issuer:
+    """The identity (or issuer) of its text form; TransportError naming `where` (never the text) if it is not one."""
     try:
-        key = bytes.fromhex(text.strip())
-    except ValueError:
-        key = b""
-    if len(key) != JOB_KEY_BYTES:
-        raise TransportError(f"{where}: a job key must be {2 * JOB_KEY_BYTES} hex digits")
-    return key
+        return parse_identity(text)
+    except ValueError as exc:
+        raise TransportError(f"{where}: {exc}") from None
 
 
-def job_key(environ: Mapping[str, str]) -> bytes | None:
-    """The job key from the environment (or the file `job-key` under MLLESS_SECRETS_DIR); None if neither has one."""
-    found = _secret(environ, ENV_JOB_KEY, JOB_KEY_FILE)
-    return None if found is None else parse_job_key(*found)
+def identity(environ: Mapping[str, str]) -> Identity | Issuer | None:
+    """This process's identity from the environment (or the file `identity` under MLLESS_SECRETS_DIR); None if
+    neither has one."""
+    found = _secret(environ, ENV_IDENTITY, IDENTITY_FILE)
+    return None if found is None else read_identity(*found)

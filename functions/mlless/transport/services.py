@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from mlless.protocol.identity import Identity, Issuer
 from .base import DEFAULT_TTL, Role, Transport, check_key
 from .bus import JobBus
 from .outage import CONNECT_SECONDS, outage_window
@@ -35,7 +36,7 @@ class ServicesTransport(Transport):
         amqp_url: str,
         role: Role,
         rank: int | None = None,
-        key: bytes,
+        identity: Identity | Issuer,
         ttl: int = DEFAULT_TTL,
         queue_expires: float = 600.0,
         prefetch: int = 256,
@@ -48,7 +49,7 @@ class ServicesTransport(Transport):
         redis_ca: TrustedCA | None = None,
         amqp_ca: TrustedCA | None = None,
     ) -> None:
-        self._identify(job_id, role, rank, key, ttl)
+        self._identify(job_id, role, rank, identity, ttl)
         window = outage_window(outage_seconds)
         # TLS (rediss://, amqps://): the system's CAs, plus a private CA's bundle if one is named; see .tls.
         # Several URLs are the job's Redis shards (.shards); one is one JobStore, as before sharding.

@@ -5,11 +5,11 @@ from typing import Any, Iterable, Mapping
 
 from mlless.contract import ENV_FUNCTION_TIMEOUT_SECONDS, FUNCTION_PORT, WORKER_INVOCATION_HTTP
 from mlless_operator.backends.base import Backend, Session, ensure_all, patch_scale
-from mlless_operator.builders.credentials import ca_mounts, ca_volumes, service_env
+from mlless_operator.builders.credentials import WORKERS_IDENTITY_KEY, ca_mounts, ca_volumes, service_env
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import child_name, labels, metadata
 from mlless_operator.builders.podspec import container_security_context, pod_security_context
-from mlless_operator.builders.runtime import TMP_VOLUME, common_env, function_resources, invoke_token_env, job_key_env, user_env
+from mlless_operator.builders.runtime import TMP_VOLUME, common_env, function_resources, identity_env, invoke_token_env, user_env
 from mlless_operator.kubeapi import KubeAPI
 
 API_VERSION = "serving.knative.dev/v1"
@@ -38,7 +38,7 @@ def build_knative_service(job: JobRef) -> Manifest:
         *common_env(job),
         {"name": ENV_FUNCTION_TIMEOUT_SECONDS, "value": str(job.timeout_seconds)},
         invoke_token_env(job),
-        job_key_env(job),
+        identity_env(job, WORKERS_IDENTITY_KEY),  # any replica serves any rank: docs/kubernetes.md, "Security"
         *service_env(job),
         *user_env(job),
     ]

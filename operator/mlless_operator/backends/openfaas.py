@@ -17,7 +17,7 @@ from mlless.contract import (
     WORKER_INVOCATION_HTTP,
 )
 from mlless_operator.backends.base import Backend, PodSelector, Session, ensure_all, patch_scale
-from mlless_operator.builders.credentials import AMQP_URL_KEY, INVOKE_TOKEN_KEY, JOB_KEY_KEY, REDIS_URL_KEY, b64, ca_refs
+from mlless_operator.builders.credentials import AMQP_URL_KEY, INVOKE_TOKEN_KEY, REDIS_URL_KEY, WORKERS_IDENTITY_KEY, b64, ca_refs
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import dns_name, labels, secret_name, selector_labels
 from mlless_operator.builders.runtime import function_resources, user_env
@@ -31,7 +31,7 @@ OPENFAAS_FUNCTION_LABEL = "faas_function"
 #: An external service's CA bundle in the OpenFaaS copy, per service.
 CA_KEYS = {"redis": "redis-ca", "rabbitmq": "rabbitmq-ca"}
 #: What the OpenFaaS copy holds: the URLs only, never the bare passwords.
-OPENFAAS_SECRET_KEYS = (REDIS_URL_KEY, AMQP_URL_KEY, INVOKE_TOKEN_KEY, JOB_KEY_KEY, *CA_KEYS.values())
+OPENFAAS_SECRET_KEYS = (REDIS_URL_KEY, AMQP_URL_KEY, INVOKE_TOKEN_KEY, WORKERS_IDENTITY_KEY, *CA_KEYS.values())
 
 
 def openfaas_function_name(job: JobRef) -> str:
@@ -105,7 +105,8 @@ def build_openfaas_secret(job: JobRef, urls: Mapping[str, str]) -> Manifest:
 
     `urls` maps `redis-url` and `amqp-url` to the full URLs, passwords included
     (OpenFaaS has no secretKeyRef, so nothing can be assembled at start),
-    `invoke-token` to the job's invocation token and `job-key` to its key. The
+    `invoke-token` to the job's invocation token and `identity` to the identity its
+    replicas share (any may be invoked as any rank: docs/kubernetes.md, "Security"). The
     Function sees each key as a file of that name under OPENFAAS_SECRETS_DIR.
     No owner reference can cross namespaces: `OpenFaaSBackend.cleanup` removes it.
     """
@@ -126,7 +127,7 @@ def build_openfaas_secret(job: JobRef, urls: Mapping[str, str]) -> Manifest:
 async def openfaas_secrets(api: KubeAPI, job: JobRef) -> dict[str, str]:
     """What the OpenFaaS copy holds: the full Redis and AMQP URLs (managed ones from the job Secret, external ones
     with the password from their passwordSecretRef; OpenFaaS can only mount whole values, it cannot assemble a URL),
-    external services' CA bundles, the invocation token and the job key."""
+    external services' CA bundles, the invocation token and the workers' shared identity."""
     values: dict[str, str] = {}
     job_secret = await api.get("v1", "Secret", job.namespace, secret_name(job)) or {}
     for service, key in (("redis", REDIS_URL_KEY), ("rabbitmq", AMQP_URL_KEY)):
@@ -139,9 +140,9 @@ async def openfaas_secrets(api: KubeAPI, job: JobRef) -> dict[str, str]:
         values[key] = value
     for service, _ in ca_refs(job):
         values[CA_KEYS[service]] = await referenced(api, job, service, "caSecretRef")
-    # A Secret made by an older operator lacks these: without a token its functions accept any caller, without a
-    # key they refuse to start.
-    for key in (INVOKE_TOKEN_KEY, JOB_KEY_KEY):
+    # A Secret made by an older operator lacks these: without a token its functions accept any caller, without an
+    # identity they refuse to start.
+    for key in (INVOKE_TOKEN_KEY, WORKERS_IDENTITY_KEY):
         value = secret_value(job_secret, key)
         if value is not None:
             values[key] = value

@@ -2,6 +2,8 @@
 
 Scaling deletes and creates pods by rank (`mlless_operator.ranks` says which); a rank is never reused within a
 session, and the job's `mlless.io/highest-rank` annotation (`reconcile.replicas`) remembers the highest one so far.
+Each rank's pod reads its own identity alone from the job Secret, handed out before the pod is made and retired
+once it is deleted (`reconcile.identities`).
 """
 from __future__ import annotations
 
@@ -9,14 +11,15 @@ from typing import Any, Iterable, Mapping
 
 from mlless.contract import ENV_JOB_FILE, ENV_RANK, LABEL_RANK, WORKER_INVOCATION_EXTERNAL
 from mlless_operator.backends.base import Backend, Session
-from mlless_operator.builders.credentials import ca_mounts, ca_volumes, service_env
+from mlless_operator.builders.credentials import ca_mounts, ca_volumes, rank_identity_key, service_env
 from mlless_operator.builders.jobfile import JOB_FILE
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import dns_name, metadata, selector_labels
 from mlless_operator.builders.podspec import container_security_context, pod_security_context
-from mlless_operator.builders.runtime import JOB_VOLUME, TMP_VOLUME, common_env, function_resources, job_key_env, runtime_volumes, user_env
+from mlless_operator.builders.runtime import JOB_VOLUME, TMP_VOLUME, common_env, function_resources, identity_env, runtime_volumes, user_env
 from mlless_operator.kubeapi import KubeAPI
-from mlless_operator.ranks import plan_pod_scale, removed_ranks
+from mlless_operator.ranks import plan_pod_scale, pod_rank, removed_ranks
+from mlless_operator.reconcile import identities
 
 
 def worker_pod_name(job: JobRef, rank: int) -> str:
@@ -29,7 +32,7 @@ def build_worker_pod(job: JobRef, rank: int) -> Manifest:
         {"name": ENV_JOB_FILE, "value": JOB_FILE},
         *common_env(job),
         {"name": ENV_RANK, "value": str(rank)},
-        job_key_env(job),
+        identity_env(job, rank_identity_key(rank)),  # its own, and no other rank's
         *service_env(job),
         *user_env(job),
     ]
@@ -67,6 +70,9 @@ async def scale_pods(api: KubeAPI, job: JobRef, workers: int, removed: Iterable[
     for name in plan.delete:
         if await api.delete("v1", "Pod", job.namespace, name):
             changes.append(f"deleted Pod/{name}")
+    ranks = {pod["metadata"]["name"]: pod_rank(pod) for pod in pods}
+    await identities.retire(api, job, [rank for name in plan.delete if (rank := ranks.get(name)) is not None])
+    await identities.hand_out(api, job, plan.create)
     for rank in plan.create:
         if await api.ensure(build_worker_pod(job, rank), update=False) == "created":
             changes.append(f"created Pod/{worker_pod_name(job, rank)}")
@@ -83,6 +89,7 @@ class PodBackend(Backend):
                              highest_used: int) -> tuple[dict[str, str], int | None]:
         if session == "start":
             results = {}
+            await identities.hand_out(api, job, range(job.workers), only=True)
             for rank in range(job.workers):
                 pod = build_worker_pod(job, rank)
                 results[f"Pod/{pod['metadata']['name']}"] = await api.ensure_pod(pod)

@@ -1,5 +1,6 @@
-"""The job's Secret (generated passwords, service URLs, invocation token, job key) and the env vars that read it; and
-the volumes that bring an external service's CA bundle (spec.<service>.caSecretRef) to the runtime."""
+"""The job's Secret (generated passwords, service URLs, invocation token, the job's issuer and its processes'
+identities) and the env vars that read it; and the volumes that bring an external service's CA bundle
+(spec.<service>.caSecretRef) to the runtime."""
 from __future__ import annotations
 
 import base64
@@ -7,7 +8,8 @@ import secrets
 from typing import Mapping
 
 from mlless.contract import CA_FILE_VARS, ENV_AMQP_URL, ENV_REDIS_URL
-from mlless.transport.env import JOB_KEY_FILE, PASSWORD_VARS, new_job_key
+from mlless.transport.base import ANY_WORKER, SUPERVISOR
+from mlless.transport.env import IDENTITY_FILE, PASSWORD_VARS, Issuer
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import (
     AMQP_PORT,
@@ -27,8 +29,14 @@ RABBITMQ_USER_KEY = "rabbitmq-username"
 RABBITMQ_PASSWORD_KEY = "rabbitmq-password"
 AMQP_URL_KEY = "amqp-url"
 INVOKE_TOKEN_KEY = "invoke-token"
-#: The key every frame of the job is sealed with; named as the runtime reads it from a mounted Secret.
-JOB_KEY_KEY = JOB_KEY_FILE
+#: The job's issuer (mlless.protocol.identity): the operator alone reads it, to certify each new rank's identity;
+#: no pod mounts it.
+ISSUER_KEY = "identity-issuer"
+#: The supervisor's identity: only the supervisor's pod reads it.
+SUPERVISOR_IDENTITY_KEY = "identity-supervisor"
+#: The identity a function backend's replicas share, as any replica may be invoked as any rank (docs/kubernetes.md, "Security");
+#: named as the runtime reads it from a mounted Secret (OpenFaaS), and never mounted by a pod of the pod backend.
+WORKERS_IDENTITY_KEY = IDENTITY_FILE
 #: Where a runtime container finds a service's CA bundle (named by `mlless.contract.CA_FILE_VARS`): one folder per
 #: service, holding only the caSecretRef's key, as CA_FILE.
 CA_DIR = "/etc/mlless/ca"
@@ -39,11 +47,25 @@ def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
+#: The Secret entries of worker ranks' identities (pod backend) start with this.
+RANK_IDENTITY_PREFIX = "identity-rank-"
+
+
+def rank_identity_key(rank: int) -> str:
+    """The Secret entry of worker `rank`'s identity (pod backend): only that rank's pod reads it."""
+    return f"{RANK_IDENTITY_PREFIX}{rank}"
+
+
 def generate_credentials(job: JobRef) -> dict[str, str]:
     """Fresh passwords (URL-safe, so they can sit in a URL unescaped) for the managed services, the token the
     supervisor invokes worker functions with (a Knative or OpenFaaS URL is reachable from the whole cluster), and
-    the job key its processes seal every frame with (anyone who reaches Redis must not be able to feed them one)."""
-    creds: dict[str, str] = {INVOKE_TOKEN_KEY: secrets.token_urlsafe(32), JOB_KEY_KEY: new_job_key()}
+    the job's issuer with the identities it certified, which its processes seal every frame with (anyone who
+    reaches Redis must not be able to feed them one, and no worker can pass for another rank or the supervisor).
+    Each rank's own is added when its pod is made (`mlless_operator.reconcile.identities`)."""
+    issuer = Issuer()
+    creds: dict[str, str] = {INVOKE_TOKEN_KEY: secrets.token_urlsafe(32), ISSUER_KEY: issuer.text(),
+                             SUPERVISOR_IDENTITY_KEY: issuer.issue(SUPERVISOR).text(),
+                             WORKERS_IDENTITY_KEY: issuer.issue(ANY_WORKER).text()}
     if job.external("redis") is None:
         pw = secrets.token_urlsafe(24)
         creds[REDIS_PASSWORD_KEY] = pw
@@ -59,7 +81,8 @@ def generate_credentials(job: JobRef) -> dict[str, str]:
 
 
 def build_secret(job: JobRef, credentials: Mapping[str, str] | None = None) -> Manifest:
-    """The job's Secret. Create it once and never patch it: its passwords must stay what the services started with."""
+    """The job's Secret. Create it once; only its rank identities are patched in and out
+    (`mlless_operator.reconcile.identities`): its passwords must stay what the services started with."""
     creds = generate_credentials(job) if credentials is None else credentials
     return {
         "apiVersion": "v1",

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import copy
 
-from mlless.contract import ENV_INVOKE_TOKEN, ENV_JOB_ID, ENV_JOB_KEY
-from mlless_operator.builders.credentials import INVOKE_TOKEN_KEY, JOB_KEY_KEY
+from mlless.contract import ENV_IDENTITY, ENV_INVOKE_TOKEN, ENV_JOB_ID
+from mlless_operator.builders.credentials import INVOKE_TOKEN_KEY
 from mlless_operator.builders.jobfile import JOB_DIR
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import configmap_name, secret_name
@@ -39,10 +39,10 @@ def invoke_token_env(job: JobRef) -> Manifest:
     return _job_secret_env(job, ENV_INVOKE_TOKEN, INVOKE_TOKEN_KEY)
 
 
-def job_key_env(job: JobRef) -> Manifest:
-    """MLLESS_JOB_KEY from the job Secret (a Secret made before job keys has none: the runtime then refuses to start,
-    in one line naming the variable)."""
-    return _job_secret_env(job, ENV_JOB_KEY, JOB_KEY_KEY)
+def identity_env(job: JobRef, key: str) -> Manifest:
+    """MLLESS_IDENTITY from entry `key` of the job Secret: a process's own identity, and only its own (a Secret made
+    before identities has none: the runtime then refuses to start, in one line naming the variable)."""
+    return _job_secret_env(job, ENV_IDENTITY, key)
 
 
 def user_env(job: JobRef) -> list[Manifest]:

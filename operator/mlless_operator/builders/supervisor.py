@@ -15,12 +15,12 @@ from mlless.contract import (
     PLURAL,
     SUPERVISOR_METRICS_PORT,
 )
-from mlless_operator.builders.credentials import ca_mounts, ca_volumes, service_env
+from mlless_operator.builders.credentials import SUPERVISOR_IDENTITY_KEY, ca_mounts, ca_volumes, service_env
 from mlless_operator.builders.jobfile import JOB_FILE
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import metadata, supervisor_name
 from mlless_operator.builders.podspec import container_security_context, pod_security_context, resources
-from mlless_operator.builders.runtime import JOB_VOLUME, TMP_VOLUME, common_env, invoke_token_env, job_key_env, runtime_volumes, user_env
+from mlless_operator.builders.runtime import JOB_VOLUME, TMP_VOLUME, common_env, identity_env, invoke_token_env, runtime_volumes, user_env
 from mlless_operator.builders.services import cluster_ip_service
 
 
@@ -74,7 +74,7 @@ def build_supervisor_pod(job: JobRef, invocation: str, worker_url: str, restart:
         {"name": ENV_FUNCTION_TIMEOUT_SECONDS, "value": str(job.timeout_seconds)},
         {"name": "MPLCONFIGDIR", "value": "/tmp"},
         invoke_token_env(job),
-        job_key_env(job),
+        identity_env(job, SUPERVISOR_IDENTITY_KEY),
         *service_env(job),
         *user_env(job),  # object-store credentials: the supervisor reads the dataset too, and writes output.uri
     ]
