@@ -183,6 +183,9 @@ class Exchange(ABC):
         It is waited for, for at most `patience` seconds (half the supervisor's patience with this worker).
         """
         frames = self.transport.get_many(names)
+        # A loss this read noticed is repaired even if nothing is missing here: peers may be waiting for this
+        # worker's frames (each re-publishes only its own, and only once its transport noticed).
+        self.republish_if_store_lost()
         self.bytes_read += sum(len(f) for f in frames if f is not None)
         deadline = time.monotonic() + self.patience
         delay = 0.01

@@ -2,10 +2,11 @@
 --
 -- KEYS[1]: the step's merged record; KEYS[2..]: the senders' contributions, in the order of the ranks in ARGV.
 -- ARGV: step, parameter count N, ttl (seconds), the step key xor ipad and xor opad (64 bytes each: HMAC-SHA1 as
--- RFC 2104 builds it, from redis.sha1hex), the senders as text ("0,1,2"), then each sender's rank.
+-- RFC 2104 builds it, from redis.sha1hex), the bytes of the transport's seal, the senders as text ("0,1,2"), then
+-- each sender's rank.
 --
 -- A contribution is an Update frame (protocol/framing.py, protocol/runs.py), its in-store MAC (20 bytes) and the
--- transport's seal (16 bytes, not checked here: Redis has no HMAC-SHA256). One whose MAC does not verify under the
+-- transport's seal (protocol/sealing.py's SEAL_BYTES, not checked here: Redis has no Ed25519). One whose MAC does not verify under the
 -- caller's step key, or that is no well-formed update of that sender and step, is left out and named in the record.
 -- Returns the record "S<step>|<senders>|<rejected>|" .. MAC .. merged frame, or, while a sender's contribution is
 -- missing (the store lost it), the ranks missing, and nothing is cached.
@@ -13,11 +14,11 @@ local step, size, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local ikey, okey = ARGV[4], ARGV[5]
 local HEADER, HEADER_BYTES = '<c3BBBi4i8I4I4', 26 -- magic, version, type, flags, sender, step, length, crc
 local VERSION, UPDATE, SEALED = 3, 1, 2
-local MAC_BYTES, SEAL_BYTES = 20, 16
+local MAC_BYTES, SEAL_BYTES = 20, tonumber(ARGV[6])
 local CHUNK = 4000 -- values per struct call: Lua 5.1's C stack holds 8000
 local DENSE_ENOUGH = 0.25 -- as runtime/sync/exchange.py: a union this dense is scanned, not sorted
 
-local prefix = 'S' .. ARGV[1] .. '|' .. ARGV[6] .. '|'
+local prefix = 'S' .. ARGV[1] .. '|' .. ARGV[7] .. '|'
 local cached = redis.call('GET', KEYS[1])
 if cached and cached:sub(1, #prefix) == prefix then
     return cached
@@ -130,7 +131,7 @@ end
 local updates, rejected, missing, first = {}, {}, {}, nil
 local lo, hi, total = math.huge, -1, 0
 for i = 2, #KEYS do
-    local rank = tonumber(ARGV[5 + i])
+    local rank = tonumber(ARGV[6 + i])
     local value = redis.call('GET', KEYS[i])
     local idx, val
     if not value then
@@ -248,7 +249,7 @@ end
 pack_many('f', out_val, parts)
 local payload = table.concat(parts)
 -- Its sender: the lowest rank added (an Update frame carries a worker's rank), the first sender if none was.
-local sender = first or tonumber(ARGV[7])
+local sender = first or tonumber(ARGV[8])
 local frame = struct.pack(HEADER, 'MLs', VERSION, UPDATE, SEALED, sender, step, #payload, 0) .. payload
 local record = prefix .. table.concat(rejected, ',') .. '|'
 record = record .. mac('m\0' .. record .. frame) .. frame

@@ -40,8 +40,9 @@ from importlib import resources
 from typing import ClassVar
 
 from mlless.protocol.framing import FrameError, decode
+from mlless.protocol.identity import SUPERVISOR
 from mlless.protocol.messages import Close, Update
-from mlless.protocol.sealing import Verified
+from mlless.protocol.sealing import SEAL_BYTES, Verified
 from mlless.runtime.sync.exchange import EXCHANGES
 from mlless.runtime.sync.reduce import AllReduce
 
@@ -77,7 +78,8 @@ class InStore(AllReduce):
 
     def opened(self, stored: bytes) -> bytes:
         # The transport's seal covered the frame and its in-store MAC: the frame is as verified as they are.
-        return Verified(stored[:-MAC_BYTES]) if isinstance(stored, Verified) and len(stored) > MAC_BYTES else stored
+        return (Verified(stored[:-MAC_BYTES], stored.signer) if isinstance(stored, Verified) and len(stored) > MAC_BYTES
+                else stored)
 
     def gather(self, close: Close) -> list[Update]:
         step, senders = close.step, sorted(close.updates)
@@ -95,7 +97,7 @@ class InStore(AllReduce):
         key, listed = self.step_key(step), ",".join(map(str, senders))
         reply = self.transport.run_script(
             SCRIPT, [self.reduced_key(0, step)] + [self.part_key(r, 0, step) for r in senders],
-            [step, self.size, self.transport.ttl, *pads(key), listed, *senders])
+            [step, self.size, self.transport.ttl, *pads(key), SEAL_BYTES, listed, *senders])
         if isinstance(reply, list):
             log.warning("worker %d: the store lacks the updates of workers %s for step %d; merging them from their "
                         "frames once re-published", self.rank, [int(r) for r in reply], step)
@@ -108,7 +110,8 @@ class InStore(AllReduce):
             want.update(frame)
             if head != b"S%d" % step or named != listed.encode() or not hmac.compare_digest(mac, want.digest()):
                 raise FrameError("bad in-store MAC: not merged for this step of this job")
-            update = decode(Verified(frame))
+            # Redis merged it (the design above): it speaks for the senders as the supervisor may.
+            update = decode(Verified(frame, SUPERVISOR))
             if not isinstance(update, Update) or update.step != step:
                 raise FrameError(f"not a merged update of step {step}")
             rejected = tuple(int(r) for r in left_out.split(b",") if r)
