@@ -69,9 +69,12 @@ def test_the_shard_of_a_key_is_its_owners_rank_or_partition_mod_the_shard_count(
 def test_keys_land_on_their_shards_and_a_read_goes_to_every_shard_at_once(shards, amqp_url):
     job_id = new_job_id("shards")
     t = connect(job_id, redis_url=" ".join(shards), amqp_url=amqp_url, role="worker", rank=1)
+    # Each rank writes its own update slots (a worker may write no other rank's: protocol/keys.py).
+    peers = {r: connect(job_id, redis_url=" ".join(shards), amqp_url=amqp_url, role="worker", rank=r)
+             for r in (0, 2, 3)}
     try:
         for rank in range(4):
-            t.put(keys.update(rank, 0, 0), f"frame of {rank}".encode())
+            peers.get(rank, t).put(keys.update(rank, 0, 0), f"frame of {rank}".encode())
         t.put(keys.snapshot(), b"snapshot")
         assert keys_on(shards[0], job_id) == {keys.update(0, 0, 0), keys.update(2, 0, 0), keys.snapshot()}
         assert keys_on(shards[1], job_id) == {keys.update(1, 0, 0), keys.update(3, 0, 0)}
@@ -93,6 +96,8 @@ def test_keys_land_on_their_shards_and_a_read_goes_to_every_shard_at_once(shards
         t.probe_store()  # ... a probe every shard
         assert t.store_epoch == 1
     finally:
+        for peer in peers.values():
+            peer.close()
         assert t.delete_job() == 3  # shard 0's three keys of the caller; shard 1's were flushed
         t.close()
     assert keys_on(shards[0], job_id) == keys_on(shards[1], job_id) == set()
