@@ -70,12 +70,15 @@ class Broker:
         self.sock.connect(address.removeprefix("unix:"))
         self.sock.settimeout(10)
         self.job = pack_text(job_id, U16)
+        # The forger's thread and the test's share the socket: one request and its answer at a time.
+        self.lock = threading.Lock()
 
     def call(self, op: int, fields: bytes) -> bytes:
         body = U8.pack(op) + self.job + fields
-        self.sock.sendall(LEN.pack(len(body)) + body)
-        (n,) = LEN.unpack(recv_exact(self.sock, 4))
-        answer = recv_exact(self.sock, n)
+        with self.lock:
+            self.sock.sendall(LEN.pack(len(body)) + body)
+            (n,) = LEN.unpack(recv_exact(self.sock, 4))
+            answer = recv_exact(self.sock, n)
         assert answer[0] == 0, answer
         return answer[1:]
 
