@@ -2,7 +2,8 @@
 reads one frame (`spec.sync.exchange: in-store`).
 
 Each worker writes its update where all-to-all would, as an Update frame followed by its *in-store MAC*: HMAC-SHA1
-of the frame under the step key, a key derived from the job key for that step alone (`Transport.subkey`). At the
+of the frame under the step key, a key derived for that step alone from what every member of the job holds, the
+issuer's public key (`Transport.subkey`): a member can forge another member's contribution here. At the
 step's close, every worker runs the script `instore.lua` (EVALSHA, Lua 5.1 and its `struct` library) with the
 close's senders and the step key. The first run of a step reads the senders' frames, verifies each in-store MAC and
 the frame (an update of that sender and step, indices in range and distinct, values finite), adds the valid ones
