@@ -128,3 +128,11 @@ def test_validating_a_manifest_loads_no_training_code(module):
              "print(sorted(m for m in sys.modules if m.startswith(('mlless.training', 'mlless.autotuner', 'scipy'))))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_worker_process_does_not_import_scipy_stats():
+    """`python -m mlless worker` imports the CLI; scipy.stats alone took 1-2 s of every worker's start (a cold
+    start billed to every job, and to every trial of a sweep)."""
+    probe = "import sys, mlless.cli, mlless.runtime.worker; print('scipy.stats' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
