@@ -7,6 +7,8 @@ test's own and this module's RabbitMQ node; the forger writes while it trains: f
 another job's identity, and, as a member gone wrong would (a worker's identity read from its environment, as only a
 process of the same user can), sealed by that worker around 1e30 or NaN values: in its own slots the bound stops
 them, in its peers' the seal (tests/faults/test_forged_ranks.py forges ranks and the supervisor on both transports).
+The forger goes on until every kind of rejection is in the job's logs (a forgery counts only if a reader reads it
+before the real frame replaces it), and the job is long enough for that to happen well before its end.
 """
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import json
 import math
 import subprocess
 import threading
+import time
 import zlib
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +39,10 @@ from faults.test_outages import STEPS, start_job, wait_for_steps
 from faults.test_supervisor_loss import children
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
+
+#: The job's length: the forging ends at most FORGE_UNTIL steps into it, so it always runs to its end unharmed.
+STEPS_FORGED = 3 * STEPS
+FORGE_UNTIL = 2 * STEPS
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -59,13 +67,14 @@ def snapshot_frame(sender: int, step: int, size: int) -> bytes:
     return frame(FrameType.TENSORS, sender, step, payload[:-4 * size] + np.full(size, 1e30, "<f4").tobytes())
 
 
-def unharmed(proc: subprocess.Popen, run_dir: Path) -> str:
+def unharmed(proc: subprocess.Popen, run_dir: Path, steps: int = STEPS, stderr: Path | None = None) -> str:
     """Check that the job `proc` ran to its last step with both workers and a finite model, having rejected at least
-    five frames; return everything it logged."""
+    five frames; return everything it logged (its stderr piped, or written to `stderr`)."""
     out, err = proc.communicate(timeout=300)
+    err = stderr.read_text() if stderr else err
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["stop_reason"] == "max steps" and summary["steps"] == STEPS
+    assert summary["stop_reason"] == "max steps" and summary["steps"] == steps
     assert summary["dropped_workers"] == [] and summary["workers_final"] == 2
     assert summary["rejected_frames"] >= 5  # the forged messages, and update forgeries
     assert summary["validation_loss"] is not None and math.isfinite(summary["validation_loss"])
@@ -82,6 +91,7 @@ class Forger(threading.Thread):
         self.r, self.prefix, self.identity = redis.Redis.from_url(redis_url), key_prefix(job_id), identity
         self.verifier = Verifier(identity.issuer)
         self.stop, self.written = threading.Event(), 0
+        self.forged: Counter[str] = Counter()  # forgeries written per slot
         self.snapshot: tuple[int, int] | None = None  # (step, size) of the newest real snapshot
         # A snapshot is read within milliseconds of being put: a thread of its own looks for it all the time.
         self.snapshots = threading.Thread(target=self.forge_snapshots, daemon=True)
@@ -104,7 +114,12 @@ class Forger(threading.Thread):
                 if current is None or len(current) < HEADER.size:
                     continue
                 _, _, _, _, sender, step, _, _ = HEADER.unpack_from(current)
-                self.r.set(full, self.forgeries(name, sender, step)[self.written % 4])
+                # Each slot gets the four kinds in turn. Counted over all slots, the kind a slot got depended on
+                # where the scan, in an order fixed by the key names' hashes, found it: six slots a round, so a
+                # slot got the kinds of its position's parity only, and for about one job name in seven all of a
+                # rank's slots had one parity (never a NaN, or never a 1e30, in the forged rank's own slots).
+                self.r.set(full, self.forgeries(name, sender, step)[self.forged[name] % 4])
+                self.forged[name] += 1
                 self.written += 1
 
     def forge_snapshots(self) -> None:
@@ -122,9 +137,24 @@ class Forger(threading.Thread):
                                                                     snapshot_frame(self.identity.signer, *self.snapshot)))
 
 
+def forge_until_logged(proc: subprocess.Popen, run_dir: Path, stderr: Path, reasons: list[str]) -> None:
+    """Wait until each of `reasons` is in the job's logs (its workers' and the supervisor's); fail, naming those
+    missing, if the job reaches FORGE_UNTIL steps first."""
+    metrics = run_dir / "metrics.jsonl"
+    while True:
+        logs = stderr.read_text() + "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+        missing = [reason for reason in reasons if reason not in logs]
+        if not missing:
+            return
+        assert proc.poll() is None, proc.communicate()
+        steps = len(metrics.read_text().splitlines())
+        assert steps < FORGE_UNTIL, f"after {steps} steps of forging, never rejected: {missing}"
+        time.sleep(0.1)
+
+
 def test_forged_frames_are_rejected_counted_and_never_applied(rabbit, private_redis, movielens_dir, tmp_path):
-    run_dir = tmp_path / "run"
-    proc = start_job(movielens_dir, run_dir, private_redis, rabbit.url)
+    run_dir, stderr = tmp_path / "run", tmp_path / "supervisor.log"
+    proc = start_job(movielens_dir, run_dir, private_redis, rabbit.url, steps=STEPS_FORGED, stderr=stderr)
     wait_for_steps(run_dir, proc, 20)
     workers = children(proc.pid)
     job_id, key_text, rank = (environ(workers[0])[name] for name in (ENV_JOB_ID, ENV_IDENTITY, ENV_RANK))
@@ -144,16 +174,19 @@ def test_forged_frames_are_rejected_counted_and_never_applied(rabbit, private_re
         for body in (failed, seal(failed, Issuer().issue(0), MESSAGE_CONTEXT)):
             channel.basic_publish("", names["supervisor"], body)
         channel.basic_publish(names["exchange"], "", encode(Finish(sender=-1, step=0)))
-    wait_for_steps(run_dir, proc, STEPS * 2 // 3)
-    forger.stop.set()
-    forger.join(timeout=10)
-    forger.snapshots.join(timeout=10)
-    logs = unharmed(proc, run_dir)
+    reasons = ["rejected frame: message: bad or missing seal: not written by a member of this job",
+               "rejected control frame: message: bad or missing seal",
+               "bad or missing seal: not written by a member of this job", "values reach 1e+30, beyond the bound",
+               f"sealed by rank {rank}, which may not write it: forged",
+               "values contains NaN or inf", "rejected replica: params reach 1e+30, beyond the bound"]
+    try:
+        forge_until_logged(proc, run_dir, stderr, reasons)
+    finally:
+        forger.stop.set()
+        forger.join(timeout=10)
+        forger.snapshots.join(timeout=10)
+    logs = unharmed(proc, run_dir, STEPS_FORGED, stderr)
     assert forger.written > 20
-    for reason in ("rejected frame: message: bad or missing seal: not written by a member of this job",
-                   "rejected control frame: message: bad or missing seal",
-                   "bad or missing seal: not written by a member of this job", "values reach 1e+30, beyond the bound",
-                   f"sealed by rank {rank}, which may not write it: forged",
-                   "values contains NaN or inf", "rejected replica: params reach 1e+30, beyond the bound"):
+    for reason in reasons:
         assert reason in logs, reason
     assert key_text not in logs

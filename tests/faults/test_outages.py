@@ -7,6 +7,7 @@ The fault is injected once the job is training.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -39,16 +40,19 @@ STEPS = 240
 
 
 def start_job(dataset: Path, run_dir: Path, redis_url: str, amqp_url: str, steps: int = STEPS,
-              env: dict[str, str] | None = None, **spec: object) -> subprocess.Popen:
+              env: dict[str, str] | None = None, stderr: Path | None = None, **spec: object) -> subprocess.Popen:
+    """`mlless train` of a PMF job; its stderr (the supervisor's log) piped, or written to `stderr` for a test that
+    reads it while the job runs."""
     manifest = {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "fault"},
                 "spec": {"workers": 2, "model": {"type": "pmf"}, "sync": {"protocol": "bsp"},
                          "dataset": {"uri": str(dataset), "cacheBatches": True}, "stop": {"maxSteps": steps},
                          "evaluation": {"everySteps": 10}, **spec}}
     job = run_dir.parent / f"{run_dir.name}.yaml"
     job.write_text(yaml.safe_dump(manifest))
-    return subprocess.Popen([sys.executable, "-m", "mlless", "train", str(job), "--out", str(run_dir), "-q",
-                             "--redis-url", redis_url, "--amqp-url", amqp_url],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    with open(stderr, "w") if stderr else contextlib.nullcontext(subprocess.PIPE) as err:
+        return subprocess.Popen([sys.executable, "-m", "mlless", "train", str(job), "--out", str(run_dir), "-q",
+                                 "--redis-url", redis_url, "--amqp-url", amqp_url],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **(env or {})})
 
 
 def wait_for_steps(run_dir: Path, proc: subprocess.Popen, steps: int, timeout: float = 120.0) -> None:

@@ -1,6 +1,7 @@
 """End to end: `kubectl apply` a TrainingSweep; the operator creates its trial TrainingJobs, the kubelet stand-in runs
 their pods (real supervisors and workers on the real Redis and RabbitMQ), ASHA stops the losers, the best trial's
-model is copied to the sweep's output, and deleting the sweep deletes its trials."""
+model is copied to the sweep's output, and deleting the sweep deletes its trials. And, the test writing the trials'
+statuses as their supervisors would (no pods run), ASHA counting epochs."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +11,7 @@ import kmock
 import pytest
 
 from mlless.contract import LABEL_SWEEP
-from scenario import NS, TJ, launched, training_job, unique
+from scenario import NS, TJ, launched, running_operator, training_job, unique
 
 SWEEPS = kmock.resource("mlless.io/v1alpha1/trainingsweeps")
 #: A trial's length: long enough that the operator sees a loser at a rung before it ends (at 120 steps a quiet
@@ -83,3 +84,41 @@ async def test_a_sweep_runs_its_trials_stops_losers_copies_the_best_and_cleans_u
         code, _ = await c.call("DELETE", f"/apis/mlless.io/v1alpha1/namespaces/{NS}/trainingsweeps/{name}")
         assert code in (200, 202)
         await job.until(lambda: not trials_of(c, name) and c.get(SWEEPS, name) is None, "the trials to be deleted")
+
+
+@pytest.mark.asyncio
+@pytest.mark.services
+async def test_the_operator_counts_asha_rungs_in_epochs_from_the_trials_status(
+        cluster_factory, movielens_dir, redis_url, amqp_url, tmp_path):
+    """`earlyStopping.resource: epochs`: rungs at epochs 1, 3, 9 of each trial's `status.epoch`, below the trial's own
+    maxEpochs; a loser at rung 0 is deleted; a trial seen at its maxEpochs is ending by itself and is not judged."""
+    name = unique("epochs")
+    doc = sweep_doc(name, movielens_dir, redis_url, amqp_url, tmp_path / "out")
+    doc["spec"]["template"]["spec"]["stop"] = {"maxSteps": 100000, "maxEpochs": 10}
+    doc["spec"] |= {"maxConcurrentTrials": 3,
+                    "earlyStopping": {"type": "asha", "resource": "epochs", "minResource": 1, "reductionFactor": 3}}
+    first, loser, ending = (f"{name}-{i}" for i in (1, 2, 3))
+    async with cluster_factory() as c, running_operator():
+        code, answer = await c.call("POST", f"/apis/mlless.io/v1alpha1/namespaces/{NS}/trainingsweeps", doc)
+        assert code == 201, answer
+        await c.until(lambda: trials_of(c, name) == {first, loser, ending}, "the three trials")
+
+        def row(trial: str) -> dict[str, Any]:
+            return next(r for r in (c.get(SWEEPS, name).get("status") or {}).get("trials", []) if r["name"] == trial)
+
+        # Many steps but under an epoch: no rung yet (a step count would have passed rungs 0 to 4).
+        await c.patch_job(first, {"status": {"step": 90, "epoch": 0.9, "validationLoss": 0.9}}, "/status")
+        await c.until(lambda: row(first).get("bestValidationLoss") == 0.9, "the first trial's loss in the table")
+        assert not row(first).get("rungLosses"), row(first)
+        await c.patch_job(first, {"status": {"step": 110, "epoch": 1.1}}, "/status")
+        await c.until(lambda: row(first).get("rungLosses") == [0.9] and row(first)["rung"] == 1,
+                      "the first trial past rung 0 (the first at a rung goes on)")
+        await c.patch_job(loser, {"status": {"step": 110, "epoch": 1.1, "validationLoss": 1.5}}, "/status")
+        await c.until(lambda: row(loser)["state"] == "Stopped", "the loser stopped at rung 0")
+        assert row(loser)["stopReason"] == "stopped by the sweep: ASHA rung 0" and row(loser)["killedAt"] == 110
+        assert loser not in trials_of(c, name)
+        # At its maxEpochs with a loss that loses at every rung: the pass that records its rungs (9 < 10, so three)
+        # would stop it, and the row shows that pass's judgement with them.
+        await c.patch_job(ending, {"status": {"step": 1000, "epoch": 10.0, "validationLoss": 2.0}}, "/status")
+        await c.until(lambda: row(ending).get("rungLosses") == [2.0, 2.0, 2.0], "the ending trial's rungs")
+        assert row(ending)["state"] == "Running" and ending in trials_of(c, name), row(ending)

@@ -27,6 +27,7 @@ from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.supervisor.membership import JobFailed
 from mlless.runtime.sync.exchange import EXCHANGES
 from mlless.spec import SpecError, TrainingJob
+from mlless.spec.robust import one_redis_error
 from mlless.transport import Transport, connect
 from mlless.transport.embedded_broker import EmbeddedBroker
 from mlless.protocol.identity import Issuer, parse_identity
@@ -97,10 +98,9 @@ def train_local(
     if EXCHANGES[job.sync.exchange].runs_in_store and not services.external:
         raise SpecError(f"spec.sync.exchange: {job.sync.exchange} runs a script in Redis, which the embedded transport "
                         "has not: give --redis-url and --amqp-url")
-    if EXCHANGES[job.sync.exchange].runs_in_store and len(services.redis_url.split()) > 1:
-        # A script runs in one Redis, and the shards spread a step's updates by rank (transport/shards.py).
-        raise SpecError(f"spec.sync.exchange: {job.sync.exchange} runs a script in one Redis, and --redis-url gives "
-                        f"{len(services.redis_url.split())} shards")
+    shards = len(services.redis_url.split()) if services.redis_url else 1
+    if refusal := one_redis_error(job.sync.exchange, shards, f"--redis-url gives {shards} shards"):
+        raise SpecError(refusal)
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
     job_file.write_text(job.to_json())

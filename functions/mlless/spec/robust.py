@@ -3,7 +3,8 @@
 A robust rule combines the updates of one step, so it needs a protocol whose workers add their peers' updates of
 each step (BSP, ISP, SSP): averaging's rounds divide by the carriers of each entry, blocked's rows stay at home and
 async and ADMM combine models, not a step's updates. A median of two updates is their mean, so it needs three
-workers. This module imports nothing of mlless, so that the schema can read it.
+workers. An exchange that sums in Redis also needs the job's Redis to be one instance (`one_redis_error`). This
+module imports nothing of mlless, so that the schema can read it.
 """
 from __future__ import annotations
 
@@ -35,3 +36,12 @@ def errors(spec: Mapping[str, Any], default_protocol: str, default_workers: int)
     workers = spec.get("workers", default_workers)
     if isinstance(workers, int) and workers < MIN_WORKERS:
         yield f"spec.sync.aggregation: {rule} needs spec.workers >= {MIN_WORKERS}, not {workers}"
+
+
+def one_redis_error(exchange: str, shards: int, counted: str) -> str | None:
+    """The line refusing `exchange` over `shards` Redis instances, `counted` saying where that number comes from
+    (`spec.redis.shards is 2`, `--redis-url gives 2 shards`); None if it can run. In-store's script runs in one
+    Redis, and the shards spread a step's updates by rank (transport/shards.py)."""
+    if exchange in SUMMING_EXCHANGES and shards > 1:
+        return f"spec.sync.exchange: {exchange} runs a script in one Redis, and {counted}"
+    return None

@@ -433,10 +433,10 @@ def pairing_errors(spec: Any) -> Iterator[str]:
             yield f"{_pairing_message(field, value, other, admitted)}, not {given(other)}"
     kind = models.MODEL_TYPES.get(given("model.type"))
     yield from robust.errors(spec, kind.protocol if kind else "", default("workers"))
-    # In-store's script runs in one Redis, and the shards spread a step's updates by rank (transport/shards.py).
     shards = given("redis.shards")
-    if given("sync.exchange") in robust.SUMMING_EXCHANGES and isinstance(shards, int) and shards > 1:
-        yield f"spec.sync.exchange: {given('sync.exchange')} runs a script in one Redis, and spec.redis.shards is {shards}"
+    if isinstance(shards, int) and (line := robust.one_redis_error(given("sync.exchange"), shards,
+                                                                    f"spec.redis.shards is {shards}")):
+        yield line
 
 
 def cel_rules() -> list[Schema]:

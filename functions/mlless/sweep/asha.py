@@ -46,10 +46,17 @@ def rung_values(rule: EarlyStopping, curve: Iterable[tuple[float, float | None]]
     for resource, loss in curve:
         if loss is not None and math.isfinite(loss):
             best = min(best, loss)
-        while (math.isfinite(best) and resource >= level(rule, len(values))
-               and (limit is None or level(rule, len(values)) < limit)):
-            values.append(best)
+        reach(rule, values, resource, best, limit)
     return values
+
+
+def reach(rule: EarlyStopping, values: list[float], resource: float, best: float, limit: float | None = None) -> None:
+    """Append `best` (the trial's lowest validation loss so far; inf if none is known yet) to its rung `values` for
+    each rung past them that `resource` reached, short of `limit`: one point of `rung_values`, for a caller (the
+    operator) that sees a trial's latest status only and keeps its values between looks."""
+    while (math.isfinite(best) and resource >= level(rule, len(values))
+           and (limit is None or level(rule, len(values)) < limit)):
+        values.append(best)
 
 
 def cutoff(rule: EarlyStopping, peers: Sequence[float]) -> float:

@@ -158,10 +158,8 @@ class LocalSweep:
                 return
             if trial.state != "Pending":
                 continue
-            stop = self.sweep.trial_job(trial.name, trial.parameters).stop
-            steps = self.rule.resource == "steps"
-            run = TrialRun(trial, self.out / TRIALS_DIR / trial.name, "step" if steps else "epoch",
-                           stop.max_steps if steps else stop.max_epochs)
+            run = TrialRun(trial, self.out / TRIALS_DIR / trial.name, self.rule.field,
+                           self.sweep.trial_limit(trial.name, trial.parameters))
             run.thread = threading.Thread(target=self._train, args=(run,), name=trial.name, daemon=True)
             trial.state = "Running"
             self.runs[trial.name] = run

@@ -65,6 +65,11 @@ class EarlyStopping:
     def enabled(self) -> bool:
         return self.type == "asha"
 
+    @property
+    def field(self) -> str:
+        """What counts the resource: the `step` or `epoch` of a metrics.jsonl row and of a TrainingJob's status."""
+        return "step" if self.resource == "steps" else "epoch"
+
 
 @dataclass(frozen=True)
 class Sweep:
@@ -101,6 +106,11 @@ class Sweep:
 
     def trial_job(self, name: str, values: Mapping[str, Any], source: str = "trial") -> TrainingJob:
         return from_manifest(self.trial_manifest(name, values), self.base_dir, source)
+
+    def trial_limit(self, name: str, values: Mapping[str, Any]) -> float | None:
+        """Where a trial's own stop rule ends it in the resource ASHA counts (maxSteps or maxEpochs), if it says."""
+        stop = self.trial_job(name, values).stop
+        return stop.max_steps if self.early_stopping.resource == "steps" else stop.max_epochs
 
 
 def with_values(spec: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:

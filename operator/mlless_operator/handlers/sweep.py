@@ -5,8 +5,8 @@ Each pass (on creation and then on a timer) reads the trials' TrainingJob status
 restarted operator goes on where it was), deletes the losers (their supervisor ends the job cleanly on SIGTERM and
 exports its model to output.uri), starts pending trials in free slots, and writes the status. The trials are owned by
 the sweep (ownerReferences), so deleting it deletes them; the cleanup handler also deletes them by label, for API
-servers without garbage collection. The operator counts ASHA's resource in steps: a TrainingJob's status has no
-epoch, so a sweep that counts epochs runs without early stopping here (its status says so).
+servers without garbage collection. ASHA's resource is read from each trial's TrainingJob status, its `step` or
+`epoch` as `earlyStopping.resource` says, and the rungs it reached are kept in the trial's row (`asha.reach`).
 """
 from __future__ import annotations
 
@@ -16,13 +16,12 @@ import kopf
 
 from mlless.contract import API_VERSION, KIND, LABEL_SWEEP, SWEEP_KIND, TERMINAL_JOB_PHASES
 from mlless.spec import SpecError
-from mlless.sweep.asha import judge, level
-from mlless.sweep.manifest import Sweep, sweep_from_manifest
+from mlless.sweep.asha import judge, reach
+from mlless.sweep.manifest import EarlyStopping, Sweep, sweep_from_manifest
 from mlless.sweep.status import Trial, best_trial, copy_record, sweep_status
 from mlless_operator.kubeapi import KubeAPI
 
 ASHA_STOP = "stopped by the sweep: ASHA rung {rung}"
-EPOCHS_OFF = "earlyStopping.resource epochs: the operator counts steps only, so ASHA is off for this sweep"
 
 
 def _sweep(body: Mapping[str, Any]) -> Sweep:
@@ -47,24 +46,23 @@ def trial_job(sweep: Sweep, trial: Trial, body: Mapping[str, Any]) -> dict[str, 
     return job
 
 
-def _observe(trial: Trial, job: Mapping[str, Any] | None, sweep: Sweep, limit: float | None) -> None:
-    """Take a running trial's TrainingJob status into its row."""
+def _observe(trial: Trial, job: Mapping[str, Any] | None, rule: EarlyStopping, limit: float | None) -> float:
+    """Take a running trial's TrainingJob status into its row; the steps or epochs (`rule.field`) it reached."""
     if job is None:  # deleted by someone else
         trial.state, trial.stop_reason = "Failed", trial.stop_reason or "its TrainingJob was deleted"
-        return
+        return 0.0
     status = job.get("status") or {}
     trial.step = status.get("step", trial.step)
     trial.cost_usd = status.get("costUSD", trial.cost_usd)
     trial.observe_loss(status.get("validationLoss"))
-    rule = sweep.early_stopping
-    while (rule.enabled and rule.resource == "steps" and trial.best_validation_loss is not None
-           and trial.step >= level(rule, len(trial.rung_losses))
-           and (limit is None or level(rule, len(trial.rung_losses)) < limit)):
-        trial.rung_losses.append(trial.best_validation_loss)
+    reached = float(status.get(rule.field) or 0)
+    if rule.enabled and trial.best_validation_loss is not None:
+        reach(rule, trial.rung_losses, reached, trial.best_validation_loss, limit)
     if status.get("phase") in TERMINAL_JOB_PHASES:
         trial.state = status["phase"]
         trial.stop_reason = status["phase"]
         trial.model_uri = status.get("modelURI")
+    return reached
 
 
 async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -91,17 +89,19 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     trials = ([Trial.from_status(row) for row in status["trials"]] if status.get("trials")
               else [Trial(sweep.trial_name(i), values) for i, values in enumerate(sweep.assignments())])
     rule = sweep.early_stopping
+    ending: set[str] = set()  # trials seen at their own limit (maxSteps or maxEpochs, as ASHA counts)
     for trial in trials:
         if trial.state == "Running":
-            limit = sweep.trial_job(trial.name, trial.parameters).stop.max_steps
-            _observe(trial, await api.get(API_VERSION, KIND, namespace, trial.name), sweep, limit)
-    if rule.enabled and rule.resource == "steps":
+            limit = sweep.trial_limit(trial.name, trial.parameters)
+            reached = _observe(trial, await api.get(API_VERSION, KIND, namespace, trial.name), rule, limit)
+            if limit is not None and reached >= limit:
+                ending.add(trial.name)
+    if rule.enabled:
         progress = [t.progress() for t in trials]
-        for trial, seen in zip(trials, progress):
-            # A trial seen at its own step limit is ending by itself: stopping it would save nothing, and would
-            # record as killed a trial that ran to the end (its status can reach the limit between two passes).
-            limit = sweep.trial_job(trial.name, trial.parameters).stop.max_steps
-            seen.running = seen.running and (limit is None or trial.step < limit)
+        for seen in progress:
+            # A trial seen at its own limit is ending by itself: stopping it would save nothing, and would record
+            # as killed a trial that ran to the end (its status can reach the limit between two passes).
+            seen.running = seen.running and seen.name not in ending
         for loser, rung in judge(rule, progress).items():
             trial = next(t for t in trials if t.name == loser)
             await api.delete(API_VERSION, KIND, namespace, loser)
@@ -110,10 +110,9 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         for trial, seen in zip(trials, progress):
             trial.rung = seen.passed
     spent = sum(t.cost_usd for t in trials)
-    message = EPOCHS_OFF if rule.enabled and rule.resource != "steps" else None
     over_budget = sweep.budget_usd is not None and spent >= sweep.budget_usd
+    message = f"budget spent: ${spent:.5f} of ${sweep.budget_usd:g}" if over_budget else None
     if over_budget:
-        message = f"budget spent: ${spent:.5f} of ${sweep.budget_usd:g}"
         for trial in trials:
             if trial.state == "Running":
                 await api.delete(API_VERSION, KIND, namespace, trial.name)
