@@ -11,7 +11,7 @@ import yaml
 from mlless.cli import main
 from mlless.contract import EXIT_USAGE
 from mlless.spec.sweep import SWEEP_SCHEMA
-from mlless.sweep.asha import TrialProgress, cutoff, judge, level, rung_values
+from mlless.sweep.asha import TrialProgress, cutoff, judge, level, min_peers, rung_values
 from mlless.sweep.manifest import EarlyStopping, load_sweep
 
 from generated import assert_generated
@@ -164,10 +164,16 @@ def test_asha_keeps_the_best_fraction_at_each_rung():
                 trial.running = False
                 k = stopped[trial.name]
                 peers = [t.values[k] for t in trials if len(t.values) > k]
+                assert len(peers) >= min_peers(RULE)
                 assert trial.values[k] > np.quantile(peers, 1 - 1 / RULE.reduction_factor)
             elif trial.running:  # it passed every rung it reached
                 assert trial.passed == len(trial.values)
     assert judge(RULE, [TrialProgress("only", True, values=[9.0])]) == {}  # the first at a rung goes on
+    # With η = 3 the second at a rung goes on too, however far behind: one comparison is no ranking.
+    eta3 = EarlyStopping("asha", "steps", 20.0, 3.0)
+    assert judge(eta3, [TrialProgress("a", False, values=[1.0]), TrialProgress("b", True, values=[9.0])]) == {}
+    assert judge(eta3, [TrialProgress("a", False, values=[1.0]), TrialProgress("b", False, values=[2.0]),
+                        TrialProgress("c", True, values=[9.0])]) == {"c": 0}
     assert cutoff(RULE, [1.0, 3.0]) == pytest.approx(2.0)
 
 
