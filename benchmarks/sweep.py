@@ -84,8 +84,8 @@ def main() -> None:
             body = "\n".join([
                 f"## Sweeps: ASHA against the full grid on {name} (benchmarks/sweep.py)",
                 "",
-                f"`{_common.command_line()}` on {info['cpu']}, {info['cores']} cores (shared with other sessions: "
-                "times are inflated). One worker per trial, two trials at a time, reduction factor 3, rungs in "
+                f"`{_common.command_line()}`; {_common.machine_line(info)}. One worker per trial, two trials at a "
+                "time, reduction factor 3, rungs in "
                 f"epochs from {SETS[name]['minResource']:g}; template {json.dumps(SETS[name]['template'])}, "
                 f"parameters {json.dumps(SETS[name]['parameters'])}.",
                 "",
