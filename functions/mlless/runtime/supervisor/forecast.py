@@ -3,16 +3,19 @@
 `project_stop` is the one place that turns a loss curve into "the step at which the target-loss or the patience
 rule ends the job": the supervisor's progress and ETA read it (`eta.py`) and so can a planner that fits a pilot
 run's curve. It fits the curve the auto-tuner fits (`mlless.autotuner.curves.fit_reference`,
-1/(θ0·t^θ1 + θ2) + θ3) to the smoothed validation losses the stop rules read (`stopping.smoothed_losses`),
-extends it one evaluation at a time, and replays the evaluations seen and projected through the supervisor's own
-`ValidationWatch`: the projection stops where the rule would, by the same code.
+1/(θ0·t^θ1 + θ2) + θ3) to the raw validation losses, extends it one evaluation at a time, and replays the
+evaluations seen and projected through the supervisor's own `ValidationWatch`, which smooths them as it does live:
+the projection stops where the rule would, by the same code. (It once fitted the smoothed losses: their lag behind
+a falling curve made every projected evaluation too high, so the futures stopped improving, and the projection
+stopping, too early; `benchmarks/eta_replay.py` compares the two on recorded curves.)
 
 A fitted curve decreases for ever, so under patience alone its trend would never stop on a small `minDelta`. A
 real curve stops once its fall per evaluation drowns in the evaluations' noise: the smoothed loss then makes no
 new best for `patience` evaluations in a row, at a step that is itself random. So `FUTURES` futures are replayed:
 the fitted trend plus Gaussian noise with the scatter of the newest half of the evaluations about it (a fixed
 seed: the same evaluations give the same projection), each through a copy of the rules as they stand; the
-projection is the median future's stop.
+projection is the median future's stop. With 9 futures the median itself moved by evaluations from one fit to the
+next; 31 steady it, and the fits stay within the supervisor's `eta.REFIT_SHARE` of its time.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from mlless.autotuner.curves import CurveFitError, FittedCurve, fit_reference
-from mlless.runtime.supervisor.stopping import ValidationWatch, smoothed_losses
+from mlless.runtime.supervisor.stopping import ValidationWatch
 from mlless.spec.job import StopConfig
 
 __all__ = ["StopProjection", "median_future", "project_stop"]
@@ -34,7 +37,7 @@ MIN_EVALUATIONS = 8
 #: The projection gives up this many evaluations past the newest one: a rule that far away is no forecast.
 HORIZON_EVALUATIONS = 500
 #: How many noisy futures of the fitted curve are replayed.
-FUTURES = 9
+FUTURES = 31
 _NO_PARAMS = np.zeros(0, np.float32)
 
 
@@ -63,9 +66,9 @@ def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConf
     for step, loss in points:  # the rules' state now, replayed: the same code the supervisor runs
         watch.observe(int(step), loss, _NO_PARAMS)
     t = np.array([s for s, _ in points])
-    smoothed = np.array(smoothed_losses(x for _, x in points))
+    raw = np.array([x for _, x in points])
     try:
-        curve = fit_reference(t, smoothed, min_points=MIN_EVALUATIONS)
+        curve = fit_reference(t, raw, min_points=MIN_EVALUATIONS)
     except CurveFitError:  # too few evaluations yet, or a curve no fit holds
         if not watch.stale or stop.patience is None:
             return None
@@ -74,7 +77,6 @@ def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConf
         step = int(t[-1]) + (stop.patience - watch.stale) * evaluate_every
         return StopProjection(step, "patience", None, 0.0) if until_step is None or step <= until_step else None
     tail = slice(len(points) // 2, None)
-    raw = np.array([x for _, x in points])
     noise = float(np.std(raw[tail] - np.asarray(curve(t[tail]), dtype=np.float64)))
     last = int(t[-1]) + HORIZON_EVALUATIONS * evaluate_every
     step, rule = median_future(watch, curve, noise, int(t[-1]), evaluate_every,

@@ -1,0 +1,174 @@
+#!/usr/bin/env python
+"""The patience stop's projection (issue #24), replayed offline on recorded validation curves.
+
+`eta.py` times the ETA of live jobs, one run per set and P, so each way of projecting the stop costs a full rerun,
+and the pace's wobble is mixed into its error. This script separates the projection: default jobs (only
+`model.type`, so they stop on patience) are recorded once each with a long patience (`--record-patience`) so that
+the curve goes on past the default rule's stop; the default rule (`StopConfig()`'s patience and minDelta) is then
+replayed on each curve with the supervisor's own `ValidationWatch` to find where the job would have stopped, and
+each projection method is asked, after every evaluation before that stop, where it projects the stop. Its error at
+a progress mark is that of the first evaluation whose projected progress (step / projected stop) reaches the mark:
+(projected steps left - real steps left) / real steps left, which is the ETA's error at a steady pace.
+
+    python benchmarks/eta_replay.py [--sets movielens,pmf1m-skew,lr200k] [--workers 1,2,3] [--seeds 1,2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+import time_to_quality as ttq  # noqa: E402
+
+import numpy as np  # noqa: E402
+import yaml  # noqa: E402
+
+from mlless.runtime.supervisor import forecast  # noqa: E402
+from mlless.runtime.supervisor.stopping import ValidationWatch  # noqa: E402
+from mlless.spec.job import StopConfig  # noqa: E402
+from mlless.spec.schema import DEFAULT_PATIENCE  # noqa: E402
+
+MARKS = (0.25, 0.5, 0.75)
+KINDS = {"movielens": "pmf", "pmf1m-skew": "pmf", "lr200k": "logistic-regression"}
+Curve = list[tuple[int, float]]
+
+
+def record(base: Path, key: str, workers: int, seed: int, patience: int) -> tuple[Curve, int]:
+    """(step, validation loss) of each evaluation of a default job with a long patience, and its evaluation period;
+    cached under `base`."""
+    cache = base / "eta-replay" / f"{key}-{workers}-{seed}-{patience}.json"
+    if cache.exists():
+        got = json.loads(cache.read_text())
+        return [tuple(p) for p in got["curve"]], got["every"]
+    data = ttq.prepared(base, key)
+    name = f"replay-{key}-{workers}-{seed}"
+    job = cache.parent / f"{name}.yaml"
+    job.parent.mkdir(parents=True, exist_ok=True)
+    job.write_text(yaml.safe_dump({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+                                   "spec": {"workers": workers, "seed": seed, "model": {"type": KINDS[key]},
+                                            "dataset": {"uri": str(data), "cacheBatches": True},
+                                            "stop": {"patience": patience, "maxEpochs": 50}}}))
+    run = _common.mlless_train(job, cache.parent / name, services=False)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    every = json.loads((run / "job.json").read_text())["evaluate_every"]
+    # a step's row repeats the newest evaluation's loss: an evaluation is where it changes
+    curve = [(r["step"], r["validation_loss"]) for k, r in enumerate(rows) if r["validation_loss"] is not None
+             and (k == 0 or r["validation_loss"] != rows[k - 1]["validation_loss"])]
+    cache.write_text(json.dumps({"curve": curve, "every": every}))
+    return curve, every
+
+
+def real_stop(curve: Curve, stop: StopConfig) -> int | None:
+    """The step at which the default rule stops on `curve` (None: not within the recording)."""
+    watch = ValidationWatch(stop.patience, None, 1, stop.min_delta)
+    for step, loss in curve:
+        watch.observe(step, loss, np.zeros(1, np.float32))
+        if watch.patience_exhausted():
+            return step
+    return None
+
+
+Method = Callable[[Curve, StopConfig, int], float | None]
+
+
+def current(curve: Curve, stop: StopConfig, every: int) -> float | None:
+    got = forecast.project_stop([s for s, _ in curve], [x for _, x in curve], stop, every)
+    return None if got is None else got.step
+
+
+def variant(futures: int, fit_smoothed: bool, noise: str = "fit") -> Method:
+    """`forecast.project_stop`'s projection with another number of futures, the curve fitted to the smoothed losses
+    the rules read (as before this script's first run) or to the raw ones (as now), and another noise estimate
+    ("fit": the scatter of the newest half about the fit, as now; "diff": that of their successive differences
+    over sqrt 2, which a lagging fit does not inflate)."""
+    from mlless.autotuner.curves import CurveFitError, fit_reference
+    from mlless.runtime.supervisor.stopping import smoothed_losses
+
+    def method(curve: Curve, stop: StopConfig, every: int) -> float | None:
+        watch = ValidationWatch(stop.patience, stop.target_loss, stop.target_steps, stop.min_delta)
+        for step, loss in curve:
+            watch.observe(step, loss, np.zeros(0, np.float32))
+        t = np.array([s for s, _ in curve], np.float64)
+        raw = np.array([x for _, x in curve], np.float64)
+        try:
+            fitted = fit_reference(t, np.array(smoothed_losses(raw)) if fit_smoothed else raw, min_points=8)
+        except CurveFitError:  # before a fit: project_stop's own rule (patience counting since the best)
+            return current(curve, stop, every)
+        tail = slice(len(curve) // 2, None)
+        scatter = (np.std(raw[tail] - fitted(t[tail])) if noise == "fit"
+                   else np.std(np.diff(raw[tail])) / np.sqrt(2))
+        step, _ = forecast.median_future(watch, fitted, float(scatter), int(t[-1]), every, int(t[-1]) + 500 * every,
+                                         futures=futures, seed=len(curve))
+        return None if step == float("inf") else step
+    return method
+
+
+METHODS: dict[str, Method] = {"current": current, "smoothed-9": variant(9, True), "smoothed-31": variant(31, True),
+                              "raw-9": variant(9, False), "smoothed-diff-31": variant(31, True, "diff")}
+
+
+def errors(curve: Curve, every: int, stop: StopConfig, method: Method) -> dict[float, float | None] | None:
+    end = real_stop(curve, stop)
+    if end is None:
+        return None
+    seen = [(s, x) for s, x in curve if s < end]
+    out: dict[float, float | None] = dict.fromkeys(MARKS)
+    for k in range(1, len(seen) + 1):
+        step = seen[k - 1][0]
+        projected = method(seen[:k], stop, every)
+        if projected is None:
+            continue
+        projected = max(projected, step + 1)
+        for mark in MARKS:
+            if out[mark] is None and step / projected >= mark:
+                out[mark] = ((projected - step) - (end - step)) / (end - step)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sets", default=",".join(KINDS))
+    ap.add_argument("--workers", default="1,2,3")
+    ap.add_argument("--seeds", default="1,2")
+    ap.add_argument("--record-patience", type=int, default=15)
+    ap.add_argument("--methods", default=None, help="comma-separated; default: all")
+    ap.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR)
+    ap.add_argument("--write-results", action="store_true")
+    args = ap.parse_args()
+    stop = replace(StopConfig(), patience=DEFAULT_PATIENCE)
+    methods = args.methods.split(",") if args.methods else list(METHODS)
+    curves = {(key, p, seed): record(args.data_dir, key, p, seed, args.record_patience)
+              for key in args.sets.split(",") for p in map(int, args.workers.split(","))
+              for seed in map(int, args.seeds.split(","))}
+    rows, halves = [], {name: [] for name in methods}
+    for (key, p, seed), (curve, every) in curves.items():
+        found = {name: errors(curve, every, stop, METHODS[name]) for name in methods}
+        cells = []
+        for name in methods:
+            half = None if found[name] is None else found[name][0.5]
+            halves[name].append(half)
+            cells.append("-" if half is None else f"{half:+.0%}")
+        rows.append([key, p, seed, len(curve), real_stop(curve, stop) or "-", *cells])
+    lines = [f"{name}: within 20 % at 50 % in {sum(e is not None and abs(e) <= 0.2 for e in got)} of {len(got)} "
+             f"curves; median |error| {np.median([abs(e) for e in got if e is not None]):.0%}"
+             for name, got in halves.items() if any(e is not None for e in got)]
+    body = "\n".join([
+        "## The patience stop's projection, replayed on recorded curves (`benchmarks/eta_replay.py`, issue #24)", "",
+        f"`{_common.command_line()}`; {_common.machine_line(_common.machine_info())}.", "",
+        f"Recorded default jobs with patience {args.record_patience}; the default rule (patience {stop.patience}, "
+        f"minDelta {stop.min_delta:g}) replayed on each gives the real stop (step). Error at 50 % progress of each "
+        "method, in steps left (the ETA's at a steady pace): " + ", ".join(methods) + ".", "",
+        _common.table(["set", "P", "seed", "evaluations", "real stop", *methods], rows), "",
+        *[f"- {line}" for line in lines]])
+    print(body)
+    if args.write_results:
+        _common.update_results("eta-replay", body)
+
+if __name__ == "__main__":
+    main()
