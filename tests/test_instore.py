@@ -171,8 +171,8 @@ def test_in_store_needs_one_redis_and_the_sum(movielens_dir, tmp_path, redis_url
     job = job_for(movielens_dir, sync={"exchange": "in-store"}, stop={"maxSteps": 5})
     with pytest.raises(SpecError, match="spec.sync.exchange: in-store runs a script in Redis"):
         train_local(job, tmp_path, Services(), QUIET)
-    with pytest.raises(SpecError, match="spec.sync.exchange: in-store runs a script in one Redis, and --redis-url "
-                                        "gives 2 shards"):
+    with pytest.raises(SpecError, match="spec.sync.exchange: in-store runs a script in one Redis, and the job's "
+                                        "Redis is 2 shards"):
         train_local(job, tmp_path, Services(f"{redis_url} {redis_url}", amqp_url), QUIET)
     with pytest.raises(SpecError, match="spec.sync.exchange: in-store runs a script in one Redis, and "
                                         "spec.redis.shards is 2"):
