@@ -350,7 +350,7 @@ CLUSTER_SPEC: dict[str, Schema] = {
     ),
     "redis": _service("Redis", "rediss", {"shards": integer(
         "How many Redis instances the operator runs for the job (each its own StatefulSet and Service): workers' "
-        "update slots and checkpoints are spread over them by rank, job-level keys live on the first "
+        "update slots and checkpoints are spread over them by rank, job-level keys live on the first, and a key numbered by a partition or a block of rows on that number's shard "
         "(functions/mlless/transport/shards.py). An external sharded Redis lists one URL per shard in url, "
         "separated by spaces, instead. Locally, repeat --redis-url.", 1, 16, default=1)}),
     "rabbitmq": _service("RabbitMQ", "amqps"),
