@@ -118,6 +118,27 @@ def test_a_forged_contribution_is_left_out_and_counted_by_every_reader(step, red
 
 
 @pytest.mark.services
+def test_a_members_contribution_beyond_the_value_bound_is_left_out(step):
+    """A member gone wrong (the right step key and seal) writes values of 1e30, finite in float32: the script leaves
+    them out by `MAX_MAGNITUDE`, as `decode` would, instead of adding them into a merged frame every reader refused."""
+    import zlib
+
+    from mlless.protocol.framing import FLAG_SEALED, HEADER, MAGIC, VERSION, FrameType
+
+    _, exchanges, sent, values, rejected = step
+    n = 5
+    payload = encode(Update(1, STEP, np.arange(n), np.zeros(n, np.float32)))[HEADER.size:]
+    payload = payload[:-4 * n] + np.full(n, 1e30, "<f4").tobytes()
+    frame = HEADER.pack(MAGIC, VERSION, FrameType.UPDATE, FLAG_SEALED, 1, STEP, len(payload), zlib.crc32(payload))
+    exchanges[1].transport.put(exchanges[1].part_key(1, 0, STEP), exchanges[1].stored(STEP, frame + payload))
+    for w in exchanges:
+        dense, _ = added(w.gather(CLOSE))
+        want, _ = expected(sent, values, [r for r in (0, 2) if r != w.rank])
+        np.testing.assert_allclose(dense, want, atol=1e-5)
+    assert len(rejected) == N and all("worker 1 for step 7" in r for r in rejected)
+
+
+@pytest.mark.services
 def test_a_changed_merged_record_is_rejected_and_the_reader_merges_the_step_itself(step, redis_url):
     job_id, exchanges, sent, values, rejected = step
     exchanges[0].gather(CLOSE)  # the store merges the step and keeps the record
@@ -171,8 +192,8 @@ def test_in_store_needs_one_redis_and_the_sum(movielens_dir, tmp_path, redis_url
     job = job_for(movielens_dir, sync={"exchange": "in-store"}, stop={"maxSteps": 5})
     with pytest.raises(SpecError, match="spec.sync.exchange: in-store runs a script in Redis"):
         train_local(job, tmp_path, Services(), QUIET)
-    with pytest.raises(SpecError, match="spec.sync.exchange: in-store runs a script in one Redis, and --redis-url "
-                                        "gives 2 shards"):
+    with pytest.raises(SpecError, match="spec.sync.exchange: in-store runs a script in one Redis, and the job's "
+                                        "Redis is 2 shards"):
         train_local(job, tmp_path, Services(f"{redis_url} {redis_url}", amqp_url), QUIET)
     with pytest.raises(SpecError, match="spec.sync.exchange: in-store runs a script in one Redis, and "
                                         "spec.redis.shards is 2"):

@@ -365,3 +365,18 @@ def test_the_importance_invariant_step_is_the_limit_of_many_small_gradient_steps
         assert abs(u) <= abs(rate * (1 / (1 + np.exp(-z)) - y)) + 1e-12
     else:
         assert (2 * y - 1) * (z - u * ppu) <= max(1.0, (2 * y - 1) * z) + 1e-9  # never past the margin
+
+
+@pytest.mark.parametrize("y", [1.0, 0.0])
+@pytest.mark.parametrize("z", [-20.0, -1.0, 0.0, 9.2, 25.0])
+@pytest.mark.parametrize("rate_ppu", [100.0, 1e4, 1e8])
+def test_the_logistic_invariant_step_solves_its_equation_for_large_moves(y, z, rate_ppu):
+    """A confident row with a feature seen for the first time has a large rate·ppu: the new margin m must still solve
+    m + e^m = m0 + e^m0 + rate·ppu (once Newton's start was so far right that 50 steps of about 1 each ended at
+    59.2 for the root 9.21)."""
+    ppu = 0.5
+    s = 2 * y - 1
+    u = klin.Log().invariant_step(z, y, rate_ppu / ppu, ppu)
+    m0, m = s * z, s * (z - u * ppu)
+    target = m0 + np.exp(m0) + rate_ppu
+    assert m + np.exp(m) == pytest.approx(target, rel=1e-9)

@@ -207,3 +207,24 @@ def test_a_redis_lost_for_good_ends_the_job_with_its_best_model(private_redis, m
     subprocess.run(["redis-cli", "-u", private_redis, "shutdown", "nosave"], capture_output=True, timeout=30)
     summary = assert_failed_cleanly_with_the_best_snapshot(proc, run_dir, "")
     assert summary["stop_reason"] in ("no live workers",) or summary["stop_reason"].startswith("service lost")
+
+
+def test_a_redis_busy_running_a_script_is_waited_out(private_redis, amqp_url):
+    """A script past Redis's busy-reply-threshold makes it answer every other client BUSY until it ends (in-store's
+    merge of a large step can): a call waits it out as an outage, instead of failing the job."""
+    admin = redis.Redis.from_url(private_redis)
+    admin.config_set("busy-reply-threshold", 100)  # ms
+    spin = "local e = tonumber(redis.call('TIME')[1]) + 2; while tonumber(redis.call('TIME')[1]) < e do end"
+    runner = threading.Thread(target=lambda: redis.Redis.from_url(private_redis).eval(spin, 0), daemon=True)
+    transport = connect(new_job_id("busy"), redis_url=private_redis, amqp_url=amqp_url, role="worker", rank=0)
+    try:
+        runner.start()
+        time.sleep(0.5)
+        with pytest.raises(redis.ResponseError, match="BUSY"):  # what redis-py raises while the script runs
+            admin.get("anything")
+        transport.put("checkpoint:0", b"written once Redis answers again")
+        runner.join(timeout=10)
+        assert transport.get_many(["checkpoint:0"])[0] is not None
+    finally:
+        transport.delete_job()
+        transport.close()

@@ -25,14 +25,21 @@ RANK_KEYS = ("update", "snapshot-pending", "final", "leaver", "checkpoint")
 SUPERVISOR_KEYS = ("job-checkpoint", "job-state", "job-rows")
 
 
+def number(key: str) -> int | None:
+    """The number a key's second field holds (a worker's rank, a partition, a block of rows: `update:3:1` -> 3), or
+    None: who may write it (`writer`) and which Redis shard keeps it (transport/shards.py) both read it."""
+    parts = key.split(":", 2)
+    field = parts[1] if len(parts) > 1 else ""
+    return int(field) if field.isascii() and field.isdecimal() else None
+
+
 def writer(key: str) -> int | None:
     """Who alone writes `key`: a worker's rank, SUPERVISOR, or None for a key any member writes (the snapshot, a
     reduced part: the frame's sender says who wrote it)."""
-    head, _, rest = key.partition(":")
+    head = key.partition(":")[0]
     if head in SUPERVISOR_KEYS:
         return SUPERVISOR
-    rank = rest.partition(":")[0]
-    return int(rank) if head in RANK_KEYS and rank.isdigit() else None
+    return number(key) if head in RANK_KEYS else None
 
 
 def may_write(signer: int, key: str) -> bool:

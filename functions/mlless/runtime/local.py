@@ -98,9 +98,6 @@ def train_local(
     if EXCHANGES[job.sync.exchange].runs_in_store and not services.external:
         raise SpecError(f"spec.sync.exchange: {job.sync.exchange} runs a script in Redis, which the embedded transport "
                         "has not: give --redis-url and --amqp-url")
-    shards = len(services.redis_url.split()) if services.redis_url else 1
-    if refusal := one_redis_error(job.sync.exchange, shards, f"--redis-url gives {shards} shards"):
-        raise SpecError(refusal)
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
     job_file.write_text(job.to_json())
@@ -123,7 +120,7 @@ def train_local(
                 launcher = LocalLauncher(job_file, env, run_dir / "logs", issuer)
                 summary = supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port,
                                     on_start=on_start)
-    except (JobFailed, DatasetError):
+    except (JobFailed, DatasetError, SpecError):
         if not resuming:  # a new job that failed before its first step (a corrupt batch): nothing to resume
             (run_dir / ISSUER_FILE).unlink(missing_ok=True)
         raise
@@ -167,7 +164,13 @@ def supervise(
 ) -> dict[str, Any]:
     """Run the supervisor to the end of the job, serving metrics meanwhile; closes the transport.
 
-    With `successor`, a failed supervisor is restarted (Kubernetes): see `Supervisor`."""
+    With `successor`, a failed supervisor is restarted (Kubernetes): see `Supervisor`. SpecError if the job cannot
+    run over this transport: in-store over a sharded Redis (`--redis-url` repeated, or several URLs in the pod's
+    REDIS_URL for an external sharded Redis, which `spec.redis.shards` does not count)."""
+    shards = transport.store_instances
+    if refusal := one_redis_error(job.sync.exchange, shards, f"the job's Redis is {shards} shards"):
+        transport.close()
+        raise SpecError(refusal)
     metrics = SupervisorMetrics.for_job(job_id, job.pricing)
     if metrics_port is not None:
         port = metrics.serve(metrics_port)

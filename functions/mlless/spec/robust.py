@@ -40,7 +40,7 @@ def errors(spec: Mapping[str, Any], default_protocol: str, default_workers: int)
 
 def one_redis_error(exchange: str, shards: int, counted: str) -> str | None:
     """The line refusing `exchange` over `shards` Redis instances, `counted` saying where that number comes from
-    (`spec.redis.shards is 2`, `--redis-url gives 2 shards`); None if it can run. In-store's script runs in one
+    (`spec.redis.shards is 2`, `the job's Redis is 2 shards`); None if it can run. In-store's script runs in one
     Redis, and the shards spread a step's updates by rank (transport/shards.py)."""
     if exchange in SUMMING_EXCHANGES and shards > 1:
         return f"spec.sync.exchange: {exchange} runs a script in one Redis, and {counted}"

@@ -350,9 +350,13 @@ CLUSTER_SPEC: dict[str, Schema] = {
     ),
     "redis": _service("Redis", "rediss", {"shards": integer(
         "How many Redis instances the operator runs for the job (each its own StatefulSet and Service): workers' "
-        "update slots and checkpoints are spread over them by rank, job-level keys live on the first "
-        "(functions/mlless/transport/shards.py). An external sharded Redis lists one URL per shard in url, "
-        "separated by spaces, instead. Locally, repeat --redis-url.", 1, 16, default=1)}),
+        "update slots and checkpoints are spread over them by rank, job-level keys live on the first, and a key "
+        "numbered by a partition or a block of rows on that number's shard (functions/mlless/transport/shards.py). "
+        "Fixed once the job exists. An external sharded Redis lists one URL per shard in url, separated by spaces, "
+        "instead. Locally, repeat --redis-url.", 1, 16, default=1) | {"x-kubernetes-validations": [{
+            # The shards' StatefulSets and the URLs in the job Secret are made once: a change on a running job would
+            # leave the old ones running, or start shards no process uses.
+            "rule": "self == oldSelf", "message": "spec.redis.shards cannot change once the job exists"}]}}),
     "rabbitmq": _service("RabbitMQ", "amqps"),
     "supervisor": obj("The supervisor pod.", {"resources": _RESOURCES}),
     "suspend": {"type": "boolean", "description": "Checkpoint and scale to zero; unset to resume from the checkpoint."},

@@ -34,6 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
+from mlless.protocol.keys import number as key_number
+
 from .env import shard_urls
 from .store import JobStore
 
@@ -49,9 +51,8 @@ class ShardMap:
     shards: int
 
     def shard(self, key: str) -> int:
-        parts = key.split(":", 2)
-        owner = parts[1] if len(parts) > 1 else ""
-        return int(owner) % self.shards if owner.isdecimal() and owner.isascii() else 0
+        n = key_number(key)
+        return 0 if n is None else n % self.shards
 
 
 class ShardedStore:

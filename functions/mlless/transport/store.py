@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -47,6 +48,12 @@ MAX_RANK_DIGITS = 9
 #: again. Per process, because the first process to notice sets its mark again, and the others must notice too.
 _ALIVE_KEY = "_alive:{rank}"
 
+
+
+def busy(exc: redis.ResponseError) -> bool:
+    """Whether Redis refused the command while a script runs past its busy-reply-threshold (the reply starts with
+    the error code BUSY; redis-py puts a pipeline's command before it)."""
+    return re.search(r"(^|: )BUSY ", str(exc)) is not None
 
 class JobStore:
     """One process's view of a job's keys in one Redis; nothing is sent until the first call."""
@@ -93,7 +100,8 @@ class JobStore:
 
     def call(self, fn: Callable[[], T], window: float | None = None) -> T:
         """Run ``fn``, waiting out a Redis that cannot be reached for up to ``outage_seconds``; redis-py's own
-        retries cover a blip, this a restart."""
+        retries cover a blip, this a restart. A Redis that answers BUSY (a script, in-store's merge of a large step,
+        has run past its busy-reply-threshold) is waited out the same way: it answers again once the script ends."""
         outage = Outage(self._outage_seconds if window is None else window)
         waited = False
         while True:
@@ -106,6 +114,10 @@ class JobStore:
                 if (untrusted := untrusted_certificate(exc)) is not None:
                     raise untrusted_error("redis", self.desc, untrusted, self._ca) from None
                 reason = f"{type(exc).__name__}: {exc}"
+            except redis.ResponseError as exc:
+                if not busy(exc):
+                    raise TransportError(f"redis {self.desc}: {type(exc).__name__}: {exc}") from None
+                reason = "busy running a script"
             except redis.RedisError as exc:
                 raise TransportError(f"redis {self.desc}: {type(exc).__name__}: {exc}") from None
             outage.wait(f"redis {self.desc}", reason)
@@ -200,6 +212,8 @@ class JobStore:
         try:
             members = self.redis.smembers(key)
         except redis.ResponseError as exc:  # WRONGTYPE: someone wrote another type under the key
+            if busy(exc):
+                raise
             log.error("%s: not a set of worker ranks (%s); the workers' queues are left to expire", key, exc)
             return []
         ranks, foreign = [], []

@@ -3,9 +3,10 @@ removed once its pod is deleted.
 
 The issuer (`credentials.ISSUER_KEY`, which no pod mounts) certifies each new rank's identity, and the operator
 patches it into the job Secret as `identity-rank-RANK` before it creates the pod, which reads that entry alone
-(`backends.pod.build_worker_pod`). A rank is never reused within a session (`mlless_operator.ranks`), so a retired
-rank's identity can only ever speak as a rank the job has left; removing its entry when its pod goes keeps the Secret
-to the ranks alive. Patching only these entries leaves the services' passwords as they were.
+(`backends.pod.build_worker_pod`). A rank is never reused within a session (`mlless_operator.ranks`), so within it
+a retired rank's identity can only speak as a rank the job has left (a new session numbers ranks from 0 again under
+the same issuer, and certificates are not revoked: docs/kubernetes.md); removing its entry when its pod goes keeps
+the Secret to the ranks alive. Patching only these entries leaves the services' passwords as they were.
 """
 from __future__ import annotations
 

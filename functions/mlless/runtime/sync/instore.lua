@@ -12,9 +12,10 @@
 -- missing (the store lost it), the ranks missing, and nothing is cached.
 local step, size, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local ikey, okey = ARGV[4], ARGV[5]
-local HEADER, HEADER_BYTES = '<c3BBBi4i8I4I4', 26 -- magic, version, type, flags, sender, step, length, crc
-local VERSION, UPDATE, SEALED = 3, 1, 2
-local MAC_BYTES, SEAL_BYTES = 20, tonumber(ARGV[6])
+-- MAGIC, VERSION, UPDATE, SEALED, HEADER_BYTES, MAC_BYTES and MAX_MAGNITUDE are set before this text, from the
+-- Python modules that define them (instore.py's SCRIPT).
+local HEADER = '<c3BBBi4i8I4I4' -- magic, version, type, flags, sender, step, length, crc: protocol/framing.py's HEADER
+local SEAL_BYTES = tonumber(ARGV[6])
 local CHUNK = 4000 -- values per struct call: Lua 5.1's C stack holds 8000
 local DENSE_ENOUGH = 0.25 -- as runtime/sync/exchange.py: a union this dense is scanned, not sorted
 
@@ -85,7 +86,7 @@ end
 -- The indices and values of `frame` if it is a well-formed update of `rank` for this step; nil otherwise.
 local function parse(frame, rank)
     local magic, version, ftype, flags, sender, fstep, length = struct.unpack(HEADER, frame)
-    if magic ~= 'MLs' or version ~= VERSION or ftype ~= UPDATE or flags ~= SEALED or sender ~= rank
+    if magic ~= MAGIC or version ~= VERSION or ftype ~= UPDATE or flags ~= SEALED or sender ~= rank
         or fstep ~= step or length ~= #frame - HEADER_BYTES then
         return nil
     end
@@ -117,7 +118,7 @@ local function parse(frame, rank)
     unpack_many('f', frame, pos, n, val)
     for j = 1, n do
         local x, v = idx[j], val[j]
-        if x < 0 or x >= size or v ~= v or v == math.huge or v == -math.huge then
+        if x < 0 or x >= size or not (v >= -MAX_MAGNITUDE and v <= MAX_MAGNITUDE) then -- NaN fails both
             return nil
         end
     end

@@ -3,15 +3,16 @@ reads one frame (`spec.sync.exchange: in-store`).
 
 Each worker writes its update where all-to-all would, as an Update frame followed by its *in-store MAC*: HMAC-SHA1
 of the frame under the step key, a key derived for that step alone from what every member of the job holds, the
-issuer's public key (`Transport.subkey`): a member can forge another member's contribution here. At the
+issuer's public key (`Transport.subkey`): a member can forge another member's contribution here, or the merged
+record. At the
 step's close, every worker runs the script `instore.lua` (EVALSHA, Lua 5.1 and its `struct` library) with the
 close's senders and the step key. The first run of a step reads the senders' frames, verifies each in-store MAC and
-the frame (an update of that sender and step, indices in range and distinct, values finite), adds the valid ones
+the frame (an update of that sender and step, indices in range and distinct, values finite and within ±MAX_MAGNITUDE), adds the valid ones
 in float64, writes the merged frame as AllReduce's owner does (`runtime/sync/reduce.py`: the sum and the count of
 each entry's carriers), MACs it under the step key, and keeps the record under the step's merged key. A later run
 of the step returns the kept record. A worker then adds the merged sum minus its own update, as under AllReduce.
 
-Who seals what. Redis cannot verify or make the transport's seal (HMAC-SHA256: its Lua has only SHA-1,
+Who seals what. Redis cannot verify or make the transport's seal (Ed25519: its Lua has only SHA-1,
 `redis.sha1hex`), and summing in the store means the store makes the merged frame, so the party trusted to produce
 it is the job's Redis, while it runs the script with the key a member of the job gave it. The sum is made at the
 first read rather than at each write because only a reader's key can be trusted: the key a writer passed could be
@@ -40,19 +41,23 @@ import logging
 from importlib import resources
 from typing import ClassVar
 
-from mlless.protocol.framing import FrameError, decode
+from mlless.protocol.framing import FLAG_SEALED, HEADER, MAGIC, VERSION, FrameError, FrameType, decode
 from mlless.protocol.identity import SUPERVISOR
-from mlless.protocol.messages import Close, Update
+from mlless.protocol.messages import MAX_MAGNITUDE, Close, Update
 from mlless.protocol.sealing import SEAL_BYTES, Verified
 from mlless.runtime.sync.exchange import EXCHANGES
 from mlless.runtime.sync.reduce import AllReduce
 
 log = logging.getLogger(__name__)
 
-#: The merge, run in Redis.
-SCRIPT = resources.files("mlless.runtime.sync").joinpath("instore.lua").read_text()
 #: Bytes of the in-store MAC (HMAC-SHA1) after a contribution and before a merged frame.
 MAC_BYTES = 20
+#: The merge, run in Redis, after the frame format's constants it checks, from the modules that define them: a
+#: copy in the script would go stale when the format changes, and every contribution would be left out.
+SCRIPT = (f"local MAGIC, VERSION, UPDATE, SEALED, HEADER_BYTES = '{MAGIC.decode()}', {VERSION}, "
+          f"{int(FrameType.UPDATE)}, {FLAG_SEALED}, {HEADER.size}\n"
+          f"local MAC_BYTES, MAX_MAGNITUDE = {MAC_BYTES}, {MAX_MAGNITUDE!r}\n"
+          + resources.files("mlless.runtime.sync").joinpath("instore.lua").read_text())
 #: SHA-1's block: HMAC pads its key to this (RFC 2104).
 BLOCK = 64
 
