@@ -32,7 +32,8 @@ import yaml  # noqa: E402
 
 MARKS = (0.25, 0.5, 0.75)
 TARGET = 0.20  # the error at 50 % (issue #24)
-KINDS = {"movielens": "pmf", "pmf1m-skew": "pmf", "lr200k": "logistic-regression"}
+KINDS = {"movielens": "pmf", "pmf1m-skew": "pmf", "lr200k": "logistic-regression",
+         "pmf10m-skew": "pmf", "lr": "logistic-regression"}  # the last two: time_to_quality's full-size sets
 
 
 def watched_run(job: Path, run: Path) -> tuple[list[tuple[float, dict]], float, float]:
@@ -81,12 +82,13 @@ def job_file(path: Path, name: str, data: Path, kind: str, workers: int, stop: d
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sets", default=",".join(KINDS))
+    ap.add_argument("--sets", default="movielens,pmf1m-skew,lr200k")
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--control", type=float, default=None, metavar="EPOCHS",
                     help="also run each set at P = 2 with stop.maxEpochs EPOCHS (a limit known in advance)")
     ap.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR)
     ap.add_argument("--write-results", action="store_true")
+    ap.add_argument("--section", default="eta", help="the RESULTS.md section written (default eta)")
     args = ap.parse_args()
     info = _common.machine_info()
     rows, misses = [], []
@@ -124,7 +126,7 @@ def main() -> None:
     ])
     print(body)
     if args.write_results:
-        _common.update_results("eta", body)
+        _common.update_results(args.section, body)
 
 
 if __name__ == "__main__":
