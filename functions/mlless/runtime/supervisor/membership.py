@@ -111,9 +111,9 @@ class Membership:
         return all(w.state != WorkerState.STARTING for w in self.workers.values())
 
     def start(self, rank: int, state: WorkerState = WorkerState.STARTING) -> WorkerRecord:
-        """Record `rank` and launch its process."""
+        """Record `rank` and launch its process, billed from its launch (or earlier: `Launcher.start`)."""
         worker = self.add(rank, state)
-        self.launcher.start(rank)
+        worker.started -= self.launcher.start(rank)
         return worker
 
     def add(self, rank: int, state: WorkerState) -> WorkerRecord:
