@@ -1,9 +1,13 @@
 """Worker states: the transition table admits the lifecycle the supervisor drives, and nothing else."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from mlless.runtime.supervisor.membership import TRANSITIONS, IllegalTransition, WorkerRecord, WorkerState
+from mlless.progress import Progress
+from mlless.runtime.launcher import ExternalLauncher
+from mlless.runtime.supervisor.membership import TRANSITIONS, IllegalTransition, Membership, WorkerRecord, WorkerState
 
 
 def test_lifecycles_are_legal_and_end_with_the_invocation():
@@ -28,3 +32,15 @@ def test_final_states_lead_nowhere_and_illegal_moves_raise():
     with pytest.raises(IllegalTransition):
         w.move(WorkerState.DONE)
     assert w.state == "dropped"  # states compare equal to the names in the run record
+
+
+def test_a_worker_is_billed_the_start_up_its_launcher_spent_for_it_before_the_launch():
+    """A zygote's start is billed to the first worker forked from it (`Launcher.start` returns its seconds)."""
+    class Warm(ExternalLauncher):
+        def start(self, rank: int) -> float:
+            return 2.5 if rank == 0 else 0.0
+
+    members = Membership(Warm(), Progress(enabled=False))
+    first, second = members.start(0), members.start(1)
+    now = time.monotonic()
+    assert 2.5 <= first.invocation_seconds(now) < 3.0 and second.invocation_seconds(now) < 0.5

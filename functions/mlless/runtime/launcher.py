@@ -89,7 +89,7 @@ class LocalLauncher(Launcher):
         env = {**os.environ, **self.env, ENV_RANK: str(rank), ENV_JOB_FILE: str(self.job_file),
                ENV_IDENTITY: self.issuer.issue(rank).text()}
         with (self.log_dir / f"worker-{rank}.log").open("ab") as log_file:
-            if self.zygote is not None and self.zygote.serves(dict(os.environ)):
+            if self.zygote is not None and self.zygote.serves(os.environ):
                 try:
                     pid, charge = self.zygote.spawn(env, log_file.fileno())
                     self.procs[rank] = Forked(self.zygote, pid)

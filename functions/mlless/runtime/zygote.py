@@ -29,7 +29,9 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
+
+from mlless.contract import ENV_IDENTITY
 
 #: How long a start waits for the zygote's imports (a loaded machine's first start takes seconds).
 READY_TIMEOUT = 120.0
@@ -53,13 +55,13 @@ class Zygote:
     """A zygote process and its socket; thread-safe (a sweep's trials start workers from their own threads)."""
 
     def __init__(self) -> None:
-        self.env = dict(os.environ)
+        self.env = _start_env(os.environ)
         self.launched = time.monotonic()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             # Its own session, as each worker's: a terminal's Ctrl-C reaches only the supervisor, which ends the job.
             self.proc = subprocess.Popen([sys.executable, "-m", "mlless", "zygote", str(theirs.fileno())],
-                                         pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                         env=self.env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, start_new_session=True)
         self._channel = ours
         self._requests = threading.Lock()  # one request, and its reply, at a time
@@ -79,9 +81,10 @@ class Zygote:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def serves(self, env: dict[str, str]) -> bool:
-        """Whether a worker of a process whose environment is `env` can be forked: it is the zygote's own."""
-        return not self._ended and env == self.env
+    def serves(self, environ: Mapping[str, str]) -> bool:
+        """Whether the workers of a process whose environment is `environ` can be forked: it is still the one the
+        zygote started with."""
+        return not self._ended and _start_env(environ) == self.env
 
     def spawn(self, env: dict[str, str], log_fd: int) -> tuple[int, float]:
         """Fork a worker with environment `env`, stdout and stderr to `log_fd`: its pid, and the seconds of the
@@ -175,6 +178,12 @@ class Zygote:
                 self._state.notify_all()
             if not data:
                 return
+
+
+def _start_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The zygote's environment: this process's, less its own identity, which no worker may see (each worker's
+    replaces it), and which would stay in every fork's memory and /proc/PID/environ."""
+    return {name: value for name, value in environ.items() if name != ENV_IDENTITY}
 
 
 def _running(pid: int) -> bool:
