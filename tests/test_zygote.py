@@ -101,7 +101,7 @@ def test_exits_are_reported_stop_kills_and_the_zygotes_start_is_billed_once(idle
         until(lambda: broken.exited() == [2])
         assert broken.procs[2].poll() == EXIT_USAGE
         assert "mlless: error:" in (tmp_path / "logs" / "worker-2.log").read_text()  # its stderr is its log
-        until(lambda: all(os.path.exists(tmp_path / "env" / f"{launcher.pid(r)}.json") for r in (0, 1)))
+        until(lambda: all((worker_env.folder(tmp_path) / f"{launcher.pid(r)}.json").exists() for r in (0, 1)))
         assert launcher.exited() == []
         launcher.stop(0)
         until(lambda: launcher.exited() == [0])
@@ -157,7 +157,7 @@ def test_a_sweep_forks_every_trial_from_one_zygote(synthetic_lr_dir, tmp_path):
     doc = sweep_doc(synthetic_lr_dir, earlyStopping={"type": "none"}, maxConcurrentTrials=2)
     doc["spec"]["template"]["spec"]["stop"] = {"maxSteps": 30}
     assert main(["sweep", str(write(tmp_path, doc)), "--out", str(tmp_path / "out"), "-q"]) == 0
-    trials = sorted((tmp_path / "out" / "trials").iterdir())
+    trials = sorted(p for p in (tmp_path / "out" / "trials").iterdir() if p.suffix != ".env")
     workers = [w for trial in trials for w in worker_env.recorded(trial)]
     assert len(trials) == 3 and len(workers) == 3
     parents = {w["ppid"] for w in workers}
