@@ -61,8 +61,10 @@ def until(condition, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def test_forked_workers_train_a_job_each_with_its_own_environment_and_leave_nothing(movielens_dir, tmp_path):
+def test_forked_workers_train_a_job_each_with_its_own_environment_and_leave_nothing(movielens_dir, tmp_path,
+                                                                                   monkeypatch):
     with Zygote() as zygote:
+        monkeypatch.chdir(tmp_path)  # after the zygote's start: a worker starts where its launcher is, as a new one would
         summary = train_local(job_for(movielens_dir, workers=2, stop={"maxEpochs": 1}), tmp_path, Services(), QUIET,
                               zygote=zygote)
         assert summary["stop_reason"] == "max epochs" and summary["dropped_workers"] == []
@@ -70,6 +72,7 @@ def test_forked_workers_train_a_job_each_with_its_own_environment_and_leave_noth
         assert [w["environ"][ENV_RANK] for w in workers] == ["0", "1"]
         for rank, w in enumerate(workers):
             assert w["ppid"] == zygote.proc.pid and w["sid"] == w["pid"]  # a fork, in a session of its own
+            assert w["cwd"] == str(tmp_path)
             assert w["environ"][ENV_JOB_ID] == summary["job_id"]
             identity = parse_identity(w["environ"][ENV_IDENTITY])
             assert isinstance(identity, Identity) and identity.signer == rank  # its own, never the issuer

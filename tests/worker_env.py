@@ -2,7 +2,7 @@
 
 A worker forked from a zygote (runtime/zygote.py) holds its environment in its memory only: its /proc/PID/environ
 shows the zygote's start environment. Loaded in every worker (plugins load in the worker, from its own environment),
-this writes what the worker holds, with its pid, parent and session, to RUNDIR.env/PID.json (beside the run
+this writes what the worker holds, with its pid, parent, session and directory, to RUNDIR.env/PID.json (beside the run
 directory, whose files must not hold an identity), readable by its owner only, as /proc/PID/environ is. The
 supervisor, which loads plugins too, has no rank and records nothing.
 """
@@ -20,7 +20,7 @@ def record() -> None:
     into = folder(Path(os.environ["MLLESS_JOB_FILE"]).parent)
     into.mkdir(exist_ok=True)
     pid = os.getpid()
-    entry = {"pid": pid, "ppid": os.getppid(), "sid": os.getsid(0), "environ": dict(os.environ),
+    entry = {"pid": pid, "ppid": os.getppid(), "sid": os.getsid(0), "cwd": os.getcwd(), "environ": dict(os.environ),
              "proc_environ": Path("/proc/self/environ").read_text()}
     tmp = into / f".{pid}.json"
     with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:

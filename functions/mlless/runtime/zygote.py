@@ -2,14 +2,13 @@
 
 Python's start and mlless's imports are ~0.5 s of every `python -m mlless worker`, billed to the job. A zygote
 (`python -m mlless zygote FD`, started by `Zygote`) imports what a worker runs once, then forks a child per request
-of its parent over a Unix socket. The child becomes what `python -m mlless worker` would be: its own session, stdin
-from /dev/null, stdout and stderr to its log, its own environment (set in place), default signal handling,
-`mlless.cli.main(["worker"])`, the interpreter's exit. What a fork could share with its zygote and a new process
-would not (the environment libraries read at import, secrets, threads, random state) is kept apart as
-docs/architecture.md ("Worker processes") says. The zygote reaps its children and reports each exit; it ends once
-its parent closes the socket (or dies) and its last child has ended: workers outlive a killed supervisor, as
-processes of their own would, to hand their replicas to its successor. Its start is billed once, to the first
-worker forked from it (`Zygote.spawn`).
+of its parent over a Unix socket, which becomes what `python -m mlless worker` would be: its own session, stdin
+from /dev/null, stdout and stderr to its log, its own environment and directory, default signal handling,
+`mlless.cli.main(["worker"])`, the interpreter's exit. What a fork could share with the zygote, and a new process
+would not, is kept apart as docs/architecture.md ("Worker processes") says. The zygote reaps its children and
+reports each exit; it ends once its parent closes the socket (or dies) and its last child has ended: workers
+outlive a killed supervisor, as processes of their own would. Its start is billed once, to the first worker forked
+from it (`Zygote.spawn`).
 """
 from __future__ import annotations
 
@@ -99,8 +98,8 @@ class Zygote:
                 ready_at = self._ready_at
             env_fd = os.memfd_create("mlless-worker-env", os.MFD_CLOEXEC)
             try:
-                with open(env_fd, "wb", closefd=False) as fh:
-                    fh.write(json.dumps(env).encode())
+                with open(env_fd, "wb", closefd=False) as fh:  # the directory too: the caller's, now
+                    fh.write(json.dumps({"env": env, "cwd": os.getcwd()}).encode())
                 _send(self._channel, {"spawn": True}, [env_fd, log_fd])
             except OSError as exc:
                 raise ZygoteError(f"the zygote is gone: {exc}") from None
@@ -134,12 +133,9 @@ class Zygote:
     def kill(self, pid: int) -> None:
         """SIGKILL a worker forked from here unless it has ended: the zygote, which reaps it, knows, so a pid
         reused since is never hit. Never waits for more than a message."""
-        with self._requests:
-            try:
-                _send(self._channel, {"kill": pid})
-                return
-            except OSError:
-                pass
+        with self._requests, contextlib.suppress(OSError):
+            _send(self._channel, {"kill": pid})
+            return
         if self.returncode(pid) is None:  # the zygote is gone: its orphan, by pid
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -201,8 +197,8 @@ def serve(fd: int, entry: Callable[[], int]) -> int:
     closes and the last child has ended. In the zygote's only thread."""
     channel = socket.socket(fileno=fd)
     wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
+    for end in (wake_r, wake_w):
+        os.set_blocking(end, False)
     signal.set_wakeup_fd(wake_w)  # a child's end wakes the select below
     signal.signal(signal.SIGCHLD, lambda *_: None)
     gc.freeze()  # the imported objects stay shared with the children, not copied by their collections
@@ -268,17 +264,18 @@ def _child(entry: Callable[[], int], env_fd: int, log_fd: int, zygote_fds: tuple
         for fd in zygote_fds:  # the socket too: a worker must not speak for the zygote
             os.close(fd)
         os.setsid()
-        os.lseek(env_fd, 0, os.SEEK_SET)
-        with open(env_fd, "rb") as fh:
-            env = json.loads(fh.read())
-        os.environ.clear()
-        os.environ.update(env)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
+        os.lseek(env_fd, 0, os.SEEK_SET)
+        with open(env_fd, "rb") as fh:
+            start = json.loads(fh.read())
+        os.chdir(start["cwd"])
+        os.environ.clear()
+        os.environ.update(start["env"])
         for handler in logging.root.handlers[:]:  # the worker configures logging as a new process does
             logging.root.removeHandler(handler)
         import numpy as np
