@@ -217,6 +217,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return serve(job, int(rank), transport, deadline=deadline, resume=resume)
 
 
+def cmd_zygote(args: argparse.Namespace) -> int:
+    """Not for users: the local launcher's warm process, which forks workers on its requests (runtime/zygote.py)."""
+    import mlless.runtime.worker  # noqa: F401  what `cmd_worker` imports, once for every fork
+    from mlless.runtime.zygote import serve
+
+    return serve(args.fd, lambda: main(["worker"]))
+
+
 def cmd_worker_server(args: argparse.Namespace) -> int:
     from mlless.runtime.function_server import serve_functions
 
@@ -339,6 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from this rank's checkpoint (default: $MLLESS_RESUME=1)")
     add_service_args(p)
     p.set_defaults(func=cmd_worker)
+
+    # Unlisted (no help): started by `mlless train` and `mlless sweep` with the socket they talk to it over.
+    p = sub.add_parser("zygote")
+    p.add_argument("fd", type=int)
+    p.set_defaults(func=cmd_zygote)
 
     p = sub.add_parser(
         "worker-server",

@@ -86,6 +86,9 @@ ENV_ATTACK = "MLLESS_ATTACK"
 #: Sync strategies, exchange patterns and model types defined outside the package: Python files or module names,
 #: comma-separated, that each process imports so that they register themselves (functions/mlless/plugins.py).
 ENV_PLUGINS = "MLLESS_PLUGINS"
+#: Debugging: 0 starts each local worker as a new `python -m mlless worker`, not as a fork of a warm zygote
+#: (functions/mlless/runtime/zygote.py).
+ENV_ZYGOTE = "MLLESS_ZYGOTE"
 #: The operator's settings are the fields of `mlless_operator.config.Config`, upper-cased, after this prefix.
 ENV_OPERATOR_PREFIX = "MLLESS_OPERATOR_"
 

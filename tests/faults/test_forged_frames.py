@@ -4,8 +4,8 @@ Before, a well-formed update frame with 1e30 values written into Redis was appli
 job failed. Now every frame carries its writer's seal (`mlless.protocol.sealing.seal`), and update and replica
 values are bounded (`mlless.protocol.messages.MAX_MAGNITUDE`). The job runs as `mlless train` over a Redis of the
 test's own and this module's RabbitMQ node; the forger writes while it trains: frames without a seal, sealed by
-another job's identity, and, as a member gone wrong would (a worker's identity read from its environment, as only a
-process of the same user can), sealed by that worker around 1e30 or NaN values: in its own slots the bound stops
+another job's identity, and, as a member gone wrong would (a worker's identity, from its environment as the worker
+recorded it, `worker_env`, readable by a process of the same user only), sealed by that worker around 1e30 or NaN values: in its own slots the bound stops
 them, in its peers' the seal (tests/faults/test_forged_ranks.py forges ranks and the supervisor on both transports).
 The forger goes on until every kind of rejection is in the job's logs (a forgery counts only if a reader reads it
 before the real frame replaces it), and the job is long enough for that to happen well before its end.
@@ -37,6 +37,7 @@ from mlless.transport.bus import queue_names
 
 from faults.test_outages import STEPS, start_job, wait_for_steps
 from faults.test_supervisor_loss import children
+from worker_env import worker_environ
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 
@@ -157,7 +158,7 @@ def test_forged_frames_are_rejected_counted_and_never_applied(rabbit, private_re
     proc = start_job(movielens_dir, run_dir, private_redis, rabbit.url, steps=STEPS_FORGED, stderr=stderr)
     wait_for_steps(run_dir, proc, 20)
     workers = children(proc.pid)
-    job_id, key_text, rank = (environ(workers[0])[name] for name in (ENV_JOB_ID, ENV_IDENTITY, ENV_RANK))
+    job_id, key_text, rank = (worker_environ(run_dir, workers[0])[name] for name in (ENV_JOB_ID, ENV_IDENTITY, ENV_RANK))
     identity = parse_identity(key_text)
     assert isinstance(identity, Identity) and identity.signer == int(rank)  # its own, and not the issuer
     assert key_text != environ(proc.pid).get(ENV_IDENTITY)  # `mlless train` made the job's own issuer

@@ -1,17 +1,19 @@
 """A worker cannot pass for another rank or for the supervisor, on either transport.
 
 Each process of a job seals with its own identity (`mlless.protocol.identity`): `mlless train` hands each worker
-only its own. A worker gone wrong is played here by a forger holding worker m's identity, read from that worker's
-environment (as only a process of the same user can). While the job trains it writes, sealed as rank m: 1e30-valued
-updates into its peer's update slots, the supervisor's close (final, with m alone live) and finish to every worker,
-and a `Failed` of its peer to the supervisor. Any one of them, accepted, would end the job early, drop the peer or
-wreck every replica; each is rejected, counted and logged with its reason, and the job ends as if nothing was sent.
+only its own. A worker gone wrong is played here by a forger holding worker m's identity, from that worker's
+environment as the worker recorded it (`worker_env`, readable by a process of the same user only). While the job
+trains it writes, sealed as rank m: 1e30-valued updates into its peer's update slots, the supervisor's close (final,
+with m alone live) and finish to every worker, and a `Failed` of its peer to the supervisor. Any one of them,
+accepted, would end the job early, drop the peer or wreck every replica; each is rejected, counted and logged with
+its reason, and the job ends as if nothing was sent.
 
 The job runs as `mlless train` over a Redis of the test's own and this package's RabbitMQ node, or over the embedded
 broker, which the forger reaches through its socket as any process of the user can.
 """
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -23,7 +25,7 @@ import pytest
 import redis
 import yaml
 
-from mlless.contract import ENV_EMBEDDED_ADDRESS, ENV_IDENTITY, ENV_JOB_ID, ENV_RANK
+from mlless.contract import ENV_EMBEDDED_ADDRESS, ENV_IDENTITY, ENV_JOB_ID, ENV_PLUGINS, ENV_RANK
 from mlless.protocol import keys
 from mlless.protocol.framing import HEADER, U16, U32, encode, pack_blob, pack_text
 from mlless.protocol.identity import Identity, parse_identity
@@ -33,9 +35,11 @@ from mlless.transport.base import MESSAGE_CONTEXT, SUPERVISOR, key_prefix, value
 from mlless.transport.bus import queue_names
 from mlless.transport.embedded_broker import I32, LEN, OP_BROADCAST, OP_GET_MANY, OP_PUT_MANY, OP_SEND, U64, U8, recv_exact
 
-from faults.test_forged_frames import environ, unharmed, update_frame
+from faults.test_forged_frames import unharmed, update_frame
 from faults.test_outages import STEPS, start_job, wait_for_steps
 from faults.test_supervisor_loss import children
+import worker_env
+from worker_env import worker_environ
 
 pytestmark = [pytest.mark.slow]
 
@@ -125,7 +129,8 @@ def start_embedded_job(dataset: Path, run_dir: Path) -> subprocess.Popen:
     job = run_dir.parent / f"{run_dir.name}.yaml"
     job.write_text(yaml.safe_dump(manifest))
     return subprocess.Popen([sys.executable, "-m", "mlless", "train", str(job), "--out", str(run_dir), "-q"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, ENV_PLUGINS: worker_env.__file__})
 
 
 @pytest.mark.parametrize("transport", [pytest.param("services", marks=pytest.mark.services), "embedded"])
@@ -137,14 +142,14 @@ def test_a_worker_cannot_forge_another_rank_or_the_supervisor(transport, request
     else:
         proc = start_embedded_job(movielens_dir, run_dir)
     wait_for_steps(run_dir, proc, 20)
-    worker_env = environ(children(proc.pid)[0])
-    job_id, rank = worker_env[ENV_JOB_ID], int(worker_env[ENV_RANK])
-    identity = parse_identity(worker_env[ENV_IDENTITY])
+    held = worker_environ(run_dir, children(proc.pid)[0])
+    job_id, rank = held[ENV_JOB_ID], int(held[ENV_RANK])
+    identity = parse_identity(held[ENV_IDENTITY])
     assert isinstance(identity, Identity) and identity.signer == rank  # its own identity; the issuer stays home
-    assert "issuer:" not in "".join(environ(pid).get(ENV_IDENTITY, "") for pid in children(proc.pid))
+    assert "issuer:" not in "".join(worker_environ(run_dir, pid).get(ENV_IDENTITY, "") for pid in children(proc.pid))
     peer = 1 - rank
     store = RedisAndRabbit(redis_url, rabbit.url, job_id) if transport == "services" else \
-        Broker(worker_env[ENV_EMBEDDED_ADDRESS], job_id)
+        Broker(held[ENV_EMBEDDED_ADDRESS], job_id)
 
     forger = RankForger(store, identity, peer)
     forger.start()
@@ -162,4 +167,4 @@ def test_a_worker_cannot_forge_another_rank_or_the_supervisor(transport, request
                    f"frame from sender {peer} was sealed by rank {rank}: forged",
                    f"sealed by rank {rank}, which may not write it: forged"):
         assert reason in logs, reason
-    assert worker_env[ENV_IDENTITY].split(":")[1] not in logs
+    assert held[ENV_IDENTITY].split(":")[1] not in logs

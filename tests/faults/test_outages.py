@@ -23,6 +23,8 @@ import pytest
 import redis
 import yaml
 
+import worker_env
+from mlless.contract import ENV_PLUGINS
 from mlless.data.dataset import Dataset
 from mlless.protocol.framing import decode, encode
 from mlless.protocol.messages import Update
@@ -42,7 +44,7 @@ STEPS = 240
 def start_job(dataset: Path, run_dir: Path, redis_url: str, amqp_url: str, steps: int = STEPS,
               env: dict[str, str] | None = None, stderr: Path | None = None, **spec: object) -> subprocess.Popen:
     """`mlless train` of a PMF job; its stderr (the supervisor's log) piped, or written to `stderr` for a test that
-    reads it while the job runs."""
+    reads it while the job runs. Its workers record their environments (`worker_env`)."""
     manifest = {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "fault"},
                 "spec": {"workers": 2, "model": {"type": "pmf"}, "sync": {"protocol": "bsp"},
                          "dataset": {"uri": str(dataset), "cacheBatches": True}, "stop": {"maxSteps": steps},
@@ -52,7 +54,8 @@ def start_job(dataset: Path, run_dir: Path, redis_url: str, amqp_url: str, steps
     with open(stderr, "w") if stderr else contextlib.nullcontext(subprocess.PIPE) as err:
         return subprocess.Popen([sys.executable, "-m", "mlless", "train", str(job), "--out", str(run_dir), "-q",
                                  "--redis-url", redis_url, "--amqp-url", amqp_url],
-                                stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **(env or {})})
+                                stdout=subprocess.PIPE, stderr=err, text=True,
+                                env={**os.environ, ENV_PLUGINS: worker_env.__file__, **(env or {})})
 
 
 def wait_for_steps(run_dir: Path, proc: subprocess.Popen, steps: int, timeout: float = 120.0) -> None:

@@ -16,6 +16,7 @@ from mlless.contract import ENV_JOB_ID
 from mlless.transport import connect
 
 from faults.test_outages import start_job, wait_for_steps
+from worker_env import worker_environ
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 
@@ -23,6 +24,18 @@ TIMEOUT = 10.0
 
 
 def children(pid: int) -> list[int]:
+    """The worker processes `pid` started: its children, and, for its zygote (runtime/zygote.py), the zygote's."""
+    found = []
+    for child in _children(pid):
+        try:
+            zygote = b" zygote " in Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+        except FileNotFoundError:
+            continue
+        found += _children(child) if zygote else [child]
+    return found
+
+
+def _children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
 
@@ -42,8 +55,7 @@ def test_workers_of_a_killed_supervisor_stop_within_the_timeout(movielens_dir, t
     wait_for_steps(run_dir, proc, 20)
     workers = children(proc.pid)
     assert len(workers) == 2
-    job_id = dict(line.split("=", 1) for line in Path(f"/proc/{workers[0]}/environ").read_text().split("\0")
-                  if "=" in line)[ENV_JOB_ID]
+    job_id = worker_environ(run_dir, workers[0])[ENV_JOB_ID]
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed = time.monotonic()

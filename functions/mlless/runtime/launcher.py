@@ -36,6 +36,7 @@ from mlless.contract import (
     WORKER_INVOCATION_HTTP,
 )
 from mlless.protocol.identity import Issuer
+from mlless.runtime.zygote import Zygote, ZygoteError
 from mlless.spec import TrainingJob
 from mlless.transport.env import invoke_token
 
@@ -49,7 +50,9 @@ class Launcher(ABC):
     #: so a scale request from outside must not also make the supervisor evict one.
     platform_scales_in = False
     @abstractmethod
-    def start(self, rank: int) -> None: ...
+    def start(self, rank: int) -> float:
+        """Start worker `rank`; returns the seconds of start-up spent for it before this call, billed with it (a
+        zygote's start, for the first worker forked from it), usually 0."""
 
     @abstractmethod
     def exited(self) -> list[int]:
@@ -63,30 +66,45 @@ class Launcher(ABC):
 
 
 class LocalLauncher(Launcher):
-    """Workers as child processes, each in its own session so a terminal Ctrl-C reaches only the supervisor."""
+    """Workers as processes of this machine, each in its own session so a terminal Ctrl-C reaches only the supervisor.
 
-    def __init__(self, job_file: Path, env: dict[str, str], log_dir: Path, issuer: Issuer) -> None:
+    With a `zygote` (runtime/zygote.py) each is a fork of that warm process, which has imported what a worker runs;
+    without one, or when it cannot serve (this process's environment changed since it started; it ended), a new
+    `python -m mlless worker`.
+    """
+
+    def __init__(self, job_file: Path, env: dict[str, str], log_dir: Path, issuer: Issuer,
+                 zygote: Zygote | None = None) -> None:
         self.job_file = job_file
         self.env = env
         self.log_dir = log_dir
         self.issuer = issuer
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.zygote = zygote
+        self.procs: dict[int, subprocess.Popen[bytes] | Forked] = {}
 
-    def start(self, rank: int) -> None:
+    def start(self, rank: int) -> float:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # A worker gets its own identity and nothing it could seal as anyone else with; a joiner's is made when
         # it starts, and goes with its process.
         env = {**os.environ, **self.env, ENV_RANK: str(rank), ENV_JOB_FILE: str(self.job_file),
                ENV_IDENTITY: self.issuer.issue(rank).text()}
-        with (self.log_dir / f"worker-{rank}.log").open("ab") as log:
+        with (self.log_dir / f"worker-{rank}.log").open("ab") as log_file:
+            if self.zygote is not None and self.zygote.serves(os.environ):
+                try:
+                    pid, charge = self.zygote.spawn(env, log_file.fileno())
+                    self.procs[rank] = Forked(self.zygote, pid)
+                    return charge
+                except ZygoteError as exc:
+                    log.warning("worker %d: %s; starting it as a new process", rank, exc)
             self.procs[rank] = subprocess.Popen(
                 [sys.executable, "-m", "mlless", "worker"],
                 env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        return 0.0
 
     def exited(self) -> list[int]:
         return [rank for rank, proc in self.procs.items() if proc.poll() is not None]
@@ -111,14 +129,34 @@ class LocalLauncher(Launcher):
                 proc.wait()
 
 
+class Forked:
+    """A worker forked by a zygote, with the part of `subprocess.Popen` the launcher uses."""
+
+    def __init__(self, zygote: Zygote, pid: int) -> None:
+        self.zygote = zygote
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        return self.zygote.returncode(self.pid)
+
+    def kill(self) -> None:
+        self.zygote.kill(self.pid)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self.zygote.wait(self.pid, timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
+        return code
+
+
 class ExternalLauncher(Launcher):
     """Workers started by someone else (the operator's worker pods); nothing to do here."""
 
     starts_workers = False
     platform_scales_in = True
 
-    def start(self, rank: int) -> None:
-        pass
+    def start(self, rank: int) -> float:
+        return 0.0
 
     def exited(self) -> list[int]:
         return []
@@ -159,10 +197,11 @@ class HttpLauncher(Launcher):
         self._abandoned: set[int] = set()
         self._lock = threading.Lock()
 
-    def start(self, rank: int) -> None:
+    def start(self, rank: int) -> float:
         thread = threading.Thread(target=self._run, args=(rank,), name=f"invoke-{rank}", daemon=True)
         self._threads[rank] = thread
         thread.start()
+        return 0.0
 
     def _run(self, rank: int) -> None:
         resume = False

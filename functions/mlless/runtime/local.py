@@ -9,6 +9,7 @@ environment (`LocalLauncher`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import tempfile
@@ -16,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from mlless.contract import ENV_AMQP_URL, ENV_ATTACK, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_REDIS_URL
+from mlless.contract import ENV_AMQP_URL, ENV_ATTACK, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_REDIS_URL, ENV_ZYGOTE
 from mlless.data.dataset import DatasetError
 from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.runtime.launcher import Launcher, LocalLauncher
 from mlless.runtime.platform import Platform
+from mlless.runtime.zygote import Zygote
 from mlless.progress import Progress
 from mlless.runtime.supervisor.failover import STATE_FILE, JobState, ResumeError, resumable
 from mlless.runtime.supervisor.loop import Supervisor
@@ -87,17 +89,32 @@ def resumed_job_id(run_dir: Path) -> str:
 def train_local(
     job: TrainingJob, run_dir: Path, services: Services, progress: Progress, metrics_port: int | None = None,
     job_id: str | None = None, on_start: Callable[[Supervisor], None] | None = None,
-    attack: str | None = None,
+    attack: str | None = None, zygote: Zygote | None = None,
 ) -> dict[str, Any]:
     """Train `job` here; with `metrics_port`, the supervisor serves Prometheus metrics on it meanwhile.
 
     With a `job_id` (`resumed_job_id`), continue that job, which ended on a fault, a Ctrl-C or a kill. `on_start`
     gets the supervisor before it starts, to stop the job from another thread (`Supervisor.request_stop`: a sweep). With an
-    `attack` (RANK=KIND, runtime/attack.py), that worker publishes attacked updates: a robustness test.
+    `attack` (RANK=KIND, runtime/attack.py), that worker publishes attacked updates: a robustness test. Workers are
+    forked from `zygote` (a sweep's, shared by its trials), else from one of the job's own (`job_zygote`).
     """
     if EXCHANGES[job.sync.exchange].runs_in_store and not services.external:
         raise SpecError(f"spec.sync.exchange: {job.sync.exchange} runs a script in Redis, which the embedded transport "
                         "has not: give --redis-url and --amqp-url")
+    with job_zygote() if zygote is None else contextlib.nullcontext(zygote) as forks:
+        return _train(job, run_dir, services, progress, metrics_port, job_id, on_start, attack, forks)
+
+
+def job_zygote() -> contextlib.AbstractContextManager[Zygote | None]:
+    """A zygote for a job's (or a sweep's) workers, ended with it; none with MLLESS_ZYGOTE=0. Started first, so that
+    its imports run beside the supervisor's own start."""
+    return contextlib.nullcontext() if os.environ.get(ENV_ZYGOTE) == "0" else Zygote()
+
+
+def _train(
+    job: TrainingJob, run_dir: Path, services: Services, progress: Progress, metrics_port: int | None,
+    job_id: str | None, on_start: Callable[[Supervisor], None] | None, attack: str | None, zygote: Zygote | None,
+) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
     job_file.write_text(job.to_json())
@@ -111,13 +128,13 @@ def train_local(
             env |= services.worker_env()
             transport = connect(job_id, role="supervisor", redis_url=services.redis_url, amqp_url=services.amqp_url,
                                 identity=identity)
-            summary = supervise(job, job_id, transport, LocalLauncher(job_file, env, run_dir / "logs", issuer), run_dir,
-                                progress, metrics_port, on_start=on_start)
+            launcher = LocalLauncher(job_file, env, run_dir / "logs", issuer, zygote)
+            summary = supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port, on_start=on_start)
         else:
             with tempfile.TemporaryDirectory(prefix="mlless-") as tmp, EmbeddedBroker(str(Path(tmp) / "broker.sock")) as broker:
                 env[ENV_EMBEDDED_ADDRESS] = broker.address
                 transport = connect(job_id, role="supervisor", embedded_address=broker.address, identity=identity)
-                launcher = LocalLauncher(job_file, env, run_dir / "logs", issuer)
+                launcher = LocalLauncher(job_file, env, run_dir / "logs", issuer, zygote)
                 summary = supervise(job, job_id, transport, launcher, run_dir, progress, metrics_port,
                                     on_start=on_start)
     except (JobFailed, DatasetError, SpecError):

@@ -1,7 +1,8 @@
 """`mlless sweep`: a TrainingSweep's trials on this machine, each a normal local job in its own run directory.
 
 A trial is `train_local` in a thread of this process: its supervisor here, its workers OS processes, its own job id,
-key and (without services) embedded broker, so trials share nothing but their dataset. The sweep reads each trial's
+key and (without services) embedded broker, so trials share nothing but their dataset and the zygote their workers
+are forked from (runtime/zygote.py): its start is paid once for the sweep, billed to the first trial's first worker. The sweep reads each trial's
 metrics.jsonl as the supervisor writes it (line-buffered) and stops an ASHA loser with `Supervisor.request_stop`:
 the trial ends at its next step close as if a stop rule had fired, its workers hand in their replicas, and its
 summary and model (the best snapshot) are written.
@@ -16,9 +17,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mlless.progress import Progress
-from mlless.runtime.local import Services, train_local
+from mlless.runtime.local import Services, job_zygote, train_local
 from mlless.runtime.supervisor.failover import failed
 from mlless.runtime.supervisor.loop import Supervisor
+from mlless.runtime.zygote import Zygote
 from mlless.sweep.asha import judge, rung_values
 from mlless.sweep.manifest import Sweep
 from mlless.contract import SWEEP_BEST_DIR as BEST_DIR, SWEEP_FILE, SWEEP_TRIALS_DIR as TRIALS_DIR
@@ -104,6 +106,7 @@ class LocalSweep:
         self.trials = [Trial(sweep.trial_name(i), values) for i, values in enumerate(sweep.assignments())]
         self.runs: dict[str, TrialRun] = {}
         self.message: str | None = None
+        self.zygote: Zygote | None = None
 
     def run(self) -> dict[str, Any]:
         """Run the trials to the end; returns the final status (also in status.json)."""
@@ -112,6 +115,10 @@ class LocalSweep:
             {"name": self.sweep.name, "earlyStopping": asdict(self.rule), "budgetUSD": self.sweep.budget_usd,
              "parameters": [p.field for p in self.sweep.parameters],
              "trials": {t.name: t.parameters for t in self.trials}}, indent=2) + "\n")
+        with job_zygote() as self.zygote:
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         written = -float("inf")
         try:
             while self._step():
@@ -169,7 +176,8 @@ class LocalSweep:
     def _train(self, run: TrialRun) -> None:
         try:
             job = self.sweep.trial_job(run.trial.name, run.trial.parameters)
-            run.summary = train_local(job, run.run_dir, self.services, Progress(enabled=False), on_start=run.attach)
+            run.summary = train_local(job, run.run_dir, self.services, Progress(enabled=False), on_start=run.attach,
+                                      zygote=self.zygote)
         except Exception as exc:  # a trial's failure is its row in the table, not the sweep's end
             run.error = f"{type(exc).__name__}: {exc}"
 

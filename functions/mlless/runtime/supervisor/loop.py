@@ -243,18 +243,18 @@ class Supervisor:
         deadline = time.monotonic() + timeout
         while any(self.workers[r].state == state for r in ranks) and time.monotonic() < deadline:
             self._receive()
-            for rank in self.launcher.exited():
+            for rank in self.members.ended(self._receive):
                 if self.workers[rank].state == state:
                     self._drop(rank, exit_reason)
 
     # ---- messages ----------------------------------------------------------------------------
 
-    def _receive(self) -> None:
-        """Handle the next message, if one comes within a fifth of a second; first act on a signal. An awaited
+    def _receive(self, within: float = 0.2) -> None:
+        """Handle the next message, if one comes within `within` seconds; first act on a signal. An awaited
         snapshot is looked for between messages: under rounds the next close may be a round away."""
         self._raise_if_interrupted()
         awaited = self.evaluation.pending_snapshot is not None
-        body = self.transport.receive(timeout=SNAPSHOT_POLL_SECONDS if awaited else 0.2)
+        body = self.transport.receive(timeout=min(SNAPSHOT_POLL_SECONDS, within) if awaited else within)
         if body is not None:
             self._handle(body)
         elif awaited:
@@ -374,7 +374,7 @@ class Supervisor:
         self.stopping.request(reason)
 
     def _check_liveness(self) -> None:
-        for rank in self.launcher.exited():
+        for rank in self.members.ended(self._receive):
             if self.workers[rank].state in (WorkerState.LIVE, WorkerState.JOINING, WorkerState.READY):
                 self._drop(rank, "its process ended")
             elif self.workers[rank].state == WorkerState.LEAVING:

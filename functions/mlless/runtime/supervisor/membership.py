@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Callable
 
 from mlless.progress import Progress
 from mlless.runtime.launcher import Launcher
@@ -59,6 +59,9 @@ TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
 ACTIVE = frozenset({WorkerState.LIVE, WorkerState.JOINING, WorkerState.READY})
 #: Workers not billed yet: the supervisor has not heard from them, or they wait for admission.
 UNBILLED = frozenset({WorkerState.STARTING, WorkerState.JOINING, WorkerState.READY})
+#: A worker sends its last message (Done, Left) just before its process exits, and the exit can be seen first (a forked
+#: worker ends within a millisecond of its last send): how long its message is waited for before the exit counts.
+EXIT_GRACE_SECONDS = 0.5
 
 
 class IllegalTransition(RuntimeError):
@@ -111,9 +114,9 @@ class Membership:
         return all(w.state != WorkerState.STARTING for w in self.workers.values())
 
     def start(self, rank: int, state: WorkerState = WorkerState.STARTING) -> WorkerRecord:
-        """Record `rank` and launch its process."""
+        """Record `rank` and launch its process, billed from its launch (or earlier: `Launcher.start`)."""
         worker = self.add(rank, state)
-        self.launcher.start(rank)
+        worker.started -= self.launcher.start(rank)
         return worker
 
     def add(self, rank: int, state: WorkerState) -> WorkerRecord:
@@ -151,6 +154,15 @@ class Membership:
         log.warning("worker %d dropped at step %d: %s", rank, step, why)
         self.launcher.stop(rank)
         return True
+
+    def ended(self, receive: Callable[[float], None]) -> list[int]:
+        """Ranks whose process ended while their record had not; `receive` (handle a message, waiting up to the seconds
+        given) runs first until their last messages are in, for EXIT_GRACE_SECONDS at most."""
+        ended = [rank for rank in self.launcher.exited() if not self.workers[rank].ended_already]
+        deadline = time.monotonic() + EXIT_GRACE_SECONDS
+        while any(not self.workers[r].ended_already for r in ended) and (left := deadline - time.monotonic()) > 0:
+            receive(left)
+        return ended
 
     def invocation_seconds(self, now: float) -> list[float]:
         return [w.invocation_seconds(now) for w in self.workers.values()]
