@@ -2,10 +2,10 @@
 
 A trial is `train_local` in a thread of this process: its supervisor here, its workers OS processes, its own job id,
 key and (without services) embedded broker, so trials share nothing but their dataset and the zygote their workers
-are forked from (runtime/zygote.py): its start is paid once for the sweep, billed to the first trial's first worker. The sweep reads each trial's
-metrics.jsonl as the supervisor writes it (line-buffered) and stops an ASHA loser with `Supervisor.request_stop`:
-the trial ends at its next step close as if a stop rule had fired, its workers hand in their replicas, and its
-summary and model (the best snapshot) are written.
+are forked from (runtime/zygote.py): its start is paid once for the sweep, billed to the first trial's first worker.
+The sweep reads each trial's metrics.jsonl as the supervisor writes it (line-buffered) and stops an ASHA loser with
+`Supervisor.request_stop`: the trial ends at its next step close as if a stop rule had fired, its workers hand in
+their replicas, and its summary and model (the best snapshot) are written.
 """
 from __future__ import annotations
 

@@ -49,11 +49,11 @@ MAX_RANK_DIGITS = 9
 _ALIVE_KEY = "_alive:{rank}"
 
 
-
 def busy(exc: redis.ResponseError) -> bool:
     """Whether Redis refused the command while a script runs past its busy-reply-threshold (the reply starts with
     the error code BUSY; redis-py puts a pipeline's command before it)."""
     return re.search(r"(^|: )BUSY ", str(exc)) is not None
+
 
 class JobStore:
     """One process's view of a job's keys in one Redis; nothing is sent until the first call."""
