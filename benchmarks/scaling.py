@@ -191,11 +191,14 @@ class Watcher(threading.Thread):
         return self._step
 
     def _scan_children(self) -> None:
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit() and int(entry.name) not in self.worker_cpu:
-                st = _stat(int(entry.name))
-                if st and st[0] == self.proc.pid and " worker" in _cmdline(int(entry.name)):
-                    self.worker_cpu[int(entry.name)] = st[1]
+        """The workers: `mlless worker` children of the job's process, or forks of its zygote (runtime/zygote.py),
+        which are the zygote's children and carry its command line."""
+        stats = {int(e.name): st for e in Path("/proc").iterdir() if e.name.isdigit() and (st := _stat(int(e.name)))}
+        zygotes = {pid for pid, st in stats.items() if st[0] == self.proc.pid and " zygote" in _cmdline(pid)}
+        for pid, st in stats.items():
+            if pid not in self.worker_cpu and (st[0] in zygotes or
+                                               (st[0] == self.proc.pid and " worker" in _cmdline(pid))):
+                self.worker_cpu[pid] = st[1]
 
     def sample(self) -> None:
         now = time.perf_counter()
