@@ -24,18 +24,19 @@ TESTS = HERE.parent / "tests"
 STATS = re.compile(r"stat::(\w+):\s+(\d+)")
 
 
-def child(name: str, seconds: float, timeout: int, rss_mb: int, out: Path) -> None:
+def child(name: str, seconds: float, timeout: int, rss_mb: int, seed: int, out: Path) -> None:
     import atheris
 
     sys.path.insert(0, str(TESTS))
     with atheris.instrument_imports(include=["mlless", "fuzz_targets"]):
         import fuzz_targets
     corpus = Path(tempfile.mkdtemp(prefix=f"fuzz-{name}-"))
-    for k, seed in enumerate(fuzz_targets.valid_seeds(corpus / "data")[name]):
-        (corpus / f"seed-{k}").write_bytes(seed)
+    seeds = fuzz_targets.valid_seeds(corpus / "data")[name] + list(fuzz_targets.findings()[name].values())
+    for k, data in enumerate(seeds):
+        (corpus / f"seed-{k}").write_bytes(data)
     target = fuzz_targets.TARGETS[name]
     atheris.Setup([sys.argv[0], str(corpus), f"-max_total_time={int(seconds)}", f"-timeout={timeout}",
-                   f"-rss_limit_mb={rss_mb}", "-print_final_stats=1", f"-artifact_prefix={out}/{name}-"],
+                   f"-rss_limit_mb={rss_mb}", "-print_final_stats=1", f"-seed={seed}", f"-artifact_prefix={out}/{name}-"],
                   target)
     atheris.Fuzz()
 
@@ -46,11 +47,13 @@ def main() -> int:
     p.add_argument("--targets", help="comma list (default: every target of tests/fuzz_targets.py)")
     p.add_argument("--timeout", type=int, default=5, help="seconds one input may take (default %(default)s)")
     p.add_argument("--rss-mb", type=int, default=2048, help="memory limit (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="libFuzzer's seed: 0 (the default) draws one; tests/test_fuzz.py fixes one, so it is repeatable")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "mlless-fuzz", help="findings' inputs")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        child(args.child, args.seconds, args.timeout, args.rss_mb, args.out)
+        child(args.child, args.seconds, args.timeout, args.rss_mb, args.seed, args.out)
         return 0
     sys.path.insert(0, str(TESTS))
     from fuzz_targets import TARGETS
@@ -60,7 +63,8 @@ def main() -> int:
     rows, failed = [], False
     for name in names:
         run = subprocess.run([sys.executable, __file__, "--child", name, "--seconds", str(args.seconds),
-                              "--timeout", str(args.timeout), "--rss-mb", str(args.rss_mb), "--out", str(args.out)],
+                              "--timeout", str(args.timeout), "--rss-mb", str(args.rss_mb), "--seed", str(args.seed),
+                              "--out", str(args.out)],
                              capture_output=True, text=True)
         stats = {k: int(v) for k, v in STATS.findall(run.stderr)}
         edges = re.findall(r"cov: (\d+)", run.stderr)

@@ -26,6 +26,9 @@ from mlless.spec import SpecError
 from mlless.spec.job import load_manifest
 
 JOB_ID = "fuzz-0123456789"
+#: Inputs the coverage-guided harness once found escaping a target, one directory per target: kept as regression
+#: tests (tests/test_fuzz.py) and as seeds of the harness's corpus (benchmarks/fuzz.py).
+FINDINGS = Path(__file__).resolve().parent / "fuzz_findings"
 #: The issuer of the identities the sealed-message target's seeds are sealed with (the fuzzer never sees its key).
 ISSUER = Issuer()
 VERIFIER = Verifier(ISSUER.public)
@@ -169,3 +172,8 @@ def valid_seeds(tmp: Path) -> dict[str, list[bytes]]:
         "frame": [encode(m) for m in messages] + [encode(m, sealed=True) for m in messages],
         "sealed": [seal(encode(m, sealed=True), ISSUER.issue(m.sender), CONTEXT) for m in messages],
     }
+
+
+def findings() -> dict[str, dict[str, bytes]]:
+    """The inputs under FINDINGS, by target and file name."""
+    return {name: {path.name: path.read_bytes() for path in sorted((FINDINGS / name).glob("*"))} for name in TARGETS}

@@ -44,6 +44,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         declared = model_type(self.type).fields  # a ValueError naming the known types
+        if not isinstance(self.options, Mapping):  # a resolved job from another process (TrainingJob.from_json)
+            raise ValueError(f"model options must be an object, got {type(self.options).__name__}")
         options = {name: self.options.get(name, node.get("default")) for name, node in declared.items()}
         for name, value in options.items():
             if (error := best_match(Draft4Validator(declared[name]).iter_errors(value))) is not None:
