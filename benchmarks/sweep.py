@@ -24,14 +24,17 @@ import _common
 
 MAX_GAP = 0.005
 MAX_SHARE = 0.40
+#: η, and the rungs below a trial's own limit (maxEpochs): the first rung is at maxEpochs / η^RUNGS, the most
+#: aggressive bracket of Hyperband (Li et al. 2018) that keeps RUNGS rungs for these η and limit.
+REDUCTION_FACTOR = 3
+RUNGS = 3
 
 SETS = {
     "movielens": {
         "prepare": ("--sample", "movielens-small"),
         "template": {"workers": 1, "model": {"type": "pmf"}, "stop": {"maxEpochs": 6}},
         "parameters": [{"field": "optimizer.learningRate", "grid": [0.2, 0.1, 0.05, 0.02]},
-                       {"field": "model.rank", "grid": [10, 40]}],
-        "minResource": 0.67,
+                       {"field": "model.rank", "grid": [10, 20, 40]}, {"field": "model.l2", "grid": [0.1, 0.03]}],
     },
     "clicks": {
         "prepare": ("--synthetic", "lr", "--rows", "200000"),
@@ -39,10 +42,13 @@ SETS = {
         "template": {"workers": 1, "model": {"type": "logistic-regression"}, "stop": {"maxEpochs": 10},
                      "optimizer": {"type": "adam", "lrDecay": "none"}, "evaluation": {"everySteps": 5}},
         "parameters": [{"field": "optimizer.learningRate", "grid": [0.01, 0.003, 0.03, 0.001, 0.1, 0.0003]},
-                       {"field": "model.l2", "grid": [0.0, 1e-5]}],
-        "minResource": 1.0,
+                       {"field": "model.l2", "grid": [0.0, 1e-5, 1e-4]}],
     },
 }
+
+
+def min_resource(name: str) -> float:
+    return round(SETS[name]["template"]["stop"]["maxEpochs"] / REDUCTION_FACTOR ** RUNGS, 3)
 
 
 def worker_seconds(trial_dir: Path) -> float:
@@ -57,8 +63,8 @@ def run_sweep(name: str, data: Path, early: str, out: Path) -> dict[str, float]:
     template = {**s["template"], "dataset": {"uri": str(data), "cacheBatches": True}}
     doc = {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingSweep", "metadata": {"name": f"{name}-{early}"},
            "spec": {"template": {"spec": template}, "parameters": s["parameters"], "maxConcurrentTrials": 2,
-                    "earlyStopping": {"type": early, "resource": "epochs", "minResource": s["minResource"],
-                                      "reductionFactor": 3}}}
+                    "earlyStopping": {"type": early, "resource": "epochs", "minResource": min_resource(name),
+                                      "reductionFactor": REDUCTION_FACTOR}}}
     path = out.parent / f"{out.name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     subprocess.run([sys.executable, "-m", "mlless", "sweep", str(path), "--out", str(out), "-q"], check=True)
@@ -87,8 +93,8 @@ def main() -> None:
                 f"## Sweeps: ASHA against the full grid on {name} (benchmarks/sweep.py)",
                 "",
                 f"`{_common.command_line()}`; {_common.machine_line(info)}. One worker per trial, two trials at a "
-                "time, reduction factor 3, rungs in "
-                f"epochs from {SETS[name]['minResource']:g}; template {json.dumps(SETS[name]['template'])}, "
+                f"time, reduction factor {REDUCTION_FACTOR}, rungs in "
+                f"epochs from {min_resource(name):g}; template {json.dumps(SETS[name]['template'])}, "
                 f"parameters {json.dumps(SETS[name]['parameters'])}.",
                 "",
                 _common.table(["sweep", "trials", "stopped", "best validation", "worker-seconds", "cost (USD)"], rows),

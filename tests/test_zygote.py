@@ -114,6 +114,29 @@ def test_exits_are_reported_stop_kills_and_the_zygotes_start_is_billed_once(idle
     assert gone(survivor) and gone(zygote.proc.pid)
 
 
+def test_workers_waiting_together_for_the_zygote_bill_its_start_once(idle_job, tmp_path):
+    """Two trials of a sweep start together, before their zygote is ready: the first forked is billed the zygote's
+    start, the other from when the zygote was ready (its `Launcher.start` is minus its wait)."""
+    job_file, env = idle_job
+    with Zygote() as zygote:
+        launcher = LocalLauncher(job_file, env, tmp_path / "logs", Issuer(), zygote)
+        billed_from: dict[int, float] = {}
+
+        def start(rank: int) -> None:
+            asked = time.monotonic()
+            billed_from[rank] = asked - launcher.start(rank)  # as `Membership.start` bills it
+
+        threads = [threading.Thread(target=start, args=(rank,)) for rank in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        first, second = sorted(billed_from.values())
+        assert first == pytest.approx(zygote.launched, abs=0.05)
+        assert zygote._ready_at - 0.05 <= second <= time.monotonic()
+        launcher.stop_all(grace=0.0)
+
+
 def test_a_worker_is_a_new_process_when_the_environment_changed_since_the_zygote_started(idle_job, tmp_path,
                                                                                          monkeypatch):
     job_file, env = idle_job

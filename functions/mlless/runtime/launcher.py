@@ -52,7 +52,8 @@ class Launcher(ABC):
     @abstractmethod
     def start(self, rank: int) -> float:
         """Start worker `rank`; returns the seconds of start-up spent for it before this call, billed with it (a
-        zygote's start, for the first worker forked from it), usually 0."""
+        zygote's start, for the first worker forked from it), or, negative, the seconds of this call not billed to it
+        (its wait for a zygote's start, billed to the first); usually 0."""
 
     @abstractmethod
     def exited(self) -> list[int]:

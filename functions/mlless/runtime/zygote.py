@@ -87,10 +87,11 @@ class Zygote:
 
     def spawn(self, env: dict[str, str], log_fd: int) -> tuple[int, float]:
         """Fork a worker with environment `env`, stdout and stderr to `log_fd`: its pid, and the seconds of the
-        zygote's start billed to it. The first worker is billed from the zygote's launch until it was ready, less
-        what it waited for that itself; the others nothing. ZygoteError if it could not be forked."""
+        zygote's start billed to it (`Launcher.start`). The first worker is billed from the zygote's launch until it
+        was ready, less what it waited for that itself; another that waited for it too is not billed its wait (-the
+        wait): two trials of a sweep starting together paid the start twice. ZygoteError if it could not be forked."""
+        asked = time.monotonic()
         with self._requests:
-            asked = time.monotonic()
             with self._state:
                 self._state.wait_for(lambda: self._ready_at is not None or self._ended, READY_TIMEOUT)
                 if self._ready_at is None:
@@ -110,7 +111,7 @@ class Zygote:
                 raise ZygoteError(reply["error"])
             with self._state:
                 self._spawned.add(reply["pid"])
-            charge = 0.0 if self._charged else max(0.0, min(ready_at, asked) - self.launched)
+            charge = -max(0.0, ready_at - asked) if self._charged else max(0.0, min(ready_at, asked) - self.launched)
             self._charged = True
             return reply["pid"], charge
 

@@ -21,11 +21,12 @@ STATUS_FILE = "status.json"
 
 
 class RunRecord:
-    """`on_row` sees every row as it is written (a successor supervisor's copy of them)."""
+    """`on_row` sees every row as it is written (a successor supervisor's copy of them), and so does each callback
+    given to `listen` (a sweep judging its trials as their rows come)."""
 
     def __init__(self, run_dir: Path, on_row: Callable[[str], None] | None = None) -> None:
         self.run_dir = run_dir
-        self.on_row = on_row
+        self._listeners: list[Callable[[str], None]] = [] if on_row is None else [on_row]
         self.rows = 0
         run_dir.mkdir(parents=True, exist_ok=True)
         self._metrics: TextIO | None = None  # opened by start, by continue_after, or by the first row
@@ -54,8 +55,12 @@ class RunRecord:
             self.start()
         self._metrics.write(line)
         self.rows += 1
-        if self.on_row is not None:
-            self.on_row(line)
+        for listener in self._listeners:
+            listener(line)
+
+    def listen(self, on_row: Callable[[str], None]) -> None:
+        """Call `on_row` with each row written from now on, in the writing thread."""
+        self._listeners.append(on_row)
 
     def summary(self, summary: dict[str, Any]) -> None:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")

@@ -114,7 +114,7 @@ class Membership:
         return all(w.state != WorkerState.STARTING for w in self.workers.values())
 
     def start(self, rank: int, state: WorkerState = WorkerState.STARTING) -> WorkerRecord:
-        """Record `rank` and launch its process, billed from its launch (or earlier: `Launcher.start`)."""
+        """Record `rank` and launch its process, billed from its launch (or earlier, or later: `Launcher.start`)."""
         worker = self.add(rank, state)
         worker.started -= self.launcher.start(rank)
         return worker
