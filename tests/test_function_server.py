@@ -90,8 +90,8 @@ def test_invocations_checkpoint_at_their_deadline_and_resume_exactly(function_se
     url, job_id, _ = function_server
     monkeypatch.setenv("MLLESS_AUDIT", "1")
     job = job_for(movielens_dir, sync={"protocol": protocol}, stop={"maxEpochs": 1000})
-    # A 10 s function timeout leaves each invocation a 5 s deadline: every rank is invoked again and again.
-    launcher = HttpLauncher(url, job, job_id, timeout_seconds=10, token=TOKEN)
+    # An 8 s function timeout leaves each invocation a 3 s deadline: every rank is invoked again and again.
+    launcher = HttpLauncher(url, job, job_id, timeout_seconds=8, token=TOKEN)
     transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
     supervisor = Supervisor(job, job_id, transport, launcher, tmp_path, Progress(enabled=False))
 
