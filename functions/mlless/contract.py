@@ -129,3 +129,14 @@ ENV_WORKER_INVOCATION = "MLLESS_WORKER_INVOCATION"
 WORKER_INVOCATION_HTTP = "http"
 #: Someone else (the operator) starts the workers; the supervisor waits for them to join.
 WORKER_INVOCATION_EXTERNAL = "external"
+
+
+# --- A sharded Redis's URLs in one string (REDIS_URL, the job Secret's redis-url) --------------------------------
+def joined_shard_urls(urls: list[str]) -> str:
+    """Several Redis shards' URLs as one REDIS_URL: separated by spaces (no URL holds a raw space)."""
+    return " ".join(urls)
+
+
+def shard_urls(redis_url: str) -> list[str]:
+    """The shards' URLs a REDIS_URL holds (`joined_shard_urls`): one, or several."""
+    return redis_url.split()

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from mlless.contract import EXIT_USAGE
+from mlless.contract import EXIT_USAGE, shard_urls
 from mlless.planning.model import Fit, Link, Prediction, choose, fit, predict
 from mlless.planning.runs import PlanError, RunMeasure, measure
 from mlless.plugins import load_plugins
@@ -58,7 +58,7 @@ def measure_link(redis_url: str | None) -> Link:
         return Link(0.0, float("inf"), "embedded transport (in-process)")
     import redis
 
-    redis_url = redis_url.split()[0]  # a sharded Redis's URLs are space-separated: the link to the first shard
+    redis_url = shard_urls(redis_url)[0]  # a sharded Redis: the link to its first shard
     client = redis.Redis.from_url(redis_url)
     rtts = []
     for _ in range(PINGS):

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from mlless.contract import ENV_AMQP_URL, ENV_ATTACK, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_REDIS_URL, ENV_ZYGOTE
+from mlless.contract import (
+    ENV_AMQP_URL, ENV_ATTACK, ENV_EMBEDDED_ADDRESS, ENV_JOB_ID, ENV_REDIS_URL, ENV_ZYGOTE, joined_shard_urls,
+)
 from mlless.data.dataset import DatasetError
 from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.runtime.launcher import Launcher, LocalLauncher
@@ -60,7 +62,7 @@ def services_from(redis_url: str | list[str] | None, amqp_url: str | None) -> Se
     A list of Redis URLs (`--redis-url` repeated) is the job's shards, passed on space-separated as REDIS_URL
     carries them (mlless.transport.env)."""
     if isinstance(redis_url, list):
-        redis_url = " ".join(redis_url)
+        redis_url = joined_shard_urls(redis_url)
     from_env = service_urls(os.environ)
     redis_url = redis_url or from_env.get(ENV_REDIS_URL)
     amqp_url = amqp_url or from_env.get(ENV_AMQP_URL)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import redis
 
 from .base import TransportError, check_job_id, key_prefix, redact_url
-from .env import shard_urls
+from mlless.contract import shard_urls
 from .tls import TrustedCA, redis_tls_options
 
 __all__ = ["delete_job_keys", "unlink_prefix"]

@@ -34,6 +34,8 @@ from mlless.contract import (
     ENV_REDIS_PASSWORD,
     ENV_REDIS_URL,
     ENV_SECRETS_DIR,
+    joined_shard_urls,
+    shard_urls,
 )
 from mlless.protocol.identity import Identity, Issuer, parse_identity  # Issuer: also the operator's (its layer)
 from mlless.transport.base import TransportError
@@ -47,7 +49,7 @@ def with_password(url: str, password: str | None) -> str:
     URLs (`shard_urls`) each get it: an external sharded Redis has one passwordSecretRef."""
     if password is None:
         return url
-    return " ".join(_with_password(u, password) for u in shard_urls(url))
+    return joined_shard_urls([_with_password(u, password) for u in shard_urls(url)])
 
 
 def _with_password(url: str, password: str) -> str:
@@ -56,12 +58,6 @@ def _with_password(url: str, password: str) -> str:
     if parts.port:
         host = f"{host}:{parts.port}"
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:{quote(password, safe='')}@{host}"))
-
-
-def shard_urls(redis_url: str) -> list[str]:
-    """The URLs of a job's Redis shards (`mlless.transport.shards`): `redis_url` holds one, or several separated by
-    whitespace (no URL holds a raw space), as `REDIS_URL` and the job Secret's `redis-url` carry them."""
-    return redis_url.split()
 
 
 def service_urls(environ: Mapping[str, str]) -> dict[str, str]:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from mlless.contract import shard_urls
 from mlless.protocol.identity import Identity, Issuer
 from .base import DEFAULT_TTL, Role, Transport, check_key
 from .bus import JobBus
 from .outage import CONNECT_SECONDS, outage_window
-from .shards import ShardedStore, shard_urls
+from .shards import ShardedStore
 from .store import JobStore
 from .tls import TrustedCA, ca_from_env
 

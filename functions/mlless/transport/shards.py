@@ -36,10 +36,9 @@ from typing import Callable, Sequence, TypeVar
 
 from mlless.protocol.keys import number as key_number
 
-from .env import shard_urls
 from .store import JobStore
 
-__all__ = ["ShardMap", "ShardedStore", "shard_urls"]
+__all__ = ["ShardMap", "ShardedStore"]
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ import base64
 import secrets
 from typing import Mapping
 
-from mlless.contract import CA_FILE_VARS, ENV_AMQP_URL, ENV_REDIS_URL
+from mlless.contract import CA_FILE_VARS, ENV_AMQP_URL, ENV_REDIS_URL, joined_shard_urls
 from mlless.transport.base import ANY_WORKER, SUPERVISOR
 from mlless.transport.env import IDENTITY_FILE, PASSWORD_VARS, Issuer
 from mlless_operator.builders.jobref import JobRef, Manifest
@@ -69,9 +69,8 @@ def generate_credentials(job: JobRef) -> dict[str, str]:
     if job.external("redis") is None:
         pw = secrets.token_urlsafe(24)
         creds[REDIS_PASSWORD_KEY] = pw
-        # A sharded Redis: one URL per shard, space-separated, as mlless.transport.env reads them.
-        creds[REDIS_URL_KEY] = " ".join(f"redis://:{pw}@{name}.{job.namespace}.svc:{REDIS_PORT}/0"
-                                        for name, _ in redis_shards(job))
+        creds[REDIS_URL_KEY] = joined_shard_urls([f"redis://:{pw}@{name}.{job.namespace}.svc:{REDIS_PORT}/0"
+                                                  for name, _ in redis_shards(job)])
     if job.external("rabbitmq") is None:
         pw = secrets.token_urlsafe(24)
         creds[RABBITMQ_USER_KEY] = RABBITMQ_USER
