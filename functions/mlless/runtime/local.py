@@ -29,9 +29,8 @@ from mlless.progress import Progress
 from mlless.runtime.supervisor.failover import STATE_FILE, JobState, ResumeError, resumable
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.supervisor.membership import JobFailed
-from mlless.runtime.sync.exchange import EXCHANGES
 from mlless.spec import SpecError, TrainingJob
-from mlless.spec.robust import one_redis_error
+from mlless.spec.robust import STORE_EXCHANGES, one_redis_error
 from mlless.transport import Transport, connect
 from mlless.transport.embedded_broker import EmbeddedBroker
 from mlless.protocol.identity import Issuer, parse_identity
@@ -100,7 +99,7 @@ def train_local(
     `attack` (RANK=KIND, runtime/attack.py), that worker publishes attacked updates: a robustness test. Workers are
     forked from `zygote` (a sweep's, shared by its trials), else from one of the job's own (`job_zygote`).
     """
-    if EXCHANGES[job.sync.exchange].runs_in_store and not services.external:
+    if job.sync.exchange in STORE_EXCHANGES and not services.external:
         raise SpecError(f"spec.sync.exchange: {job.sync.exchange} runs a script in Redis, which the embedded transport "
                         "has not: give --redis-url and --amqp-url")
     with job_zygote() if zygote is None else contextlib.nullcontext(zygote) as forks:

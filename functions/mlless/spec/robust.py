@@ -18,8 +18,9 @@ MIN_WORKERS = 3
 TRIM = 0.25
 #: The rule that is no robust rule.
 SUM = "sum"
-#: The exchange patterns that can only add a step's updates: in-store's script in Redis (runtime/sync/instore.py).
-SUMMING_EXCHANGES = ("in-store",)
+#: The exchange patterns that run a script in Redis (in-store, runtime/sync/instore.py): they can only add a step's
+#: updates, in one Redis, and the embedded transport has no Redis to run them in.
+STORE_EXCHANGES = ("in-store",)
 
 
 def errors(spec: Mapping[str, Any], default_protocol: str, default_workers: int) -> Iterator[str]:
@@ -31,7 +32,7 @@ def errors(spec: Mapping[str, Any], default_protocol: str, default_workers: int)
     protocol = sync.get("protocol", default_protocol)
     if protocol not in PROTOCOLS:
         yield f"spec.sync.aggregation: {rule} needs spec.sync.protocol {' or '.join(PROTOCOLS)}, not {protocol}"
-    if sync.get("exchange") in SUMMING_EXCHANGES:
+    if sync.get("exchange") in STORE_EXCHANGES:
         yield f"spec.sync.aggregation: {rule} cannot run with spec.sync.exchange {sync['exchange']}, which only sums"
     workers = spec.get("workers", default_workers)
     if isinstance(workers, int) and workers < MIN_WORKERS:
@@ -42,6 +43,6 @@ def one_redis_error(exchange: str, shards: int, counted: str) -> str | None:
     """The line refusing `exchange` over `shards` Redis instances, `counted` saying where that number comes from
     (`spec.redis.shards is 2`, `the job's Redis is 2 shards`); None if it can run. In-store's script runs in one
     Redis, and the shards spread a step's updates by rank (transport/shards.py)."""
-    if exchange in SUMMING_EXCHANGES and shards > 1:
+    if exchange in STORE_EXCHANGES and shards > 1:
         return f"spec.sync.exchange: {exchange} runs a script in one Redis, and {counted}"
     return None

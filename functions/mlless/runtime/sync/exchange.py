@@ -100,8 +100,6 @@ class Exchange(ABC):
     """How one worker's updates reach its peers: written by `publish`, read at a step-close by `gather`."""
 
     name: ClassVar[str]
-    #: Whether the pattern runs a script in the store (runtime/sync/instore.py), which the embedded transport has not.
-    runs_in_store: ClassVar[bool] = False
 
     def __init__(self, transport: Transport, rank: int, key_of: KeyOf, slots: int, patience: float,
                  reject: Callable[[str], None], size: int = 0, parts: int = 1, carriers: bool = True,

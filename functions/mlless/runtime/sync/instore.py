@@ -39,7 +39,6 @@ from __future__ import annotations
 import hmac
 import logging
 from importlib import resources
-from typing import ClassVar
 
 from mlless.protocol.framing import FLAG_SEALED, HEADER, MAGIC, VERSION, FrameError, FrameType, decode
 from mlless.protocol.identity import SUPERVISOR
@@ -72,7 +71,6 @@ class InStore(AllReduce):
     """Redis merges a step's updates into one frame, which every worker reads."""
 
     name = "in-store"
-    runs_in_store: ClassVar[bool] = True
 
     def step_key(self, step: int) -> bytes:
         return self.transport.subkey(f"in-store step {step}")
