@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import threading
 import uuid
+import zlib
 from contextlib import ExitStack
 
 import numpy as np
 import pytest
 import redis
 
-from mlless.protocol.framing import encode
+from mlless.protocol.framing import FLAG_SEALED, HEADER, MAGIC, VERSION, FrameError, FrameType, decode, encode
 from mlless.protocol.messages import Close, Update
+from mlless.protocol.runs import COUNTS
 from mlless.runtime.local import Services, train_local
 from mlless.runtime.sync.instore import InStore
 from mlless.spec import SpecError
@@ -117,20 +119,40 @@ def test_a_forged_contribution_is_left_out_and_counted_by_every_reader(step, red
     assert len(rejected) == N and all("worker 1 for step 7" in r and "in-store MAC" in r for r in rejected)
 
 
+def member_frame(payload: bytes, flags: int = FLAG_SEALED) -> bytes:
+    """An update of worker 1 for this step with `payload`, its CRC right: what a member gone wrong could seal."""
+    return HEADER.pack(MAGIC, VERSION, FrameType.UPDATE, flags, 1, STEP, len(payload), zlib.crc32(payload)) + payload
+
+
+def values_of(n: int) -> bytes:
+    return np.zeros(n, "<f4").tobytes()
+
+
+def runs(n: int, starts: list[int], lengths: list[int]) -> bytes:
+    return COUNTS.pack(n, len(starts)) + np.array(starts, "<i4").tobytes() + np.array(lengths, "<u4").tobytes()
+
+
+MEMBER_PAYLOADS = {
+    # Values of 1e30 are finite in float32: `MAX_MAGNITUDE` leaves them out of what `decode` accepts.
+    "beyond the value bound": encode(Update(1, STEP, np.arange(5), np.zeros(5, np.float32)))[HEADER.size:][:-20]
+                              + np.full(5, 1e30, "<f4").tobytes(),
+    # Index encodings `protocol/runs.py` never writes, and `read_indices` refuses.
+    "an empty run": runs(6, [0, 10], [6, 0]) + values_of(6),
+    "a run that continues the one before": runs(6, [0, 3], [3, 3]) + values_of(6),
+    "runs where listing takes less": runs(4, [0, 10], [2, 2]) + values_of(4),
+    "a listing of one run": COUNTS.pack(6, 0) + np.arange(6, dtype="<i4").tobytes() + values_of(6),
+}
+
+
 @pytest.mark.services
-def test_a_members_contribution_beyond_the_value_bound_is_left_out(step):
-    """A member gone wrong (the right step key and seal) writes values of 1e30, finite in float32: the script leaves
-    them out by `MAX_MAGNITUDE`, as `decode` would, instead of adding them into a merged frame every reader refused."""
-    import zlib
-
-    from mlless.protocol.framing import FLAG_SEALED, HEADER, MAGIC, VERSION, FrameType
-
+@pytest.mark.parametrize("payload", MEMBER_PAYLOADS.values(), ids=MEMBER_PAYLOADS.keys())
+def test_a_members_contribution_that_decode_refuses_is_left_out(step, payload):
+    """A member gone wrong (the right step key and seal) writes an update `decode` refuses: the script leaves it out,
+    as `decode` would, instead of adding it into a merged frame every reader would refuse or take."""
     _, exchanges, sent, values, rejected = step
-    n = 5
-    payload = encode(Update(1, STEP, np.arange(n), np.zeros(n, np.float32)))[HEADER.size:]
-    payload = payload[:-4 * n] + np.full(n, 1e30, "<f4").tobytes()
-    frame = HEADER.pack(MAGIC, VERSION, FrameType.UPDATE, FLAG_SEALED, 1, STEP, len(payload), zlib.crc32(payload))
-    exchanges[1].transport.put(exchanges[1].part_key(1, 0, STEP), exchanges[1].stored(STEP, frame + payload))
+    with pytest.raises(FrameError):  # the same payload, checked by its CRC rather than a seal
+        decode(member_frame(payload, flags=0), size=SIZE)
+    exchanges[1].transport.put(exchanges[1].part_key(1, 0, STEP), exchanges[1].stored(STEP, member_frame(payload)))
     for w in exchanges:
         dense, _ = added(w.gather(CLOSE))
         want, _ = expected(sent, values, [r for r in (0, 2) if r != w.rank])

@@ -83,7 +83,20 @@ local function distinct(idx, n)
     return true
 end
 
--- The indices and values of `frame` if it is a well-formed update of `rank` for this step; nil otherwise.
+-- Whether listed indices idx[1..n] are listed as protocol/runs.py lists them: when they form fewer than n/2 runs they
+-- must travel as runs.
+local function listed_canonically(idx, n)
+    if n < 3 then return true end
+    local runs = 1
+    for j = 2, n do
+        if idx[j] - idx[j - 1] ~= 1 then runs = runs + 1 end
+    end
+    return 2 * runs >= n
+end
+
+-- The indices and values of `frame` if it is a well-formed update of `rank` for this step, its indices encoded as
+-- protocol/runs.py's `read_indices` accepts them (runs only when listing would take more, each run maximal and not
+-- empty); nil otherwise.
 local function parse(frame, rank)
     local magic, version, ftype, flags, sender, fstep, length = struct.unpack(HEADER, frame)
     if magic ~= MAGIC or version ~= VERSION or ftype ~= UPDATE or flags ~= SEALED or sender ~= rank
@@ -97,13 +110,19 @@ local function parse(frame, rank)
     local idx, val = {}, {}
     if r == 0 then
         pos = unpack_many('i4', frame, pos, n, idx)
+        if not listed_canonically(idx, n) then
+            return nil
+        end
     else
+        if 2 * r >= n then
+            return nil
+        end
         local starts, lengths = {}, {}
         pos = unpack_many('i4', frame, pos, r, starts)
         pos = unpack_many('I4', frame, pos, r, lengths)
         local k = 0
         for j = 1, r do
-            if k + lengths[j] > n then
+            if lengths[j] < 1 or k + lengths[j] > n or (j > 1 and starts[j] == starts[j - 1] + lengths[j - 1]) then
                 return nil
             end
             for x = starts[j], starts[j] + lengths[j] - 1 do
