@@ -13,10 +13,12 @@ markdown table: runs, executions per second, edges covered, and findings; a find
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +51,8 @@ def main() -> int:
     p.add_argument("--rss-mb", type=int, default=2048, help="memory limit (default %(default)s)")
     p.add_argument("--seed", type=int, default=0,
                    help="libFuzzer's seed: 0 (the default) draws one; tests/test_fuzz.py fixes one, so it is repeatable")
+    p.add_argument("--parallel", type=int, default=os.cpu_count() or 1,
+                   help="targets fuzzed at once (default: the CPUs, %(default)s)")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "mlless-fuzz", help="findings' inputs")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -60,21 +64,26 @@ def main() -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     names = args.targets.split(",") if args.targets else sorted(TARGETS)
+
+    def run(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, __file__, "--child", name, "--seconds", str(args.seconds),
+                               "--timeout", str(args.timeout), "--rss-mb", str(args.rss_mb), "--seed", str(args.seed),
+                               "--out", str(args.out)], capture_output=True, text=True)
+
+    # A child spends more time instrumenting mlless's imports than fuzzing for a second: they run side by side.
+    with ThreadPoolExecutor(args.parallel) as pool:
+        runs = dict(zip(names, pool.map(run, names)))
     rows, failed = [], False
-    for name in names:
-        run = subprocess.run([sys.executable, __file__, "--child", name, "--seconds", str(args.seconds),
-                              "--timeout", str(args.timeout), "--rss-mb", str(args.rss_mb), "--seed", str(args.seed),
-                              "--out", str(args.out)],
-                             capture_output=True, text=True)
-        stats = {k: int(v) for k, v in STATS.findall(run.stderr)}
-        edges = re.findall(r"cov: (\d+)", run.stderr)
-        finding = "none" if run.returncode == 0 else (re.findall(r"(crash|timeout|oom|leak)-\w+", run.stderr) or [
-            f"exit {run.returncode}"])[0]
-        failed |= run.returncode != 0
+    for name, done in runs.items():
+        stats = {k: int(v) for k, v in STATS.findall(done.stderr)}
+        edges = re.findall(r"cov: (\d+)", done.stderr)
+        finding = "none" if done.returncode == 0 else (re.findall(r"(crash|timeout|oom|leak)-\w+", done.stderr) or [
+            f"exit {done.returncode}"])[0]
+        failed |= done.returncode != 0
         rows.append((name, stats.get("number_of_executed_units", 0), stats.get("average_exec_per_sec", 0),
                      edges[-1] if edges else "?", finding))
-        if run.returncode != 0:
-            print(run.stderr[-3000:], file=sys.stderr)
+        if done.returncode != 0:
+            print(f"{name}:\n{done.stderr[-3000:]}", file=sys.stderr)
     print("| target | runs | exec/s | edges covered | finding |")
     print("|---|---|---|---|---|")
     for row in rows:
