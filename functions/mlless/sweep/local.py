@@ -28,9 +28,9 @@ from mlless.sweep.status import Trial, best_trial, sweep_status, write_status
 from mlless.telemetry.record import RunRecord
 
 #: How often the sweep reads its trials' records and judges them when no trial wakes it. A trial wakes it with the
-#: row that reaches a rung (`TrialRun.row_written`), and as it ends: a trial ASHA stops keeps
-#: training, and being billed, until the sweep looks, and at 50 ms a MovieLens trial of benchmarks/sweep.py (a
-#: millisecond a step) trained 0.05-0.4 epochs past its rung at 0.67.
+#: row that reaches a rung (`TrialRun.row_written`) and as it ends, because a loser trains, and is billed, until the
+#: sweep looks: polled every 50 ms alone, a MovieLens trial of benchmarks/sweep.py (a millisecond a step) trained
+#: 0.05-0.4 epochs past its rung.
 POLL_SECONDS = 0.05
 #: How often status.json is rewritten while the sweep runs.
 STATUS_SECONDS = 0.5
