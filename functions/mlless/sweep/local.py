@@ -10,6 +10,7 @@ their replicas, and its summary and model (the best snapshot) are written.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import asdict
@@ -21,7 +22,7 @@ from mlless.runtime.local import Services, job_zygote, train_local
 from mlless.runtime.supervisor.failover import failed
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.zygote import Zygote
-from mlless.sweep.asha import judge, level, rung_values
+from mlless.sweep.asha import judge, reach, rung_values
 from mlless.sweep.manifest import EarlyStopping, Sweep
 from mlless.contract import SWEEP_BEST_DIR as BEST_DIR, SWEEP_FILE, SWEEP_TRIALS_DIR as TRIALS_DIR
 from mlless.sweep.status import Trial, best_trial, sweep_status, write_status
@@ -51,9 +52,8 @@ class TrialRun:
         self.resource = rule.field  # the row field ASHA counts: step or epoch
         self.limit = limit  # where the trial's own stop rule ends it, in that resource, if it says
         self.wake = wake  # set to have the sweep look now
-        self._rungs_passed = 0  # rung levels the rows written so far reached (`row_written`) ...
-        self._woken_at = 0  # ... and how many of them the sweep was woken for
-        self._loss_known = False
+        self._best = math.inf  # of the rows written so far (`row_written`) ...
+        self._reached: list[float] = []  # ... and its values at the rungs they reached
         self.curve: list[tuple[float, float | None]] = []
         self.summary: dict[str, Any] | None = None
         self.error: str | None = None
@@ -81,18 +81,18 @@ class TrialRun:
                 self._supervisor.request_stop(reason)
 
     def row_written(self, line: str) -> None:
-        """A row of the trial's record was written (in its supervisor's thread): wake the sweep when it reaches a rung
-        that may stop the trial, or brings the first validation loss after one (a rung is reached at the first row
-        past it with a loss known, `asha.rung_values`). Only then: each look holds the GIL its supervisor needs."""
+        """A row of the trial's record was written (in its supervisor's thread): wake the sweep when the trial reached
+        a rung with it (`asha.reach`, as `rung_values` counts rungs). Only then: each look holds the GIL its
+        supervisor needs."""
         if not self.rule.enabled:
             return
         row = json.loads(line)
-        while (row[self.resource] >= level(self.rule, self._rungs_passed)
-               and (self.limit is None or level(self.rule, self._rungs_passed) < self.limit)):
-            self._rungs_passed += 1
-        self._loss_known = self._loss_known or row["validation_loss"] is not None
-        if self._loss_known and self._rungs_passed > self._woken_at:
-            self._woken_at = self._rungs_passed
+        loss = row["validation_loss"]
+        if loss is not None and math.isfinite(loss):
+            self._best = min(self._best, loss)
+        reached = len(self._reached)
+        reach(self.rule, self._reached, row[self.resource], self._best, self.limit)
+        if len(self._reached) > reached:
             self.wake.set()
 
     @property
