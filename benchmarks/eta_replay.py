@@ -15,6 +15,7 @@ a progress mark is that of the first evaluation whose projected progress (step /
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -82,35 +83,29 @@ def current(curve: Curve, stop: StopConfig, every: int) -> float | None:
     return None if got is None else got.step
 
 
-def variant(futures: int, fit_smoothed: bool, noise: str = "fit") -> Method:
-    """`forecast.project_stop`'s projection with another number of futures, the curve fitted to the smoothed losses
-    the rules read (as before this script's first run) or to the raw ones (as now), and another noise estimate
-    ("fit": the scatter of the newest half about the fit, as now; "diff": that of their successive differences
-    over sqrt 2, which a lagging fit does not inflate)."""
-    from mlless.autotuner.curves import CurveFitError, fit_reference
-    from mlless.runtime.supervisor.stopping import smoothed_losses
-
+def variant(share: float, observed_spacing: bool) -> Method:
+    """`forecast.project_stop`'s projection with the curve fitted to another share of the newest evaluations (1: all
+    of them, as before session 12) and the projected evaluations spaced by `evaluation.everySteps` (as before) or
+    by the newest evaluations' spacing (as now)."""
     def method(curve: Curve, stop: StopConfig, every: int) -> float | None:
-        watch = ValidationWatch(stop.patience, stop.target_loss, stop.target_steps, stop.min_delta)
-        for step, loss in curve:
-            watch.observe(step, loss, np.zeros(0, np.float32))
-        t = np.array([s for s, _ in curve], np.float64)
-        raw = np.array([x for _, x in curve], np.float64)
-        try:
-            fitted = fit_reference(t, np.array(smoothed_losses(raw)) if fit_smoothed else raw, min_points=8)
-        except CurveFitError:  # before a fit: project_stop's own rule (patience counting since the best)
+        with patched(forecast, RECENT_SHARE=share, SPACING_GAPS=forecast.SPACING_GAPS if observed_spacing else 0):
             return current(curve, stop, every)
-        tail = slice(len(curve) // 2, None)
-        scatter = (np.std(raw[tail] - fitted(t[tail])) if noise == "fit"
-                   else np.std(np.diff(raw[tail])) / np.sqrt(2))
-        step, _ = forecast.median_future(watch, fitted, float(scatter), int(t[-1]), every, int(t[-1]) + 500 * every,
-                                         futures=futures, seed=len(curve))
-        return None if step == float("inf") else step
     return method
 
 
-METHODS: dict[str, Method] = {"current": current, "smoothed-9": variant(9, True), "smoothed-31": variant(31, True),
-                              "raw-9": variant(9, False), "smoothed-diff-31": variant(31, True, "diff")}
+@contextlib.contextmanager
+def patched(module, **values):
+    """`module`'s constants set to `values` for the block."""
+    old = {name: getattr(module, name) for name in values}
+    vars(module).update(values)
+    try:
+        yield
+    finally:
+        vars(module).update(old)
+
+
+METHODS: dict[str, Method] = {"current": current, "whole-everySteps": variant(1.0, False),
+                              "whole-observed": variant(1.0, True), "half-everySteps": variant(0.5, False)}
 
 
 def errors(curve: Curve, every: int, stop: StopConfig, method: Method) -> dict[float, float | None] | None:
