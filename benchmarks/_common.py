@@ -125,6 +125,23 @@ def machine_info() -> dict[str, str]:
     }
 
 
+#: A 1-minute load average above this share of the cores counts as a busy machine in `load_note`.
+BUSY_LOAD = 0.5
+
+
+def load_note(start: str, end: str | None = None) -> str:
+    """One sentence on how busy the machine was, from its load averages (as `loadavg` gives them) at the start and,
+    if given, at the end: a busy machine's times are inflated and noisy, and the reader should know which it was."""
+    loads = [float(x.split()[0]) for x in (start, end) if x and x != "n/a"]
+    cores = os.cpu_count() or 1
+    span = " and ".join(f"{x:g}" for x in loads)
+    if not loads:
+        return "The machine's load was not read."
+    if max(loads) > BUSY_LOAD * cores:
+        return f"The machine was busy (1-minute load average {span} on {cores} cores): times are inflated and noisy."
+    return f"The machine was otherwise idle (1-minute load average {span} on {cores} cores)."
+
+
 def machine_line(info: dict[str, str] | None = None) -> str:
     i = info or machine_info()
     return (f"{i['date']}; {i['cpu']}, {i['cores']} cores, {i['ram']} RAM; Python {i['python']}, "

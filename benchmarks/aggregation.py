@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (DEFAULT_DATA_DIR, command_line, machine_line, mlless_train, prepare, table,  # noqa: E402
+from _common import (DEFAULT_DATA_DIR, command_line, load_note, loadavg, machine_line, mlless_train, prepare, table,  # noqa: E402
                      update_results, write_pmf_job)
 
 from mlless.data.dataset import Dataset  # noqa: E402
@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--epochs", type=float, default=2.0, help="of each whole job (0: none)")
     args = parser.parse_args()
-    machine = machine_line()
+    machine, start_load = machine_line(), loadavg()
     sets = {"pmf": prepare(DEFAULT_DATA_DIR / "movielens-small", "--sample", "movielens-small"),
             "logistic-regression": prepare(DEFAULT_DATA_DIR / "aggregation-lr", "--synthetic", "lr", "--rows",
                                            "200000", "--batch-size", "6250")}
@@ -124,7 +124,7 @@ def main() -> None:
     body = "\n".join([
         "## Byzantine-robust aggregation: the cost per step (`spec.sync.aggregation`)",
         "",
-        f"`{command_line()}`; {machine}. The machine was shared with other jobs: milliseconds are inflated; the "
+        f"`{command_line()}`; {machine}. {load_note(start_load, loadavg())} The "
         "rules of one model were timed one after the other in one run (median of the repeats).",
         "",
         f"P = {args.workers}. What worker 0 does at a close to take in a step's updates under all-to-all: under sum, "

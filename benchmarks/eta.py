@@ -115,8 +115,8 @@ def main() -> None:
                + (f"; missed: {'; '.join(misses)}." if misses else "."))
     body = "\n".join([
         "## ETA error against the real end (issue #24)", "",
-        f"{_common.machine_line(info)}. Command: `{_common.command_line()}`. One run each, all in this one run; the "
-        "machine was shared with other jobs, so the pace (and with it the ETA) wobbled more than on an idle one.", "",
+        f"{_common.machine_line(info)}. Command: `{_common.command_line()}`. One run each, all in this one run. "
+        f"{_common.load_note(info['load'], _common.loadavg())}", "",
         "Error = (ETA - real time left) / real time left, read from the first status.json at or past each progress "
         "mark (positive: the ETA said later than the job ended), with the limit the progress counted towards; "
         "then against the close of the last step instead of the job's end. End: seconds from `mlless train`'s start "

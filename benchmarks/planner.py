@@ -96,11 +96,9 @@ def report(results: list[dict[str, Any]], machine: str, command: str, loads: tup
     worst_pilot = max(abs(e) for _, _, w, e in errors if w == "pilot")
     misses = [f"{k} P = {p} ({'from runs' if w == 'from_runs' else 'pilot'}: {e:+.0%})" for k, p, w, e in errors
               if abs(e) > TARGET]
-    body = [f"## The planner against measured runs (`benchmarks/planner.py`, issue #24)", "",
-            f"`{command}`; {machine}. The machine was shared with other sessions' jobs during the run (load average "
-            f"{loads[0]} at the start, {loads[1]} at the end), so every absolute time is inflated and noisy; a prediction "
-            "and the run it "
-            "is checked against were measured minutes apart. Default jobs (only `model.type`; the stop rule is "
+    body = ["## The planner against measured runs (`benchmarks/planner.py`, issue #24)", "",
+            f"`{command}`; {machine}. {_common.load_note(*loads)} A prediction and the run it is checked against "
+            "were measured minutes apart. Default jobs (only `model.type`; the stop rule is "
             "patience 5 with minDelta 0.001, at most 50 epochs), embedded transport. Measured = `summary.json`'s "
             "wall seconds, from the job's start to its stop; error = predicted / measured − 1.", "",
             "Columns: measured s to stop and its start-up; planned from the P = 1 and 2 runs: s, epochs, error, and the "

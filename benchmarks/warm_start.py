@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_DATA_DIR, command_line, machine_line, mlless_train, prepare, table, update_results  # noqa: E402
+from _common import DEFAULT_DATA_DIR, command_line, load_note, loadavg, machine_line, mlless_train, prepare, table, update_results  # noqa: E402
 
 
 def old_ratings(full: Path, out: Path, fraction: float) -> Path:
@@ -73,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     for run in args.out.glob("run-*"):
         shutil.rmtree(run)
-    machine = machine_line()
+    machine, start_load = machine_line(), loadavg()
     full = prepare(DEFAULT_DATA_DIR / "movielens-small", "--sample", "movielens-small")
     old = old_ratings(full, args.out / "old-ratings", args.old)
     first = mlless_train(job(args.out / "old.yaml", old, args.workers, args.epochs), args.out / "run-old", False)
@@ -92,7 +92,7 @@ def main() -> None:
     body = "\n".join([
         "## Warm start: retraining on new ratings (`spec.model.initFrom`)",
         "",
-        f"`{command_line()}`; {machine}. The machine was shared with other jobs: seconds are inflated; compare the "
+        f"`{command_line()}`; {machine}. {load_note(start_load, loadavg())} Compare the "
         "two rows of a repeat, run one after the other.",
         "",
         f"PMF on the MovieLens sample, P = {args.workers}, ISP, {args.epochs:g} epochs, evaluated every 5 steps. The "
