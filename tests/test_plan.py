@@ -60,10 +60,18 @@ def test_the_table_has_a_finite_positive_prediction_per_worker_count(recorded):
         assert p["epochs"] <= 8 + 1e-9  # the job's maxEpochs
         assert p["perf_per_dollar"] == pytest.approx(1 / (p["seconds"] * p["cost_usd"]))
     assert [p["measured"] for p in preds] == [True, True, False, False]
-    # In sample, the model gives back roughly what the runs took (it can miss: σ and the start-up are shared fits).
+    # In sample, the model gives back roughly what the runs took (it can miss: the start-up is a shared fit, the
+    # samples to stop a fit over P), and a measured P's step is its run's.
+    job = load_manifest(recorded[0])
+    steps = {}
     for P, run in recorded[1].items():
         wall = json.loads((run / "summary.json").read_text())["wall_seconds"]
         assert preds[P - 1]["seconds"] == pytest.approx(wall, rel=0.5)
+        steps[P] = measure(run).step_at_cadence(job.evaluate_every)
+        assert (preds[P - 1]["step_seconds"], preds[P - 1]["bound"]) == (pytest.approx(steps[P]), "run")
+    # Past the runs, the step is never below the line through theirs (its slope at least 0).
+    for p in preds[2:]:
+        assert p["step_seconds"] >= steps[2] + max(0.0, steps[2] - steps[1]) * (p["workers"] - 2) - 1e-12
     # More workers cost more per second: the bill's rate grows with P.
     rates = [p["cost_usd"] / p["seconds"] for p in preds]
     assert rates == sorted(rates)

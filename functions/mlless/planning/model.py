@@ -7,11 +7,18 @@
     steps(P)    = N(P) / (P · batch)             N(P): samples until the stop rule fires, N₁·P^β (LambdaML's f(w)),
                                                  β fitted over the runs' P (`steptime.fit_beta`), never past the
                                                  job's step or epoch limit at that P
-    step(P)     = max(path(P), roofline(P))      path: `steptime.step_seconds`; σ from the smallest P run (its mean
+    step(P)     = a run's mean step at P (at the job's evaluation cadence: `RunMeasure.step_at_cadence`);
+                  at a P without a run, max(path(P), roofline(P), trend(P))
+                                                 path: `steptime.step_seconds`; σ from the smallest P run (its mean
                                                  step less the model's, so it holds evaluations and every other
-                                                 pause, at the job's evaluation cadence: `RunMeasure.step_at_cadence`),
-                                                 κ from the smallest P > 1 run's write + read + apply;
-                                                 roofline: P workers' CPU and the supervisor's on `cores` cores
+                                                 pause), κ from the smallest P > 1 run's write + read + apply;
+                                                 roofline: P workers' CPU and the supervisor's on `cores` cores;
+                                                 trend: the line (never falling) through the runs' steps at the two
+                                                 P nearest. On a machine with fewer cores than processes, a worker's
+                                                 own compute slows as P grows (benchmarks/RESULTS.md, "The planner
+                                                 against measured runs", session 12: the clicks' 5.5, 10.4 and
+                                                 16.2 ms at P = 1-3), which the path's terms, measured at one P,
+                                                 do not see
     cost(P)     = `telemetry.cost.job_cost` at the job's prices: P workers and the supervisor billed T(P), the
                   services T(P); Perf/$ = 1/(T · cost) (`perf_per_dollar`)
 
@@ -24,7 +31,7 @@ import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from mlless.planning.runs import PlanError, RunMeasure
 from mlless.planning.steptime import fit_beta, fit_kappa, step_seconds
@@ -57,7 +64,7 @@ class Prediction:
     epochs: float
     startup: float
     step_seconds: float
-    bound: str  # "path" or "cores": which of the step's two limits binds
+    bound: str  # where the step comes from: "run" (measured at this P), or the largest of "path", "cores", "trend"
     stops_on: str
     measured: bool  # a run at this P is among those fitted
 
@@ -76,6 +83,7 @@ class Fit:
     batch: float
     batches_per_epoch: float
     local: dict[int, float]  # by measured P
+    steps: dict[int, float]  # the runs' mean step at the job's evaluation cadence, by measured P
     sent: dict[int, float]
     samples_to_stop: dict[int, float]
     stopped_by_rule: dict[int, bool]
@@ -94,10 +102,23 @@ class Fit:
 
 
 def _by_p(runs: Sequence[RunMeasure], attr: str) -> dict[int, float]:
+    return _by_p_of(runs, lambda r: getattr(r, attr))
+
+
+def _by_p_of(runs: Sequence[RunMeasure], value: Callable[[RunMeasure], float]) -> dict[int, float]:
+    """The mean of `value` over the runs at each P."""
     out: dict[int, list[float]] = {}
     for r in runs:
-        out.setdefault(r.workers, []).append(float(getattr(r, attr)))
+        out.setdefault(r.workers, []).append(float(value(r)))
     return {p: statistics.fmean(v) for p, v in sorted(out.items())}
+
+
+def _trend(values: dict[int, float], P: int) -> float:
+    """The line through the values at the two measured P nearest to P, at P, its slope clamped at 0 (0 with one)."""
+    if len(values) < 2:
+        return 0.0
+    (p0, v0), (p1, v1) = sorted(sorted(values.items(), key=lambda pv: (abs(pv[0] - P), -pv[0]))[:2])
+    return v0 + max(0.0, (v1 - v0) / (p1 - p0)) * (P - p0)
 
 
 def _nearest(values: dict[int, float], P: int) -> float:
@@ -153,8 +174,8 @@ def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) ->
     smallest = measured_ps[0]
     path0 = step_seconds(P=smallest, local=local[smallest], sigma=0.0, kappa=kappa, s=sent[smallest],
                          pattern=job.sync.exchange, L=link.latency, B=link.bandwidth)["step"]
-    step0 = statistics.fmean(r.step_at_cadence(job.evaluate_every) for r in runs if r.workers == smallest)
-    sigma = max(0.0, step0 - path0)
+    measured_steps = _by_p_of(runs, lambda r: r.step_at_cadence(job.evaluate_every))
+    sigma = max(0.0, measured_steps[smallest] - path0)
     samples: dict[int, list[float]] = {}
     by_rule: dict[int, bool] = {}
     unfit: list[str] = []
@@ -193,7 +214,8 @@ def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) ->
         notes.append("the stop rule fired at one P only: samples to stop are taken as the same at every P (β = 0)")
     return Fit(startup=_fit_startup(_by_p(runs, "startup")), wind_down=statistics.fmean(r.wind_down for r in runs),
                sigma=sigma, kappa=kappa, link=link, cores=cores,
-               pattern=job.sync.exchange, batch=batch, batches_per_epoch=per_epoch, local=local, sent=sent,
+               pattern=job.sync.exchange, batch=batch, batches_per_epoch=per_epoch, local=local, steps=measured_steps,
+               sent=sent,
                samples_to_stop=to_stop, stopped_by_rule=by_rule, n1=n1, beta=beta, notes=notes)
 
 
@@ -212,7 +234,10 @@ def predict(model: Fit, job: TrainingJob, P: int) -> Prediction:
     m = step_seconds(P=P, local=local, sigma=model.sigma, kappa=model.kappa, s=sent, pattern=model.pattern,
                      L=model.link.latency, B=model.link.bandwidth)
     roof = (P * m["worker_cpu"] + model.sigma) / max(1, model.cores)
-    step = max(m["step"], roof)
+    if P in model.steps:
+        step, bound = model.steps[P], "run"
+    else:
+        step, bound = max((m["step"], "path"), (roof, "cores"), (_trend(model.steps, P), "trend"))
     startup = model.startup[0] + model.startup[1] * P
     seconds = startup + steps * step + model.wind_down
     if job.stop.max_seconds is not None and seconds > job.stop.max_seconds:
@@ -222,7 +247,7 @@ def predict(model: Fit, job: TrainingJob, P: int) -> Prediction:
         seconds, cost, stops_on = seconds * job.stop.budget_usd / cost, job.stop.budget_usd, BUDGET
     return Prediction(workers=P, seconds=seconds, cost_usd=cost, perf_per_dollar=perf_per_dollar(seconds, cost),
                       steps=steps, epochs=n / (model.batches_per_epoch * model.batch), startup=startup,
-                      step_seconds=step, bound="cores" if roof > m["step"] else "path", stops_on=stops_on,
+                      step_seconds=step, bound=bound, stops_on=stops_on,
                       measured=P in model.local)
 
 
