@@ -173,6 +173,21 @@ def test_a_short_run_s_curve_is_extrapolated_to_where_the_rule_fires():
     assert (n, by_rule) == (5e5, False)  # the curve never reaches 0.1: the job's limit stops it
 
 
+def test_a_pilot_whose_curve_turned_up_stops_where_the_job_would():
+    """A pilot evaluates more often than its job and ends before the job's patience runs out, after its validation
+    loss turned up: the rule counts on from the pilot's curve read at the job's cadence, and no new best comes."""
+    def u(x):
+        return 0.5 + 0.1 * ((x - 10_000) / 10_000) ** 2  # overfits past 10k samples
+
+    stop = StopConfig(patience=3)
+    real = replay(stop, [(x, u(x)) for x in np.arange(1, 30) * 4000.0], 1000.0)  # the job, every 4k samples
+    pilot = [(x, u(x)) for x in np.arange(1, 19) * 1000.0]  # every 1k, for 18k samples
+    assert real > pilot[-1][0]
+    n, by_rule = samples_when_stop_fires(stop, pilot, samples_per_step=1000.0, interval_samples=4000.0,
+                                         limit_samples=1e6, same_cadence=False)
+    assert by_rule and n == real
+
+
 def test_choose_refuses_an_unreachable_deadline_in_one_line():
     from mlless.planning.model import Prediction
 

@@ -8,8 +8,9 @@ curve it recorded is fitted with the auto-tuner's reference curve (`autotuner/cu
 own evaluation noise added (the residuals' standard deviation around the fit, NOISE_DRAWS seeded draws, the
 median of where it fires): on a real run patience fires once the curve improves by less than that noise an
 evaluation, long before a smooth curve flattens below `minDelta`. The noisy replays are the supervisor's ETA's
-own (`runtime/supervisor/forecast.median_future`), here in steps from scratch. The reference curve never turns up, so a run
-that overfits early still stops sooner than the model says.
+own (`runtime/supervisor/forecast.median_future`), here in steps. The reference curve never turns up: a curve that
+turned up within the recording is taken to make no new best (`samples_when_stop_fires`), but one that turns up only
+after it still stops sooner than the model says.
 
 `samples_when_stop_fires` is the one place the planner turns a loss curve into the point where the rule fires.
 """
@@ -39,13 +40,19 @@ def has_loss_rule(stop: StopConfig) -> bool:
 
 def replay(stop: StopConfig, evaluations: Sequence[tuple[float, float]], samples_per_step: float) -> float | None:
     """The samples at the evaluation (samples, validation loss) where the job's loss rule fires, or None."""
+    return _observe(stop, evaluations, samples_per_step)[1]
+
+
+def _observe(stop: StopConfig, evaluations: Sequence[tuple[float, float]],
+             samples_per_step: float) -> tuple[ValidationWatch, float | None]:
+    """The rules after these evaluations, and the samples at the one where they fired (None: not yet)."""
     watch = ValidationWatch(stop.patience, stop.target_loss, stop.target_steps, stop.min_delta)
     for samples, loss in evaluations:
         step = int(samples / samples_per_step)
         watch.observe(step, loss, _NO_PARAMS)
         if watch.target_held(step) or watch.patience_exhausted():
-            return samples
-    return None
+            return watch, samples
+    return watch, None
 
 
 def fit_curve(evaluations: Sequence[tuple[float, float]]) -> Callable[[float], float]:
@@ -62,26 +69,40 @@ def samples_when_stop_fires(stop: StopConfig, evaluations: Sequence[tuple[float,
                             interval_samples: float, limit_samples: float, same_cadence: bool) -> tuple[float, bool]:
     """(samples trained when the job stops, whether its loss rule stopped it rather than `limit_samples`).
 
-    The rule is replayed first on the recorded `evaluations` if they came at the job's cadence (`same_cadence`:
-    patience counts evaluations); if it does not fire on them, on the curve fitted to them, evaluated every
-    `interval_samples` (the job's cadence) up to `limit_samples`.
+    The rule is replayed first on the recorded `evaluations`: as they are if they came at the job's cadence
+    (`same_cadence`: patience counts evaluations), else on the recorded curve read (interpolated) every
+    `interval_samples`, the job's cadence, within the recording. If it does not fire on them, it goes on, from
+    the state they left it in, on the curve fitted to them, evaluated every `interval_samples` up to
+    `limit_samples`. Unless the recording's smoothed loss already stands above its best (the curve turned up: the
+    model overfits): then no new best is taken to come, and patience runs out as many evaluations on as it has
+    left, as `forecast.project_stop` projects a patience already counting. The fitted curve only falls, so it
+    would hand the futures new bests that an overfitting run does not make (a 3-epoch pilot of the 200k clicks
+    turns up after its first epoch; continued on the fitted curve, its patience fired at 8.7 epochs, the job's at
+    5.2; now at 6.1).
     """
     if not has_loss_rule(stop):
         return limit_samples, False
+    recorded = np.array(evaluations, dtype=np.float64)
     if same_cadence:
-        fired = replay(stop, [e for e in evaluations if e[0] <= limit_samples], samples_per_step)
-        if fired is not None:
-            return fired, True
+        seen = recorded[recorded[:, 0] <= limit_samples]
+    else:
+        grid = np.arange(1, int(min(recorded[-1, 0], limit_samples) // interval_samples) + 1) * interval_samples
+        seen = np.column_stack([grid, np.interp(grid, recorded[:, 0], recorded[:, 1])])
+    watch, fired = _observe(stop, seen.tolist(), samples_per_step)
+    if fired is not None:
+        return fired, True
     try:
         curve = fit_curve(evaluations)
     except CurveFitError as exc:
         raise ValueError(f"{len(evaluations)} evaluations: {exc}") from None
-    recorded = np.array(evaluations, dtype=np.float64)
+    first = seen[-1, 0] if len(seen) else 0.0
+    if watch.stale and stop.patience is not None:
+        # Turned up: no new best is made, and patience runs out as many evaluations on as it has left.
+        fires = first + (stop.patience - watch.stale) * interval_samples
+        return (fires, True) if fires <= limit_samples else (limit_samples, False)
     resid = recorded[:, 1] - np.asarray(curve(recorded[:, 0]))
     noise = float(np.std(resid, ddof=1)) if len(resid) > 1 else 0.0
-    # The futures start from scratch (step 0, no evaluation seen), counted in steps as the rule counts them.
-    watch = ValidationWatch(stop.patience, stop.target_loss, stop.target_steps, stop.min_delta)
-    step, _ = median_future(watch, lambda steps: curve(steps * samples_per_step), noise, 0,
+    step, _ = median_future(watch, lambda steps: curve(steps * samples_per_step), noise, int(first / samples_per_step),
                             interval_samples / samples_per_step, limit_samples / samples_per_step,
                             futures=NOISE_DRAWS, seed=NOISE_SEED)
     return (limit_samples, False) if step == math.inf else (min(step * samples_per_step, limit_samples), True)
