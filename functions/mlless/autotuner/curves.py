@@ -19,19 +19,32 @@ trust-region reflective, analytic Jacobian) polishes it. Typical cost: 10–40 m
 
 from __future__ import annotations
 
+import importlib
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.optimize import least_squares, minimize_scalar, nnls
 
-__all__ = ["CurveFitError", "FittedCurve", "fit_reference", "fit_slow", "reference_model", "slow_model"]
+__all__ = ["CurveFitError", "FittedCurve", "fit_reference", "fit_slow", "reference_model", "slow_model", "warm_up"]
 
 CurveKind = Literal["reference", "slow"]
 _TINY = 1e-12
 _MAX_EXPONENT = 8.0  # θ1 beyond this is a step function, not a learning curve; also keeps τ^θ1 finite
+
+
+def _optimize():  # type: ignore[no-untyped-def]
+    """scipy.optimize, imported on first use: it is 0.4 s of `mlless`'s 0.7 s of imports, and a job fits its first
+    curve only after some evaluations (`warm_up` imports it beside the workers' start)."""
+    return importlib.import_module("scipy.optimize")
+
+
+def warm_up() -> None:
+    """Import what the fits need in a background thread, while the caller waits on something else (the supervisor:
+    its workers' start)."""
+    threading.Thread(target=_optimize, name="mlless-curves-import", daemon=True).start()
 
 
 class CurveFitError(ValueError):
@@ -133,7 +146,7 @@ def _linear_start(basis: NDArray[np.float64], yn: NDArray[np.float64], w: NDArra
     target = 1.0 / gap
     # Weight so that errors in y, not in 1/(y-d), are balanced: δ(1/g) ≈ δg/g².
     rw = w * gap * gap
-    coef, _ = nnls(basis * rw[:, None], target * rw)
+    coef, _ = _optimize().nnls(basis * rw[:, None], target * rw)
     den = basis @ coef
     if np.any(den <= _TINY):
         return None
@@ -160,7 +173,8 @@ def _profile_asymptote(basis: NDArray[np.float64], yn: NDArray[np.float64],
     if not math.isfinite(costs[i]):
         return None
     lo_b, hi_b = float(grid[max(i - 1, 0)]), float(grid[i + 1]) if i + 1 < grid.size else hi
-    opt = minimize_scalar(cost, bounds=(lo_b, hi_b), method="bounded", options={"xatol": 1e-6 * max(hi, 1e-9)})
+    opt = _optimize().minimize_scalar(cost, bounds=(lo_b, hi_b), method="bounded",
+                                      options={"xatol": 1e-6 * max(hi, 1e-9)})
     d = float(opt.x) if math.isfinite(float(opt.fun)) and float(opt.fun) <= costs[i] else float(grid[i])
     got = _linear_start(basis, yn, w, d)
     if got is None:
@@ -178,7 +192,7 @@ def _refine(kind: CurveKind, tau: NDArray[np.float64], yn: NDArray[np.float64], 
     for x0 in starts:
         x0 = np.clip(x0, lower + 1e-9, np.where(np.isfinite(upper), upper - 1e-9, np.inf))
         try:
-            sol = least_squares(
+            sol = _optimize().least_squares(
                 lambda th: w * (model(tau, th) - yn),
                 x0,
                 jac=lambda th: w[:, None] * jac(tau, th),

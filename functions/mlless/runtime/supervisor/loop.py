@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from mlless.autotuner import curves
 from mlless.contract import ENV_AUDIT
 from mlless.data.dataset import Dataset, DatasetError
 from mlless.progress import Progress
@@ -142,6 +143,7 @@ class Supervisor:
         """
         previous = self._catch_signals()
         try:
+            curves.warm_up()  # the ETA's and the auto-tuner's fits, imported while the workers start
             self._take_over()
             self._start_workers()
             while self.stop_reason is None:
