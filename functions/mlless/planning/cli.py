@@ -189,7 +189,8 @@ def add_parser(sub: argparse._SubParsersAction, service_args: Callable[[argparse
                    help=f"worker counts of the pilot runs (default {PILOT_WORKERS})")
     p.add_argument("--pilot-epochs", type=float, default=PILOT_EPOCHS, metavar="E",
                    help=f"length of each pilot run (default {PILOT_EPOCHS:g}); it evaluates about "
-                        f"{PILOT_EVALUATIONS} times whatever the job's evaluation.everySteps")
+                        f"{PILOT_EVALUATIONS} times whatever the job's evaluation.everySteps (PMF: at most once a "
+                        "round, so fewer on small data)")
     p.add_argument("--out", metavar="DIR", help="where the pilot runs go (default: a new temporary directory)")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="cores the job's processes share, for the CPU roofline (default: this machine's, %(default)s)")
