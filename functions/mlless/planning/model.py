@@ -18,7 +18,8 @@
                                                  own compute slows as P grows (benchmarks/RESULTS.md, "The planner
                                                  against measured runs", session 12: the clicks' 5.5, 10.4 and
                                                  16.2 ms at P = 1-3), which the path's terms, measured at one P,
-                                                 do not see
+                                                 do not see. Through P = 1 and 2, it also carries on the rise where
+                                                 the exchange begins, which can overstate a large P on many cores
     cost(P)     = `telemetry.cost.job_cost` at the job's prices: P workers and the supervisor billed T(P), the
                   services T(P); Perf/$ = 1/(T · cost) (`perf_per_dollar`)
 
