@@ -15,13 +15,13 @@ a progress mark is that of the first evaluation whose projected progress (step /
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
@@ -88,20 +88,10 @@ def variant(share: float, observed_spacing: bool) -> Method:
     of them, as before session 12) and the projected evaluations spaced by `evaluation.everySteps` (as before) or
     by the newest evaluations' spacing (as now)."""
     def method(curve: Curve, stop: StopConfig, every: int) -> float | None:
-        with patched(forecast, RECENT_SHARE=share, SPACING_GAPS=forecast.SPACING_GAPS if observed_spacing else 0):
+        with mock.patch.multiple(forecast, RECENT_SHARE=share,
+                                 SPACING_GAPS=forecast.SPACING_GAPS if observed_spacing else 0):
             return current(curve, stop, every)
     return method
-
-
-@contextlib.contextmanager
-def patched(module, **values):
-    """`module`'s constants set to `values` for the block."""
-    old = {name: getattr(module, name) for name in values}
-    vars(module).update(values)
-    try:
-        yield
-    finally:
-        vars(module).update(old)
 
 
 METHODS: dict[str, Method] = {"current": current, "whole-everySteps": variant(1.0, False),

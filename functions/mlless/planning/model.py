@@ -216,8 +216,7 @@ def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) ->
     return Fit(startup=_fit_startup(_by_p(runs, "startup")), wind_down=statistics.fmean(r.wind_down for r in runs),
                sigma=sigma, kappa=kappa, link=link, cores=cores,
                pattern=job.sync.exchange, batch=batch, batches_per_epoch=per_epoch, local=local, steps=measured_steps,
-               sent=sent,
-               samples_to_stop=to_stop, stopped_by_rule=by_rule, n1=n1, beta=beta, notes=notes)
+               sent=sent, samples_to_stop=to_stop, stopped_by_rule=by_rule, n1=n1, beta=beta, notes=notes)
 
 
 def predict(model: Fit, job: TrainingJob, P: int) -> Prediction:

@@ -91,15 +91,15 @@ def samples_when_stop_fires(stop: StopConfig, evaluations: Sequence[tuple[float,
     watch, fired = _observe(stop, seen.tolist(), samples_per_step)
     if fired is not None:
         return fired, True
+    first = seen[-1, 0] if len(seen) else 0.0
+    if watch.stale and watch.patience_left is not None:
+        # Turned up: no new best is made, and patience runs out as many evaluations on as it has left.
+        fires = first + watch.patience_left * interval_samples
+        return (fires, True) if fires <= limit_samples else (limit_samples, False)
     try:
         curve = fit_curve(evaluations)
     except CurveFitError as exc:
         raise ValueError(f"{len(evaluations)} evaluations: {exc}") from None
-    first = seen[-1, 0] if len(seen) else 0.0
-    if watch.stale and stop.patience is not None:
-        # Turned up: no new best is made, and patience runs out as many evaluations on as it has left.
-        fires = first + (stop.patience - watch.stale) * interval_samples
-        return (fires, True) if fires <= limit_samples else (limit_samples, False)
     resid = recorded[:, 1] - np.asarray(curve(recorded[:, 0]))
     noise = float(np.std(resid, ddof=1)) if len(resid) > 1 else 0.0
     step, _ = median_future(watch, lambda steps: curve(steps * samples_per_step), noise, int(first / samples_per_step),

@@ -70,8 +70,9 @@ def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConf
                  until_step: float | None = None) -> StopProjection | None:
     """The step at which `stop`'s target loss or patience fires, for a job whose evaluations so far scored `losses`
     at `steps` (`evaluate_every`, its `evaluation.everySteps`, spaces them until two have come); None when neither
-    rule is set, or the rule does not fire before `until_step` (another limit's step, if any) or the horizon. Before a curve can be fitted, only a patience
-    already counting is projected: to fire `patience` evaluations after the best."""
+    rule is set, or the rule does not fire before `until_step` (another limit's step, if any) or the horizon.
+    Before a curve can be fitted, only a patience already counting is projected: to fire `patience` evaluations
+    after the best."""
     if (stop.target_loss is None and stop.patience is None) or evaluate_every <= 0:
         return None
     points = [(float(s), float(x)) for s, x in zip(steps, losses) if s > 0 and math.isfinite(x)]
@@ -82,17 +83,19 @@ def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConf
         watch.observe(int(step), loss, _NO_PARAMS)
     t = np.array([s for s, _ in points])
     raw = np.array([x for _, x in points])
-    spacing = max(1.0, float(np.median(np.diff(t[-SPACING_GAPS - 1:])))) if t.size > 1 and SPACING_GAPS else float(evaluate_every)
+    spacing = float(evaluate_every)
+    if t.size > 1 and SPACING_GAPS:
+        spacing = max(1.0, float(np.median(np.diff(t[-SPACING_GAPS - 1:]))))
     share = 1.0 if stop.target_loss is not None else RECENT_SHARE
     recent = slice(-max(MIN_EVALUATIONS, math.ceil(share * t.size)), None)
     try:
         curve = fit_reference(t[recent], raw[recent], min_points=MIN_EVALUATIONS)
     except CurveFitError:  # too few evaluations yet, or a curve no fit holds
-        if not watch.stale or stop.patience is None:
+        if not watch.stale or watch.patience_left is None:
             return None
         # The evaluations since the best are taken to go on not improving (a model that overfits early, as the
         # clicks of benchmarks/eta.py do, stops before a curve can be fitted).
-        step = int(t[-1] + (stop.patience - watch.stale) * spacing)
+        step = int(t[-1] + watch.patience_left * spacing)
         return StopProjection(step, "patience", None, 0.0) if until_step is None or step <= until_step else None
     tail = slice(len(points) // 2, None)
     noise = float(np.std(raw[tail] - np.asarray(curve(t[tail]), dtype=np.float64)))

@@ -115,6 +115,12 @@ class ValidationWatch:
     def patience_exhausted(self) -> bool:
         return self.patience is not None and self._stale >= self.patience
 
+    @property
+    def patience_left(self) -> int | None:
+        """Evaluations until patience runs out if none of them improves (None without patience): where the ETA and
+        the planner project a patience already counting to fire."""
+        return None if self.patience is None else max(0, self.patience - self._stale)
+
     def target_held(self, step: int) -> bool:
         """The smoothed validation loss has been at or below the target since `targetSteps` steps before `step`."""
         return self._below_since is not None and step - self._below_since >= self.target_steps
