@@ -97,8 +97,9 @@ def variant(share: float, observed_spacing: bool) -> Method:
 METHODS: dict[str, Method] = {"current": current, "whole-everySteps": variant(1.0, False),
                               "whole-observed": variant(1.0, True), "half-everySteps": variant(0.5, False)}
 #: The reference column: a forecaster told, from the start, where the same job (set and P) stopped on the other
-#: seeds (their median). No projection from the curve can know more than that of how far the stop itself
-#: scatters from seed to seed, so its error is what is left when the projection is perfect.
+#: seeds (their median). It knows the job's stop as well as the job can be known without this run's curve; its
+#: error is the stop's own scatter from seed to seed, which a projection can shrink only by what the curve so far
+#: says of this run (a reference, not a bound).
 OTHER_SEEDS = "other-seeds"
 
 
@@ -126,7 +127,7 @@ def errors(curve: Curve, every: int, stop: StopConfig, method: Method) -> dict[f
 
 
 def summary(found: list[float | None]) -> str:
-    """'within 20 % at 50 % in k of n; median |error| m' of errors at 50 % (None: never reached the mark)."""
+    """'within 20 % in k of n, median |error| m' of errors at 50 % (None: never reached the mark)."""
     got = [abs(e) for e in found if e is not None]
     return (f"within 20 % in {sum(e <= 0.2 for e in got)} of {len(found)}, median |error| "
             f"{np.median(got):.0%}" if got else "-")
@@ -169,8 +170,8 @@ def main() -> None:
         f"Recorded default jobs with patience {args.record_patience}; the default rule (patience {stop.patience}, "
         f"minDelta {stop.min_delta:g}) replayed on each gives the real stop (step). Error at 50 % progress of each "
         "method, in steps left (the ETA's at a steady pace): " + ", ".join(methods) + f"; {OTHER_SEEDS}: the median "
-        "real stop of the same set and P on the other seeds, known from the start (the floor a projection from the "
-        "curve cannot beat: the stop's own scatter from seed to seed).", "",
+        "real stop of the same set and P on the other seeds, known from the start (its error is the stop's own "
+        "scatter from seed to seed).", "",
         _common.table(["set", "P", "seed", "evaluations", "real stop", *columns], rows), "",
         *[f"- {line}" for line in lines]])
     print(body)
