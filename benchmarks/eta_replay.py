@@ -58,9 +58,10 @@ def record(base: Path, key: str, workers: int, seed: int, patience: int) -> tupl
     run = _common.mlless_train(job, cache.parent / name, services=False)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     every = json.loads((run / "job.json").read_text())["evaluate_every"]
-    # a step's row repeats the newest evaluation's loss: an evaluation is where it changes
-    curve = [(r["step"], r["validation_loss"]) for k, r in enumerate(rows) if r["validation_loss"] is not None
-             and (k == 0 or r["validation_loss"] != rows[k - 1]["validation_loss"])]
+    # a step's row repeats the newest evaluation; each is taken at the step its snapshot was, as the supervisor's
+    # ValidationWatch sees it, not the later one it reached the record at
+    curve = [(r["validation_step"], r["validation_loss"]) for k, r in enumerate(rows) if r["validation_step"] is not None
+             and (k == 0 or r["validation_step"] != rows[k - 1]["validation_step"])]
     cache.write_text(json.dumps({"curve": curve, "every": every}))
     return curve, every
 

@@ -84,15 +84,19 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 
 
 def _evaluated(rows: list[dict[str, Any]]) -> list[bool]:
-    """Whether each row shows a new validation loss: a row repeats the newest evaluation's until the next."""
-    return [r["validation_loss"] is not None and (k == 0 or r["validation_loss"] != rows[k - 1]["validation_loss"])
-            for k, r in enumerate(rows)]
+    """Whether each row brought a new evaluation: a row repeats the newest one's step and loss until the next (a
+    record without `validation_step`, from an older mlless, by its loss alone)."""
+    key = "validation_step" if rows and "validation_step" in rows[0] else "validation_loss"
+    return [r["validation_loss"] is not None and (k == 0 or r[key] != rows[k - 1][key]) for k, r in enumerate(rows)]
 
 
 def _new_evaluations(rows: list[dict[str, Any]], evaluated: list[bool]) -> list[tuple[int, float]]:
-    """(samples trained, loss) at each row that shows a new validation loss."""
-    samples = itertools.accumulate(r["samples"] for r in rows)
-    return [(n, float(r["validation_loss"])) for n, r, new in zip(samples, rows, evaluated) if new]
+    """(samples trained, loss) of each new evaluation, at the step its snapshot was taken (in an older record, at
+    the step it arrived)."""
+    samples = list(itertools.accumulate(r["samples"] for r in rows))
+    at_step = dict(zip((r["step"] for r in rows), samples))
+    return [(at_step.get(r.get("validation_step"), n), float(r["validation_loss"]))
+            for n, r, new in zip(samples, rows, evaluated) if new]
 
 
 def _step_times(rows: list[dict[str, Any]], evaluated: list[bool]) -> tuple[float, float]:

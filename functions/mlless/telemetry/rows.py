@@ -31,6 +31,9 @@ class StepRow:
     bytes_read: int | None = None
     # The most steps any worker trained this one ahead of the closes its replica had applied (`Report.staleness`).
     staleness: int | None = None
+    # The step the newest evaluated snapshot was taken at: a row shows an evaluation from the step it arrived at, a
+    # step or a round after it was asked for (None before the first, and in older records).
+    validation_step: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         # Not dataclasses.asdict, which deep-copies every value: a third of a step's accounting (0.1 ms).

@@ -123,9 +123,11 @@ class Accounting:
         return f"{self.job_id}-worker-{rank}"
 
     def step_closed(
-        self, step: int, totals: StepTotals, now: float, epoch: float, validation: float | None, members: Membership
+        self, step: int, totals: StepTotals, now: float, epoch: float, evaluated: tuple[int, float] | None,
+        members: Membership,
     ) -> float:
-        """Metrics, the step's row and the progress line; returns the job's cost so far."""
+        """Metrics, the step's row and the progress line; returns the job's cost so far. `evaluated`: the step of
+        the newest evaluated snapshot and its validation loss (None: none yet)."""
         # A report carries the barrier timings (wait/read/apply) of the step before it.
         if self._row is not None:
             for phase in BARRIER_PHASES:
@@ -133,6 +135,7 @@ class Accounting:
             self._row.bytes_read = totals.bytes_read
             self.record.step(self._row)
         elapsed = self.elapsed(now)
+        validation_step, validation = evaluated or (None, None)
         breakdown = self.cost(now, members)
         cost = breakdown.total
         self.metrics.step_closed(
@@ -154,6 +157,7 @@ class Accounting:
             epoch=epoch,
             loss=self.train_loss,
             validation_loss=validation,
+            validation_step=validation_step,
             workers=totals.workers,
             samples=totals.samples,
             bytes_sent=totals.bytes_sent,

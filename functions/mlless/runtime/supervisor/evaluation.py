@@ -74,7 +74,7 @@ class Evaluation:
         self.model = initial_model(job, dataset)
         self.validation_batch = dataset.validation()
         self.evaluation_batch = self.validation_batch.head(EVALUATION_ROWS)
-        self.validation: tuple[int, float] | None = None  # (step, loss) of the newest evaluation
+        self.validation: tuple[int, float] | None = None  # (step of its snapshot in the job, loss) of the newest evaluation
         self.pending_snapshot: int | None = None
         self.snapshot_cursor = 0  # the mini-batch cursor at the pending snapshot's step
         self.snapshot_peers: tuple[int, ...] = ()  # whose pending entries the snapshot adds (`snapshot_peers`)
@@ -127,8 +127,8 @@ class Evaluation:
         params = self._with_peers(self.donor)
         if params is None:
             return None
-        self.validation = (self.pending_snapshot, self.evaluate(params, self.evaluation_batch))
-        self.watch.observe(steps_before + self.pending_snapshot, self.validation[1], params)
+        self.validation = (steps_before + self.pending_snapshot, self.evaluate(params, self.evaluation_batch))
+        self.watch.observe(*self.validation, params)
         # What evaluating costs the job is this work, not the wait for the snapshot: under rounds a worker reads the
         # request at its round's end, and counting that wait stretched the interval tenfold for a cheap evaluation.
         # And its CPU time, not its wall time: on cores the workers share, an evaluation during their start (reading
@@ -137,7 +137,7 @@ class Evaluation:
         self.evaluation_seconds.update(time.thread_time() - started)
         self.on_validation(self.validation[1])
         self.pending_snapshot = None
-        return Snapshot(steps_before + self.validation[0], self.snapshot_cursor, params)
+        return Snapshot(self.validation[0], self.snapshot_cursor, params)
 
     def _with_peers(self, donor: Tensors) -> np.ndarray | None:
         """The donor's replica plus its peers' pending entries of the same step; None until every one arrived (a

@@ -322,7 +322,7 @@ class Supervisor:
         self.step_opened = time.monotonic()
         snapshot = self.evaluation.evaluate_snapshot(self.steps_before)
         step_record = (self.steps_before + step, totals, self.closed_at, self.cursor / self.dataset.n_batches,
-                       self.evaluation.validation_loss, self.members)
+                       self.evaluation.validation, self.members)
 
         def record() -> None:
             cost = self.accounting.step_closed(*step_record)
