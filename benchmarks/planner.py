@@ -4,20 +4,23 @@
 Per data set (`time_to_quality.py`'s quick sets, prepared under --data-dir on first use), one default job (only
 `model.type`: its default protocol and stop rule, patience with minDelta, embedded transport), then in one run:
 
-1. the job trained at P = 1, 2 and 3 (`mlless train`): the measured seconds from its start to its stop
-   (`summary.json`'s wall_seconds) and its cost;
-2. `mlless plan --from` the P = 1 and P = 2 runs: P = 1 and 2 are in sample (σ, κ, start-up and the samples to the
-   stop come from them), P = 3 is out of sample;
+1. the job trained at P = 1, 2 and 3 on each of `--seeds` (`mlless train`): the seconds from its start to its stop
+   (`summary.json`'s wall_seconds) and its cost. Where patience stops a job, the stop moves from seed to seed by an
+   evaluation or two (a tenth to a fifth of the steps of these short jobs), so a job's time is taken as the
+   median over the seeds, and their range is shown beside it;
+2. `mlless plan --from` the first seed's P = 1 and P = 2 runs: P = 1 and 2 are in sample (σ, κ, start-up and the
+   samples to the stop come from them), P = 3 is out of sample;
 3. `mlless plan` with its default pilot (3 epochs at P = 1 and 2, evaluated about 15 times): every P is a prediction from
    the pilot's loss curve, the stop rule replayed on the fitted curve.
 
-Error = predicted / measured − 1. Results go to benchmarks/RESULTS.md (section `planner`) with --write.
+Error = predicted / measured − 1, measured being the median over the seeds. Results go to benchmarks/RESULTS.md (section `planner`) with --write.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -34,10 +37,13 @@ KINDS = {"movielens": "pmf", "pmf1m-skew": "pmf", "lr200k": "logistic-regression
 TARGET = 0.25
 
 
-def write_job(base: Path, key: str, data: Path) -> Path:
+def write_job(base: Path, key: str, data: Path, seed: int | None = None) -> Path:
+    """The default job of set `key`; with `seed`, its `spec.seed` set (the plans read the job without one)."""
     doc = {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": f"plan-{key}"},
            "spec": {"workers": 1, "model": {"type": KINDS[key]}, "dataset": {"uri": str(data), "cacheBatches": True}}}
-    path = base / f"plan-{key}.yaml"
+    if seed is not None:
+        doc["spec"]["seed"] = seed
+    path = base / (f"plan-{key}.yaml" if seed is None else f"plan-{key}-seed{seed}.yaml")
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -46,7 +52,7 @@ def train(job: Path, out: Path, workers: int) -> dict[str, Any]:
     subprocess.run([sys.executable, "-m", "mlless", "train", str(job), "--out", str(out), "--workers", str(workers),
                     "-q"], check=True)
     summary = json.loads((out / "summary.json").read_text())
-    print(f"    P={workers}: {summary['wall_seconds']:.2f} s ({summary['stop_reason']}, {summary['epochs']:.2f} epochs, "
+    print(f"    {out.name}: {summary['wall_seconds']:.2f} s ({summary['stop_reason']}, {summary['epochs']:.2f} epochs, "
           f"start-up {summary['startup_seconds']:.2f} s)  load {_common.loadavg()}", flush=True)
     return summary
 
@@ -56,12 +62,14 @@ def plan(job: Path, *extra: str) -> dict[str, Any]:
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
-def run_set(key: str, base: Path, data_dir: Path) -> dict[str, Any]:
+def run_set(key: str, base: Path, data_dir: Path, seeds: list[int]) -> dict[str, Any]:
     data = ttq.prepared(data_dir, key)
     job = write_job(base, key, data)
     print(f"{ttq.ALL_SETS[key].title}", flush=True)
-    runs = {P: base / f"run-{key}-p{P}" for P in (1, 2, 3)}
-    measured = {P: train(job, out, P) for P, out in runs.items()}
+    runs = {(P, seed): base / f"run-{key}-p{P}-seed{seed}" for P in (1, 2, 3) for seed in seeds}
+    summaries = {(P, seed): train(write_job(base, key, data, seed), out, P) for (P, seed), out in runs.items()}
+    measured = {P: [summaries[P, seed] for seed in seeds] for P in (1, 2, 3)}
+    runs = {P: runs[P, seeds[0]] for P in (1, 2)}
     started = time.perf_counter()
     from_runs = plan(job, "--from", str(runs[1]), "--from", str(runs[2]))
     pilot_started = time.perf_counter()
@@ -72,15 +80,22 @@ def run_set(key: str, base: Path, data_dir: Path) -> dict[str, Any]:
             "pilot": pilot, "pilot_seconds": pilot_seconds}
 
 
+def median(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """The median over the seeds' summaries of each figure the table shows."""
+    return {k: statistics.median(r[k] for r in runs) for k in ("wall_seconds", "startup_seconds", "epochs", "cost_usd")}
+
+
 def rows(result: dict[str, Any]) -> list[tuple]:
     out = []
     by_runs = {p["workers"]: p for p in result["from_runs"]["predictions"]}
     by_pilot = {p["workers"]: p for p in result["pilot"]["predictions"]}
-    for P, m in result["measured"].items():
-        P = int(P)
+    for P, runs in result["measured"].items():
+        P, m = int(P), median(runs)
         a, b = by_runs[P], by_pilot[P]
         train = m["wall_seconds"] - m["startup_seconds"]
-        out.append((result["key"], P, f"{m['wall_seconds']:.2f}", f"{m['startup_seconds']:.2f}", f"{m['epochs']:.2f}",
+        walls = [r["wall_seconds"] for r in runs]
+        out.append((result["key"], P, f"{m['wall_seconds']:.2f}", f"{min(walls):.2f}-{max(walls):.2f}",
+                    f"{m['startup_seconds']:.2f}", f"{m['epochs']:.2f}",
                     f"{a['seconds']:.2f}", f"{a['epochs']:.2f}", f"{a['seconds'] / m['wall_seconds'] - 1:+.0%}",
                     f"{(a['seconds'] - a['startup']) / train - 1:+.0%}", "in" if P < 3 else "**out**",
                     f"{b['seconds']:.2f}", f"{b['epochs']:.2f}", f"{b['seconds'] / m['wall_seconds'] - 1:+.0%}",
@@ -89,7 +104,7 @@ def rows(result: dict[str, Any]) -> list[tuple]:
 
 
 def report(results: list[dict[str, Any]], machine: str, command: str, loads: tuple[str, str]) -> str:
-    errors = [(r["key"], int(P), which, pred["seconds"] / r["measured"][P]["wall_seconds"] - 1)
+    errors = [(r["key"], int(P), which, pred["seconds"] / median(r["measured"][P])["wall_seconds"] - 1)
               for r in results for which in ("from_runs", "pilot") for pred in r[which]["predictions"]
               for P in [pred["workers"]]]
     worst_runs = max(abs(e) for _, _, w, e in errors if w == "from_runs")
@@ -97,14 +112,15 @@ def report(results: list[dict[str, Any]], machine: str, command: str, loads: tup
     misses = [f"{k} P = {p} ({'from runs' if w == 'from_runs' else 'pilot'}: {e:+.0%})" for k, p, w, e in errors
               if abs(e) > TARGET]
     body = ["## The planner against measured runs (`benchmarks/planner.py`, issue #24)", "",
-            f"`{command}`; {machine}. {_common.load_note(*loads)} A prediction and the run it is checked against "
+            f"`{command}`; {machine}. {_common.load_note(*loads)} A prediction and the runs it is checked against "
             "were measured minutes apart. Default jobs (only `model.type`; the stop rule is "
-            "patience 5 with minDelta 0.001, at most 50 epochs), embedded transport. Measured = `summary.json`'s "
-            "wall seconds, from the job's start to its stop; error = predicted / measured − 1.", "",
-            "Columns: measured s to stop and its start-up; planned from the P = 1 and 2 runs: s, epochs, error, and the "
+            "patience 5 with minDelta 0.001, at most 50 epochs), embedded transport, each P trained on "
+            f"{len(next(iter(results[0]['measured'].values())))} seeds. Measured = the median over the seeds of "
+            "`summary.json`'s wall seconds, from the job's start to its stop; error = predicted / measured − 1.", "",
+            "Columns: measured s to stop (the median; the seeds' range) and its start-up; planned from the P = 1 and 2 runs: s, epochs, error, and the "
             "error of the time after the start-up alone (training and wind-down), in or out of sample; planned from "
             "the pilot: s, epochs, error; measured and predicted (from the runs) cost.", "",
-            _common.table(["set", "P", "measured s", "start-up s", "epochs", "from runs: s", "epochs", "error",
+            _common.table(["set", "P", "measured s", "seeds' range s", "start-up s", "epochs", "from runs: s", "epochs", "error",
                            "error after start-up", "sample", "pilot: s", "epochs", "error", "measured $",
                            "predicted $"],
                           [row for r in results for row in rows(r)]), "",
@@ -126,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--datasets", default="movielens,lr200k", help="quick sets of time_to_quality.py (default %(default)s)")
     p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR)
     p.add_argument("--out", type=Path, default=Path("/tmp/mlless-bench/planner"), help="run directories")
+    p.add_argument("--seeds", default="1,2,3", help="seeds each P is trained on (default %(default)s)")
     p.add_argument("--write", action="store_true", help="write the section `planner` of RESULTS.md")
     p.add_argument("--render", type=Path, metavar="JSON", help="only render an earlier run's planner.json")
     args = p.parse_args(argv)
@@ -142,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
     base.mkdir(parents=True)
     machine, load = _common.machine_line(), _common.loadavg()
-    results = [run_set(key, base, args.data_dir) for key in args.datasets.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    results = [run_set(key, base, args.data_dir, seeds) for key in args.datasets.split(",")]
     loads, command = (load, _common.loadavg()), _common.command_line()
     (base / "planner.json").write_text(json.dumps({"results": results, "machine": machine, "command": command,
                                                    "loads": loads}, indent=2, default=str))

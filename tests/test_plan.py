@@ -96,6 +96,23 @@ def test_the_table_has_a_finite_positive_prediction_per_worker_count(recorded):
 
 
 @pytest.mark.slow
+def test_past_the_runs_workers_sharing_the_cores_slow_the_step_by_their_share(recorded):
+    # On 2 cores, P workers and the supervisor are (P + 1)/2 processes to a core: the line through the runs' steps
+    # per share (1 at P = 1, 1.5 at P = 2) times the share at P is a floor; with cores to spare it is the line.
+    job = load_manifest(recorded[0])
+    runs = [measure(recorded[1][1]), measure(recorded[1][2])]
+    steps = {r.workers: r.step_at_cadence(job.evaluate_every) for r in runs}
+    few, many = (plan(job, runs, [3, 4], EMBEDDED, cores, None, None)["predictions"] for cores in (2, 64))
+    for on_two, on_many in zip(few, many):
+        P = on_two["workers"]
+        shared = (steps[1] + max(0.0, steps[2] / 1.5 - steps[1]) * (P - 1)) * (P + 1) / 2
+        line = steps[1] + max(0.0, steps[2] - steps[1]) * (P - 1)
+        assert on_two["step_seconds"] >= shared - 1e-12 and on_two["step_seconds"] >= on_many["step_seconds"]
+        if shared > max(line, on_many["step_seconds"]):
+            assert (on_two["step_seconds"], on_two["bound"]) == (pytest.approx(shared), "shared")
+        assert on_many["bound"] != "shared" or on_many["step_seconds"] == pytest.approx(line)
+
+
 def test_a_deadline_picks_the_cheapest_count_that_meets_it_and_a_budget_the_fastest_within_it(recorded):
     preds = _plan(recorded)["predictions"]
     deadline = sorted(p["seconds"] for p in preds)[1]  # two counts meet it

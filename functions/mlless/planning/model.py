@@ -8,7 +8,7 @@
                                                  β fitted over the runs' P (`steptime.fit_beta`), never past the
                                                  job's step or epoch limit at that P
     step(P)     = a run's mean step at P (at the job's evaluation cadence: `RunMeasure.step_at_cadence`);
-                  at a P without a run, max(path(P), roofline(P), trend(P))
+                  at a P without a run, max(path(P), roofline(P), trend(P), shared(P))
                                                  path: `steptime.step_seconds`; σ from the smallest P run (its mean
                                                  step less the model's, so it holds evaluations and every other
                                                  pause), κ from the smallest P > 1 run's write + read + apply;
@@ -19,7 +19,13 @@
                                                  against measured runs", session 12: the clicks' 5.5, 10.4 and
                                                  16.2 ms at P = 1-3), which the path's terms, measured at one P,
                                                  do not see. Through P = 1 and 2, it also carries on the rise where
-                                                 the exchange begins, which can overstate a large P on many cores
+                                                 the exchange begins, which can overstate a large P on many cores;
+                                                 shared: the same line through the steps divided by the
+                                                 contention c(P) = max(1, (P + 1)/cores), P workers and the
+                                                 supervisor time-sharing the cores, times c at P: the step at P = 3
+                                                 on 2 cores grew past the line, 6.3, 13 and 23 ms at P = 1-3 for
+                                                 the clicks (benchmarks/RESULTS.md, "The planner against measured
+                                                 runs", session 14). With cores to spare, c = 1 and it is the line
     cost(P)     = `telemetry.cost.job_cost` at the job's prices: P workers and the supervisor billed T(P), the
                   services T(P); Perf/$ = 1/(T · cost) (`perf_per_dollar`)
 
@@ -65,7 +71,8 @@ class Prediction:
     epochs: float
     startup: float
     step_seconds: float
-    bound: str  # where the step comes from: "run" (measured at this P), or the largest of "path", "cores", "trend"
+    bound: str  # where the step comes from: "run" (measured at this P), or the largest of "path", "cores", "trend",
+    # "shared"
     stops_on: str
     measured: bool  # a run at this P is among those fitted
 
@@ -120,6 +127,12 @@ def _trend(values: dict[int, float], P: int) -> float:
         return 0.0
     (p0, v0), (p1, v1) = sorted(sorted(values.items(), key=lambda pv: (abs(pv[0] - P), -pv[0]))[:2])
     return v0 + max(0.0, (v1 - v0) / (p1 - p0)) * (P - p0)
+
+
+def _contention(P: int, cores: int) -> float:
+    """Processes per core when P workers and the supervisor share `cores` cores, at least 1: how much slower each
+    one's part of a step runs than on a core of its own."""
+    return max(1.0, (P + 1) / max(1, cores))
 
 
 def _nearest(values: dict[int, float], P: int) -> float:
@@ -237,7 +250,9 @@ def predict(model: Fit, job: TrainingJob, P: int) -> Prediction:
     if P in model.steps:
         step, bound = model.steps[P], "run"
     else:
-        step, bound = max((m["step"], "path"), (roof, "cores"), (_trend(model.steps, P), "trend"))
+        shared = _trend({p: v / _contention(p, model.cores) for p, v in model.steps.items()}, P)
+        step, bound = max((m["step"], "path"), (roof, "cores"), (_trend(model.steps, P), "trend"),
+                          (shared * _contention(P, model.cores), "shared"))
     startup = model.startup[0] + model.startup[1] * P
     seconds = startup + steps * step + model.wind_down
     if job.stop.max_seconds is not None and seconds > job.stop.max_seconds:
