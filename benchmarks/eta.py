@@ -10,6 +10,8 @@ ETA's error is |ETA - real time left| / real time left (a signed figure in the t
 The ETA is the time until the stop rule fires; the job's wind-down after it (the final replicas handed in, merged,
 evaluated on the whole validation split and saved) is not in it, so the error is also given against the close of
 the last step (from metrics.jsonl, on the watcher's clock by the summary's `wall_seconds` at the final status).
+Its steadiness is read over every status: how far each one's projected end (its second plus its ETA) was from the
+real end, as a mean |log| of their ratio, and how many projected past twice the real end.
 
     python benchmarks/eta.py [--sets movielens,pmf1m-skew,lr200k] [--workers 1,2] [--control 3] [--write-results]
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -71,6 +74,16 @@ def errors(seen: list[tuple[float, dict]], end: float) -> dict[float, tuple[floa
     return out
 
 
+def steadiness(seen: list[tuple[float, dict]], end: float) -> tuple[float, int, int] | None:
+    """(mean |log(projected end / real end)|, statuses whose projected end was past twice the real one, statuses)
+    over every status with an ETA before the final one: the projected end is its second plus its ETA."""
+    ratios = [(t + s["etaSeconds"]) / end for t, s in seen
+              if "modelURI" not in s and s.get("etaSeconds") is not None and 0 < t < end]
+    if not ratios:
+        return None
+    return sum(abs(math.log(r)) for r in ratios) / len(ratios), sum(r > 2 for r in ratios), len(ratios)
+
+
 def job_file(path: Path, name: str, data: Path, kind: str, workers: int, stop: dict) -> Path:
     spec = {"workers": workers, "model": {"type": kind}, "dataset": {"uri": str(data), "cacheBatches": True}}
     if stop:
@@ -104,13 +117,15 @@ def main() -> None:
             job_kind = "default" if not stop else f"maxEpochs {stop['maxEpochs']:g}"
             cells = [f"{e[0]:+.0%} ({e[1]})" if e else "-" for e in found.values()]
             cells += [f"{e[0]:+.0%}" if e else "-" for e in errors(seen, stopped).values()]
+            steady = steadiness(seen, end)
+            cells += ["-" if steady is None else f"{steady[0]:.2f} ({steady[1]} of {steady[2]} past 2x)"]
             rows.append([key, workers, job_kind, f"{end:.1f}", f"{end - stopped:.1f}", len(seen), *cells])
             print("  ", rows[-1], flush=True)
             half = found[0.5]
             if half is None or abs(half[0]) > TARGET:
                 misses.append(f"{key} P={workers} {job_kind}: " + ("no status at 50 %" if half is None else f"{half[0]:+.0%}"))
     table = _common.table(["set", "P", "job", "end (s)", "wind-down (s)", "statuses", "error at 25 %", "at 50 %",
-                           "at 75 %", "vs last step: 25 %", "50 %", "75 %"], rows)
+                           "at 75 %", "vs last step: 25 %", "50 %", "75 %", "steadiness"], rows)
     verdict = (f"Target (|error| at 50 % <= {TARGET:.0%}): met in {len(rows) - len(misses)} of {len(rows)} runs"
                + (f"; missed: {'; '.join(misses)}." if misses else "."))
     body = "\n".join([
@@ -121,7 +136,9 @@ def main() -> None:
         "mark (positive: the ETA said later than the job ended), with the limit the progress counted towards; "
         "then against the close of the last step instead of the job's end. End: seconds from `mlless train`'s start "
         "(most of it the start of the processes and the workers' data) to its final status; wind-down: from the "
-        "last step's close to then.", "",
+        "last step's close to then. Steadiness: over every status with an ETA before the final one, the mean "
+        "|log(projected end / real end)|, the projected end being the status's second plus its ETA, and how many "
+        "statuses projected past twice the real end.", "",
         table, "", verdict,
     ])
     print(body)

@@ -8,7 +8,9 @@ the curve goes on past the default rule's stop; the default rule (`StopConfig()`
 replayed on each curve with the supervisor's own `ValidationWatch` to find where the job would have stopped, and
 each projection method is asked, after every evaluation before that stop, where it projects the stop. Its error at
 a progress mark is that of the first evaluation whose projected progress (step / projected stop) reaches the mark:
-(projected steps left - real steps left) / real steps left, which is the ETA's error at a steady pace.
+(projected steps left - real steps left) / real steps left, which is the ETA's error at a steady pace. Its
+steadiness is read over every evaluation before the stop: how many projections leapt past twice the real stop,
+and the mean |log(projected / real stop)|.
 
     python benchmarks/eta_replay.py [--sets movielens,pmf1m-skew,lr200k] [--workers 1,2,3] [--seeds 1,2]
 """
@@ -86,8 +88,8 @@ def current(curve: Curve, stop: StopConfig, every: int) -> float | None:
 
 def variant(share: float, observed_spacing: bool) -> Method:
     """`forecast.project_stop`'s projection with the curve fitted to another share of the newest evaluations (1: all
-    of them, as before session 12) and the projected evaluations spaced by `evaluation.everySteps` (as before) or
-    by the newest evaluations' spacing (as now)."""
+    of them, as before session 12; 0.5: sessions 12-13) and the projected evaluations spaced by
+    `evaluation.everySteps` (as before session 12) or by the newest evaluations' spacing (as now)."""
     def method(curve: Curve, stop: StopConfig, every: int) -> float | None:
         with mock.patch.multiple(forecast, RECENT_SHARE=share,
                                  SPACING_GAPS=forecast.SPACING_GAPS if observed_spacing else 0):
@@ -95,8 +97,8 @@ def variant(share: float, observed_spacing: bool) -> Method:
     return method
 
 
-METHODS: dict[str, Method] = {"current": current, "whole-everySteps": variant(1.0, False),
-                              "whole-observed": variant(1.0, True), "half-everySteps": variant(0.5, False)}
+METHODS: dict[str, Method] = {"current": current, "newest-half": variant(0.5, True),
+                              "whole-observed": variant(1.0, True), "whole-everySteps": variant(1.0, False)}
 #: The reference column: a forecaster told, from the start, where the same job (set and P) stopped on the other
 #: seeds (their median). It knows the job's stop as well as the job can be known without this run's curve; its
 #: error is the stop's own scatter from seed to seed, which a projection can shrink only by what the curve so far
@@ -109,22 +111,35 @@ def other_seeds(stops: dict[tuple[str, int, int], int | None], key: tuple[str, i
     return lambda curve, stop, every: float(np.median(found)) if found else None
 
 
-def errors(curve: Curve, every: int, stop: StopConfig, method: Method) -> dict[float, float | None] | None:
+def projections(curve: Curve, every: int, stop: StopConfig, method: Method) -> tuple[int, list[tuple[int, float]]] | None:
+    """(the real stop, (step, projected stop) after each evaluation before it that has a projection); None when
+    the rule does not stop within the recording."""
     end = real_stop(curve, stop)
     if end is None:
         return None
     seen = [(s, x) for s, x in curve if s < end]
+    found = [(seen[k - 1][0], method(seen[:k], stop, every)) for k in range(1, len(seen) + 1)]
+    return end, [(step, max(projected, step + 1)) for step, projected in found if projected is not None]
+
+
+def errors(end: int, projected: list[tuple[int, float]]) -> dict[float, float | None]:
+    """The error, in steps left, at the first projection whose progress reaches each of MARKS."""
     out: dict[float, float | None] = dict.fromkeys(MARKS)
-    for k in range(1, len(seen) + 1):
-        step = seen[k - 1][0]
-        projected = method(seen[:k], stop, every)
-        if projected is None:
-            continue
-        projected = max(projected, step + 1)
+    for step, stop in projected:
         for mark in MARKS:
-            if out[mark] is None and step / projected >= mark:
-                out[mark] = ((projected - step) - (end - step)) / (end - step)
+            if out[mark] is None and step / stop >= mark:
+                out[mark] = ((stop - step) - (end - step)) / (end - step)
     return out
+
+
+def steadiness(found: list[tuple[int, list[tuple[int, float]]] | None]) -> str:
+    """How far every projection before the stop strayed: a steady ETA does not leap to several times the job's
+    length for an evaluation or two and back."""
+    ratios = [stop / end for got in found if got is not None for end, projected in [got] for _, stop in projected]
+    if not ratios:
+        return "-"
+    return (f"{sum(r > 2 for r in ratios)} of {len(ratios)} projections past twice the real stop, mean "
+            f"|log(projected / real)| {np.mean(np.abs(np.log(ratios))):.3f}")
 
 
 def summary(found: list[float | None]) -> str:
@@ -151,19 +166,21 @@ def main() -> None:
               for key in args.sets.split(",") for p in map(int, args.workers.split(","))
               for seed in map(int, args.seeds.split(","))}
     stops = {key: real_stop(curve, stop) for key, (curve, _) in curves.items()}
-    rows, halves = [], {name: [] for name in columns}
+    rows, halves, projected = [], {name: [] for name in columns}, {name: [] for name in columns}
     for (key, p, seed), (curve, every) in curves.items():
-        found = {name: errors(curve, every, stop, METHODS[name]) for name in methods}
-        found[OTHER_SEEDS] = errors(curve, every, stop, other_seeds(stops, (key, p, seed)))
+        pick = {**METHODS, OTHER_SEEDS: other_seeds(stops, (key, p, seed))}
         cells = []
         for name in columns:
-            half = None if found[name] is None else found[name][0.5]
+            got = projections(curve, every, stop, pick[name])
+            projected[name].append(got)
+            half = None if got is None else errors(*got)[0.5]
             halves[name].append(half)
             cells.append("-" if half is None else f"{half:+.0%}")
         rows.append([key, p, seed, len(curve), stops[key, p, seed] or "-", *cells])
     keys = list(curves)
     lines = [f"{name}: {summary(got)}; by set: " + ", ".join(
                  f"{k} {summary([e for key, e in zip(keys, got) if key[0] == k])}" for k in dict.fromkeys(k for k, *_ in keys))
+             + f"; over every evaluation before the stop: {steadiness(projected[name])}"
              for name, got in halves.items() if any(e is not None for e in got)]
     body = "\n".join([
         "## The patience stop's projection, replayed on recorded curves (`benchmarks/eta_replay.py`, issue #24)", "",
