@@ -111,35 +111,42 @@ def other_seeds(stops: dict[tuple[str, int, int], int | None], key: tuple[str, i
     return lambda curve, stop, every: float(np.median(found)) if found else None
 
 
-def projections(curve: Curve, every: int, stop: StopConfig, method: Method) -> tuple[int, list[tuple[int, float]]] | None:
-    """(the real stop, (step, projected stop) after each evaluation before it that has a projection); None when
-    the rule does not stop within the recording."""
+Projected = list[tuple[int, float | None]]
+
+
+def projections(curve: Curve, every: int, stop: StopConfig, method: Method) -> tuple[int, Projected] | None:
+    """(the real stop, (step, projected stop or None: no projection yet) after each evaluation before it); None
+    when the rule does not stop within the recording."""
     end = real_stop(curve, stop)
     if end is None:
         return None
     seen = [(s, x) for s, x in curve if s < end]
     found = [(seen[k - 1][0], method(seen[:k], stop, every)) for k in range(1, len(seen) + 1)]
-    return end, [(step, max(projected, step + 1)) for step, projected in found if projected is not None]
+    return end, [(step, None if projected is None else max(projected, step + 1)) for step, projected in found]
 
 
-def errors(end: int, projected: list[tuple[int, float]]) -> dict[float, float | None]:
+def errors(end: int, projected: Projected) -> dict[float, float | None]:
     """The error, in steps left, at the first projection whose progress reaches each of MARKS."""
     out: dict[float, float | None] = dict.fromkeys(MARKS)
     for step, stop in projected:
+        if stop is None:
+            continue
         for mark in MARKS:
             if out[mark] is None and step / stop >= mark:
                 out[mark] = ((stop - step) - (end - step)) / (end - step)
     return out
 
 
-def steadiness(found: list[tuple[int, list[tuple[int, float]]] | None]) -> str:
-    """How far every projection before the stop strayed: a steady ETA does not leap to several times the job's
-    length for an evaluation or two and back."""
-    ratios = [stop / end for got in found if got is not None for end, projected in [got] for _, stop in projected]
+def steadiness(found: list[tuple[int, Projected] | None]) -> str:
+    """How far every projection before the stop strayed (a steady ETA does not leap to several times the job's
+    length for an evaluation or two and back), and how many evaluations had one (before, the ETA is another
+    limit's: `maxEpochs`, far off for these jobs)."""
+    pairs = [(stop, end) for got in found if got is not None for end, projected in [got] for _, stop in projected]
+    ratios = [stop / end for stop, end in pairs if stop is not None]
     if not ratios:
         return "-"
-    return (f"{sum(r > 2 for r in ratios)} of {len(ratios)} projections past twice the real stop, mean "
-            f"|log(projected / real)| {np.mean(np.abs(np.log(ratios))):.3f}")
+    return (f"a projection at {len(ratios)} of {len(pairs)} evaluations; {sum(r > 2 for r in ratios)} past twice "
+            f"the real stop, mean |log(projected / real)| {np.mean(np.abs(np.log(ratios))):.3f}")
 
 
 def summary(found: list[float | None]) -> str:
