@@ -1,6 +1,7 @@
 """`mlless plan`: the planner on recorded runs of a real small job at P = 1 and 2, its choice, its JSON, its bad input."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -205,6 +206,27 @@ def test_a_short_run_s_curve_is_extrapolated_to_where_the_rule_fires():
                                          samples_per_step=1000.0, interval_samples=1000.0, limit_samples=5e5,
                                          same_cadence=True)
     assert (n, by_rule) == (5e5, False)  # the curve never reaches 0.1: the job's limit stops it
+
+
+def test_a_stop_extrapolated_from_fewer_evaluations_than_the_reference_fit_needs_is_noted(recorded):
+    # A curve still falling at its 5th evaluation: its stop lies past the run, extrapolated from 5 points (as a PMF
+    # pilot's at P = 2, which evaluates only at its rounds' ends); at 12 the reference curve has enough.
+    job = load_manifest(recorded[0])
+    full = measure(recorded[1][1])
+    xs = np.arange(1, 13) * full.samples / 12
+    falling = list(zip(xs.tolist(), (0.5 + 0.3 * 0.6 ** np.arange(1, 13)).tolist()))
+    for count in (5, 12):
+        run = dataclasses.replace(full, evaluations=tuple(falling[:count]), samples=int(xs[count - 1]))
+        result = plan(job, [run], [1], EMBEDDED, 2, None, None)
+        said = [n for n in result["notes"] if "extrapolated from" in n]
+        if count == 5:
+            assert result["predictions"][0]["stops_on"] == "loss rule"
+            assert result["predictions"][0]["epochs"] > run.samples / full.batch / full.batches_per_epoch
+            assert said == [f"{full.run_dir}: its stop is extrapolated from 5 evaluations, fewer than the 8 the "
+                            "reference curve needs (a protocol with rounds evaluates at their ends only): a longer "
+                            "run, given with --from, predicts it more firmly"]
+        else:
+            assert said == []
 
 
 def test_a_pilot_whose_curve_turned_up_stops_where_the_job_would():

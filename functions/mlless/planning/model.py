@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 
 from mlless.planning.runs import PlanError, RunMeasure
 from mlless.planning.steptime import fit_beta, fit_kappa, step_seconds
-from mlless.planning.stoprule import samples_when_stop_fires
+from mlless.planning.stoprule import REFERENCE_POINTS, samples_when_stop_fires
 from mlless.spec import TrainingJob
 from mlless.telemetry.cost import job_cost, perf_per_dollar
 
@@ -211,6 +211,10 @@ def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) ->
         if not rule and not math.isfinite(cap):
             raise PlanError(f"{r.run_dir}: the stop rule does not fire on its fitted loss curve within "
                             f"{EXTRAPOLATION_LIMIT:g}x the runs' samples, and the job has no step or epoch limit")
+        if rule and n > r.samples and len(r.evaluations) < REFERENCE_POINTS:
+            notes.append(f"{r.run_dir}: its stop is extrapolated from {len(r.evaluations)} evaluations, fewer than "
+                         f"the {REFERENCE_POINTS} the reference curve needs (a protocol with rounds evaluates at "
+                         "their ends only): a longer run, given with --from, predicts it more firmly")
         samples.setdefault(r.workers, []).append(n)
         by_rule[r.workers] = by_rule.get(r.workers, False) or rule
     if not samples:
