@@ -148,7 +148,11 @@ class Supervisor:
             self._start_workers()
             while self.stop_reason is None:
                 self._receive()
-                self._check_liveness()
+                # Once the final close is out, the finish takes in the workers' last messages: the liveness check
+                # would take in the Done of a worker whose process ended first (a loaded machine), and the finish,
+                # no longer counting it live, would leave its final replica out of the model.
+                if self.stop_reason is None:
+                    self._check_liveness()
             return self._finish()
         except KeyboardInterrupt:
             self.stop_reason = INTERRUPTED
