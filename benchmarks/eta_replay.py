@@ -141,7 +141,7 @@ def steadiness(found: list[tuple[int, Projected] | None]) -> str:
     """How far every projection before the stop strayed (a steady ETA does not leap to several times the job's
     length for an evaluation or two and back), and how many evaluations had one (before, the ETA is another
     limit's: `maxEpochs`, far off for these jobs)."""
-    pairs = [(stop, end) for got in found if got is not None for end, projected in [got] for _, stop in projected]
+    pairs = [(stop, end) for end, projected in filter(None, found) for _, stop in projected]
     ratios = [stop / end for stop, end in pairs if stop is not None]
     if not ratios:
         return "-"
