@@ -123,9 +123,17 @@ def test_the_tuner_reports_a_removed_rank_only_after_it_has_left(movielens_dir, 
         _when_step(supervisor, 10)
         # What the tuner does on a "remove" decision (the tuner itself is tested in test_autotuner.py).
         supervisor.scaling.remove_worst(supervisor.closed, "test")
+        # The job goes on until a survivor has merged the leaver's replica: on a loaded machine its Left can come
+        # after a fixed step limit, and the finish then takes its replica in as a final one (three, not two).
+        while not supervisor.scaling.merged and supervisor.stop_reason is None:
+            threading.Event().wait(0.05)
+        _when_step(supervisor, supervisor.closed + 5)
+        supervisor.request_stop("test done")
 
-    summary = run(job_for(movielens_dir, stop={"maxSteps": 40}), new_job_id("tune"), tmp_path, redis_url, amqp_url, platform, remove_one)
+    job = job_for(movielens_dir, stop={"maxSteps": 100000, "maxSeconds": 120})
+    summary = run(job, new_job_id("tune"), tmp_path, redis_url, amqp_url, platform, remove_one)
     [leave] = [e for e in summary["scaling_events"] if e["event"] == "leave"]
+    assert summary["stop_reason"] == "test done"
     assert platform.set_calls == [(2, leave["rank"], "left")]
     assert summary["workers_final"] == 2
 
