@@ -12,13 +12,13 @@ import pytest
 import yaml
 
 from mlless.cli import main as mlless_main
-from mlless.planning.cli import plan, worker_counts
+from mlless.planning.cli import PILOT_EVALUATIONS, PILOT_MIN_EVERY, plan, worker_counts
 from mlless.planning.model import Link, choose
 from mlless.planning.runs import PlanError, measure
 from mlless.planning.stoprule import replay, samples_when_stop_fires
 from mlless.progress import Progress
 from mlless.runtime.local import Services, train_local
-from mlless.spec import load_manifest
+from mlless.spec import TrainingJob, load_manifest
 from mlless.spec.config import StopConfig
 
 EMBEDDED = Link(0.0, math.inf, "embedded")
@@ -214,9 +214,10 @@ def test_a_stop_extrapolated_from_fewer_evaluations_than_the_reference_fit_needs
     job = load_manifest(recorded[0])
     full = measure(recorded[1][1])
     xs = np.arange(1, 13) * full.samples / 12
-    falling = list(zip(xs.tolist(), (0.5 + 0.3 * 0.6 ** np.arange(1, 13)).tolist()))
+    falling = list(zip(xs.tolist(), (0.5 + 0.3 * 0.4 ** np.arange(1, 13)).tolist()))
     for count in (5, 12):
-        run = dataclasses.replace(full, evaluations=tuple(falling[:count]), samples=int(xs[count - 1]))
+        run = dataclasses.replace(full, evaluations=tuple(falling[:count]), samples=int(xs[count - 1]),
+                                  steps=full.steps * count // 12)
         result = plan(job, [run], [1], EMBEDDED, 2, None, None)
         said = [n for n in result["notes"] if "extrapolated from" in n]
         if count == 5:
@@ -244,6 +245,30 @@ def test_a_pilot_whose_curve_turned_up_stops_where_the_job_would():
     assert by_rule and n == real
 
 
+def test_a_run_s_evaluations_are_spaced_for_a_job_at_another_cadence_as_what_held_them_back_allows(recorded):
+    # A pilot asked for an evaluation every 18 steps and had 8 in 270 (a round's end or the supervisor's time share
+    # held them back, to one in 33.75): a job asking every 25 is held as much, one asking every 50 is not; one asking
+    # every 9 has twice the pilot's.
+    run = dataclasses.replace(measure(recorded[1][1]), evaluate_every=18, steps=270,
+                              evaluations=tuple((1000.0 * k, 0.5) for k in range(1, 9)),
+                              step_plain=0.001, evaluation_extra=0.010)
+    assert run.evaluation_spacing(25) == pytest.approx(33.75)
+    assert run.evaluation_spacing(50) == 50.0
+    assert run.evaluation_spacing(9) == pytest.approx(33.75 / 2)
+    assert run.evaluation_spacing(0) == 0.0
+    assert run.step_at_cadence(25) == pytest.approx(0.001 + 0.010 / 33.75)
+    assert run.step_at_cadence(0) == pytest.approx(0.001)
+
+
+def test_past_a_short_run_its_newest_steps_set_the_pace(recorded):
+    # The run's step fell as it went (the significance filter sends less as updates shrink): a job trained three
+    # times as far steps at the run's mean for the first third, then at its newest steps'.
+    run = dataclasses.replace(measure(recorded[1][1]), step_plain=0.015, step_newest=0.012)
+    here = run.step_at_cadence(run.evaluate_every)
+    assert run.step_through(run.samples, run.evaluate_every) == here
+    assert run.step_through(3 * run.samples, run.evaluate_every) == pytest.approx(here - 2 / 3 * 0.003)
+
+
 def test_choose_refuses_an_unreachable_deadline_in_one_line():
     from mlless.planning.model import Prediction
 
@@ -264,5 +289,10 @@ def test_without_runs_the_cli_runs_a_pilot_and_plans_from_it(recorded, tmp_path,
     for d in result["runs"]:  # real runs of the job, cut to the pilot's length
         summary = json.loads((Path(d) / "summary.json").read_text())
         assert summary["stop_reason"] == "max epochs" and summary["epochs"] == pytest.approx(2, abs=0.1)
+        # About 15 evaluations, but never so often that no step is free of one: the P = 2 pilot's 36 steps would
+        # have them every 2 steps.
+        every = TrainingJob.from_json((Path(d) / "job.json").read_text()).evaluate_every
+        assert every == max(PILOT_MIN_EVERY, summary["steps"] // PILOT_EVALUATIONS)
+    assert summary["steps"] // PILOT_EVALUATIONS < PILOT_MIN_EVERY
     assert [p["measured"] for p in result["predictions"]] == [True, True, False]
     assert all(math.isfinite(p["seconds"]) and p["seconds"] > 0 for p in result["predictions"])

@@ -29,6 +29,11 @@ from mlless.spec import TrainingJob, load_manifest
 PILOT_WORKERS = "1,2"
 PILOT_EPOCHS = 3.0
 PILOT_EVALUATIONS = 15
+#: ... but no more often than this: the step that brings an evaluation and the one after it are slower
+#: (`planning.runs`), and the pilot's step is read on the others. Evaluating every 2 steps, no step is free of them,
+#: and a 3-epoch clicks pilot at P = 2 stepped 13.6 ms against 10.0 every 6 steps (benchmarks/RESULTS.md, "The
+#: planner against measured runs", session 15).
+PILOT_MIN_EVERY = 4
 #: The CLI's reader of --redis-url/--amqp-url (and $REDIS_URL/$AMQP_URL): (redis, amqp), both or neither.
 ServiceUrls = Callable[[argparse.Namespace], tuple[str | None, str | None]]
 #: Redis round trips and bytes the link measurement takes.
@@ -85,7 +90,8 @@ def pilot(job_path: str, workers: list[int], epochs: float, out: Path, services:
         job = load_manifest(job_path, {"workers": P})
         steps = epochs * Dataset.open(job.dataset_uri).n_batches / P
         job = load_manifest(job_path, {"workers": P, "stop": {"maxEpochs": epochs}, "autoscaler": {"enabled": False},
-                                       "evaluation": {"everySteps": max(1, int(steps // PILOT_EVALUATIONS))}})
+                                       "evaluation": {"everySteps": max(PILOT_MIN_EVERY,
+                                                                        int(steps // PILOT_EVALUATIONS))}})
         run_dir = out / f"pilot-p{P}"
         print(f"pilot: {job.name} at P = {P} for {epochs:g} epochs -> {run_dir}", file=sys.stderr, flush=True)
         train_local(job, run_dir, services, Progress(enabled=False))
@@ -189,8 +195,8 @@ def add_parser(sub: argparse._SubParsersAction, service_args: Callable[[argparse
                    help=f"worker counts of the pilot runs (default {PILOT_WORKERS})")
     p.add_argument("--pilot-epochs", type=float, default=PILOT_EPOCHS, metavar="E",
                    help=f"length of each pilot run (default {PILOT_EPOCHS:g}); it evaluates about "
-                        f"{PILOT_EVALUATIONS} times whatever the job's evaluation.everySteps (PMF: at most once a "
-                        "round, so fewer on small data)")
+                        f"{PILOT_EVALUATIONS} times whatever the job's evaluation.everySteps, at most every "
+                        f"{PILOT_MIN_EVERY} steps (PMF: once a round), so fewer on small data)")
     p.add_argument("--out", metavar="DIR", help="where the pilot runs go (default: a new temporary directory)")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="cores the job's processes share, for the CPU roofline (default: this machine's, %(default)s)")

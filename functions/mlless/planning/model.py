@@ -7,7 +7,8 @@
     steps(P)    = N(P) / (P · batch)             N(P): samples until the stop rule fires, N₁·P^β (LambdaML's f(w)),
                                                  β fitted over the runs' P (`steptime.fit_beta`), never past the
                                                  job's step or epoch limit at that P
-    step(P)     = a run's mean step at P (at the job's evaluation cadence: `RunMeasure.step_at_cadence`);
+    step(P)     = a run's mean step at P, at the job's evaluation cadence, through the job's samples to its stop
+                  (`RunMeasure.step_through`: past a short run, at its newest steps' pace);
                   at a P without a run, max(path(P), roofline(P), trend(P), shared(P))
                                                  path: `steptime.step_seconds`; σ from the smallest P run (its mean
                                                  step less the model's, so it holds evaluations and every other
@@ -29,8 +30,9 @@
     cost(P)     = `telemetry.cost.job_cost` at the job's prices: P workers and the supervisor billed T(P), the
                   services T(P); Perf/$ = 1/(T · cost) (`perf_per_dollar`)
 
-N at a run's P comes from its own loss curve (`stoprule.samples_when_stop_fires`). Where the job has
-`stop.maxSeconds` or `stop.budgetUSD` and the model says it would run past them, T stops there.
+N at a run's P comes from its own loss curve (`stoprule.samples_when_stop_fires`), its evaluations spaced as the
+job's would be (`RunMeasure.evaluation_spacing`: patience counts evaluations). Where the job has `stop.maxSeconds`
+or `stop.budgetUSD` and the model says it would run past them, T stops there.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 from mlless.planning.runs import PlanError, RunMeasure
@@ -185,12 +188,8 @@ def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) ->
                               link.latency, link.bandwidth)
     else:
         notes.append("no run at P > 1: the exchange is not measured, and P > 1 is predicted without it")
-    smallest = measured_ps[0]
-    path0 = step_seconds(P=smallest, local=local[smallest], sigma=0.0, kappa=kappa, s=sent[smallest],
-                         pattern=job.sync.exchange, L=link.latency, B=link.bandwidth)["step"]
-    measured_steps = _by_p_of(runs, lambda r: r.step_at_cadence(job.evaluate_every))
-    sigma = max(0.0, measured_steps[smallest] - path0)
     samples: dict[int, list[float]] = {}
+    trained: dict[Path, float] = {}  # samples to the stop, by run
     by_rule: dict[int, bool] = {}
     unfit: list[str] = []
     # Without evaluations the loss rules read the training loss (`StopRules`), which the runs do not extrapolate.
@@ -199,7 +198,7 @@ def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) ->
         notes.append("evaluation is off: the target on the training loss is left out; the job's limits stop it")
     for r in runs:
         cap = limit_samples(job, r.workers, batch, per_epoch)
-        interval = (job.evaluate_every or 1) * r.workers * batch
+        interval = r.evaluation_spacing(job.evaluate_every or 1) * r.workers * batch
         try:
             n, rule = samples_when_stop_fires(
                 stop, r.evaluations, samples_per_step=r.workers * batch, interval_samples=interval,
@@ -216,11 +215,17 @@ def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) ->
                          f"the {REFERENCE_POINTS} the reference curve needs (a protocol with rounds evaluates at "
                          "their ends only): a longer run, given with --from, predicts it more firmly")
         samples.setdefault(r.workers, []).append(n)
+        trained[r.run_dir] = n
         by_rule[r.workers] = by_rule.get(r.workers, False) or rule
     if not samples:
         raise PlanError(f"cannot tell when the stop rule fires from the runs' loss curves: {'; '.join(unfit)}; "
                         "run longer or evaluate more often")
     notes += [f"left out of the samples to stop, its loss curve too short: {u}" for u in unfit]
+    measured_steps = _by_p_of(runs, lambda r: r.step_through(trained.get(r.run_dir, r.samples), job.evaluate_every))
+    smallest = measured_ps[0]
+    path0 = step_seconds(P=smallest, local=local[smallest], sigma=0.0, kappa=kappa, s=sent[smallest],
+                         pattern=job.sync.exchange, L=link.latency, B=link.bandwidth)["step"]
+    sigma = max(0.0, measured_steps[smallest] - path0)
     to_stop = {p: statistics.fmean(v) for p, v in samples.items()}
     ruled = [(p, n) for p, n in to_stop.items() if by_rule[p]]
     beta = fit_beta(ruled)

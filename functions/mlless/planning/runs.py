@@ -24,6 +24,8 @@ LOCAL_PHASES = ("fetch", "compute", "filter")
 EXCHANGE_PHASES = ("write", "read", "apply")
 #: Steps a run needs before its step time means anything.
 MIN_STEPS = 3
+#: The newest share of a run's steps whose step time a job training past the run is taken to keep.
+NEWEST_SHARE = 1 / 3
 
 
 class PlanError(Exception):
@@ -46,6 +48,7 @@ class RunMeasure:
     stop_reason: str
     step_seconds: float  # mean, first step to last: evaluations and every other pause included
     step_plain: float  # the mean step away from evaluations
+    step_newest: float  # the same over the newest NEWEST_SHARE of the steps
     evaluation_extra: float  # the seconds each evaluation adds to the steps around it
     local: float  # median seconds of a worker's fetch + compute + filter
     exchange: float | None  # median seconds of write + read + apply, where the barrier phases are known
@@ -53,14 +56,38 @@ class RunMeasure:
     read: float  # mean bytes a worker reads per step
     evaluations: tuple[tuple[int, float], ...]  # (samples trained, validation loss) at each new evaluation
 
+    def evaluation_spacing(self, evaluate_every: int) -> float:
+        """Steps between evaluations had the run evaluated every `evaluate_every` steps (0: never). An evaluation
+        comes no sooner than `everySteps`, a round's end (PMF's blocked rounds) and the supervisor's time share
+        (`Evaluation.due`) allow: what spaced the run's out past its cadence spaces a job's that evaluates less
+        often too (a MovieLens pilot at P = 1, every 18 steps, evaluated every 34, as its job every 25 did every
+        32). A job that evaluates more often than the run: the run's spacing scaled by the cadences."""
+        if not evaluate_every or not self.evaluations:
+            return float(evaluate_every)
+        spacing = self.steps / len(self.evaluations)
+        if evaluate_every >= self.evaluate_every:
+            return max(float(evaluate_every), spacing)
+        return max(1.0, evaluate_every * spacing / self.evaluate_every)
+
     def step_at_cadence(self, evaluate_every: int) -> float:
         """The mean step had the run evaluated every `evaluate_every` steps (a pilot evaluates more often than its
-        job): the steps without an evaluation, plus each evaluation's extra time at the job's count of them (the
-        run's count scaled by the cadences: PMF evaluates at its rounds' ends, after `everySteps`)."""
+        job): the steps without an evaluation, plus each evaluation's extra time, spaced as `evaluation_spacing`."""
         if evaluate_every == self.evaluate_every or not self.evaluations:
             return self.step_seconds
-        per_step = len(self.evaluations) / self.steps * self.evaluate_every / evaluate_every if evaluate_every else 0.0
-        return self.step_plain + self.evaluation_extra * min(1.0, per_step)
+        spacing = self.evaluation_spacing(evaluate_every)
+        return self.step_plain + (self.evaluation_extra / spacing if spacing else 0.0)
+
+    def step_through(self, samples: float, evaluate_every: int) -> float:
+        """The mean step of a job at this P that trains `samples`: the run's own as far as it went, then its newest
+        steps' (away from evaluations; the evaluations' extra as before). A step can fall as a job runs: the
+        significance filter sends less as the updates shrink (a 3-epoch pilot of the 200k clicks at P = 2 steps 17.8
+        ms in its first epoch and 13.6 in its third, the whole job 12.9; benchmarks/RESULTS.md, "The planner against
+        measured runs"), so a pilot's mean alone overstates the job's."""
+        here = self.step_at_cadence(evaluate_every)
+        if samples <= self.samples:
+            return here
+        later = here - self.step_plain + self.step_newest
+        return (self.samples * here + (samples - self.samples) * later) / samples
 
 
 def _read_json(path: Path) -> Any:
@@ -99,14 +126,19 @@ def _new_evaluations(rows: list[dict[str, Any]], evaluated: list[bool]) -> list[
             for n, r, new in zip(samples, rows, evaluated) if new]
 
 
-def _step_times(rows: list[dict[str, Any]], evaluated: list[bool]) -> tuple[float, float]:
-    """(the mean step away from evaluations, the extra seconds each evaluation costs): the step whose close brought
-    a new evaluation and the one after it are both slower (by 15 and 3.5 ms in a MovieLens run at P = 2)."""
+def _step_times(rows: list[dict[str, Any]], evaluated: list[bool]) -> tuple[float, float, float]:
+    """(the mean step away from evaluations, the same over the newest steps, the extra seconds each evaluation
+    costs): the step whose close brought a new evaluation and the one after it are both slower (by 15 and 3.5 ms in
+    a MovieLens run at P = 2)."""
     times = [(b["time"] - a["time"], new or was) for a, b, new, was in zip(rows, rows[1:], evaluated[1:], evaluated)]
-    plain = [dt for dt, near in times if not near] or [dt for dt, _ in times]
-    base = statistics.fmean(plain)
+
+    def plain_mean(span: list[tuple[float, bool]]) -> float:
+        return statistics.fmean([dt for dt, near in span if not near] or [dt for dt, _ in span])
+
+    base = plain_mean(times)
+    newest = plain_mean(times[min(len(times) - 1, int(len(times) * (1 - NEWEST_SHARE))):])
     count = sum(evaluated[1:])
-    return base, max(0.0, sum(dt - base for dt, near in times if near) / count) if count else 0.0
+    return base, newest, max(0.0, sum(dt - base for dt, near in times if near) / count) if count else 0.0
 
 
 def measure(run_dir: str | Path) -> RunMeasure:
@@ -143,7 +175,7 @@ def _measure(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]],
     barrier = [r for r in rows if r["phases"].get("read") is not None]
     read = [r["bytes_read"] / max(1, r["workers"]) for r in rows if r.get("bytes_read") is not None]
     evaluated = _evaluated(rows)
-    plain, extra = _step_times(rows, evaluated)
+    plain, newest, extra = _step_times(rows, evaluated)
     return RunMeasure(
         run_dir=run_dir,
         workers=workers,
@@ -159,6 +191,7 @@ def _measure(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]],
         stop_reason=reason,
         step_seconds=(last["time"] - rows[0]["time"]) / (len(rows) - 1),
         step_plain=plain,
+        step_newest=newest,
         evaluation_extra=extra,
         local=statistics.median(sum(r["phases"][p] or 0.0 for p in LOCAL_PHASES) for r in rows),
         exchange=statistics.median(sum(r["phases"][p] or 0.0 for p in EXCHANGE_PHASES) for r in barrier)
