@@ -139,7 +139,7 @@ def report(results: list[dict[str, Any]], machine: str, command: str, loads: tup
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--datasets", default="movielens,lr200k", help="quick sets of time_to_quality.py (default %(default)s)")
+    p.add_argument("--datasets", default="movielens,pmf1m-skew,lr200k", help="quick sets of time_to_quality.py (default %(default)s)")
     p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR)
     p.add_argument("--out", type=Path, default=Path("/tmp/mlless-bench/planner"), help="run directories")
     p.add_argument("--seeds", default="1,2,3", help="seeds each P is trained on (default %(default)s)")
