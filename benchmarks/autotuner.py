@@ -50,6 +50,7 @@ import _common  # noqa: E402
 from mlless.smoothing import ewma  # noqa: E402
 from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN  # noqa: E402
 from mlless.spec.models import PMF_V  # noqa: E402
+from mlless.telemetry.rows import evaluated  # noqa: E402
 
 VARIANTS = ("BSP", "ISP", "ISP + tuner")
 SLUGS = {"BSP": "bsp", "ISP": "isp", "ISP + tuner": "tuner"}
@@ -168,14 +169,8 @@ def write_job(path: Path, name: str, cfg: BenchConfig, variant: str, target: flo
 
 def evaluations(rows: list[dict]) -> tuple[list[float], list[float]]:
     """(times, losses) of the validation evaluations in a run's metrics.jsonl (a row repeats the newest one)."""
-    times, losses, last = [], [], None
-    for r in rows:
-        v = r.get("validation_loss")
-        if v is not None and v != last:
-            times.append(r["time"])
-            losses.append(v)
-            last = v
-    return times, losses
+    points = [(r["time"], r["validation_loss"]) for r, new in zip(rows, evaluated(rows)) if new]
+    return [t for t, _ in points], [v for _, v in points]
 
 
 def converged_target(rows: list[dict], fraction: float) -> float:

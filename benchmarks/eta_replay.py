@@ -36,6 +36,7 @@ from mlless.runtime.supervisor import forecast  # noqa: E402
 from mlless.runtime.supervisor.stopping import ValidationWatch  # noqa: E402
 from mlless.spec.job import StopConfig  # noqa: E402
 from mlless.spec.schema import DEFAULT_PATIENCE  # noqa: E402
+from mlless.telemetry.rows import evaluated  # noqa: E402
 
 MARKS = (0.25, 0.5, 0.75)
 KINDS = {"movielens": "pmf", "pmf1m-skew": "pmf", "lr200k": "logistic-regression"}
@@ -62,8 +63,7 @@ def record(base: Path, key: str, workers: int, seed: int, patience: int) -> tupl
     every = json.loads((run / "job.json").read_text())["evaluate_every"]
     # a step's row repeats the newest evaluation; each is taken at the step its snapshot was, as the supervisor's
     # ValidationWatch sees it, not the later one it reached the record at
-    curve = [(r["validation_step"], r["validation_loss"]) for k, r in enumerate(rows) if r["validation_step"] is not None
-             and (k == 0 or r["validation_step"] != rows[k - 1]["validation_step"])]
+    curve = [(r["validation_step"], r["validation_loss"]) for r, new in zip(rows, evaluated(rows)) if new]
     cache.write_text(json.dumps({"curve": curve, "every": every}))
     return curve, every
 

@@ -61,6 +61,7 @@ from mlless.data.batches import RatingsBatch, SparseBatch  # noqa: E402
 from mlless.data.dataset import Dataset  # noqa: E402
 from mlless.spec.config import default_sync  # noqa: E402
 from mlless.spec.schema import pairing_errors  # noqa: E402
+from mlless.telemetry.rows import evaluated  # noqa: E402
 
 RANK = 20
 CORES = os.cpu_count() or 1
@@ -368,11 +369,9 @@ def run_mlless(ds: Dataset, data: Path, kind: str, run: MllessRun, target: float
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     curve = Curve(run.label(kind), startup=summary["startup_seconds"], summary=summary, run_dir=out)
-    last = None
-    for row in rows:
-        if row["validation_loss"] is not None and row["validation_loss"] != last:
-            last = row["validation_loss"]
-            curve.add(row["time"], row["epoch"], last)
+    for row, new in zip(rows, evaluated(rows)):
+        if new:
+            curve.add(row["time"], row["epoch"], row["validation_loss"])
     curve.note = (f"stop: {summary['stop_reason']}; start-up {summary['startup_seconds']:.2f} s; "
                   f"whole process {process_seconds:.1f} s")
     return curve

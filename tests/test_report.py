@@ -18,6 +18,7 @@ from mlless.runtime.local import Services, train_local
 from mlless.progress import Progress
 from mlless.spec import from_manifest
 from mlless.telemetry import cost
+from mlless.telemetry.rows import evaluated
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -212,3 +213,14 @@ def test_not_a_directory(tmp_path: Path, capsys):
 def test_moving_average():
     assert moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
     assert moving_average([], 3) == []
+
+
+def test_each_evaluation_is_read_once_from_the_rows_that_repeat_it():
+    # Two evaluations can score the same loss: a new snapshot step tells them apart; an older record without
+    # `validation_step` has only its loss to go by.
+    rows = [{"validation_loss": None, "validation_step": None}, {"validation_loss": 0.9, "validation_step": 5},
+            {"validation_loss": 0.9, "validation_step": 5}, {"validation_loss": 0.9, "validation_step": 10},
+            {"validation_loss": 0.8, "validation_step": 15}]
+    assert evaluated(rows) == [False, True, False, True, True]
+    older = [{k: v for k, v in r.items() if k != "validation_step"} for r in rows]
+    assert evaluated(older) == [False, True, False, False, True]

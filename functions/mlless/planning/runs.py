@@ -18,6 +18,7 @@ from typing import Any
 from mlless.runtime.supervisor.stopping import DIVERGED
 from mlless.spec import SpecError, TrainingJob
 from mlless.telemetry.record import EXPORTED
+from mlless.telemetry.rows import evaluated
 
 #: A worker's own work on its mini-batch, and the exchange that follows it (`mlless.contract.STEP_PHASES`).
 LOCAL_PHASES = ("fetch", "compute", "filter")
@@ -110,34 +111,27 @@ def _rows(path: Path) -> list[dict[str, Any]]:
         raise PlanError(f"{path}: a line is not JSON ({exc})") from None
 
 
-def _evaluated(rows: list[dict[str, Any]]) -> list[bool]:
-    """Whether each row brought a new evaluation: a row repeats the newest one's step and loss until the next (a
-    record without `validation_step`, from an older mlless, by its loss alone)."""
-    key = "validation_step" if rows and "validation_step" in rows[0] else "validation_loss"
-    return [r["validation_loss"] is not None and (k == 0 or r[key] != rows[k - 1][key]) for k, r in enumerate(rows)]
-
-
-def _new_evaluations(rows: list[dict[str, Any]], evaluated: list[bool]) -> list[tuple[int, float]]:
+def _new_evaluations(rows: list[dict[str, Any]], new: list[bool]) -> list[tuple[int, float]]:
     """(samples trained, loss) of each new evaluation, at the step its snapshot was taken (in an older record, at
     the step it arrived)."""
     samples = list(itertools.accumulate(r["samples"] for r in rows))
     at_step = dict(zip((r["step"] for r in rows), samples))
     return [(at_step.get(r.get("validation_step"), n), float(r["validation_loss"]))
-            for n, r, new in zip(samples, rows, evaluated) if new]
+            for n, r, fresh in zip(samples, rows, new) if fresh]
 
 
-def _step_times(rows: list[dict[str, Any]], evaluated: list[bool]) -> tuple[float, float, float]:
+def _step_times(rows: list[dict[str, Any]], new: list[bool]) -> tuple[float, float, float]:
     """(the mean step away from evaluations, the same over the newest steps, the extra seconds each evaluation
     costs): the step whose close brought a new evaluation and the one after it are both slower (by 15 and 3.5 ms in
     a MovieLens run at P = 2)."""
-    times = [(b["time"] - a["time"], new or was) for a, b, new, was in zip(rows, rows[1:], evaluated[1:], evaluated)]
+    times = [(b["time"] - a["time"], now or was) for a, b, now, was in zip(rows, rows[1:], new[1:], new)]
 
     def plain_mean(span: list[tuple[float, bool]]) -> float:
         return statistics.fmean([dt for dt, near in span if not near] or [dt for dt, _ in span])
 
     base = plain_mean(times)
     newest = plain_mean(times[min(len(times) - 1, int(len(times) * (1 - NEWEST_SHARE))):])
-    count = sum(evaluated[1:])
+    count = sum(new[1:])
     return base, newest, max(0.0, sum(dt - base for dt, near in times if near) / count) if count else 0.0
 
 
@@ -174,8 +168,8 @@ def _measure(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]],
     samples = sum(r["samples"] for r in rows)
     barrier = [r for r in rows if r["phases"].get("read") is not None]
     read = [r["bytes_read"] / max(1, r["workers"]) for r in rows if r.get("bytes_read") is not None]
-    evaluated = _evaluated(rows)
-    plain, newest, extra = _step_times(rows, evaluated)
+    new = evaluated(rows)
+    plain, newest, extra = _step_times(rows, new)
     return RunMeasure(
         run_dir=run_dir,
         workers=workers,
@@ -198,5 +192,5 @@ def _measure(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]],
         if barrier else None,
         sent=statistics.fmean(r["bytes_sent"] / max(1, r["workers"]) for r in rows),
         read=statistics.fmean(read) if read else 0.0,
-        evaluations=tuple(_new_evaluations(rows, evaluated)),
+        evaluations=tuple(_new_evaluations(rows, new)),
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 
 @dataclass
@@ -41,3 +41,12 @@ class StepRow:
 
 
 FIELDS = dataclasses.fields(StepRow)
+
+
+def evaluated(rows: Sequence[Mapping[str, Any]]) -> list[bool]:
+    """Whether each row of a run record (`metrics.jsonl`, as dicts) brought a new evaluation: a row repeats the
+    newest one's step and loss until the next (a record without `validation_step`, from an older mlless, by its loss
+    alone)."""
+    key = "validation_step" if rows and "validation_step" in rows[0] else "validation_loss"
+    return [r.get("validation_loss") is not None and (k == 0 or r.get(key) != rows[k - 1].get(key))
+            for k, r in enumerate(rows)]

@@ -20,6 +20,7 @@ from matplotlib.ticker import EngFormatter, MaxNLocator
 
 from mlless.contract import STEP_PHASES
 from mlless.telemetry.report.runs import Run
+from mlless.telemetry.rows import evaluated
 
 #: Bytes per step spanning more than this ratio (max / min) get a log axis.
 LOG_RATIO = 30.0
@@ -66,15 +67,9 @@ def _train_curve(run: Run, x_key: str) -> tuple[list[float], list[float]]:
 
 
 def _validation_points(run: Run, x_key: str) -> tuple[list[float], list[float]]:
-    """Each new evaluation once: a row repeats the newest validation loss until the next evaluation."""
-    xs, ys, last = [], [], None
-    for row in run.rows:
-        v = row.get("validation_loss")
-        if v is not None and v != last:
-            xs.append(row[x_key])
-            ys.append(v)
-            last = v
-    return xs, ys
+    """Each new evaluation once, where it reached the record."""
+    points = [(row[x_key], row["validation_loss"]) for row, new in zip(run.rows, evaluated(run.rows)) if new]
+    return [x for x, _ in points], [y for _, y in points]
 
 
 def _final_point(run: Run, x_key: str) -> tuple[float, float] | None:
