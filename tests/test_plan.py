@@ -13,9 +13,9 @@ import yaml
 
 from mlless.cli import main as mlless_main
 from mlless.planning.cli import PILOT_EVALUATIONS, PILOT_MIN_EVERY, plan, worker_counts
-from mlless.planning.model import Link, choose
+from mlless.planning.model import FAR_EXTRAPOLATION, Link, _extrapolation_note, choose
 from mlless.planning.runs import PlanError, measure
-from mlless.planning.stoprule import replay, samples_when_stop_fires
+from mlless.planning.stoprule import REFERENCE_POINTS, replay, samples_when_stop_fires
 from mlless.progress import Progress
 from mlless.runtime.local import Services, train_local
 from mlless.spec import TrainingJob, load_manifest
@@ -228,6 +228,17 @@ def test_a_stop_extrapolated_from_fewer_evaluations_than_the_reference_fit_needs
                             "run, given with --from, predicts it more firmly"]
         else:
             assert said == []
+
+
+def test_a_stop_predicted_far_past_its_run_is_noted(recorded):
+    # 12 evaluations are enough for the reference curve, but a stop 5x past the run rests on a curve that cannot
+    # show where it flattens (the MovieLens pilots' stops, 6x past, came out 2-3x late).
+    run = measure(recorded[1][1])
+    run = dataclasses.replace(run, evaluations=run.evaluations[:1] * REFERENCE_POINTS)
+    assert _extrapolation_note(run, FAR_EXTRAPOLATION * run.samples) is None
+    assert _extrapolation_note(run, 5 * run.samples) == (
+        f"{run.run_dir}: its stop is extrapolated to 5.0x the run's samples (a curve still falling cannot show where "
+        "it flattens): a longer run, given with --from, predicts it more firmly")
 
 
 def test_a_pilot_whose_curve_turned_up_stops_where_the_job_would():

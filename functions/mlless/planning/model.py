@@ -51,6 +51,11 @@ from mlless.telemetry.cost import job_cost, perf_per_dollar
 
 #: Without a step or epoch limit, the fitted curve is followed this many times past the longest run's samples.
 EXTRAPOLATION_LIMIT = 100.0
+#: A stop predicted further past its run than this many times the run's samples gets a note: 3-epoch pilots whose
+#: own stops came out 20 % or more late extrapolated them 5.2-6.5x (MovieLens at P = 1 and 2; the 1M ratings and
+#: the clicks at P = 2), those within 5 % 1.7-2.9x (the clicks and the 1M ratings at P = 1; benchmarks/RESULTS.md,
+#: "The planner against measured runs", session 15).
+FAR_EXTRAPOLATION = 4.0
 #: What ends the job in a prediction, besides its loss rule ("loss rule").
 LOSS_RULE, LENGTH_LIMIT, MAX_SECONDS, BUDGET = "loss rule", "step/epoch limit", "max seconds", "budget"
 
@@ -167,6 +172,21 @@ def _fit_startup(points: dict[int, float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+def _extrapolation_note(run: RunMeasure, samples: float) -> str | None:
+    """A note on a stop predicted past `run` on a curve too short to say it firmly, or None."""
+    why = []
+    if samples > run.samples and len(run.evaluations) < REFERENCE_POINTS:
+        why.append(f"from {len(run.evaluations)} evaluations, fewer than the {REFERENCE_POINTS} the reference curve "
+                   "needs (a protocol with rounds evaluates at their ends only)")
+    if samples > FAR_EXTRAPOLATION * run.samples:
+        why.append(f"to {samples / run.samples:.1f}x the run's samples (a curve still falling cannot show where it "
+                   "flattens)")
+    if not why:
+        return None
+    return f"{run.run_dir}: its stop is extrapolated {' and '.join(why)}: a longer run, given with --from, predicts " \
+           "it more firmly"
+
+
 def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) -> Fit:
     """The model's constants from the job's runs (PlanError if they cannot support it)."""
     if not runs:
@@ -210,10 +230,8 @@ def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) ->
         if not rule and not math.isfinite(cap):
             raise PlanError(f"{r.run_dir}: the stop rule does not fire on its fitted loss curve within "
                             f"{EXTRAPOLATION_LIMIT:g}x the runs' samples, and the job has no step or epoch limit")
-        if rule and n > r.samples and len(r.evaluations) < REFERENCE_POINTS:
-            notes.append(f"{r.run_dir}: its stop is extrapolated from {len(r.evaluations)} evaluations, fewer than "
-                         f"the {REFERENCE_POINTS} the reference curve needs (a protocol with rounds evaluates at "
-                         "their ends only): a longer run, given with --from, predicts it more firmly")
+        if rule and (note := _extrapolation_note(r, n)):
+            notes.append(note)
         samples.setdefault(r.workers, []).append(n)
         trained[r.run_dir] = n
         by_rule[r.workers] = by_rule.get(r.workers, False) or rule
