@@ -191,3 +191,20 @@ def test_before_a_fit_a_patience_already_counting_is_projected_to_run_out():
     assert projected is not None and projected.rule == "patience" and projected.curve is None
     assert projected.step == 125 + 4 * EVERY  # one stale evaluation seen, four to go
     assert project_stop(steps[:4], losses[:4], StopConfig(patience=5, min_delta=0.001), EVERY) is None  # improving
+
+
+def test_the_progress_line_names_the_limit_its_eta_counts_towards():
+    import io
+
+    from mlless.progress import Progress
+
+    def line(*outlook) -> str:
+        out = io.StringIO()
+        progress = Progress(stream=out)
+        progress.outlook(*outlook)
+        progress.status(step=10, epoch=0.5, train_loss=0.9, validation_loss=None, workers=2, bytes_per_step=1024,
+                        elapsed=3.0, cost=0.0001)
+        return out.getvalue().rstrip("\n")
+
+    assert line(0.42, 65.0, 0.00123, "patience").endswith("  42%  eta 1m05s to patience  -> $0.00123")
+    assert line(0.0, None, None, None).endswith("   0%  eta -  -> $-")  # before the pace is known

@@ -44,9 +44,12 @@ class Progress:
         self._last = 0.0  # when a line was last shown
         self._outlook = ""  # the newest progress, ETA and projected cost, shown at the end of the status line
 
-    def outlook(self, progress: float, eta_seconds: float | None, projected_cost: float | None) -> None:
-        """The job's newest progress, ETA and projected cost (runtime/supervisor/eta.py), for the next status line."""
-        eta = "-" if eta_seconds is None else _fmt_duration(eta_seconds)
+    def outlook(self, progress: float, eta_seconds: float | None, projected_cost: float | None,
+                limit: str | None = None) -> None:
+        """The job's newest progress, ETA and projected cost (runtime/supervisor/eta.py), for the next status line,
+        with the stop limit they count towards (`spec.stop`'s field): an ETA to `maxEpochs` while patience is not
+        yet projected says when the job ends at the latest, one to `patience` when it is expected to."""
+        eta = "-" if eta_seconds is None else _fmt_duration(eta_seconds) + (f" to {limit}" if limit else "")
         self._outlook = f"  {100 * progress:3.0f}%  eta {eta}  -> ${_fmt(projected_cost, '.5f')}"
 
     def elapsed(self) -> float:

@@ -52,7 +52,7 @@ class StatusBoard:
         fields = self.fields(at, cost_usd, validation_loss, workers, outlook) | (end or {})
         self.platform.publish(fields, final=end is not None)
         self.metrics.outlook(outlook.progress, outlook.eta_seconds, outlook.projected_cost_usd)
-        self.progress.outlook(outlook.progress, outlook.eta_seconds, outlook.projected_cost_usd)
+        self.progress.outlook(outlook.progress, outlook.eta_seconds, outlook.projected_cost_usd, outlook.limit)
         self.status.update(fields)
         self.status = {k: v for k, v in self.status.items() if v is not None}
         now = self.clock()
