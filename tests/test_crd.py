@@ -49,8 +49,9 @@ def test_scale_subresource_and_printer_columns_point_at_real_fields(crd):
     assert fields[scale["labelSelectorPath"]] == "string"
     assert "status" in version["subresources"]
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["State", "Workers", "Step", "Progress", "ETA", "Loss", "Cost", "Age", "Restarts", "Projected"]
-    assert [name for name, c in columns.items() if c.get("priority")] == ["Restarts", "Projected"]  # -o wide only
+    assert list(columns) == ["State", "Workers", "Step", "Progress", "ETA", "Loss", "Cost", "Age", "Restarts", "Projected",
+                             "Until"]
+    assert [name for name, c in columns.items() if c.get("priority")] == ["Restarts", "Projected", "Until"]  # -o wide
     for column in columns.values():
         if column["jsonPath"] != ".metadata.creationTimestamp":
             assert column["jsonPath"] in fields, column

@@ -30,6 +30,8 @@ PRINTER_COLUMNS = [
      "description": "Times the supervisor pod was recreated (spec.backoffLimit)"},
     {"name": "Projected", "type": "number", "jsonPath": ".status.projectedCostUSD", "priority": 1,
      "description": "Projected cost at the job's end, USD"},
+    {"name": "Until", "type": "string", "jsonPath": ".status.progressLimit", "priority": 1,
+     "description": "The spec.stop limit Progress and ETA count towards (maxEpochs: at the latest)"},
 ]
 
 
