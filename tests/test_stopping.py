@@ -9,14 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mlless.contract import ENV_AUDIT
 from mlless.smoothing import ewma
 from mlless.data.dataset import Dataset
 from mlless.training.models import load_model
 from mlless.runtime.local import Services, train_local
 from mlless.progress import Progress
 from mlless.protocol import keys, layouts
-from mlless.protocol.framing import encode
-from mlless.protocol.messages import Tensors
+from mlless.protocol.framing import decode, encode
+from mlless.protocol.messages import Left, Tensors
 from mlless.runtime.supervisor.evaluation import EVALUATION_SHARE, Evaluation
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.supervisor.stopping import (
@@ -198,6 +199,39 @@ def test_workers_that_handed_in_their_final_replicas_before_the_finish_are_merge
     summary = train_local(lr_job(synthetic_lr_dir, stop={"maxSteps": 30}), tmp_path, Services(), QUIET)
     assert (summary["stop_reason"], summary["workers_final"]) == ("max steps", 2)
     assert summary["final_validation_loss"] is not None and summary["replica_spread"] is not None
+
+
+def test_a_worker_that_leaves_after_the_last_close_is_merged_but_not_counted_among_the_final_workers(
+        synthetic_lr_dir, tmp_path, monkeypatch):
+    """A scale-in near the job's end whose Left comes only after the final close (held back here, as a loaded
+    machine can: CI saw it): no survivor merged the leaver's replica, so the finish takes it in, but the worker left."""
+    handle, receive, close, held = Supervisor._handle, Supervisor._receive, Supervisor._close, []
+
+    def hold_left(self: Supervisor, body: bytes) -> None:
+        if self.stop_reason is None and isinstance(decode(body), Left):
+            held.append(body)
+        else:
+            handle(self, body)
+
+    def release_after_the_final_close(self: Supervisor, within: float = 0.2) -> None:
+        if self.stop_reason is not None and held:
+            handle(self, held.pop(0))
+        else:
+            receive(self, within)
+
+    def evict_near_the_end(self: Supervisor, step: int, reports):
+        if step == 27:
+            self.scaling.remove_worst(step, "test")
+        return close(self, step, reports)
+
+    monkeypatch.setattr(Supervisor, "_handle", hold_left)
+    monkeypatch.setattr(Supervisor, "_receive", release_after_the_final_close)
+    monkeypatch.setattr(Supervisor, "_close", evict_near_the_end)
+    monkeypatch.setenv(ENV_AUDIT, "1")
+    summary = train_local(lr_job(synthetic_lr_dir, workers=3, stop={"maxSteps": 30}), tmp_path, Services(), QUIET)
+    assert [e["event"] for e in summary["scaling_events"]] == ["leave"] and summary["dropped_workers"] == []
+    assert summary["audit"]["replicas"] == 3  # the leaver's replica is in the model...
+    assert (summary["workers_initial"], summary["workers_final"]) == (3, 2)  # ...and the leaver is not a worker
 
 
 @pytest.mark.slow

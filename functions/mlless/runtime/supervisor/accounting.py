@@ -197,10 +197,11 @@ class Accounting:
         now: float,
         startup: float,
         members: Membership,
+        workers_final: int,
         autoscaler: dict[str, Any],
         scaling_events: list[dict[str, Any]],
     ) -> dict[str, Any]:
-        """What summary.json holds."""
+        """What summary.json holds; `workers_final` counts the workers that finished the job with it."""
         wall = self.elapsed(now)  # every run's, when supervisors took over from each other
         cost = self.cost(now, members)
         best = final.best
@@ -226,7 +227,7 @@ class Accounting:
             "samples_per_second": self.samples / self.compute_seconds if self.compute_seconds > 0 else None,
             "bytes_sent": self.bytes_sent,
             "workers_initial": self.job.workers,
-            "workers_final": final.replicas,
+            "workers_final": workers_final,
             "dropped_workers": members.dropped,
             "replica_spread": final.spread,
             "rejected_frames": self.rejected_frames,

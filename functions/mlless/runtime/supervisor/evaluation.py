@@ -42,7 +42,6 @@ class FinalModel:
     model_step: int | None
     best: Best | None  # the best snapshot, its loss read on the whole validation split
     spread: float | None  # largest difference between a final replica and their model
-    replicas: int  # final replicas merged
     model_path: Path | None
     #: The handed-back model's figures on the validation split besides its loss (`Model.scores`).
     scores: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -218,4 +217,4 @@ class Evaluation:
             model_path = run_dir / "model.npz"
             self.model.save(model_path, {"job": self.job.name, "job_id": job_id, "steps": model_step})
             scores = self.model.scores(self.validation_batch)
-        return FinalModel(validation_loss, final_loss, model_step, best, spread, len(replicas), model_path, scores)
+        return FinalModel(validation_loss, final_loss, model_step, best, spread, model_path, scores)
