@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mlless.cli import main as mlless_main
-from mlless.contract import ENV_IDENTITY
+from mlless.contract import ENV_AUDIT, ENV_IDENTITY
 from mlless.protocol.identity import Issuer
 
 REDIS_URL = os.environ.get("MLLESS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -23,6 +23,13 @@ AMQP_URL = os.environ.get("MLLESS_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:
 # environment), takes its identity from, as if the test were the one that starts the session's processes.
 # `mlless train` makes its own issuer per run and hands each worker only its own identity.
 os.environ[ENV_IDENTITY] = Issuer().text()
+
+
+@pytest.fixture
+def audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor checks that no update was lost or counted twice (`runtime/audit.py`): summary.json gets an
+    `audit` (`test_scaling.assert_conserved` reads it)."""
+    monkeypatch.setenv(ENV_AUDIT, "1")
 
 
 @pytest.fixture(scope="session")

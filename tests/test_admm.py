@@ -51,11 +51,6 @@ def test_rho_pulls_the_local_steps_to_the_consensus(synthetic_lr_dir, tmp_path, 
     assert learned[1.0] < base - 0.03 and learned[1e5] > base - 0.01
 
 
-@pytest.fixture
-def audit(monkeypatch):
-    monkeypatch.setenv("MLLESS_AUDIT", "1")
-
-
 def test_admm_replicas_agree_at_a_rounds_end_and_conserve_every_update_through_a_scale_in(
         synthetic_lr_dir, tmp_path, redis_url, amqp_url, audit):
     # The scale-in takes effect at step 1, inside the first round of 8; the job ends at a round's end.

@@ -65,11 +65,6 @@ def test_pmf_and_lr_train_under_averaging(movielens_dir, synthetic_lr_dir, tmp_p
     assert summary["validation_loss"] < base_rate_bce(synthetic_lr_dir) - 0.05
 
 
-@pytest.fixture
-def audit(monkeypatch):
-    monkeypatch.setenv("MLLESS_AUDIT", "1")
-
-
 #: The protocols that publish once per round (blocked: tests/test_blocked.py has its own data placement tests).
 ROUNDS = ["averaging", "blocked", "async"]
 

@@ -117,11 +117,6 @@ def test_the_schema_refuses_an_unknown_pattern(movielens_dir):
     assert job_for(movielens_dir).sync.exchange == "all-to-all"
 
 
-@pytest.fixture
-def audit(monkeypatch):
-    monkeypatch.setenv("MLLESS_AUDIT", "1")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["bsp", "isp", "ssp", "averaging", "async"])
 @pytest.mark.parametrize("exchange", PATTERNS)

@@ -16,12 +16,7 @@ import pytest
 
 from test_training import _supervise_with, _when_step, job_for, read_metrics
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def audit(monkeypatch):
-    monkeypatch.setenv("MLLESS_AUDIT", "1")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("audit")]
 
 
 def assert_conserved(summary):

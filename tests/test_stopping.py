@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlless.contract import ENV_AUDIT
 from mlless.smoothing import ewma
 from mlless.data.dataset import Dataset
 from mlless.training.models import load_model
@@ -202,7 +201,7 @@ def test_workers_that_handed_in_their_final_replicas_before_the_finish_are_merge
 
 
 def test_a_worker_that_leaves_after_the_last_close_is_merged_but_not_counted_among_the_final_workers(
-        synthetic_lr_dir, tmp_path, monkeypatch):
+        synthetic_lr_dir, tmp_path, monkeypatch, audit):
     """A scale-in near the job's end whose Left comes only after the final close (held back here, as a loaded
     machine can: CI saw it): no survivor merged the leaver's replica, so the finish takes it in, but the worker left."""
     handle, receive, close, held = Supervisor._handle, Supervisor._receive, Supervisor._close, []
@@ -227,7 +226,6 @@ def test_a_worker_that_leaves_after_the_last_close_is_merged_but_not_counted_amo
     monkeypatch.setattr(Supervisor, "_handle", hold_left)
     monkeypatch.setattr(Supervisor, "_receive", release_after_the_final_close)
     monkeypatch.setattr(Supervisor, "_close", evict_near_the_end)
-    monkeypatch.setenv(ENV_AUDIT, "1")
     summary = train_local(lr_job(synthetic_lr_dir, workers=3, stop={"maxSteps": 30}), tmp_path, Services(), QUIET)
     assert [e["event"] for e in summary["scaling_events"]] == ["leave"] and summary["dropped_workers"] == []
     assert summary["audit"]["replicas"] == 3  # the leaver's replica is in the model...
