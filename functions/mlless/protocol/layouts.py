@@ -71,8 +71,8 @@ def pending(arrays: Arrays) -> tuple[np.ndarray, np.ndarray]:
 def model_of(replicas: Sequence[Arrays]) -> np.ndarray:
     """The model the replicas of one job stand for: their shared part (a replica minus its pending entries),
     averaged, plus every replica's pending entries, which is what the shared state becomes once each replica has
-    sent them. Averaging the replicas would count a pending entry 1/P times (blocked's home rows, only ever pending
-    on their owner, would shrink by P)."""
+    sent them: no update lost or counted twice, what a resumed job continues from. Averaging the replicas would
+    count a pending entry 1/P times (blocked's home rows, only ever pending on their owner, would shrink by P)."""
     shared = np.zeros(replicas[0][PARAMS].shape, np.float64)
     unsent = np.zeros(replicas[0][PARAMS].shape, np.float64)
     for arrays in replicas:
@@ -82,6 +82,12 @@ def model_of(replicas: Sequence[Arrays]) -> np.ndarray:
         shared += own
         unsent[idx] += val  # a replica's pending entries never repeat an index
     return (shared / len(replicas) + unsent).astype(np.float32)
+
+
+def mean_of(replicas: Sequence[Arrays]) -> np.ndarray:
+    """The replicas' parameters averaged: each replica is a whole model, the shared state plus its own pending
+    entries."""
+    return np.mean([arrays[PARAMS] for arrays in replicas], axis=0, dtype=np.float64).astype(np.float32)
 
 
 def optimizer_state(arrays: Arrays) -> dict[str, np.ndarray]:

@@ -18,6 +18,7 @@ from mlless.protocol.framing import FrameError, decode
 from mlless.protocol.messages import Tensors, Update
 from mlless.runtime.supervisor.stopping import Best, ValidationWatch
 from mlless.runtime.supervisor.membership import JobFailed
+from mlless.runtime.sync import sync_strategy
 from mlless.spec import TrainingJob
 from mlless.spec.models import model_type
 from mlless.training.warm_start import initial_model
@@ -71,6 +72,7 @@ class Evaluation:
         for error in model_type(job.model.type).dataset_errors(job.model.options, dataset)[:1]:
             raise JobFailed(error)  # before any worker starts
         self.model = initial_model(job, dataset)
+        self.hand_back = sync_strategy(job.sync).hand_back
         self.validation_batch = dataset.validation()
         self.evaluation_batch = self.validation_batch.head(EVALUATION_ROWS)
         self.validation: tuple[int, float] | None = None  # (step of its snapshot in the job, loss) of the newest evaluation
@@ -192,8 +194,8 @@ class Evaluation:
         return self.model.loss(loss_sum, n)
 
     def final_model(self, replicas: list[layouts.Arrays], step: int, run_dir: Path, job_id: str) -> FinalModel:
-        """Merge the final replicas of `step` (`layouts.model_of`), pick the model to hand back and save it to
-        run_dir/model.npz."""
+        """Merge the final replicas of `step` (`SyncStrategy.hand_back`), pick the model to hand back and save it to
+        run_dir/model.npz; `final_params`, what a suspended job resumes from, is their `layouts.model_of`."""
         validation_loss = final_loss = None
         spread = None
         model_path = None
@@ -204,9 +206,10 @@ class Evaluation:
         if replicas:
             self.final_params = layouts.model_of(replicas)
             spread = max(float(np.max(np.abs(r[layouts.PARAMS] - self.final_params))) for r in replicas)
-            validation_loss = final_loss = self.evaluate(self.final_params, self.validation_batch)
+            merged = self.hand_back(replicas)
+            validation_loss = final_loss = self.evaluate(merged, self.validation_batch)
             model_step = step
-            self.model.params[:] = self.final_params
+            self.model.params[:] = merged
         # Hand back the best snapshot evaluated when the model trained past it (overfitting, a noisy end), when
         # the final replicas are not finite, or when none survived (every worker diverged or was lost).
         if best is not None and not (final_loss is not None and final_loss <= best.loss):
