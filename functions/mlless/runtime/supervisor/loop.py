@@ -441,9 +441,7 @@ class Supervisor:
         now = time.monotonic()
         collect = self.evaluation.collect_replicas
         finals = collect(keys.final_replica, [r for r in finishing if self.workers[r].state == WorkerState.DONE])
-        # The workers that finished the job: a leaver whose replica no survivor merged in time (its Left came after
-        # the last close) hands it in below, but it left all the same.
-        workers_final = len(finals)
+        workers_final = len(finals)  # a leaver whose Left came after the last close hands its replica in below
         left_at_end = sorted(set(self.scaling.pending_merges)) if reachable else []
         finals += collect(keys.leaver_replica, left_at_end)
         self.scaling.catch_up(finals, collect)
