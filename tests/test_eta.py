@@ -208,3 +208,29 @@ def test_the_progress_line_names_the_limit_its_eta_counts_towards():
 
     assert line(0.42, 65.0, 0.00123, "patience").endswith("  42%  eta 1m05s to patience  -> $0.00123")
     assert line(0.0, None, None, None).endswith("   0%  eta -  -> $-")  # before the pace is known
+
+
+def test_status_json_is_rewritten_at_most_every_write_seconds_but_at_once_with_a_new_evaluation(tmp_path):
+    from mlless.progress import Progress
+    from mlless.runtime.platform import Platform
+    from mlless.runtime.supervisor.status import WRITE_SECONDS, StatusBoard
+    from mlless.spec import from_manifest
+    from mlless.telemetry.metrics import SupervisorMetrics
+
+    now = [0.0]
+    job = from_manifest({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "s"},
+                         "spec": {"model": {"type": "pmf"}, "dataset": {"uri": str(tmp_path)}}})
+    watch = ValidationWatch(job.stop.patience, None, 0, job.stop.min_delta)
+    board = StatusBoard(job, RunRecord(tmp_path), Platform(), SupervisorMetrics.for_job("s", job.pricing),
+                        Progress(enabled=False), watch, clock=lambda: now[0])
+
+    def publish(step: int, validation: float | None, at: float) -> int:
+        now[0] = at
+        board.publish(standing(step, at), 0.001 * step, validation, 2)
+        return json.loads((tmp_path / STATUS_FILE).read_text())["step"]
+
+    assert publish(1, None, 0.0) == 1
+    assert publish(2, None, WRITE_SECONDS / 4) == 1  # too soon
+    assert publish(3, 0.9, WRITE_SECONDS / 2) == 3  # a new evaluation: at once
+    assert publish(4, 0.9, WRITE_SECONDS * 3 / 4) == 3
+    assert publish(5, 0.9, WRITE_SECONDS * 2) == 5

@@ -4,7 +4,8 @@ At every step close the supervisor's status (step, losses, epoch, cost, workers,
 ETA and projected cost) goes to the platform (on Kubernetes, the TrainingJob's `status`, `kubectl get tj`), to
 `status.json` in the run directory, to the Prometheus gauges and to the progress line. `status.json` holds the
 same object the platform is sent, merged as the TrainingJob's status merges the supervisor's patches (a field
-set to nothing is gone); it is rewritten at most every `WRITE_SECONDS` while the job trains, and always at its end.
+set to nothing is gone); it is rewritten at most every `WRITE_SECONDS` while the job trains, at once when a new
+evaluation arrives (a new validation loss, and the projection made from it), and always at its end.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class StatusBoard:
         self.estimator = Estimator(job.stop, job.evaluate_every or 0, clock)
         self.status: dict[str, Any] = {}  # what status.json holds
         self._written = -math.inf
+        self._written_validation: float | None = None
 
     def publish(self, at: Standing, cost_usd: float, validation_loss: float | None, workers: int,
                 end: dict[str, Any] | None = None, completed: bool = False) -> None:
@@ -56,8 +58,9 @@ class StatusBoard:
         self.status.update(fields)
         self.status = {k: v for k, v in self.status.items() if v is not None}
         now = self.clock()
-        if end is not None or now - self._written >= WRITE_SECONDS:
-            self._written = now
+        news = fields["validationLoss"] != self._written_validation
+        if end is not None or news or now - self._written >= WRITE_SECONDS:
+            self._written, self._written_validation = now, fields["validationLoss"]
             self.record.status(self.status)
 
     @staticmethod
