@@ -142,13 +142,13 @@ class Cluster:
     def phase(self, name: str = "ml") -> str | None:
         return ((self.get(TJ, name) or {}).get("status") or {}).get("phase")
 
-    def events(self, name: str = "ml") -> dict[str, str]:
-        """reason -> message of the Events posted about TrainingJob `name` (the newest per reason)."""
+    def events(self, name: str = "ml", kind: str = "TrainingJob") -> dict[str, str]:
+        """reason -> message of the Events posted about the `kind` named `name` (the newest per reason)."""
         found = {}
         for (res, _, _), obj in self.emu.objects.items():
             if res == EVENTS and not obj.deleted:
                 ref = obj.raw.get("involvedObject") or {}
-                if ref.get("kind") == "TrainingJob" and ref.get("name") == name:
+                if ref.get("kind") == kind and ref.get("name") == name:
                     found[obj.raw.get("reason")] = obj.raw.get("message")
         return found
 

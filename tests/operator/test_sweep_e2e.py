@@ -126,3 +126,19 @@ async def test_the_operator_counts_asha_rungs_in_epochs_from_the_trials_status(
         await c.patch_job(ending, {"status": {"step": 1000, "epoch": 10.0, "validationLoss": 2.0}}, "/status")
         await c.until(lambda: row(ending).get("rungLosses") == [2.0] * 4, "the ending trial's rungs")
         assert row(ending)["state"] == "Running" and ending in trials_of(c, name), row(ending)
+        assert "NoOutput" not in c.events(name, kind="TrainingSweep")  # it has spec.output.uri
+
+
+@pytest.mark.asyncio
+@pytest.mark.services
+async def test_a_sweep_without_an_output_uri_is_warned_that_its_trials_records_go_with_them(
+        cluster_factory, movielens_dir, redis_url, amqp_url, tmp_path):
+    name = unique("nowhere")
+    doc = sweep_doc(name, movielens_dir, redis_url, amqp_url, tmp_path / "out")
+    del doc["spec"]["output"]
+    async with cluster_factory() as c, running_operator():
+        code, answer = await c.call("POST", f"/apis/mlless.io/v1alpha1/namespaces/{NS}/trainingsweeps", doc)
+        assert code == 201, answer
+        await c.until(lambda: "NoOutput" in c.events(name, kind="TrainingSweep"), "the NoOutput warning")
+        assert c.events(name, kind="TrainingSweep")["NoOutput"].startswith("spec.output.uri is not set")
+        await c.until(lambda: trials_of(c, name) == {f"{name}-1"}, "its first trial, started all the same")

@@ -22,6 +22,10 @@ from mlless.sweep.status import Trial, best_trial, copy_record, sweep_status
 from mlless_operator.kubeapi import KubeAPI
 
 ASHA_STOP = "stopped by the sweep: ASHA rung {rung}"
+#: Without an output URI a trial's model and record live only in its supervisor pod, which goes with its TrainingJob:
+#: the losers ASHA stops are deleted at once, and the best trial's model is not copied anywhere.
+NO_OUTPUT = ("spec.output.uri is not set: each trial's model and record stay in its supervisor pod and go with its "
+             "TrainingJob (a trial ASHA stops is deleted at once), and the best model is not copied")
 
 
 def _sweep(body: Mapping[str, Any]) -> Sweep:
@@ -86,6 +90,8 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await write({"phase": "Failed", "message": str(exc)})
         kopf.warn(dict(body), reason="InvalidSpec", message=str(exc))
         return
+    if not status.get("trials") and not sweep.output_uri:  # the first pass
+        kopf.warn(dict(body), reason="NoOutput", message=NO_OUTPUT)
     trials = ([Trial.from_status(row) for row in status["trials"]] if status.get("trials")
               else [Trial(sweep.trial_name(i), values) for i, values in enumerate(sweep.assignments())])
     rule = sweep.early_stopping
