@@ -28,6 +28,7 @@ import kmock
 import kopf
 
 import mlless_operator.main
+from mlless.contract import KIND
 
 from kmock_emulator import Emulator  # tests/operator/ is on sys.path (rootdir-relative test modules)
 from kubelet import Kubelet, PodRuntime
@@ -142,7 +143,7 @@ class Cluster:
     def phase(self, name: str = "ml") -> str | None:
         return ((self.get(TJ, name) or {}).get("status") or {}).get("phase")
 
-    def events(self, name: str = "ml", kind: str = "TrainingJob") -> dict[str, str]:
+    def events(self, name: str = "ml", kind: str = KIND) -> dict[str, str]:
         """reason -> message of the Events posted about the `kind` named `name` (the newest per reason)."""
         found = {}
         for (res, _, _), obj in self.emu.objects.items():

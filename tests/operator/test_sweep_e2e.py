@@ -10,7 +10,8 @@ from typing import Any
 import kmock
 import pytest
 
-from mlless.contract import LABEL_SWEEP
+from mlless.contract import LABEL_SWEEP, SWEEP_KIND
+from mlless_operator.handlers.sweep import NO_OUTPUT
 from scenario import NS, TJ, launched, running_operator, training_job, unique
 
 SWEEPS = kmock.resource("mlless.io/v1alpha1/trainingsweeps")
@@ -126,7 +127,7 @@ async def test_the_operator_counts_asha_rungs_in_epochs_from_the_trials_status(
         await c.patch_job(ending, {"status": {"step": 1000, "epoch": 10.0, "validationLoss": 2.0}}, "/status")
         await c.until(lambda: row(ending).get("rungLosses") == [2.0] * 4, "the ending trial's rungs")
         assert row(ending)["state"] == "Running" and ending in trials_of(c, name), row(ending)
-        assert "NoOutput" not in c.events(name, kind="TrainingSweep")  # it has spec.output.uri
+        assert "NoOutput" not in c.events(name, kind=SWEEP_KIND)  # it has spec.output.uri
 
 
 @pytest.mark.asyncio
@@ -139,6 +140,6 @@ async def test_a_sweep_without_an_output_uri_is_warned_that_its_trials_records_g
     async with cluster_factory() as c, running_operator():
         code, answer = await c.call("POST", f"/apis/mlless.io/v1alpha1/namespaces/{NS}/trainingsweeps", doc)
         assert code == 201, answer
-        await c.until(lambda: "NoOutput" in c.events(name, kind="TrainingSweep"), "the NoOutput warning")
-        assert c.events(name, kind="TrainingSweep")["NoOutput"].startswith("spec.output.uri is not set")
+        await c.until(lambda: "NoOutput" in c.events(name, kind=SWEEP_KIND), "the NoOutput warning")
+        assert c.events(name, kind=SWEEP_KIND)["NoOutput"] == NO_OUTPUT
         await c.until(lambda: trials_of(c, name) == {f"{name}-1"}, "its first trial, started all the same")

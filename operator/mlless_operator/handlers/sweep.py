@@ -90,10 +90,12 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await write({"phase": "Failed", "message": str(exc)})
         kopf.warn(dict(body), reason="InvalidSpec", message=str(exc))
         return
-    if not status.get("trials") and not sweep.output_uri:  # the first pass
-        kopf.warn(dict(body), reason="NoOutput", message=NO_OUTPUT)
-    trials = ([Trial.from_status(row) for row in status["trials"]] if status.get("trials")
-              else [Trial(sweep.trial_name(i), values) for i, values in enumerate(sweep.assignments())])
+    if status.get("trials"):
+        trials = [Trial.from_status(row) for row in status["trials"]]
+    else:  # the first pass
+        if not sweep.output_uri:
+            kopf.warn(dict(body), reason="NoOutput", message=NO_OUTPUT)
+        trials = [Trial(sweep.trial_name(i), values) for i, values in enumerate(sweep.assignments())]
     rule = sweep.early_stopping
     ending: set[str] = set()  # trials seen at their own limit (maxSteps or maxEpochs, as ASHA counts)
     for trial in trials:
