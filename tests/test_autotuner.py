@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlless.autotuner.curves import CurveFitError, fit_reference, fit_slow
+from mlless.autotuner.curves import CurveFitError, _nnls, fit_reference, fit_slow
 from mlless.autotuner.knee import kneedle, make_knee_detector
 from mlless.autotuner.tuner import AutoTuner, Decision
 from mlless.autotuner.durations import robust_step_duration
@@ -288,6 +288,21 @@ def test_fits_recover_noise_free_parameters_and_are_fast():
     slow = fit_slow(t, q)
     assert np.max(np.abs(slow(t) - q) / q) < 1e-4
     assert elapsed < 0.5  # generous for a loaded CI box; typically ~10-30 ms
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_two_column_nnls_finds_scipy_s_optimum(seed):
+    from scipy.optimize import nnls
+    rng = np.random.default_rng(seed)
+    for k in range(500):
+        a = rng.normal(size=(int(rng.integers(2, 30)), 2))
+        a = np.abs(a) if k % 3 == 0 else a  # the fits' bases are positive; the rest reach every face of c >= 0
+        if k % 7 == 0:
+            a[:, 1] = 2.0 * a[:, 0]  # collinear columns
+        b = rng.normal(size=a.shape[0]) * 10.0 ** int(rng.integers(-2, 3))
+        ours, theirs = _nnls(a, b), nnls(a, b)[0]
+        assert np.all(ours >= 0)
+        assert np.linalg.norm(a @ ours - b) <= np.linalg.norm(a @ theirs - b) + 1e-9 * np.linalg.norm(b)
 
 
 @pytest.mark.parametrize("steps,losses", [([1, 2, 3], [1.0, 0.9, 0.8]), ([1, 2, 3, 4], [0.5] * 4),

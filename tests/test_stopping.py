@@ -46,6 +46,21 @@ def test_best_snapshot_is_kept_and_copied():
     np.testing.assert_array_equal(watch.best.params, 2)
 
 
+def test_a_future_of_the_watch_goes_on_from_its_state_and_leaves_it_as_it_was():
+    losses = [1.0, 0.9, 0.8, 0.7, 0.75, 0.8]
+    watch = ValidationWatch(patience=3, target_loss=0.72, target_steps=10, min_delta=0.01)
+    feed(watch, losses)
+    before = (watch.evaluations.copy(), watch.stale, watch.smoothed.value, watch.best, watch.below_since)
+    future = watch.future()
+    feed(future, [0.85, 0.9, 0.95])  # the evaluations the ETA projects
+    assert (watch.evaluations, watch.stale, watch.smoothed.value, watch.best, watch.below_since) == before
+    whole = ValidationWatch(patience=3, target_loss=0.72, target_steps=10, min_delta=0.01)
+    feed(whole, losses + [0.85, 0.9, 0.95])
+    assert (future.stale, future.smoothed.value, future.patience_exhausted()) == (
+        whole.stale, whole.smoothed.value, whole.patience_exhausted())
+    assert future.evaluations == [(10, 0.85), (20, 0.9), (30, 0.95)]
+
+
 @pytest.mark.parametrize("patience", [1, 3])
 def test_patience_counts_evaluations_without_smoothed_improvement(patience):
     losses = [1.0, 0.9, 0.8, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0]

@@ -59,19 +59,30 @@ class OnlineEwma:
 class RecentEwma:
     """Causal, bias-corrected EWMA of the newest `window` values only (default: `span` of them); older ones drop out."""
 
+    __slots__ = ("_weights", "_sums", "_recent", "value")
+
     def __init__(self, span: float, window: int | None = None) -> None:
         window = int(span) if window is None else window
         if window < 1:
             raise ValueError(f"EWMA window must be >= 1, got {window}")
-        self._weights = (1.0 - alpha_from_span(span)) ** np.arange(window)
+        # Plain floats, not arrays: the window is a few values, and the ETA replays thousands of updates a fit
+        # (runtime/supervisor/forecast.py), where numpy's per-call cost was most of an update's.
+        self._weights = tuple(float(w) for w in (1.0 - alpha_from_span(span)) ** np.arange(window))
+        self._sums = tuple(float(s) for s in np.cumsum(self._weights))
         self._recent: collections.deque[float] = collections.deque(maxlen=window)  # newest first
         self.value: float | None = None
 
     def update(self, x: float) -> float:
         self._recent.appendleft(float(x))
-        w = self._weights[: len(self._recent)]
-        self.value = float(np.dot(w, self._recent) / w.sum())
+        self.value = sum(w * v for w, v in zip(self._weights, self._recent)) / self._sums[len(self._recent) - 1]
         return self.value
+
+    def copy(self) -> RecentEwma:
+        """An independent copy of the window as it stands."""
+        twin = RecentEwma.__new__(RecentEwma)
+        twin._weights, twin._sums, twin.value = self._weights, self._sums, self.value
+        twin._recent = self._recent.copy()
+        return twin
 
 
 def ewma(x: ArrayLike, span: float) -> NDArray[np.float64]:

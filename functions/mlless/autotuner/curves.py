@@ -12,9 +12,10 @@ Numerics (why the fits live in normalised coordinates): with raw steps t ~ 10³ 
 the quadratic is ~10⁻⁷ and underflows the solver's tolerances. We fit in τ = t/t_scale (t_scale = the last
 step of the window, so τ ∈ (0, 1]) and y = loss/y_scale (y_scale = the mean loss of the window), where every
 θ is O(1). Initial guesses come from variable projection: for a fixed asymptote θ3 (and exponent θ1),
-1/(y − θ3) is *linear* in the remaining θ, so a bounded 1-D search over θ3 with a scipy NNLS solve inside
+1/(y − θ3) is *linear* in the remaining θ, so a bounded 1-D search over θ3 with an NNLS solve inside (`_nnls`)
 (over a small grid of θ1 for L_P) lands in the right valley; a short bounded refinement (``least_squares``,
-trust-region reflective, analytic Jacobian) polishes it. Typical cost: 10–40 ms per fit on a loaded 2-core box.
+trust-region reflective, analytic Jacobian) polishes it. A reference fit to 8-25 points took 4-5 ms on an idle
+2-core machine, and several times that beside a running job's workers (benchmarks/projection_cost.py).
 """
 
 from __future__ import annotations
@@ -137,6 +138,28 @@ def _weights(n: int) -> NDArray[np.float64]:
     return w / w.mean()
 
 
+def _nnls(a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.float64]:
+    """argmin ‖a·c − b‖ over c ≥ 0. Two columns (every start of the reference curve, a hundred solves a fit) are
+    solved in closed form: the unconstrained solution if it is non-negative, else the better of the two one-column
+    ones (the optimum of a convex problem on two variables lies on one axis when not inside); that halved the
+    profile's cost against scipy's general solver, whose call was most of it."""
+    if a.shape[1] != 2:
+        return _optimize().nnls(a, b)[0]
+    (g11, g12), (_, g22) = (a.T @ a).tolist()
+    r1, r2 = (a.T @ b).tolist()
+    det = g11 * g22 - g12 * g12
+    if det > 1e-12 * g11 * g22:
+        c1, c2 = (g22 * r1 - g12 * r2) / det, (g11 * r2 - g12 * r1) / det
+        if c1 >= 0.0 and c2 >= 0.0:
+            return np.array([c1, c2])
+    # On an axis, c = r/g clamped at 0 leaves ‖b‖² − r²/g: the larger r²/g (with r > 0) is the better axis.
+    gain1 = r1 * r1 / g11 if r1 > 0.0 and g11 > 0.0 else 0.0
+    gain2 = r2 * r2 / g22 if r2 > 0.0 and g22 > 0.0 else 0.0
+    if gain1 >= gain2:
+        return np.array([r1 / g11 if gain1 > 0.0 else 0.0, 0.0])
+    return np.array([0.0, r2 / g22])
+
+
 def _linear_start(basis: NDArray[np.float64], yn: NDArray[np.float64], w: NDArray[np.float64],
                   d: float) -> tuple[NDArray[np.float64], float] | None:
     """For a fixed asymptote d, solve 1/(y−d) ≈ basis·c with c ≥ 0 (NNLS); return (c, model residual)."""
@@ -146,7 +169,7 @@ def _linear_start(basis: NDArray[np.float64], yn: NDArray[np.float64], w: NDArra
     target = 1.0 / gap
     # Weight so that errors in y, not in 1/(y-d), are balanced: δ(1/g) ≈ δg/g².
     rw = w * gap * gap
-    coef, _ = _optimize().nnls(basis * rw[:, None], target * rw)
+    coef = _nnls(basis * rw[:, None], target * rw)
     den = basis @ coef
     if np.any(den <= _TINY):
         return None

@@ -7,7 +7,8 @@ at the pace the bill grows, and the target loss or patience where `forecast.proj
 the validation curve. The nearest limit, the one with the least time left, is the one that will end the job:
 `progress` is its fraction, `etaSeconds` its time left, and `projectedCostUSD` the cost so far plus the bill's
 pace over that time. The curve is fitted again only when an evaluation came since, and at most `REFIT_SHARE` of
-the supervisor's time goes to fits (a fit takes 10-40 ms of its loop, autotuner/curves.py).
+the supervisor's time goes to fits (a projection took 6-26 ms of its loop in the default
+jobs of benchmarks/projection_cost.py on 2 cores).
 """
 from __future__ import annotations
 

@@ -32,7 +32,6 @@ next; 31 steady it, and the fits stay within the supervisor's `eta.REFIT_SHARE` 
 """
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -118,7 +117,7 @@ def median_future(watch: ValidationWatch, trend: Callable[[np.ndarray], np.ndarr
     ahead = first + evaluate_every * np.arange(1, int((last - first) // evaluate_every) + 1, dtype=np.float64)
     smooth = np.asarray(trend(ahead), dtype=np.float64) if ahead.size else ahead
     rng = np.random.default_rng(seed)
-    stops = sorted(_replay(copy.deepcopy(watch), first, ahead, smooth + rng.normal(0.0, noise, smooth.size),
+    stops = sorted(_replay(watch.future(), first, ahead, smooth + rng.normal(0.0, noise, smooth.size),
                            evaluate_every, last) for _ in range(futures if noise > 0 else 1))
     return stops[len(stops) // 2]
 
