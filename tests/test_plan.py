@@ -125,10 +125,11 @@ def test_a_deadline_picks_the_cheapest_count_that_meets_it_and_a_budget_the_fast
     result = _plan(recorded, budget=budget)
     within = [p for p in preds if p["cost_usd"] <= budget]
     assert result["choice"]["workers"] == min(within, key=lambda p: p["seconds"])["workers"]
-    with pytest.raises(PlanError, match="deadline"):
-        _plan(recorded, deadline=min(p["seconds"] for p in preds) / 2)
-    with pytest.raises(PlanError, match="budget"):
-        _plan(recorded, budget=min(p["cost_usd"] for p in preds) / 2)
+    unmet = ({"deadline": min(p["seconds"] for p in preds) / 2}, {"budget": min(p["cost_usd"] for p in preds) / 2})
+    for constraint in unmet:
+        result = _plan(recorded, **constraint)
+        assert result["choice"]["workers"] is None and result["predictions"] == preds
+        assert result["choice"]["why"].startswith("no worker count in P = 1-4"), result["choice"]
 
 
 @pytest.mark.slow
@@ -145,6 +146,13 @@ def test_the_cli_plans_from_run_directories_as_text_and_as_json(recorded, capsys
     assert lines[1].split()[:2] == ["P", "time"] and len([ln for ln in lines if ln.strip()[:1].isdigit()]) == 4
     cheapest = min(out["predictions"], key=lambda p: p["cost_usd"])["workers"]
     assert lines[-1].startswith(f"P = {cheapest}: the cheapest")
+    # A deadline no P meets: the table still, its last line says so, and the exit code is not 0.
+    assert mlless_main(args + ["--deadline", "0.001"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len([ln for ln in lines if ln.strip()[:1].isdigit()]) == 4
+    assert lines[-1].startswith("no worker count in P = 1-4 meets the 0.001 s deadline: the fastest")
+    assert mlless_main(args + ["--deadline", "0.001", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["choice"]["workers"] is None
 
 
 def _one_line_error(capsys, argv: list[str], *needles: str) -> None:
@@ -164,7 +172,6 @@ def test_bad_input_gets_one_line(recorded, tmp_path, capsys, movielens_dir):
     base = ["plan", str(job), "--workers", "1-3"]
     _one_line_error(capsys, base + ["--from", str(broken)], str(broken), "metrics.jsonl")
     _one_line_error(capsys, base + ["--from", str(tmp_path / "nowhere")], "no such run directory")
-    _one_line_error(capsys, base + ["--from", str(runs[1]), "--deadline", "0.001"], "deadline", "the fastest")
     _one_line_error(capsys, base + ["--from", str(runs[1]), "--budget", "-1"], "--budget")
     _one_line_error(capsys, ["plan", str(job), "--workers", "3-1", "--from", str(runs[1])], "empty range")
     other = write_job(tmp_path / "pmf.yaml", movielens_dir, "pmf")
@@ -280,14 +287,16 @@ def test_past_a_short_run_its_newest_steps_set_the_pace(recorded):
     assert run.step_through(3 * run.samples, run.evaluate_every) == pytest.approx(here - 2 / 3 * 0.003)
 
 
-def test_choose_refuses_an_unreachable_deadline_in_one_line():
+def test_choose_says_in_one_line_that_no_p_meets_an_unreachable_deadline():
     from mlless.planning.model import Prediction
 
     preds = [Prediction(P, 10.0 / P + P, 0.001 * P, None, 1, 1, 1, 1, "path", "loss rule", False) for P in (1, 2, 3)]
     pick, why = choose(preds, deadline=8.0, budget=None)
     assert pick.workers == 2 and why.startswith("P = 2")  # 7 s at $0.002; P = 3 takes 6.3 s at $0.003
-    with pytest.raises(PlanError, match=r"fastest, P = 3, is predicted to take 6\.3 s"):
-        choose(preds, deadline=5.0, budget=None)
+    pick, why = choose(preds, deadline=5.0, budget=None)
+    assert pick is None and why.endswith("the fastest, P = 3, is predicted to take 6.3 s"), why
+    pick, why = choose(preds, deadline=None, budget=0.0005)
+    assert pick is None and why.endswith("the cheapest, P = 1, is predicted to cost $0.00100"), why
 
 
 @pytest.mark.slow

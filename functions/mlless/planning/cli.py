@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from mlless.contract import EXIT_USAGE, shard_urls
+from mlless.contract import EXIT_FAILED, EXIT_USAGE, shard_urls
 from mlless.planning.model import Fit, Link, Prediction, choose, fit, predict
 from mlless.planning.runs import PlanError, RunMeasure, measure
 from mlless.plugins import load_plugins
@@ -115,13 +115,14 @@ def table(predictions: list[Prediction]) -> str:
 
 def plan(job: TrainingJob, runs: list[RunMeasure], counts: list[int], link: Link, cores: int,
          deadline: float | None, budget: float | None) -> dict[str, Any]:
-    """The fit, the predictions and the choice, as `--json` prints them (PlanError on bad input)."""
+    """The fit, the predictions and the choice, as `--json` prints them (PlanError on bad input); the choice's
+    workers are None when no P meets the deadline or the budget."""
     model: Fit = fit(job, runs, link, cores)
     predictions = [predict(model, job, P) for P in counts]
     choice = None
     if deadline is not None or budget is not None:
         pick, why = choose(predictions, deadline, budget)
-        choice = {"workers": pick.workers, "why": why}
+        choice = {"workers": None if pick is None else pick.workers, "why": why}
     return {"job": job.name, "runs": [str(r.run_dir) for r in runs], "fit": model.as_dict(), "notes": model.notes,
             "predictions": [dataclasses.asdict(p) for p in predictions], "choice": choice}
 
@@ -157,9 +158,12 @@ def _run(args: argparse.Namespace, services: ServiceUrls) -> int:
         print(f"pilot runs in {out} (plan from them again with --from)", file=sys.stderr)
     runs = [measure(d) for d in dirs]
     result = plan(job, runs, counts, measure_link(redis_url), args.cores, args.deadline, args.budget)
+    # No P that meets the deadline or the budget is an answer, not bad input: the table still shows how near each
+    # comes, and the exit code tells a script there is no pick.
+    status = EXIT_FAILED if result["choice"] and result["choice"]["workers"] is None else 0
     if args.json:
         print(json.dumps(result, indent=2, allow_nan=False))
-        return 0
+        return status
     print(f"{job.name}: predicted by worker count, fitted on {len(runs)} run(s) "
           f"({', '.join(str(d) for d in dirs)}); {result['fit']['link']}, {args.cores} cores")
     print(table([Prediction(**p) for p in result["predictions"]]))
@@ -167,7 +171,7 @@ def _run(args: argparse.Namespace, services: ServiceUrls) -> int:
         print(f"note: {note}")
     if result["choice"]:
         print(result["choice"]["why"])
-    return 0
+    return status
 
 
 def add_parser(sub: argparse._SubParsersAction, service_args: Callable[[argparse.ArgumentParser], None],
@@ -181,7 +185,8 @@ def add_parser(sub: argparse._SubParsersAction, service_args: Callable[[argparse
         "measured latency and bandwidth; samples until its stop rule fires, from the loss curve) on earlier runs "
         "of it (--from) or on short pilot runs started here, and print by worker count the predicted time to stop, "
         "cost at the job's spec.pricing and Perf/$ = 1/(seconds x dollars). With --deadline it picks the cheapest "
-        "P that meets it; with --budget, the fastest P within it. See docs/user-guide.md#planning-mlless-plan.",
+        "P that meets it; with --budget, the fastest P within it; when none does, it says which comes nearest and "
+        "exits 1. See docs/user-guide.md#planning-mlless-plan.",
     )
     p.add_argument("job", metavar="JOB.yaml", help="TrainingJob manifest to plan")
     p.add_argument("--workers", required=True, metavar="RANGE",

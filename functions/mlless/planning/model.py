@@ -293,9 +293,10 @@ def predict(model: Fit, job: TrainingJob, P: int) -> Prediction:
                       measured=P in model.local)
 
 
-def choose(predictions: Sequence[Prediction], deadline: float | None, budget: float | None) -> tuple[Prediction, str]:
+def choose(predictions: Sequence[Prediction], deadline: float | None,
+           budget: float | None) -> tuple[Prediction | None, str]:
     """The P to run, and why in one line: the cheapest within the deadline (and budget), or the fastest within the
-    budget. PlanError when no P meets them."""
+    budget; None when no P meets them, and the line says which comes nearest."""
     span = f"P = {predictions[0].workers}-{predictions[-1].workers}"
     ok = [p for p in predictions if (deadline is None or p.seconds <= deadline)
           and (budget is None or p.cost_usd <= budget)]
@@ -303,12 +304,12 @@ def choose(predictions: Sequence[Prediction], deadline: float | None, budget: fl
         fastest = min(predictions, key=lambda p: p.seconds)
         cheapest = min(predictions, key=lambda p: p.cost_usd)
         if deadline is not None and fastest.seconds > deadline:
-            raise PlanError(f"no worker count in {span} meets the {deadline:g} s deadline: the fastest, "
-                            f"P = {fastest.workers}, is predicted to take {fastest.seconds:.1f} s")
+            return None, (f"no worker count in {span} meets the {deadline:g} s deadline: the fastest, "
+                           f"P = {fastest.workers}, is predicted to take {fastest.seconds:.1f} s")
         if budget is not None and cheapest.cost_usd > budget:
-            raise PlanError(f"no worker count in {span} stays within the ${budget:g} budget: the cheapest, "
-                            f"P = {cheapest.workers}, is predicted to cost ${cheapest.cost_usd:.5f}")
-        raise PlanError(f"no worker count in {span} meets both the {deadline:g} s deadline and the ${budget:g} budget")
+            return None, (f"no worker count in {span} stays within the ${budget:g} budget: the cheapest, "
+                           f"P = {cheapest.workers}, is predicted to cost ${cheapest.cost_usd:.5f}")
+        return None, f"no worker count in {span} meets both the {deadline:g} s deadline and the ${budget:g} budget"
     if deadline is not None:
         pick = min(ok, key=lambda p: (p.cost_usd, p.seconds))
         why = (f"P = {pick.workers}: the cheapest worker count predicted to stop within {deadline:g} s"
