@@ -10,8 +10,8 @@ Per data set (`time_to_quality.py`'s quick sets, prepared under --data-dir on fi
    median over the seeds, and their range is shown beside it;
 2. `mlless plan --from` the first seed's P = 1 and P = 2 runs: P = 1 and 2 are in sample (σ, κ, start-up and the
    samples to the stop come from them), P = 3 is out of sample;
-3. `mlless plan` with its default pilot (3 epochs at P = 1 and 2, evaluated about 15 times, at most every 4 steps):
-   every P is a prediction from the pilot's loss curve, the stop rule replayed on the fitted curve.
+3. `mlless plan` with its default pilot (the job itself at P = 1 and 2, cut at 10 s): a pilot that stops on its own
+   rule within the cut gives that P's stop as measured; past the cut, the stop rule is replayed on the fitted curve.
 
 Error = predicted / measured − 1, measured being the median over the seeds. Results go to benchmarks/RESULTS.md (section `planner`) with --write.
 """

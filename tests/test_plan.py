@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from mlless.cli import main as mlless_main
-from mlless.planning.cli import PILOT_EVALUATIONS, PILOT_MIN_EVERY, plan, worker_counts
+from mlless.planning.cli import PILOT_SECONDS, plan, worker_counts
 from mlless.planning.model import FAR_EXTRAPOLATION, Link, _extrapolation_note, choose
 from mlless.planning.runs import PlanError, measure
 from mlless.planning.stoprule import REFERENCE_POINTS, replay, samples_when_stop_fires
@@ -301,18 +301,25 @@ def test_choose_says_in_one_line_that_no_p_meets_an_unreachable_deadline():
 
 @pytest.mark.slow
 def test_without_runs_the_cli_runs_a_pilot_and_plans_from_it(recorded, tmp_path, capsys):
-    job, _ = recorded
+    job, runs = recorded
+    # The default pilot is the job itself, cut at PILOT_SECONDS: this one, a few seconds long, ends where its runs
+    # did (on patience, or at its 8 epochs), and its stop is measured, not extrapolated.
     out = tmp_path / "pilots"
-    assert mlless_main(["plan", str(job), "--workers", "1-3", "--pilot-epochs", "2", "--out", str(out), "--json"]) == 0
+    assert mlless_main(["plan", str(job), "--workers", "1-3", "--out", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["runs"] == [str(out / "pilot-p1"), str(out / "pilot-p2")]
-    for d in result["runs"]:  # real runs of the job, cut to the pilot's length
+    for P, d in zip((1, 2), result["runs"]):
+        ran = TrainingJob.from_json((Path(d) / "job.json").read_text())
+        assert ran.stop.max_seconds == PILOT_SECONDS and ran.stop.patience == 3 and ran.evaluate_every == 5
+        assert not ran.autoscaler.enabled
+        summary, whole = (json.loads((r / "summary.json").read_text()) for r in (Path(d), runs[P]))
+        assert summary["stop_reason"] == whole["stop_reason"] != "max seconds", (summary, whole)
+    assert [p["measured"] for p in result["predictions"]] == [True, True, False]
+    # --pilot-epochs cuts it shorter: real runs of the job, at its own evaluations, to that length.
+    out = tmp_path / "short"
+    assert mlless_main(["plan", str(job), "--workers", "1-3", "--pilot-epochs", "2", "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for d in result["runs"]:
         summary = json.loads((Path(d) / "summary.json").read_text())
         assert summary["stop_reason"] == "max epochs" and summary["epochs"] == pytest.approx(2, abs=0.1)
-        # About 15 evaluations, but never so often that no step is free of one: the P = 2 pilot's 36 steps would
-        # have them every 2 steps.
-        every = TrainingJob.from_json((Path(d) / "job.json").read_text()).evaluate_every
-        assert every == max(PILOT_MIN_EVERY, summary["steps"] // PILOT_EVALUATIONS)
-    assert summary["steps"] // PILOT_EVALUATIONS < PILOT_MIN_EVERY
-    assert [p["measured"] for p in result["predictions"]] == [True, True, False]
     assert all(math.isfinite(p["seconds"]) and p["seconds"] > 0 for p in result["predictions"])

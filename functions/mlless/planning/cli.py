@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import re
 import statistics
@@ -24,16 +25,13 @@ from mlless.plugins import load_plugins
 from mlless.progress import Progress
 from mlless.spec import TrainingJob, load_manifest
 
-#: The default pilot: these worker counts, this many epochs each, evaluated about PILOT_EVALUATIONS times (enough
-#: for the reference curve's fit, `planning.stoprule.REFERENCE_POINTS`, when the evaluations' time share allows).
+#: The default pilot: these worker counts, each run as the job itself (its evaluations and stop rules, the
+#: auto-tuner off) for at most PILOT_SECONDS: a job that ends sooner is measured whole, its stop the job's own. Pilots
+#: of 3 epochs evaluated about 15 times (sessions 10-16) saw the MovieLens sample's validation loss still falling,
+#: and no fitted curve shows where it turns up: they put its patience stop at 18.4 epochs where the job stops at
+#: 6.8, 23-78 % late in time (benchmarks/RESULTS.md, "The planner against measured runs").
 PILOT_WORKERS = "1,2"
-PILOT_EPOCHS = 3.0
-PILOT_EVALUATIONS = 15
-#: ... but no more often than this: the step that brings an evaluation and the one after it are slower
-#: (`planning.runs`), and the pilot's step is read on the others. Evaluating every 2 steps, no step is free of them,
-#: and a 3-epoch clicks pilot at P = 2 stepped 13.6 ms against 10.0 every 6 steps (benchmarks/RESULTS.md, "The
-#: planner against measured runs", session 15).
-PILOT_MIN_EVERY = 4
+PILOT_SECONDS = 10.0
 #: The CLI's reader of --redis-url/--amqp-url (and $REDIS_URL/$AMQP_URL): (redis, amqp), both or neither.
 ServiceUrls = Callable[[argparse.Namespace], tuple[str | None, str | None]]
 #: Redis round trips and bytes the link measurement takes.
@@ -79,21 +77,24 @@ def measure_link(redis_url: str | None) -> Link:
     return Link(statistics.median(rtts), 2 * PROBE_BYTES / elapsed, f"Redis at {redis_url.split('@')[-1]}")
 
 
-def pilot(job_path: str, workers: list[int], epochs: float, out: Path, services: Any) -> list[Path]:
-    """Run the job for `epochs` at each of `workers`, evaluated about PILOT_EVALUATIONS times, the auto-tuner and
-    its loss rules off (a length limit turns patience off): what it would do next is the model's to say."""
-    from mlless.data.dataset import Dataset
+def pilot(job_path: str, workers: list[int], seconds: float, epochs: float | None, out: Path,
+          services: Any) -> list[Path]:
+    """Run the job at each of `workers` with the auto-tuner off, cut at `seconds` (and `epochs`, if given) unless
+    its own limits or loss rules end it sooner; what it would do past the cut is the model's to say."""
     from mlless.runtime.local import train_local
 
     dirs = []
     for P in workers:
-        job = load_manifest(job_path, {"workers": P})
-        steps = epochs * Dataset.open(job.dataset_uri).n_batches / P
-        job = load_manifest(job_path, {"workers": P, "stop": {"maxEpochs": epochs}, "autoscaler": {"enabled": False},
-                                       "evaluation": {"everySteps": max(PILOT_MIN_EVERY,
-                                                                        int(steps // PILOT_EVALUATIONS))}})
+        job = load_manifest(job_path, {"workers": P, "autoscaler": {"enabled": False}})
+        # Cut the resolved rules, not the manifest's: a limit written into the manifest would turn the default
+        # patience off (`spec.job.from_manifest`), and the pilot would no longer stop where the job does.
+        stop = dataclasses.replace(job.stop, max_seconds=min(seconds, job.stop.max_seconds or math.inf))
+        if epochs is not None:
+            stop = dataclasses.replace(stop, max_epochs=min(epochs, stop.max_epochs or math.inf))
+        job = dataclasses.replace(job, stop=stop)
         run_dir = out / f"pilot-p{P}"
-        print(f"pilot: {job.name} at P = {P} for {epochs:g} epochs -> {run_dir}", file=sys.stderr, flush=True)
+        cut = f"{seconds:g} s" + ("" if epochs is None else f" or {epochs:g} epochs")
+        print(f"pilot: {job.name} at P = {P}, at most {cut} -> {run_dir}", file=sys.stderr, flush=True)
         train_local(job, run_dir, services, Progress(enabled=False))
         dirs.append(run_dir)
     return dirs
@@ -146,6 +147,7 @@ def _run(args: argparse.Namespace, services: ServiceUrls) -> int:
     counts = worker_counts(args.workers)
     _positive("--deadline", args.deadline)
     _positive("--budget", args.budget)
+    _positive("--pilot-seconds", args.pilot_seconds)
     _positive("--pilot-epochs", args.pilot_epochs)
     load_plugins()
     job = load_manifest(args.job)
@@ -153,7 +155,7 @@ def _run(args: argparse.Namespace, services: ServiceUrls) -> int:
     dirs = [Path(d) for d in args.from_runs or []]
     if not dirs:
         out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="mlless-plan-"))
-        dirs = pilot(args.job, worker_counts(args.pilot_workers), args.pilot_epochs, out,
+        dirs = pilot(args.job, worker_counts(args.pilot_workers), args.pilot_seconds, args.pilot_epochs, out,
                      Services(redis_url, amqp_url))
         print(f"pilot runs in {out} (plan from them again with --from)", file=sys.stderr)
     runs = [measure(d) for d in dirs]
@@ -198,10 +200,10 @@ def add_parser(sub: argparse._SubParsersAction, service_args: Callable[[argparse
                         "curve's scaling); without it, pilot runs are started")
     p.add_argument("--pilot-workers", default=PILOT_WORKERS, metavar="LIST",
                    help=f"worker counts of the pilot runs (default {PILOT_WORKERS})")
-    p.add_argument("--pilot-epochs", type=float, default=PILOT_EPOCHS, metavar="E",
-                   help=f"length of each pilot run (default {PILOT_EPOCHS:g}); it evaluates about "
-                        f"{PILOT_EVALUATIONS} times whatever the job's evaluation.everySteps, at most every "
-                        f"{PILOT_MIN_EVERY} steps (PMF: once a round), so fewer on small data)")
+    p.add_argument("--pilot-seconds", type=float, default=PILOT_SECONDS, metavar="S",
+                   help=f"each pilot run is the job itself, cut at S seconds (default {PILOT_SECONDS:g}): a job that "
+                        "stops sooner is measured whole")
+    p.add_argument("--pilot-epochs", type=float, metavar="E", help="also cut each pilot run at E epochs")
     p.add_argument("--out", metavar="DIR", help="where the pilot runs go (default: a new temporary directory)")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="cores the job's processes share, for the CPU roofline (default: this machine's, %(default)s)")

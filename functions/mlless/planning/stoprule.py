@@ -2,8 +2,8 @@
 
 The loss-based rules (`spec.stop.targetLoss`, `patience` with `minDelta`) are `ValidationWatch`'s
 (`runtime/supervisor/stopping.py`), run here on evaluations instead of a live job, so the planner and the
-supervisor cannot disagree on what the rule means. A pilot run is too short for its rule to fire: the validation
-curve it recorded is fitted with the auto-tuner's reference curve (`autotuner/curves.py`, L(t) = 1/(θ0·t^θ1 + θ2)
+supervisor cannot disagree on what the rule means. Where a run ended before its rule fired (a pilot cut at its
+time, a run with a shorter limit), the validation curve it recorded is fitted with the auto-tuner's reference curve (`autotuner/curves.py`, L(t) = 1/(θ0·t^θ1 + θ2)
 + θ3, here with t in samples) and the rule replayed on the curve at the job's evaluation cadence, with the run's
 own evaluation noise added (the residuals' standard deviation around the fit, NOISE_DRAWS seeded draws, the
 median of where it fires): on a real run patience fires once the curve improves by less than that noise an
