@@ -24,6 +24,7 @@ from mlless.runtime.local import Services, new_job_id, train_local
 from mlless.progress import Progress
 from mlless.runtime.supervisor.stopping import smoothed_losses
 from mlless.runtime.supervisor.loop import Supervisor
+from mlless.runtime.supervisor.membership import WorkerState
 from mlless.runtime.sync import sync_strategy
 from mlless.spec import TrainingJob, from_manifest
 from mlless.transport import connect
@@ -240,6 +241,22 @@ def test_cli_rejects_invalid_manifest_naming_the_field(movielens_dir, tmp_path):
     assert b"spec.sync.protocol" in err and b"Traceback" not in err
 
 
+def test_a_ctrl_c_during_the_command_s_imports_ends_in_one_line(monkeypatch, capsys):
+    import builtins
+    from mlless.__main__ import run
+
+    imported = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name == "mlless.cli":
+            raise KeyboardInterrupt  # as a Ctrl-C lands while `mlless` imports its parts
+        return imported(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    assert run() == 130
+    assert capsys.readouterr().err == "mlless: interrupted\n"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_interrupt_stops_cleanly_and_deletes_keys(movielens_dir, tmp_path, redis_url, amqp_url, sig):
     job_file = tmp_path / "job.yaml"
@@ -397,3 +414,22 @@ def test_an_unexpected_supervisor_error_still_ends_the_job_cleanly(movielens_dir
     assert (tmp_path / "model.npz").exists() and summary["validation_loss"] is not None
     assert _failed(summary)  # `mlless train` exits 1
     assert job_keys(redis_url, summary["job_id"]) == []
+
+
+class InterruptedAsItsWorkersStart(Supervisor):
+    """Ctrl-C once the workers have connected, before the close that starts them: none has closed a step."""
+
+    def _await_workers(self, ranks, state, timeout, exit_reason):
+        super()._await_workers(ranks, state, timeout, exit_reason)
+        if state == WorkerState.STARTING:
+            raise KeyboardInterrupt
+
+
+def test_workers_that_never_closed_a_step_hand_in_their_replicas_when_the_job_stops(movielens_dir, tmp_path, redis_url,
+                                                                                    amqp_url):
+    # A replica frame carried the newest closed step, -1 here, which no frame may: each worker failed on it.
+    job = job_for(movielens_dir, stop={"maxSteps": 20})
+    summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: None, InterruptedAsItsWorkersStart)
+    assert summary["stop_reason"] == "interrupted" and summary["steps"] == 0
+    assert summary["dropped_workers"] == [], summary["dropped_workers"]
+    assert summary["workers_final"] == job.workers

@@ -344,6 +344,13 @@ class Worker:
         elif self.sync.keeps_home:
             self.transport.put(keys.snapshot_pending(self.rank), self._replica_frame(unshared, params=False))
 
+    @property
+    def _stands_at(self) -> int:
+        """The step the replica stands at, for the frames that carry it: the newest closed one, or 0 while none is
+        (the job's start; a frame's step is never negative): a job stopped as its workers started ended each one
+        on a replica frame it could not encode."""
+        return max(self.view.closed, 0)
+
     def _replica_frame(self, unshared: Sequence[Published] = (), params: bool = True, pending: bool = True) -> bytes:
         """The replica: its `params` and its `pending` entries, with `unshared` published updates counted among
         them."""
@@ -357,7 +364,7 @@ class Worker:
         if not pending:
             arrays = {layouts.PARAMS: arrays[layouts.PARAMS]}
         # only ever put through the transport, which seals it: the MAC stands for the checksum
-        return encode(Tensors(sender=self.rank, step=self.view.closed, arrays=arrays), sealed=True)
+        return encode(Tensors(sender=self.rank, step=self._stands_at, arrays=arrays), sealed=True)
 
     def _decode_replica(self, frame: bytes | None, rank: int | None, what: str) -> Tensors | None:
         try:
@@ -423,7 +430,7 @@ class Worker:
         self._post_reports()
         self.transport.put(keys.final_replica(self.rank), self._replica_frame())
         seconds = time.monotonic() - self.started
-        done = Done(sender=self.rank, step=self.view.closed, seconds=seconds, rejected_frames=self.rejected_frames,
+        done = Done(sender=self.rank, step=self._stands_at, seconds=seconds, rejected_frames=self.rejected_frames,
                     repaired_frames=self.repaired_frames)
         self.transport.send_to_supervisor(encode(done))
 
@@ -434,7 +441,7 @@ class Worker:
         if after is not None:
             self.half.take_back(after)
         self.transport.put(keys.leaver_replica(self.rank), self._replica_frame())
-        self.transport.send_to_supervisor(encode(Left(sender=self.rank, step=self.view.closed, has_replica=True)))
+        self.transport.send_to_supervisor(encode(Left(sender=self.rank, step=self._stands_at, has_replica=True)))
         raise WorkerExit
 
 
