@@ -40,7 +40,7 @@ ALLOWED: dict[str, set[str]] = {
     "sweep": {"contract", "spec", "data", "runtime", "telemetry", "progress", "plugins"},
     "cli": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "runtime",
             "progress", "plugins", "planning", "sweep"},
-    "__main__": {"cli"},
+    "__main__": {"cli", "contract"},
     "__init__": set(),
 }
 # `sweep` for its pure parts: the manifest, ASHA and the status table (never its local runner).

@@ -5,6 +5,10 @@ import dataclasses
 import json
 import math
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -153,6 +157,23 @@ def test_the_cli_plans_from_run_directories_as_text_and_as_json(recorded, capsys
     assert lines[-1].startswith("no worker count in P = 1-4 meets the 0.001 s deadline: the fastest")
     assert mlless_main(args + ["--deadline", "0.001", "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["choice"]["workers"] is None
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_during_a_pilot_ends_the_plan_there(recorded, tmp_path):
+    job, _ = recorded
+    out = tmp_path / "pilots"
+    proc = subprocess.Popen([sys.executable, "-m", "mlless", "plan", str(job), "--workers", "1-3", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    metrics, deadline = out / "pilot-p1" / "metrics.jsonl", time.monotonic() + 60
+    while time.monotonic() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and b"Traceback" not in err, err.decode()
+    assert err.decode().strip().splitlines()[-1] == "mlless: interrupted"
+    assert json.loads((out / "pilot-p1" / "summary.json").read_text())["stop_reason"] == "interrupted"
+    assert not (out / "pilot-p2").exists()  # no second pilot, and no plan from a pilot cut short
 
 
 def _one_line_error(capsys, argv: list[str], *needles: str) -> None:
