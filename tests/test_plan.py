@@ -253,7 +253,7 @@ def test_a_stop_extrapolated_from_fewer_evaluations_than_the_reference_fit_needs
             assert result["predictions"][0]["epochs"] > run.samples / full.batch / full.batches_per_epoch
             assert said == [f"{full.run_dir}: its stop is extrapolated from 5 evaluations, fewer than the 8 the "
                             "reference curve needs (a protocol with rounds evaluates at their ends only): a longer "
-                            "run, given with --from, predicts it more firmly"]
+                            "run (a pilot's --pilot-seconds, or a run given with --from) predicts it more firmly"]
         else:
             assert said == []
 
@@ -266,7 +266,7 @@ def test_a_stop_predicted_far_past_its_run_is_noted(recorded):
     assert _extrapolation_note(run, FAR_EXTRAPOLATION * run.samples) is None
     assert _extrapolation_note(run, 5 * run.samples) == (
         f"{run.run_dir}: its stop is extrapolated to 5.0x the run's samples (a curve still falling cannot show where "
-        "it flattens): a longer run, given with --from, predicts it more firmly")
+        "it flattens): a longer run (a pilot's --pilot-seconds, or a run given with --from) predicts it more firmly")
 
 
 def test_a_pilot_whose_curve_turned_up_stops_where_the_job_would():

@@ -183,8 +183,8 @@ def _extrapolation_note(run: RunMeasure, samples: float) -> str | None:
                    "flattens)")
     if not why:
         return None
-    return f"{run.run_dir}: its stop is extrapolated {' and '.join(why)}: a longer run, given with --from, predicts " \
-           "it more firmly"
+    return (f"{run.run_dir}: its stop is extrapolated {' and '.join(why)}: a longer run (a pilot's --pilot-seconds, "
+            "or a run given with --from) predicts it more firmly")
 
 
 def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) -> Fit:
