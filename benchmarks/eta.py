@@ -13,7 +13,15 @@ the last step (from metrics.jsonl, on the watcher's clock by the summary's `wall
 Its steadiness is read over every status: how far each one's projected end (its second plus its ETA) was from the
 real end, as a mean |log| of their ratio, and how many projected past twice the real end.
 
-    python benchmarks/eta.py [--sets movielens,pmf1m-skew,lr200k] [--workers 1,2] [--control 3] [--write-results]
+With `--repeats N` the whole set of jobs is run N times over, each time on its own `spec.seed` (1, 2, ...), and
+two figures come beside the count of runs within 20 %:
+- the median |error| at 50 % over every run (a run with no status at 50 % counts as an infinite error);
+- the same for a reference that knew the job's end on the other seeds: its ETA is their mean end less the second,
+  its 50 % mark half that end. It reads no curve, so its error is the job's own seed-to-seed scatter; an ETA
+  can beat it only by what the run itself says of its stop (`eta_replay.py`'s "other-seeds" column, live).
+
+    python benchmarks/eta.py [--sets movielens,pmf1m-skew,lr200k] [--workers 1,2] [--control 3] [--repeats 3]
+                             [--write-results]
 """
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,8 +93,26 @@ def steadiness(seen: list[tuple[float, dict]], end: float) -> tuple[float, int, 
     return sum(abs(math.log(r)) for r in ratios) / len(ratios), sum(r > 2 for r in ratios), len(ratios)
 
 
-def job_file(path: Path, name: str, data: Path, kind: str, workers: int, stop: dict) -> Path:
+def other_seeds(ends: list[float], i: int) -> float | None:
+    """The error at 50 % of an ETA that knew the mean end of the other runs of run `i`'s job: at half that mean
+    end, it says the job ends at the mean (None: the run had ended by then, or has no other run)."""
+    others = ends[:i] + ends[i + 1:]
+    if not others:
+        return None
+    expected = statistics.fmean(others)
+    end = ends[i]
+    return None if expected / 2 >= end else (expected - end) / (end - expected / 2)
+
+
+def median_abs(values: list[float | None]) -> float:
+    """The median |value|, a missing one counted as infinite."""
+    return statistics.median(math.inf if v is None else abs(v) for v in values)
+
+
+def job_file(path: Path, name: str, data: Path, kind: str, workers: int, stop: dict, seed: int | None = None) -> Path:
     spec = {"workers": workers, "model": {"type": kind}, "dataset": {"uri": str(data), "cacheBatches": True}}
+    if seed is not None:
+        spec["seed"] = seed
     if stop:
         spec["stop"] = stop
     path.write_text(yaml.safe_dump({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob",
@@ -99,38 +126,56 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--control", type=float, default=None, metavar="EPOCHS",
                     help="also run each set at P = 2 with stop.maxEpochs EPOCHS (a limit known in advance)")
+    ap.add_argument("--repeats", type=int, default=1, metavar="N",
+                    help="run every job N times, on seeds 1..N, and compare with the other seeds' mean end")
     ap.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR)
     ap.add_argument("--write-results", action="store_true")
     ap.add_argument("--section", default="eta", help="the RESULTS.md section written (default eta)")
     args = ap.parse_args()
     info = _common.machine_info()
-    rows, misses = [], []
+    rows, misses, halves, ends = [], [], [], {}
+    seeds = [None] if args.repeats <= 1 else list(range(1, args.repeats + 1))
     with tempfile.TemporaryDirectory(prefix="mlless-eta-") as tmp:
-        runs = [(key, p, {}) for key in args.sets.split(",") for p in map(int, args.workers.split(","))]
-        runs += [(key, 2, {"maxEpochs": args.control}) for key in args.sets.split(",")] if args.control else []
-        for key, workers, stop in runs:
-            data = ttq.prepared(args.data_dir, key)
-            name = f"eta-{key}-{workers}-{'default' if not stop else 'epochs'}"
-            job = job_file(Path(tmp) / f"{name}.yaml", name, data, KINDS[key], workers, stop)
-            seen, end, stopped = watched_run(job, Path(tmp) / name)
-            found = errors(seen, end)
-            job_kind = "default" if not stop else f"maxEpochs {stop['maxEpochs']:g}"
-            cells = [f"{e[0]:+.0%} ({e[1]})" if e else "-" for e in found.values()]
-            cells += [f"{e[0]:+.0%}" if e else "-" for e in errors(seen, stopped).values()]
-            steady = steadiness(seen, end)
-            cells += ["-" if steady is None else f"{steady[0]:.2f} ({steady[1]} of {steady[2]} past 2x)"]
-            rows.append([key, workers, job_kind, f"{end:.1f}", f"{end - stopped:.1f}", len(seen), *cells])
-            print("  ", rows[-1], flush=True)
-            half = found[0.5]
-            if half is None or abs(half[0]) > TARGET:
-                misses.append(f"{key} P={workers} {job_kind}: " + ("no status at 50 %" if half is None else f"{half[0]:+.0%}"))
-    table = _common.table(["set", "P", "job", "end (s)", "wind-down (s)", "statuses", "error at 25 %", "at 50 %",
-                           "at 75 %", "vs last step: 25 %", "50 %", "75 %", "steadiness"], rows)
+        jobs = [(key, p, {}) for key in args.sets.split(",") for p in map(int, args.workers.split(","))]
+        jobs += [(key, 2, {"maxEpochs": args.control}) for key in args.sets.split(",")] if args.control else []
+        for seed in seeds:  # the whole set once per seed: a drifting load falls on every job alike
+            for key, workers, stop in jobs:
+                data = ttq.prepared(args.data_dir, key)
+                job_kind = "default" if not stop else f"maxEpochs {stop['maxEpochs']:g}"
+                name = f"eta-{key}-{workers}-{'default' if not stop else 'epochs'}" + (f"-{seed}" if seed else "")
+                job = job_file(Path(tmp) / f"{name}.yaml", name, data, KINDS[key], workers, stop, seed)
+                seen, end, stopped = watched_run(job, Path(tmp) / name)
+                found = errors(seen, end)
+                cells = [f"{e[0]:+.0%} ({e[1]})" if e else "-" for e in found.values()]
+                cells += [f"{e[0]:+.0%}" if e else "-" for e in errors(seen, stopped).values()]
+                steady = steadiness(seen, end)
+                cells += ["-" if steady is None else f"{steady[0]:.2f} ({steady[1]} of {steady[2]} past 2x)"]
+                rows.append([key, workers, job_kind, *([seed] if seed else []), f"{end:.1f}", f"{end - stopped:.1f}",
+                             len(seen), *cells])
+                print("  ", rows[-1], flush=True)
+                half = found[0.5]
+                halves.append(None if half is None else half[0])
+                ends.setdefault((key, workers, job_kind), []).append(end)
+                if half is None or abs(half[0]) > TARGET:
+                    misses.append(f"{key} P={workers} {job_kind}{f' seed {seed}' if seed else ''}: "
+                                  + ("no status at 50 %" if half is None else f"{half[0]:+.0%}"))
+    table = _common.table(["set", "P", "job", *(["seed"] if seeds[0] else []), "end (s)", "wind-down (s)",
+                           "statuses", "error at 25 %", "at 50 %", "at 75 %", "vs last step: 25 %", "50 %", "75 %",
+                           "steadiness"], rows)
     verdict = (f"Target (|error| at 50 % <= {TARGET:.0%}): met in {len(rows) - len(misses)} of {len(rows)} runs"
                + (f"; missed: {'; '.join(misses)}." if misses else "."))
+    if len(seeds) > 1:
+        reference = [other_seeds(e, i) for e in ends.values() for i in range(len(e))]
+        by_job = ", ".join(f"{k} P={p}: {min(e):.1f}-{max(e):.1f} s" for (k, p, _), e in ends.items())
+        verdict += (f" Median |error| at 50 % over the {len(rows)} runs: **{median_abs(halves):.0%}**; an ETA that "
+                    f"knew the other seeds' mean end: {median_abs(reference):.0%} (within {TARGET:.0%} in "
+                    f"{sum(r is not None and abs(r) <= TARGET for r in reference)} of {len(reference)}). "
+                    f"The jobs' ends over the seeds: {by_job}.")
     body = "\n".join([
         "## ETA error against the real end (issue #24)", "",
-        f"{_common.machine_line(info)}. Command: `{_common.command_line()}`. One run each, all in this one run. "
+        f"{_common.machine_line(info)}. Command: `{_common.command_line()}`. "
+        + ("One run each" if len(seeds) == 1 else f"{len(seeds)} runs each, one per seed, seed by seed")
+        + ", all in this one run. "
         f"{_common.load_note(info['load'], _common.loadavg())}", "",
         "Error = (ETA - real time left) / real time left, read from the first status.json at or past each progress "
         "mark (positive: the ETA said later than the job ended), with the limit the progress counted towards; "

@@ -4,12 +4,15 @@
 Per data set (`time_to_quality.py`'s quick sets, prepared under --data-dir on first use), one default job (only
 `model.type`: its default protocol and stop rule, patience with minDelta, embedded transport), then in one run:
 
-1. the job trained at P = 1, 2 and 3 on each of `--seeds` (`mlless train`): the seconds from its start to its stop
-   (`summary.json`'s wall_seconds) and its cost. Where patience stops a job, the stop moves from seed to seed by an
-   evaluation or two (a tenth to a fifth of the steps of these short jobs), so a job's time is taken as the
-   median over the seeds, and their range is shown beside it;
-2. `mlless plan --from` the first seed's P = 1 and P = 2 runs: P = 1 and 2 are in sample (σ, κ, start-up and the
-   samples to the stop come from them), P = 3 is out of sample;
+1. the job trained at P = 1, 2 and 3 on each of `--seeds` (`mlless train`), seed by seed (P = 1, 2, 3 on the
+   first seed, then on the next: a machine whose load drifts over the minutes of the run slows every P alike,
+   not the last P trained): the seconds from its start to its stop (`summary.json`'s wall_seconds) and its cost.
+   Where patience stops a job, the stop moves from seed to seed by an evaluation or two (a tenth to a fifth of
+   the steps of these short jobs), so a job's time is taken as the median over the seeds, and their range is
+   shown beside it;
+2. `mlless plan --from` the P = 1 and P = 2 runs of the first `--plan-seeds` seeds (default: all; a user with
+   several runs of a job gives them all): P = 1 and 2 are in sample (σ, κ, start-up and the samples to the stop
+   come from them), P = 3 is out of sample;
 3. `mlless plan` with its default pilot (the job itself at P = 1 and 2, cut at 10 s): a pilot that stops on its own
    rule within the cut gives that P's stop as measured; past the cut, the stop rule is replayed on the fitted curve.
 
@@ -62,22 +65,22 @@ def plan(job: Path, *extra: str) -> dict[str, Any]:
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
-def run_set(key: str, base: Path, data_dir: Path, seeds: list[int]) -> dict[str, Any]:
+def run_set(key: str, base: Path, data_dir: Path, seeds: list[int], plan_seeds: int) -> dict[str, Any]:
     data = ttq.prepared(data_dir, key)
     job = write_job(base, key, data)
     print(f"{ttq.ALL_SETS[key].title}", flush=True)
-    runs = {(P, seed): base / f"run-{key}-p{P}-seed{seed}" for P in (1, 2, 3) for seed in seeds}
+    runs = {(P, seed): base / f"run-{key}-p{P}-seed{seed}" for seed in seeds for P in (1, 2, 3)}
     summaries = {(P, seed): train(write_job(base, key, data, seed), out, P) for (P, seed), out in runs.items()}
     measured = {P: [summaries[P, seed] for seed in seeds] for P in (1, 2, 3)}
-    runs = {P: runs[P, seeds[0]] for P in (1, 2)}
+    fitted = [str(runs[P, seed]) for seed in seeds[:plan_seeds] for P in (1, 2)]
     started = time.perf_counter()
-    from_runs = plan(job, "--from", str(runs[1]), "--from", str(runs[2]))
+    from_runs = plan(job, *(arg for run in fitted for arg in ("--from", run)))
     pilot_started = time.perf_counter()
     pilot = plan(job, "--out", str(base / f"pilot-{key}"))
     pilot_seconds = time.perf_counter() - pilot_started
     print(f"    planned from runs in {pilot_started - started:.1f} s, with the pilot in {pilot_seconds:.1f} s", flush=True)
     return {"key": key, "title": ttq.ALL_SETS[key].title, "measured": measured, "from_runs": from_runs,
-            "pilot": pilot, "pilot_seconds": pilot_seconds}
+            "plan_seeds": min(plan_seeds, len(seeds)), "pilot": pilot, "pilot_seconds": pilot_seconds}
 
 
 def median(runs: list[dict[str, Any]]) -> dict[str, float]:
@@ -115,8 +118,10 @@ def report(results: list[dict[str, Any]], machine: str, command: str, loads: tup
             f"`{command}`; {machine}. {_common.load_note(*loads)} A prediction and the runs it is checked against "
             "were measured minutes apart. Default jobs (only `model.type`; the stop rule is "
             "patience 5 with minDelta 0.001, at most 50 epochs), embedded transport, each P trained on "
-            f"{len(next(iter(results[0]['measured'].values())))} seeds. Measured = the median over the seeds of "
-            "`summary.json`'s wall seconds, from the job's start to its stop; error = predicted / measured − 1.", "",
+            f"{len(next(iter(results[0]['measured'].values())))} seeds, seed by seed. Measured = the median over "
+            "the seeds of `summary.json`'s wall seconds, from the job's start to its stop; error = predicted / "
+            f"measured − 1. Planned from runs: `mlless plan --from` the P = 1 and 2 runs of "
+            f"{results[0].get('plan_seeds', 1)} seed(s).", "",
             "Columns: measured s to stop (the median; the seeds' range) and its start-up; planned from the P = 1 and 2 runs: s, epochs, error, and the "
             "error of the time after the start-up alone (training and wind-down), in or out of sample; planned from "
             "the pilot: s, epochs, error; measured and predicted (from the runs) cost.", "",
@@ -143,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR)
     p.add_argument("--out", type=Path, default=Path("/tmp/mlless-bench/planner"), help="run directories")
     p.add_argument("--seeds", default="1,2,3", help="seeds each P is trained on (default %(default)s)")
+    p.add_argument("--plan-seeds", type=int, default=None, metavar="N",
+                   help="plan from the P = 1 and 2 runs of the first N seeds (default: all of them)")
     p.add_argument("--write", action="store_true", help="write the section `planner` of RESULTS.md")
     p.add_argument("--render", type=Path, metavar="JSON", help="only render an earlier run's planner.json")
     args = p.parse_args(argv)
@@ -160,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     base.mkdir(parents=True)
     machine, load = _common.machine_line(), _common.loadavg()
     seeds = [int(s) for s in args.seeds.split(",")]
-    results = [run_set(key, base, args.data_dir, seeds) for key in args.datasets.split(",")]
+    plan_seeds = len(seeds) if args.plan_seeds is None else args.plan_seeds
+    results = [run_set(key, base, args.data_dir, seeds, plan_seeds) for key in args.datasets.split(",")]
     loads, command = (load, _common.loadavg()), _common.command_line()
     (base / "planner.json").write_text(json.dumps({"results": results, "machine": machine, "command": command,
                                                    "loads": loads}, indent=2, default=str))
