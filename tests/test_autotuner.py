@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlless.autotuner.curves import CurveFitError, _nnls, fit_reference, fit_slow
+from mlless.autotuner.curves import (
+    CurveFitError, _profile_asymptote, _reference_starts, _two_column_nnls, _weights, fit_reference, fit_slow,
+)
 from mlless.autotuner.knee import kneedle, make_knee_detector
 from mlless.autotuner.tuner import AutoTuner, Decision
 from mlless.autotuner.durations import robust_step_duration
@@ -300,9 +302,28 @@ def test_the_two_column_nnls_finds_scipy_s_optimum(seed):
         if k % 7 == 0:
             a[:, 1] = 2.0 * a[:, 0]  # collinear columns
         b = rng.normal(size=a.shape[0]) * 10.0 ** int(rng.integers(-2, 3))
-        ours, theirs = _nnls(a, b), nnls(a, b)[0]
+        ours = np.array([c[0] for c in _two_column_nnls(a[None, :, 0], a[None, :, 1], b[None])])
+        theirs = nnls(a, b)[0]
         assert np.all(ours >= 0)
         assert np.linalg.norm(a @ ours - b) <= np.linalg.norm(a @ theirs - b) + 1e-9 * np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_reference_curve_s_starts_are_as_good_as_a_scalar_search_s(seed):
+    # _reference_starts grids every exponent's asymptote at once; the bounded scalar search with scipy's NNLS
+    # inside (_profile_asymptote, which the slow curve still uses) is the yardstick for each exponent.
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        n = int(rng.integers(8, 40))
+        t = np.cumsum(rng.integers(10, 60, n)).astype(float)
+        y = rng.uniform(0.2, 1) + rng.uniform(0.1, 2) / (1 + (t / rng.uniform(20, 400)) ** rng.uniform(0.2, 3))
+        y = y * (1 + rng.normal(0, rng.choice([1e-4, 1e-3, 1e-2]), n))
+        tau, yn, w = t / t[-1], y / y.mean(), _weights(n)
+        starts = {float(theta[1]): residual for residual, theta in _reference_starts(tau, yn, w)}
+        for b in (0.5, 1.0, 1.5, 2.0, 3.0):
+            scalar = _profile_asymptote(np.column_stack([tau ** b, np.ones_like(tau)]), yn, w)
+            if scalar is not None:
+                assert starts[b] <= scalar[2] * (1 + 1e-2) + 1e-12
 
 
 @pytest.mark.parametrize("steps,losses", [([1, 2, 3], [1.0, 0.9, 0.8]), ([1, 2, 3, 4], [0.5] * 4),

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlless.smoothing import ewma
+from mlless.smoothing import RecentEwma, ewma
 from mlless.data.dataset import Dataset
 from mlless.training.models import load_model
 from mlless.runtime.local import Services, train_local
@@ -18,6 +18,7 @@ from mlless.protocol import keys, layouts
 from mlless.protocol.framing import decode, encode
 from mlless.protocol.messages import Left, Tensors
 from mlless.runtime.supervisor.evaluation import EVALUATION_SHARE, Evaluation
+from mlless.runtime.supervisor import forecast
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.supervisor.stopping import (
     DIVERGED, SMOOTHING_SPAN, Standing, StopRules, ValidationWatch, smoothed_losses,
@@ -46,19 +47,54 @@ def test_best_snapshot_is_kept_and_copied():
     np.testing.assert_array_equal(watch.best.params, 2)
 
 
-def test_a_future_of_the_watch_goes_on_from_its_state_and_leaves_it_as_it_was():
-    losses = [1.0, 0.9, 0.8, 0.7, 0.75, 0.8]
-    watch = ValidationWatch(patience=3, target_loss=0.72, target_steps=10, min_delta=0.01)
-    feed(watch, losses)
+@pytest.mark.parametrize("seed", range(40))
+def test_the_eta_s_futures_stop_where_a_watch_fed_them_stops_and_leave_the_watch_as_it_was(seed):
+    # forecast._replay counts a projected future with the watch's own rules but no watch of its own: it must stop
+    # at the evaluation where a watch fed the same history and future through `observe` stops, by the same rule.
+    rng = np.random.default_rng(seed)
+    kwargs = dict(patience=int(rng.integers(1, 6)), target_loss=[None, 0.72][seed % 2],
+                  target_steps=int(rng.choice([1, 10, 40])), min_delta=float(rng.choice([0.0, 0.001, 0.01])))
+    history = (0.7 + 0.3 / np.arange(1, int(rng.integers(2, 12)))).tolist()
+    watch = ValidationWatch(**kwargs)
+    feed(watch, history)
+    first = 10 * len(history)
     before = (watch.evaluations.copy(), watch.stale, watch.smoothed.value, watch.best, watch.below_since)
-    future = watch.future()
-    feed(future, [0.85, 0.9, 0.95])  # the evaluations the ETA projects
+    rows = 0.7 + 0.3 / np.arange(len(history) + 1, len(history) + 31) + rng.normal(0, 0.02, (8, 30))
+    steps = [first + 10 * k for k in range(1, 31)]
+    for row, smoothed in zip(rows, watch.smoothed.following(rows).tolist()):
+        got = forecast._replay(watch, first, steps, smoothed, 10, steps[-1])
+        fed = ValidationWatch(**kwargs)
+        feed(fed, history)
+        want = (math.inf, "")
+        for step, loss in zip([first, *steps], [None, *row]):
+            if loss is not None:
+                fed.observe(step, loss, np.zeros(0, np.float32))
+            held = None if fed.below_since is None else max(step, fed.below_since + fed.target_steps)
+            if fed.target_held(step + 9) and held <= steps[-1]:  # read at each step close until the next evaluation
+                want = (held, "targetLoss")
+                break
+            if fed.patience_exhausted():
+                want = (step, "patience")
+                break
+        assert got == want
     assert (watch.evaluations, watch.stale, watch.smoothed.value, watch.best, watch.below_since) == before
-    whole = ValidationWatch(patience=3, target_loss=0.72, target_steps=10, min_delta=0.01)
-    feed(whole, losses + [0.85, 0.9, 0.95])
-    assert (future.stale, future.smoothed.value, future.patience_exhausted()) == (
-        whole.stale, whole.smoothed.value, whole.patience_exhausted())
-    assert future.evaluations == [(10, 0.85), (20, 0.9), (30, 0.95)]
+
+
+def test_a_window_s_following_values_are_its_updates_to_the_bit_and_leave_it_as_it_was():
+    rng = np.random.default_rng(0)
+    for held in range(SMOOTHING_SPAN + 2):
+        window = RecentEwma(SMOOTHING_SPAN)
+        for x in rng.normal(1.0, 0.1, held):
+            window.update(x)
+        rows = rng.normal(1.0, 0.1, (4, 7))
+        state = (list(window._recent), window.value)
+        got = window.following(rows)
+        assert (list(window._recent), window.value) == state
+        for row, values in zip(rows, got):
+            fed = RecentEwma(SMOOTHING_SPAN)
+            for x in list(window._recent)[::-1]:
+                fed.update(x)
+            assert values.tolist() == [fed.update(x) for x in row]
 
 
 @pytest.mark.parametrize("patience", [1, 3])

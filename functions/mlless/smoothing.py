@@ -77,12 +77,20 @@ class RecentEwma:
         self.value = sum(w * v for w, v in zip(self._weights, self._recent)) / self._sums[len(self._recent) - 1]
         return self.value
 
-    def copy(self) -> RecentEwma:
-        """An independent copy of the window as it stands."""
-        twin = RecentEwma.__new__(RecentEwma)
-        twin._weights, twin._sums, twin.value = self._weights, self._sums, self.value
-        twin._recent = self._recent.copy()
-        return twin
+    def following(self, values: ArrayLike) -> NDArray[np.float64]:
+        """What `update` would return for each value of a row of `values` in turn, every row going on from the
+        window as it stands, which is left as it was: the ETA smooths its thirty-one projected futures of a fit at
+        once (runtime/supervisor/forecast.py). The same sums in the same order as `update`'s, so the same floats."""
+        rows = np.asarray(values, dtype=np.float64)
+        older = np.array(self._recent, dtype=np.float64)[::-1]  # oldest first
+        held = np.concatenate([np.broadcast_to(older, rows.shape[:-1] + older.shape), rows], axis=-1)
+        start, width = older.size, rows.shape[-1]
+        out = np.zeros_like(rows)
+        for j, weight in enumerate(self._weights):  # the j-th newest value of each window
+            first = max(0, j - start)
+            out[..., first:] += weight * held[..., start + first - j:start + width - j]
+        kept = np.minimum(np.arange(start + 1, start + width + 1), len(self._weights))
+        return out / np.asarray(self._sums)[kept - 1]
 
 
 def ewma(x: ArrayLike, span: float) -> NDArray[np.float64]:

@@ -12,10 +12,12 @@ Numerics (why the fits live in normalised coordinates): with raw steps t ~ 10³ 
 the quadratic is ~10⁻⁷ and underflows the solver's tolerances. We fit in τ = t/t_scale (t_scale = the last
 step of the window, so τ ∈ (0, 1]) and y = loss/y_scale (y_scale = the mean loss of the window), where every
 θ is O(1). Initial guesses come from variable projection: for a fixed asymptote θ3 (and exponent θ1),
-1/(y − θ3) is *linear* in the remaining θ, so a bounded 1-D search over θ3 with an NNLS solve inside (`_nnls`)
+1/(y − θ3) is *linear* in the remaining θ, so a search over θ3 with a non-negative least-squares solve inside
 (over a small grid of θ1 for L_P) lands in the right valley; a short bounded refinement (``least_squares``,
-trust-region reflective, analytic Jacobian) polishes it. A reference fit to 8-25 points took 4-5 ms on an idle
-2-core machine, and several times that beside a running job's workers (benchmarks/projection_cost.py).
+trust-region reflective, analytic Jacobian) polishes it. For L_P the search is a grid narrowed twice, every
+exponent and asymptote at once in closed form (`_reference_starts`), where a bounded scalar search per exponent,
+a hundred small solves, had taken two thirds of the fit; the ETA refits its curve as often as its fits' cost
+allows (runtime/supervisor/eta.py), so their cost is how fresh it is (benchmarks/projection_cost.py).
 """
 
 from __future__ import annotations
@@ -138,26 +140,71 @@ def _weights(n: int) -> NDArray[np.float64]:
     return w / w.mean()
 
 
-def _nnls(a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.float64]:
-    """argmin ‖a·c − b‖ over c ≥ 0. Two columns (every start of the reference curve, a hundred solves a fit) are
-    solved in closed form: the unconstrained solution if it is non-negative, else the better of the two one-column
-    ones (the optimum of a convex problem on two variables lies on one axis when not inside); that halved the
-    profile's cost against scipy's general solver, whose call was most of it."""
-    if a.shape[1] != 2:
-        return _optimize().nnls(a, b)[0]
-    (g11, g12), (_, g22) = (a.T @ a).tolist()
-    r1, r2 = (a.T @ b).tolist()
+#: The reference curve's starting exponents θ1, and its asymptotes θ3 tried first, as fractions of the least loss.
+_EXPONENTS = np.array([0.5, 1.0, 1.5, 2.0, 3.0])
+_ASYMPTOTES = np.array([0.0, 0.25, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995])
+#: Each narrowing grids the bracket about the best asymptote so far with this many points: three of 17 leave it
+#: 1/4096 of its width, where the residual came within 0.3 % of a bounded scalar search's on random curves (two
+#: left it up to 5 % above; tests/test_autotuner.py), and the polish does the rest.
+_NARROWINGS = (17, 17, 17)
+
+
+def _two_column_nnls(x1: NDArray[np.float64], x2: NDArray[np.float64],
+                     y: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """argmin ‖c1·x1 + c2·x2 − y‖ over c1, c2 ≥ 0 along the last axis, for every leading index at once: the
+    unconstrained solution where it is non-negative, else the better of the two one-column ones (the optimum of a
+    convex problem on two variables lies on an axis when not inside)."""
+    g11, g12, g22 = (x1 * x1).sum(-1), (x1 * x2).sum(-1), (x2 * x2).sum(-1)
+    r1, r2 = (x1 * y).sum(-1), (x2 * y).sum(-1)
     det = g11 * g22 - g12 * g12
-    if det > 1e-12 * g11 * g22:
+    with np.errstate(divide="ignore", invalid="ignore"):
         c1, c2 = (g22 * r1 - g12 * r2) / det, (g11 * r2 - g12 * r1) / det
-        if c1 >= 0.0 and c2 >= 0.0:
-            return np.array([c1, c2])
-    # On an axis, c = r/g clamped at 0 leaves ‖b‖² − r²/g: the larger r²/g (with r > 0) is the better axis.
-    gain1 = r1 * r1 / g11 if r1 > 0.0 and g11 > 0.0 else 0.0
-    gain2 = r2 * r2 / g22 if r2 > 0.0 and g22 > 0.0 else 0.0
-    if gain1 >= gain2:
-        return np.array([r1 / g11 if gain1 > 0.0 else 0.0, 0.0])
-    return np.array([0.0, r2 / g22])
+        inside = (det > 1e-12 * g11 * g22) & (c1 >= 0.0) & (c2 >= 0.0)
+        # On an axis, c = r/g clamped at 0 leaves ‖y‖² − r²/g: the larger r²/g (with r > 0) is the better axis.
+        gain1 = np.where((r1 > 0.0) & (g11 > 0.0), r1 * r1 / g11, 0.0)
+        gain2 = np.where((r2 > 0.0) & (g22 > 0.0), r2 * r2 / g22, 0.0)
+        first = gain1 >= gain2
+        c1 = np.where(inside, c1, np.where(first & (gain1 > 0.0), r1 / g11, 0.0))
+        c2 = np.where(inside, c2, np.where(first, 0.0, r2 / g22))
+    return c1, c2
+
+
+def _reference_costs(powers: NDArray[np.float64], yn: NDArray[np.float64], w: NDArray[np.float64],
+                     d: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
+    """For each exponent's τ^θ1 (a row of `powers`) and each asymptote of its row of `d`: the reference curve's
+    weighted residual with θ0, θ2 ≥ 0 solved in closed form for that θ1 and θ3 (inf where infeasible), θ0, θ2."""
+    gap = yn - d[..., None]
+    # 1/(y − d) ≈ θ0·τ^θ1 + θ2, weighted so that errors in y, not in 1/(y − d), are balanced: δ(1/g) ≈ δg/g².
+    rw = w * gap * gap
+    power = powers[:, None, :]
+    c1, c2 = _two_column_nnls(power * rw, rw, w * gap)
+    den = c1[..., None] * power + c2[..., None]
+    feasible = (gap > 0.0).all(-1) & (den > _TINY).all(-1)
+    residual = ((w * (1.0 / np.maximum(den, _TINY) + d[..., None] - yn)) ** 2).sum(-1)
+    return np.where(feasible, residual, np.inf), c1, c2
+
+
+def _reference_starts(tau: NDArray[np.float64], yn: NDArray[np.float64],
+                      w: NDArray[np.float64]) -> list[tuple[float, NDArray[np.float64]]]:
+    """(residual, θ) of the reference curve at each exponent of `_EXPONENTS` with its best asymptote: variable
+    projection over θ3 ∈ [0, min y), its grid narrowed `_NARROWINGS` times about the best point."""
+    hi = float(yn.min()) * (1.0 - 1e-6)
+    powers = np.power(tau, _EXPONENTS[:, None])
+    rows = np.arange(_EXPONENTS.size)
+    d = np.broadcast_to(hi * _ASYMPTOTES, (_EXPONENTS.size, _ASYMPTOTES.size))
+    costs, c1, c2 = _reference_costs(powers, yn, w, d)
+    best = costs.argmin(1)
+    lo = d[rows, np.maximum(best - 1, 0)]
+    up = np.where(best + 1 < _ASYMPTOTES.size, d[rows, np.minimum(best + 1, _ASYMPTOTES.size - 1)], hi)
+    for points in _NARROWINGS:
+        d = lo[:, None] + (up - lo)[:, None] * np.linspace(0.0, 1.0, points)
+        costs, c1, c2 = _reference_costs(powers, yn, w, d)
+        best = costs.argmin(1)
+        at, step = d[rows, best], (up - lo) / (points - 1)
+        lo, up = np.maximum(at - step, 0.0), np.minimum(at + step, hi)
+    found = costs[rows, best]
+    return [(float(found[i]), np.array([c1[i, best[i]], _EXPONENTS[i], c2[i, best[i]], d[i, best[i]]]))
+            for i in rows if np.isfinite(found[i])]
 
 
 def _linear_start(basis: NDArray[np.float64], yn: NDArray[np.float64], w: NDArray[np.float64],
@@ -169,7 +216,7 @@ def _linear_start(basis: NDArray[np.float64], yn: NDArray[np.float64], w: NDArra
     target = 1.0 / gap
     # Weight so that errors in y, not in 1/(y-d), are balanced: δ(1/g) ≈ δg/g².
     rw = w * gap * gap
-    coef = _nnls(basis * rw[:, None], target * rw)
+    coef = _optimize().nnls(basis * rw[:, None], target * rw)[0]
     den = basis @ coef
     if np.any(den <= _TINY):
         return None
@@ -190,7 +237,7 @@ def _profile_asymptote(basis: NDArray[np.float64], yn: NDArray[np.float64],
         got = _linear_start(basis, yn, w, d)
         return math.inf if got is None else got[1]
 
-    grid = hi * np.array([0.0, 0.25, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995])
+    grid = hi * _ASYMPTOTES
     costs = [cost(float(d)) for d in grid]
     i = int(np.argmin(costs))
     if not math.isfinite(costs[i]):
@@ -253,12 +300,7 @@ def fit_reference(steps: ArrayLike, losses: ArrayLike, *, min_points: int = 8) -
     """Fit L_P(t) = 1/(θ0·t^θ1 + θ2) + θ3, θ ≥ 0 (losses should already be EWMA-filtered)."""
     t, y, t_scale, y_scale = _prepare(steps, losses, min_points)
     tau, yn, w = t / t_scale, y / y_scale, _weights(t.size)
-    starts: list[tuple[float, NDArray[np.float64]]] = []
-    for b in (0.5, 1.0, 1.5, 2.0, 3.0):
-        got = _profile_asymptote(np.column_stack([np.power(tau, b), np.ones_like(tau)]), yn, w)
-        if got is not None:
-            (a, c), d, res = got
-            starts.append((res, np.array([a, b, c, d])))
+    starts = _reference_starts(tau, yn, w)
     if not starts:
         raise CurveFitError("reference fit: no feasible starting point")
     starts.sort(key=lambda s: s[0])

@@ -117,21 +117,28 @@ def median_future(watch: ValidationWatch, trend: Callable[[np.ndarray], np.ndarr
     ahead = first + evaluate_every * np.arange(1, int((last - first) // evaluate_every) + 1, dtype=np.float64)
     smooth = np.asarray(trend(ahead), dtype=np.float64) if ahead.size else ahead
     rng = np.random.default_rng(seed)
-    stops = sorted(_replay(watch.future(), first, ahead, smooth + rng.normal(0.0, noise, smooth.size),
-                           evaluate_every, last) for _ in range(futures if noise > 0 else 1))
+    losses = smooth + rng.normal(0.0, noise, (futures if noise > 0 else 1, smooth.size))
+    steps = ahead.astype(int).tolist()
+    stops = sorted(_replay(watch, first, steps, row, evaluate_every, last)
+                   for row in watch.smoothed.following(losses).tolist())
     return stops[len(stops) // 2]
 
 
-def _replay(watch: ValidationWatch, first: int, ahead: np.ndarray, losses: np.ndarray, evaluate_every: float,
+def _replay(watch: ValidationWatch, first: int, steps: list[int], smoothed: list[float], evaluate_every: float,
             last: float) -> tuple[float, str]:
-    """Where `watch`'s rules stop on these projected evaluations: (step, rule), or (inf, "") within `last`."""
-    for step, loss in zip([first, *ahead.astype(int).tolist()], [None, *losses.tolist()]):
+    """Where `watch`'s rules stop on projected evaluations at `steps` whose smoothed losses are `smoothed`,
+    counted as `ValidationWatch.observe` counts (the watch itself left as it was): (step, rule), or (inf, "")
+    within `last`. A future read evaluation by evaluation through `observe`, on a copy of the watch each, was
+    half a projection's cost."""
+    best, stale, since = watch.best_smoothed, watch.stale, watch.below_since
+    for step, loss in zip([first, *steps], [None, *smoothed]):
         if loss is not None:
-            watch.observe(step, loss, _NO_PARAMS)
+            best, stale = watch.counted(loss, best, stale)
+            since = watch.run_below(step, loss, since)
         # The target is read at every step close: it fires before the next evaluation if it has held long enough.
-        held = None if watch.below_since is None else max(step, watch.below_since + watch.target_steps)
+        held = None if since is None else max(step, since + watch.target_steps)
         if held is not None and held < step + evaluate_every and held <= last:
             return held, "targetLoss"
-        if watch.patience_exhausted():
+        if watch.patience is not None and stale >= watch.patience:
             return step, "patience"
     return math.inf, ""

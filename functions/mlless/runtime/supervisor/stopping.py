@@ -33,7 +33,6 @@ overfit until `maxSeconds`.  Within the window the EWMA weights are as before.
 """
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -91,30 +90,33 @@ class ValidationWatch:
         if self.best is None or loss < self.best.loss:
             self.best = Best(step, loss, params.copy())
         smoothed = self.smoothed.update(loss)
-        if smoothed < self._best_smoothed * (1.0 - self.min_delta):
-            self._best_smoothed = smoothed
-            self._stale = 0
-        else:
-            self._stale += 1
+        self._best_smoothed, self._stale = self.counted(smoothed, self._best_smoothed, self._stale)
+        if self._stale:
             self.diverged = smoothed > DIVERGENCE_FACTOR * self._best_smoothed
-        if self.target_loss is not None and smoothed <= self.target_loss:
-            if self._below_since is None:
-                self._below_since = step
-        else:
-            self._below_since = None
+        self._below_since = self.run_below(step, smoothed, self._below_since)
 
-    def future(self) -> ValidationWatch:
-        """A copy of the rules as they stand, with no evaluations recorded: the ETA replays projected evaluations
-        into one per future (forecast.py), thirty-one a fit, where a deep copy of the record was a fifth of the fit."""
-        twin = copy.copy(self)
-        twin.smoothed = self.smoothed.copy()
-        twin.evaluations = []
-        return twin
+    def counted(self, smoothed: float, best: float, stale: int) -> tuple[float, int]:
+        """Patience's count after a smoothed loss, from `best` (the smoothed loss when it last improved by more
+        than minDelta) and `stale` (evaluations since): the two of them after it. `observe` counts with it, and the
+        ETA replays its projected futures through it without a watch each (forecast.py)."""
+        return (smoothed, 0) if smoothed < best * (1.0 - self.min_delta) else (best, stale + 1)
+
+    def run_below(self, step: int, smoothed: float, since: int | None) -> int | None:
+        """The step the current run of smoothed losses at or below the target began, after one at `step` (None:
+        above it, or no target), from `since`, where it stood before."""
+        if self.target_loss is None or smoothed > self.target_loss:
+            return None
+        return step if since is None else since
 
     @property
     def below_since(self) -> int | None:
         """The step of the first evaluation of the current run at or below the target, if the newest one is."""
         return self._below_since
+
+    @property
+    def best_smoothed(self) -> float:
+        """The smoothed loss when it last improved by more than minDelta (inf before the first evaluation)."""
+        return self._best_smoothed
 
     @property
     def stale(self) -> int:
