@@ -234,3 +234,44 @@ def test_status_json_is_rewritten_at_most_every_write_seconds_but_at_once_with_a
     assert publish(3, 0.9, WRITE_SECONDS / 2) == 3  # a new evaluation: at once
     assert publish(4, 0.9, WRITE_SECONDS * 3 / 4) == 3
     assert publish(5, 0.9, WRITE_SECONDS * 2) == 5
+
+
+def test_status_json_is_rewritten_at_once_when_the_projection_is_fitted_after_its_evaluation(tmp_path, monkeypatch):
+    # A fit may take only eta.REFIT_SHARE of the supervisor's time, so the one after an evaluation can come some
+    # step closes later, with no new validation loss: the file must show it then, not a WRITE_SECONDS later.
+    from mlless.progress import Progress
+    from mlless.runtime.platform import Platform
+    from mlless.runtime.supervisor import eta
+    from mlless.runtime.supervisor.status import WRITE_SECONDS, StatusBoard
+    from mlless.spec import from_manifest
+    from mlless.telemetry.metrics import SupervisorMetrics
+
+    now = [0.0]
+    fit_seconds = WRITE_SECONDS / 4 * eta.REFIT_SHARE  # so the next fit may come WRITE_SECONDS / 4 after it
+
+    def slow_projection(*args, **kwargs):
+        now[0] += fit_seconds
+        return project_stop(*args, **kwargs)
+
+    monkeypatch.setattr(eta, "project_stop", slow_projection)
+    job = from_manifest({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "s"},
+                         "spec": {"model": {"type": "pmf"}, "dataset": {"uri": str(tmp_path)}}})
+    watch = ValidationWatch(job.stop.patience, None, 0, job.stop.min_delta)
+    board = StatusBoard(job, RunRecord(tmp_path), Platform(), SupervisorMetrics.for_job("s", job.pricing),
+                        Progress(enabled=False), watch, clock=lambda: now[0])
+    rng = np.random.default_rng(0)
+
+    def publish(step: int, at: float, evaluate: bool) -> tuple[int, int]:
+        if evaluate:
+            watch.observe(step, 0.8 + 1.0 / step + rng.normal(0, 1e-3), np.zeros(0, np.float32))
+        now[0] = at
+        board.publish(standing(step, at), 0.001 * step, watch.evaluations[-1][1], 2)
+        return json.loads((tmp_path / STATUS_FILE).read_text())["step"], board.estimator.projected_from
+
+    for k in range(1, MIN_EVALUATIONS + 1):  # projected at each evaluation, the 8th by a fitted curve
+        assert publish(10 * k, WRITE_SECONDS * k, True) == (10 * k, k if k > 1 else 0)  # a pace needs two
+    assert board.estimator._projection is not None and board.estimator._projection.curve is not None
+    start, step = WRITE_SECONDS * MIN_EVALUATIONS, 10 * MIN_EVALUATIONS
+    assert publish(step + 10, start + WRITE_SECONDS / 8, True) == (step + 10, MIN_EVALUATIONS)  # written, not fitted
+    assert publish(step + 11, start + WRITE_SECONDS / 6, False) == (step + 10, MIN_EVALUATIONS)  # neither
+    assert publish(step + 12, start + WRITE_SECONDS / 3, False) == (step + 12, MIN_EVALUATIONS + 1)  # the refit

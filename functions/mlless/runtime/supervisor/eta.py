@@ -82,6 +82,11 @@ class Estimator:
         self.last = Outlook(min(max(fraction, 0.0), 1.0), eta, projected, limit)
         return self.last
 
+    @property
+    def projected_from(self) -> int:
+        """How many evaluations the stop rule's projection was last fitted on (0: none yet)."""
+        return self._fitted_on
+
     def finished(self, cost_usd: float, completed: bool) -> Outlook:
         """The outlook at the job's end: done, unless it stopped to be resumed (a suspend, a lost service)."""
         if completed:

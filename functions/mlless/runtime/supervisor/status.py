@@ -5,7 +5,8 @@ ETA and projected cost) goes to the platform (on Kubernetes, the TrainingJob's `
 `status.json` in the run directory, to the Prometheus gauges and to the progress line. `status.json` holds the
 same object the platform is sent, merged as the TrainingJob's status merges the supervisor's patches (a field
 set to nothing is gone); it is rewritten at most every `WRITE_SECONDS` while the job trains, at once when a new
-evaluation arrives (a new validation loss, and the projection made from it), and always at its end.
+evaluation arrives (a new validation loss) or the projection is fitted again (a fit may come some step closes
+after its evaluation: `eta.REFIT_SHARE`), and always at its end.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class StatusBoard:
         self.estimator = Estimator(job.stop, job.evaluate_every or 0, clock)
         self.status: dict[str, Any] = {}  # what status.json holds
         self._written = -math.inf
-        self._written_validation: float | None = None
+        self._written_news: tuple[float | None, int] = (None, 0)  # the validation loss and projection written
 
     def publish(self, at: Standing, cost_usd: float, validation_loss: float | None, workers: int,
                 end: dict[str, Any] | None = None, completed: bool = False) -> None:
@@ -58,9 +59,9 @@ class StatusBoard:
         self.status.update(fields)
         self.status = {k: v for k, v in self.status.items() if v is not None}
         now = self.clock()
-        news = fields["validationLoss"] != self._written_validation
-        if end is not None or news or now - self._written >= WRITE_SECONDS:
-            self._written, self._written_validation = now, fields["validationLoss"]
+        news = (fields["validationLoss"], self.estimator.projected_from)
+        if end is not None or news != self._written_news or now - self._written >= WRITE_SECONDS:
+            self._written, self._written_news = now, news
             self.record.status(self.status)
 
     @staticmethod
