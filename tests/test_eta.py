@@ -236,9 +236,40 @@ def test_status_json_is_rewritten_at_most_every_write_seconds_but_at_once_with_a
     assert publish(5, 0.9, WRITE_SECONDS * 2) == 5
 
 
+def test_the_fits_keep_to_their_share_of_the_time_past_a_burst():
+    from mlless.runtime.supervisor import eta
+
+    now = [0.0]
+    cost = eta.REFIT_BURST / 4
+    fitted = []
+
+    def clock() -> float:
+        return now[0]
+
+    estimator = Estimator(StopConfig(patience=5), 10, clock)
+    with pytest.MonkeyPatch.context() as patch:
+        def projection(steps, *args, **kwargs):
+            fitted.append(len(steps))
+            now[0] += cost
+            return None
+        patch.setattr(eta, "project_stop", projection)
+        evaluations = []
+        for k in range(1, 400):  # an evaluation at every step close, one every millisecond
+            evaluations.append((10 * k, 1.0 / k))
+            now[0] += 1e-3
+            estimator.estimate(standing(10 * k, now[0]), 0.0, evaluations)
+    # The burst's worth at their evaluations (the first estimate has no pace, so no projection), while credit is
+    # left; then one each time the share has paid for one, tens of evaluations apart.
+    assert fitted[:5] == [2, 3, 4, 5, 6] and fitted[5] > 50
+    spent, elapsed = cost * len(fitted), now[0]
+    assert spent <= eta.REFIT_BURST + eta.REFIT_SHARE * elapsed + cost
+    assert spent >= eta.REFIT_SHARE * elapsed - cost
+
+
 def test_status_json_is_rewritten_at_once_when_the_projection_is_fitted_after_its_evaluation(tmp_path, monkeypatch):
-    # A fit may take only eta.REFIT_SHARE of the supervisor's time, so the one after an evaluation can come some
-    # step closes later, with no new validation loss: the file must show it then, not a WRITE_SECONDS later.
+    # Fits may take only eta.REFIT_SHARE of the supervisor's time (past a burst), so the one after an evaluation can
+    # come some step closes later, with no new validation loss: the file must show it then, not a WRITE_SECONDS
+    # later.
     from mlless.progress import Progress
     from mlless.runtime.platform import Platform
     from mlless.runtime.supervisor import eta
@@ -247,7 +278,7 @@ def test_status_json_is_rewritten_at_once_when_the_projection_is_fitted_after_it
     from mlless.telemetry.metrics import SupervisorMetrics
 
     now = [0.0]
-    fit_seconds = WRITE_SECONDS / 4 * eta.REFIT_SHARE  # so the next fit may come WRITE_SECONDS / 4 after it
+    fit_seconds = eta.REFIT_BURST + WRITE_SECONDS / 4 * eta.REFIT_SHARE  # the next fit: WRITE_SECONDS / 4 after
 
     def slow_projection(*args, **kwargs):
         now[0] += fit_seconds
@@ -268,10 +299,11 @@ def test_status_json_is_rewritten_at_once_when_the_projection_is_fitted_after_it
         board.publish(standing(step, at), 0.001 * step, watch.evaluations[-1][1], 2)
         return json.loads((tmp_path / STATUS_FILE).read_text())["step"], board.estimator.projected_from
 
+    apart = 2 * fit_seconds / eta.REFIT_SHARE  # the credit refills between these
     for k in range(1, MIN_EVALUATIONS + 1):  # projected at each evaluation, the 8th by a fitted curve
-        assert publish(10 * k, WRITE_SECONDS * k, True) == (10 * k, k if k > 1 else 0)  # a pace needs two
+        assert publish(10 * k, apart * k, True) == (10 * k, k if k > 1 else 0)  # a pace needs two
     assert board.estimator._projection is not None and board.estimator._projection.curve is not None
-    start, step = WRITE_SECONDS * MIN_EVALUATIONS, 10 * MIN_EVALUATIONS
+    start, step = apart * MIN_EVALUATIONS, 10 * MIN_EVALUATIONS
     assert publish(step + 10, start + WRITE_SECONDS / 8, True) == (step + 10, MIN_EVALUATIONS)  # written, not fitted
     assert publish(step + 11, start + WRITE_SECONDS / 6, False) == (step + 10, MIN_EVALUATIONS)  # neither
     assert publish(step + 12, start + WRITE_SECONDS / 3, False) == (step + 12, MIN_EVALUATIONS + 1)  # the refit

@@ -6,9 +6,12 @@ batches the later ones find cached, is slower), `maxSeconds` by the clock, `budg
 at the pace the bill grows, and the target loss or patience where `forecast.project_stop` projects them to fire on
 the validation curve. The nearest limit, the one with the least time left, is the one that will end the job:
 `progress` is its fraction, `etaSeconds` its time left, and `projectedCostUSD` the cost so far plus the bill's
-pace over that time. The curve is fitted again only when an evaluation came since, and at most `REFIT_SHARE` of
-the supervisor's time goes to fits (a projection took 6-26 ms of its loop in the default
-jobs of benchmarks/projection_cost.py on 2 cores).
+pace over that time. The curve is fitted again only when an evaluation came since, and the fits keep to
+`REFIT_SHARE` of the supervisor's time with a burst of `REFIT_BURST`: a bucket of that many seconds, refilled at
+the share. The burst is for the short jobs: a projection took 3-20 ms of the loop in the default jobs of
+benchmarks/projection_cost.py on 2 cores, and at the share alone the MovieLens sample at P = 3, an evaluation every
+65 ms, was refitted every other evaluation, so its status at half-way still showed the first fit's projection,
+made before its curve had turned (benchmarks/RESULTS.md, "ETA error against the real end", session 18).
 """
 from __future__ import annotations
 
@@ -25,8 +28,9 @@ from mlless.spec.job import StopConfig
 #: The pace is measured from standings kept this often, at most `KEPT` of them (thinned to half when full).
 SAMPLE_SECONDS = 0.05
 KEPT = 2000
-#: The most of the supervisor's time the fits of the validation curve may take.
-REFIT_SHARE = 0.05
+#: The most of the supervisor's time the fits of the validation curve may take, and the seconds of fits they may
+#: take before the share holds them back.
+REFIT_SHARE, REFIT_BURST = 0.05, 0.02
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class Estimator:
         self._kept: list[tuple[Standing, float]] = []  # standings and costs since the first step closed, oldest first
         self._projection: StopProjection | None = None
         self._fitted_on = 0  # evaluations the projection was fitted on
-        self._next_fit = -math.inf  # when the curve may be fitted again
+        self._credit, self._credit_at = REFIT_BURST, math.nan  # seconds the fits may take, as of when
         self.last = Outlook(0.0, None, None, None)
 
     def estimate(self, at: Standing, cost_usd: float, evaluations: Sequence[tuple[int, float]]) -> Outlook:
@@ -120,11 +124,14 @@ class Estimator:
         return out
 
     def _project(self, evaluations: Sequence[tuple[int, float]], until: float | None) -> StopProjection | None:
-        """The stop rule's projection, fitted again if an evaluation came and the fits keep to `REFIT_SHARE`."""
+        """The stop rule's projection, fitted again if an evaluation came and the fits have credit left."""
         started = self.clock()
-        if len(evaluations) > self._fitted_on and started >= self._next_fit:
+        if not math.isnan(self._credit_at):
+            self._credit = min(REFIT_BURST, self._credit + (started - self._credit_at) * REFIT_SHARE)
+        self._credit_at = started
+        if len(evaluations) > self._fitted_on and self._credit > 0:
             self._fitted_on = len(evaluations)
             self._projection = project_stop([s for s, _ in evaluations], [x for _, x in evaluations], self.stop,
                                             self.evaluate_every, until)
-            self._next_fit = started + (self.clock() - started) / REFIT_SHARE
+            self._credit -= self.clock() - started
         return self._projection
