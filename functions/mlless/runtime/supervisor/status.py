@@ -77,6 +77,6 @@ class StatusBoard:
             "workers": workers,
             "progress": round(outlook.progress, 4),
             "progressLimit": outlook.limit,
-            "etaSeconds": _number(outlook.eta_seconds, 1),
+            "etaSeconds": _number(outlook.eta_seconds, 2),
             "projectedCostUSD": _number(outlook.projected_cost_usd, 6),
         }
