@@ -56,8 +56,10 @@ def _plan(recorded, deadline=None, budget=None) -> dict:
 
 def test_a_run_s_evaluations_are_read_at_the_steps_their_snapshots_were_taken(recorded):
     # everySteps 5: a snapshot is asked for at a step close 5 or more steps after the last one (more when
-    # evaluating would take too much of the time); its loss reaches the record a step or more later, at the step it
-    # arrived, and its samples are those trained by the snapshot's step.
+    # evaluating would take too much of the time); its loss reaches the record at the step it arrived, mostly a
+    # step or more later, but on the same step's row when the donor's snapshot came before that close's row was
+    # written (a busy machine: the supervisor descheduled between asking and recording); its samples are those
+    # trained by the snapshot's step.
     rows = [json.loads(line) for line in (recorded[1][1] / "metrics.jsonl").read_text().splitlines()]
     arrived = {}
     for row in rows:
@@ -66,7 +68,7 @@ def test_a_run_s_evaluations_are_read_at_the_steps_their_snapshots_were_taken(re
     assert len(arrived) >= 3
     taken = list(arrived)
     assert taken[0] == 5 and min(np.diff(taken)) >= 5
-    assert all(step > taken for taken, step in arrived.items())
+    assert all(step >= taken for taken, step in arrived.items())
     trained = dict(zip((r["step"] for r in rows), np.cumsum([r["samples"] for r in rows]).tolist()))
     assert [n for n, _ in measure(recorded[1][1]).evaluations] == [trained[step] for step in taken]
 
