@@ -80,18 +80,19 @@ def test_the_eta_s_futures_stop_where_a_watch_fed_them_stops_and_leave_the_watch
     assert (watch.evaluations, watch.stale, watch.smoothed.value, watch.best, watch.below_since) == before
 
 
-def test_a_window_s_following_values_are_its_updates_to_the_bit_and_leave_it_as_it_was():
-    rng = np.random.default_rng(0)
-    for held in range(SMOOTHING_SPAN + 2):
-        window = RecentEwma(SMOOTHING_SPAN)
+@pytest.mark.parametrize("span", [1, SMOOTHING_SPAN, 6])
+def test_a_window_s_following_values_are_its_updates_to_the_bit_and_leave_it_as_it_was(span):
+    rng = np.random.default_rng(span)
+    for held, width in [(h, w) for h in range(span + 2) for w in (0, 1, 2, 9)]:
+        window = RecentEwma(span)
         for x in rng.normal(1.0, 0.1, held):
             window.update(x)
-        rows = rng.normal(1.0, 0.1, (4, 7))
+        rows = rng.normal(1.0, 0.1, (4, width))
         state = (list(window._recent), window.value)
         got = window.following(rows)
         assert (list(window._recent), window.value) == state
         for row, values in zip(rows, got):
-            fed = RecentEwma(SMOOTHING_SPAN)
+            fed = RecentEwma(span)
             for x in list(window._recent)[::-1]:
                 fed.update(x)
             assert values.tolist() == [fed.update(x) for x in row]

@@ -87,8 +87,9 @@ class RecentEwma:
         start, width = older.size, rows.shape[-1]
         out = np.zeros_like(rows)
         for j, weight in enumerate(self._weights):  # the j-th newest value of each window
-            first = max(0, j - start)
-            out[..., first:] += weight * held[..., start + first - j:start + width - j]
+            first = max(0, j - start)  # the first row value whose window reaches back j values
+            if first < width:
+                out[..., first:] += weight * held[..., start + first - j:start + width - j]
         kept = np.minimum(np.arange(start + 1, start + width + 1), len(self._weights))
         return out / np.asarray(self._sums)[kept - 1]
 
