@@ -65,8 +65,8 @@ class RecentEwma:
         window = int(span) if window is None else window
         if window < 1:
             raise ValueError(f"EWMA window must be >= 1, got {window}")
-        # Plain floats, not arrays: the window is a few values, and the ETA replays thousands of updates a fit
-        # (runtime/supervisor/forecast.py), where numpy's per-call cost was most of an update's.
+        # Plain floats, not arrays: the window is a few values, updated one evaluation at a time, where numpy's
+        # per-call cost was most of an update's (`following` is the vectorised path, for many values at once).
         self._weights = tuple(float(w) for w in (1.0 - alpha_from_span(span)) ** np.arange(window))
         self._sums = tuple(float(s) for s in np.cumsum(self._weights))
         self._recent: collections.deque[float] = collections.deque(maxlen=window)  # newest first

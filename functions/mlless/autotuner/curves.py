@@ -14,7 +14,7 @@ step of the window, so τ ∈ (0, 1]) and y = loss/y_scale (y_scale = the mean l
 θ is O(1). Initial guesses come from variable projection: for a fixed asymptote θ3 (and exponent θ1),
 1/(y − θ3) is *linear* in the remaining θ, so a search over θ3 with a non-negative least-squares solve inside
 (over a small grid of θ1 for L_P) lands in the right valley; a short bounded refinement (``least_squares``,
-trust-region reflective, analytic Jacobian) polishes it. For L_P the search is a grid narrowed twice, every
+trust-region reflective, analytic Jacobian) polishes it. For L_P the search is a grid narrowed three times, every
 exponent and asymptote at once in closed form (`_reference_starts`), where a bounded scalar search per exponent,
 a hundred small solves, had taken two thirds of the fit; the ETA refits its curve as often as its fits' cost
 allows (runtime/supervisor/eta.py), so their cost is how fresh it is (benchmarks/projection_cost.py).

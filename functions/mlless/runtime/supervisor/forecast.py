@@ -26,7 +26,7 @@ A fitted curve decreases for ever, so under patience alone its trend would never
 real curve stops once its fall per evaluation drowns in the evaluations' noise: the smoothed loss then makes no
 new best for `patience` evaluations in a row, at a step that is itself random. So `FUTURES` futures are replayed:
 the fitted trend plus Gaussian noise with the scatter of the newest half of the evaluations about it (a fixed
-seed: the same evaluations give the same projection), each through a copy of the rules as they stand; the
+seed: the same evaluations give the same projection), each counted by the rules from where they stand; the
 projection is the median future's stop. With 9 futures the median itself moved by evaluations from one fit to the
 next; 31 steady it, and the fits stay within the supervisor's `eta.REFIT_SHARE` of its time.
 """
