@@ -267,6 +267,37 @@ def test_the_fits_keep_to_their_share_of_the_time_past_a_burst():
     assert spent >= eta.REFIT_SHARE * elapsed - cost
 
 
+@pytest.mark.parametrize("cost", [0.004, 0.02])
+def test_the_eta_holds_the_fits_to_come_and_the_pace_leaves_them_out(cost):
+    """100 steps a second of training, an evaluation every 10 steps, and from the 8th evaluation on a fit at each
+    that takes `cost` seconds of the supervisor (the step close waits on it): 4 % of the time, under the share, or
+    20 %, over it. The ETA is the training left at 100 steps a second plus the fits it will hold."""
+    from mlless.runtime.supervisor import eta
+
+    clock = Clock()
+    estimator = Estimator(StopConfig(max_steps=1000, patience=5), 10, clock)
+    with pytest.MonkeyPatch.context() as patch:
+        def projection(steps, *args, **kwargs):
+            clock.now += cost if len(steps) >= 8 else 0.0
+            return None
+        patch.setattr(eta, "project_stop", projection)
+        evaluations = []
+        for step in range(1, 201):
+            clock.now += 0.01
+            if step % 10 == 0:
+                evaluations.append((step, 1.0 / step))
+            out = estimator.estimate(standing(step, clock.now), 0.0, evaluations)
+            assert out.limit == ("maxSteps" if step > 1 else None)  # the first step close has no pace yet
+            if 1 < step < 80:  # no fit has cost anything yet: the training left alone
+                assert out.eta_seconds == pytest.approx((1000 - step) / 100)
+    training = (1000 - 200) / 100
+    if cost * 100 / 10 < eta.REFIT_SHARE:  # a fit at each of the 80 evaluations to come
+        assert out.eta_seconds == pytest.approx(training + 80 * cost)
+    else:  # as many as the share pays for
+        assert training + eta.REFIT_SHARE * training / (1 - eta.REFIT_SHARE) <= out.eta_seconds + 1e-9
+        assert out.eta_seconds <= training + (eta.REFIT_BURST + eta.REFIT_SHARE * training) / (1 - eta.REFIT_SHARE)
+
+
 def test_status_json_is_rewritten_at_once_when_the_projection_is_fitted_after_its_evaluation(tmp_path, monkeypatch):
     # Fits may take only eta.REFIT_SHARE of the supervisor's time (past a burst), so the one after an evaluation can
     # come some step closes later, with no new validation loss: the file must show it then, not a WRITE_SECONDS

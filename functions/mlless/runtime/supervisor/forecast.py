@@ -42,7 +42,7 @@ from mlless.autotuner.curves import CurveFitError, FittedCurve, fit_reference
 from mlless.runtime.supervisor.stopping import ValidationWatch
 from mlless.spec.job import StopConfig
 
-__all__ = ["StopProjection", "median_future", "project_stop"]
+__all__ = ["StopProjection", "evaluation_spacing", "median_future", "project_stop"]
 
 #: Evaluations a fit needs (`fit_reference`'s least).
 MIN_EVALUATIONS = 8
@@ -85,9 +85,7 @@ def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConf
         watch.observe(int(step), loss, _NO_PARAMS)
     t = np.array([s for s, _ in points])
     raw = np.array([x for _, x in points])
-    spacing = float(evaluate_every)
-    if t.size > 1 and SPACING_GAPS:
-        spacing = max(1.0, float(np.median(np.diff(t[-SPACING_GAPS - 1:]))))
+    spacing = evaluation_spacing(t, evaluate_every)
     share = 1.0 if stop.target_loss is not None else RECENT_SHARE
     recent = slice(-max(MIN_EVALUATIONS, math.ceil(share * t.size)), None)
     try:
@@ -105,6 +103,14 @@ def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConf
     step, rule = median_future(watch, curve, noise, int(t[-1]), spacing,
                                last if until_step is None else min(until_step, last), futures=FUTURES, seed=len(points))
     return None if step == math.inf else StopProjection(int(step), rule, curve, noise)
+
+
+def evaluation_spacing(steps: Sequence[float], evaluate_every: int) -> float:
+    """The steps between a job's evaluations to come: the median of the newest `SPACING_GAPS` gaps between those at
+    `steps` (`evaluate_every`, its `evaluation.everySteps`, until two have come)."""
+    if len(steps) < 2 or not SPACING_GAPS:
+        return float(evaluate_every)
+    return max(1.0, float(np.median(np.diff(np.asarray(steps[-SPACING_GAPS - 1:], dtype=np.float64)))))
 
 
 def median_future(watch: ValidationWatch, trend: Callable[[np.ndarray], np.ndarray], noise: float, first: int,
