@@ -2,7 +2,8 @@
 
 Each stop limit the job has gives a fraction done and a time left: `maxSteps` and `maxEpochs` at the job's pace
 (steps, and mini-batches, per second over the newer half of its training so far: the first epoch, which reads
-batches the later ones find cached, is slower), `maxSeconds` by the clock, `budgetUSD`
+batches the later ones find cached, is slower; the fits of the validation curve taken out of it, and those still to
+come added to the time left, `Estimator._with_fits`), `maxSeconds` by the clock, `budgetUSD`
 at the pace the bill grows, and the target loss or patience where `forecast.project_stop` projects them to fire on
 the validation curve. The nearest limit, the one with the least time left, is the one that will end the job:
 `progress` is its fraction, `etaSeconds` its time left, and `projectedCostUSD` the cost so far plus the bill's
