@@ -115,8 +115,9 @@ def test_past_the_runs_workers_sharing_the_cores_slow_the_step_by_their_share(re
         shared = (steps[1] + max(0.0, steps[2] / 1.5 - steps[1]) * (P - 1)) * (P + 1) / 2
         line = steps[1] + max(0.0, steps[2] - steps[1]) * (P - 1)
         assert on_two["step_seconds"] >= shared - 1e-12 and on_two["step_seconds"] >= on_many["step_seconds"]
-        if shared > max(line, on_many["step_seconds"]):
-            assert (on_two["step_seconds"], on_two["bound"]) == (pytest.approx(shared), "shared")
+        if shared > max(line, on_many["step_seconds"]):  # shared binds, unless the cores' roofline is higher still
+            assert ((on_two["step_seconds"], on_two["bound"]) == (pytest.approx(shared), "shared")
+                    or (on_two["bound"] == "cores" and on_two["step_seconds"] > shared))
         assert on_many["bound"] != "shared" or on_many["step_seconds"] == pytest.approx(line)
 
 
