@@ -186,12 +186,14 @@ def test_a_local_job_shows_its_progress_eta_and_cost_in_status_json(movielens_di
 
 def test_before_a_fit_a_patience_already_counting_is_projected_to_run_out():
     # the clicks overfit after 4 evaluations and stop after 9, before a curve of 8 can be fitted (benchmarks/eta.py)
-    losses = [0.5955, 0.5785, 0.5751, 0.57485, 0.5769]
+    losses = [0.5955, 0.5785, 0.5751, 0.57485, 0.5769, 0.5772]
     steps = [25 * (k + 1) for k in range(len(losses))]
-    projected = project_stop(steps, losses, StopConfig(patience=5, min_delta=0.001), EVERY)
+    stop = StopConfig(patience=5, min_delta=0.001)
+    projected = project_stop(steps, losses, stop, EVERY)
     assert projected is not None and projected.rule == "patience" and projected.curve is None
-    assert projected.step == 125 + 4 * EVERY  # one stale evaluation seen, four to go
-    assert project_stop(steps[:4], losses[:4], StopConfig(patience=5, min_delta=0.001), EVERY) is None  # improving
+    assert projected.step == 150 + 3 * EVERY  # two stale evaluations seen, three to go
+    assert project_stop(steps[:5], losses[:5], stop, EVERY) is None  # one: as often noise on a curve still falling
+    assert project_stop(steps[:4], losses[:4], stop, EVERY) is None  # improving
 
 
 def test_the_progress_line_names_the_limit_its_eta_counts_towards():

@@ -51,6 +51,12 @@ RECENT_SHARE = 0.8
 #: The projected evaluations' spacing is the median of the newest this many gaps between evaluations (0: every
 #: `evaluation.everySteps` steps, as `benchmarks/eta_replay.py` compares).
 SPACING_GAPS = 5
+#: Before a curve can be fitted, a patience is projected to run out once this many evaluations in a row made no new
+#: best. One is often noise while the curve still falls: on `benchmarks/eta_replay.py`'s MovieLens curves a new
+#: best came at the next evaluation, and the ETA at half-way, read from the projection of one, was a third early;
+#: two, three or four gave the same errors at half-way on 72 recorded curves (49 within 20 %, against 45 at one;
+#: benchmarks/RESULTS.md, "The patience stop's projection"), and two projects soonest.
+STALE_BEFORE_FIT = 2
 #: The projection gives up this many evaluations past the newest one: a rule that far away is no forecast.
 HORIZON_EVALUATIONS = 500
 #: How many noisy futures of the fitted curve are replayed.
@@ -73,8 +79,8 @@ def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConf
     """The step at which `stop`'s target loss or patience fires, for a job whose evaluations so far scored `losses`
     at `steps` (`evaluate_every`, its `evaluation.everySteps`, spaces them until two have come); None when neither
     rule is set, or the rule does not fire before `until_step` (another limit's step, if any) or the horizon.
-    Before a curve can be fitted, only a patience already counting is projected: to fire `patience` evaluations
-    after the best."""
+    Before a curve can be fitted, only a patience already counting (`STALE_BEFORE_FIT` evaluations) is projected: to
+    fire `patience` evaluations after the best."""
     if (stop.target_loss is None and stop.patience is None) or evaluate_every <= 0:
         return None
     points = [(float(s), float(x)) for s, x in zip(steps, losses) if s > 0 and math.isfinite(x)]
@@ -91,7 +97,7 @@ def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConf
     try:
         curve = fit_reference(t[recent], raw[recent], min_points=MIN_EVALUATIONS)
     except CurveFitError:  # too few evaluations yet, or a curve no fit holds
-        if not watch.stale or watch.patience_left is None:
+        if watch.stale < STALE_BEFORE_FIT or watch.patience_left is None:
             return None
         # The evaluations since the best are taken to go on not improving (a model that overfits early, as the
         # clicks of benchmarks/eta.py do, stops before a curve can be fitted).
