@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from mlless.runtime.supervisor.forecast import StopProjection, evaluation_spacing, project_stop
+from mlless.runtime.supervisor.forecast import SPACING_GAPS, StopProjection, evaluation_spacing, project_stop
 from mlless.runtime.supervisor.stopping import Standing
 from mlless.spec.job import StopConfig
 
@@ -77,7 +77,7 @@ class Estimator:
             self._kept = self._kept[::2] if len(self._kept) >= KEPT else self._kept
             self._kept.append((at, cost_usd, self._fitting))
         if len(evaluations) > 1:
-            self._spacing = evaluation_spacing([s for s, _ in evaluations], self.evaluate_every)
+            self._spacing = evaluation_spacing([s for s, _ in evaluations[-SPACING_GAPS - 1:]], self.evaluate_every)
         pace = self._pace(at, cost_usd)
         candidates = self._limits(at, cost_usd, pace)
         if pace is not None and pace.steps > 0:
