@@ -90,6 +90,16 @@ def errors(seen: list[tuple[float, dict]], end: float) -> dict[float, tuple[floa
     return out
 
 
+def band_at_half(seen: list[tuple[float, dict]], end: float) -> tuple[float, float] | None:
+    """The band of the first status at or past 50 % (etaLowSeconds to etaHighSeconds) as errors against the real time
+    left, as the ETA's error is read; None where it had no band (a limit known in advance)."""
+    at = first_at(seen, 0.5)
+    if at is None or "etaLowSeconds" not in at[1] or end - at[0] <= 0:
+        return None
+    left = end - at[0]
+    return (at[1]["etaLowSeconds"] - left) / left, (at[1]["etaHighSeconds"] - left) / left
+
+
 def steadiness(seen: list[tuple[float, dict]], end: float) -> tuple[float, int, int] | None:
     """(mean |log(projected end / real end)|, statuses whose projected end was past twice the real one, statuses)
     over every status with an ETA before the final one: the projected end is its second plus its ETA."""
@@ -141,7 +151,7 @@ def main() -> None:
     ap.add_argument("--section", default="eta", help="the RESULTS.md section written (default eta)")
     args = ap.parse_args()
     info = _common.machine_info()
-    rows, misses, halves, ends, seconds = [], [], [], {}, {}
+    rows, misses, halves, ends, seconds, bands = [], [], [], {}, {}, []
     seeds = [None] if args.repeats <= 1 else list(range(1, args.repeats + 1))
     with tempfile.TemporaryDirectory(prefix="mlless-eta-") as tmp:
         jobs = [(key, p, {}) for key in args.sets.split(",") for p in map(int, args.workers.split(","))]
@@ -158,6 +168,9 @@ def main() -> None:
                 cells += [f"{e[0]:+.0%}" if e else "-" for e in errors(seen, stopped).values()]
                 steady = steadiness(seen, end)
                 cells += ["-" if steady is None else f"{steady[0]:.2f} ({steady[1]} of {steady[2]} past 2x)"]
+                band = band_at_half(seen, end)
+                bands.append(band)
+                cells += ["-" if band is None else f"{band[0]:+.0%} to {band[1]:+.0%}"]
                 rows.append([key, workers, job_kind, *([seed] if seed else []), f"{end:.1f}", f"{end - stopped:.1f}",
                              len(seen), *cells])
                 print("  ", rows[-1], flush=True)
@@ -171,9 +184,12 @@ def main() -> None:
                                   + ("no status at 50 %" if half is None else f"{half[0]:+.0%}"))
     table = _common.table(["set", "P", "job", *(["seed"] if seeds[0] else []), "end (s)", "wind-down (s)",
                            "statuses", "error at 25 %", "at 50 %", "at 75 %", "vs last step: 25 %", "50 %", "75 %",
-                           "steadiness"], rows)
+                           "steadiness", "band at 50 %"], rows)
     verdict = (f"Target (|error| at 50 % <= {TARGET:.0%}): met in {len(rows) - len(misses)} of {len(rows)} runs"
                + (f"; missed: {'; '.join(misses)}." if misses else "."))
+    held = [low <= 0 <= high for low, high in filter(None, bands)]
+    verdict += (f" The band at 50 % (the futures' early and late tenth, forecast.BAND) held the real end in "
+                f"{sum(held)} of the {len(held)} runs that had one.")
     if len(seeds) > 1:
         reference = [other_seeds(e, i) for e in ends.values() for i in range(len(e))]
         same_second = [None if at[i] is None else other_seeds(e, i, at[i])
@@ -198,7 +214,9 @@ def main() -> None:
         "(most of it the start of the processes and the workers' data) to its final status; wind-down: from the "
         "last step's close to then. Steadiness: over every status with an ETA before the final one, the mean "
         "|log(projected end / real end)|, the projected end being the status's second plus its ETA, and how many "
-        "statuses projected past twice the real end.", "",
+        "statuses projected past twice the real end. Band at 50 %: the first status at 50 %'s etaLowSeconds and "
+        "etaHighSeconds as errors against the real time left (it held the end where the first is at or below 0 "
+        "and the second at or above).", "",
         table, "", verdict,
     ])
     print(body)

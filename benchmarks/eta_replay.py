@@ -28,6 +28,7 @@ from unittest import mock
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 import time_to_quality as ttq  # noqa: E402
+from eta import KINDS  # noqa: E402
 
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
@@ -39,7 +40,6 @@ from mlless.spec.schema import DEFAULT_PATIENCE  # noqa: E402
 from mlless.telemetry.rows import evaluated  # noqa: E402
 
 MARKS = (0.25, 0.5, 0.75)
-KINDS = {"movielens": "pmf", "pmf1m-skew": "pmf", "lr200k": "logistic-regression"}
 Curve = list[tuple[int, float]]
 
 
@@ -149,6 +149,18 @@ def steadiness(found: list[tuple[int, Projected] | None]) -> str:
             f"the real stop, mean |log(projected / real)| {np.mean(np.abs(np.log(ratios))):.3f}")
 
 
+def band_held(curve: Curve, every: int, stop: StopConfig) -> bool | None:
+    """Whether `forecast.project_stop`'s band (its futures' early and late stops, `forecast.BAND`) held the real stop
+    at the first evaluation whose projected progress reaches 50 % (None: no stop, or no band there)."""
+    end = real_stop(curve, stop)
+    seen = [] if end is None else [(s, x) for s, x in curve if s < end]
+    for k in range(1, len(seen) + 1):
+        got = forecast.project_stop([s for s, _ in seen[:k]], [x for _, x in seen[:k]], stop, every)
+        if got is not None and seen[k - 1][0] / max(got.step, seen[k - 1][0] + 1) >= 0.5:
+            return None if got.band is None else got.band[0] <= end <= got.band[1]
+    return None
+
+
 def summary(found: list[float | None]) -> str:
     """'within 20 % in k of n, median |error| m' of errors at 50 % (None: never reached the mark)."""
     got = [abs(e) for e in found if e is not None]
@@ -158,7 +170,7 @@ def summary(found: list[float | None]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sets", default=",".join(KINDS))
+    ap.add_argument("--sets", default="movielens,pmf1m-skew,lr200k", help=f"of {', '.join(KINDS)}")
     ap.add_argument("--workers", default="1,2,3")
     ap.add_argument("--seeds", default="1,2")
     ap.add_argument("--record-patience", type=int, default=15)
@@ -185,6 +197,14 @@ def main() -> None:
             cells.append("-" if half is None else f"{half:+.0%}")
         rows.append([key, p, seed, len(curve), stops[key, p, seed] or "-", *cells])
     keys = list(curves)
+    held = {key: band_held(curve, every, stop) for key, (curve, every) in curves.items()}
+
+    def count(sets: set[str]) -> str:
+        got = [h for key, h in held.items() if key[0] in sets and h is not None]
+        return f"{sum(got)} of {len(got)}"
+    lines_band = (f"the band of `current` (its futures' {forecast.BAND:.0%} to {1 - forecast.BAND:.0%} stops) at its "
+                  f"50 % mark held the real stop in {count({k for k, *_ in keys})} curves with a band there; by set: "
+                  + ", ".join(f"{k} {count({k})}" for k in dict.fromkeys(k for k, *_ in keys)))
     lines = [f"{name}: {summary(got)}; by set: " + ", ".join(
                  f"{k} {summary([e for key, e in zip(keys, got) if key[0] == k])}" for k in dict.fromkeys(k for k, *_ in keys))
              + f"; over every evaluation before the stop: {steadiness(projected[name])}"
@@ -198,7 +218,7 @@ def main() -> None:
         "real stop of the same set and P on the other seeds, known from the start (its error is the stop's own "
         "scatter from seed to seed).", "",
         _common.table(["set", "P", "seed", "evaluations", "real stop", *columns], rows), "",
-        *[f"- {line}" for line in lines]])
+        *[f"- {line}" for line in [*lines, lines_band]]])
     print(body)
     if args.write_results:
         _common.update_results("eta-replay", body)

@@ -50,8 +50,9 @@ def test_scale_subresource_and_printer_columns_point_at_real_fields(crd):
     assert "status" in version["subresources"]
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert list(columns) == ["State", "Workers", "Step", "Progress", "ETA", "Loss", "Cost", "Age", "Restarts", "Projected",
-                             "Until"]
-    assert [name for name, c in columns.items() if c.get("priority")] == ["Restarts", "Projected", "Until"]  # -o wide
+                             "Until", "ETA-Low", "ETA-High"]
+    assert [name for name, c in columns.items() if c.get("priority")] == [
+        "Restarts", "Projected", "Until", "ETA-Low", "ETA-High"]  # -o wide
     for column in columns.values():
         if column["jsonPath"] != ".metadata.creationTimestamp":
             assert column["jsonPath"] in fields, column

@@ -67,6 +67,23 @@ def test_a_patience_stop_is_projected_from_the_first_half_of_the_curve(sigma):
     assert np.median(errors) <= 0.5, errors
 
 
+def test_the_band_of_a_patience_stop_holds_the_projection_and_most_real_stops():
+    stop, held, widths = StopConfig(patience=5, min_delta=0.001), 0, []
+    for seed in range(20):
+        losses = curve(0.002, seed)
+        real = real_stop(losses, stop)
+        seen = max(MIN_EVALUATIONS, int(np.searchsorted(STEPS, real / 2)))
+        projected = project_stop(STEPS[:seen], losses[:seen], stop, EVERY)
+        assert projected is not None and projected.band is not None
+        early, late = projected.band
+        assert early <= projected.step <= late
+        held += early <= real <= late
+        widths.append((late - early) / (real - STEPS[seen - 1]))
+    # The futures' 10th to 90th percentile stops: 14 of these 20 held the real stop. A band that held only the
+    # projection, or everything, fails one of the two.
+    assert held >= 12 and np.median(widths) < 1.0, (held, widths)
+
+
 def test_a_noise_free_curve_stops_on_patience_only_where_its_fall_is_under_min_delta():
     losses = curve(0.0, 0)
     early = project_stop(STEPS[:40], losses[:40], StopConfig(patience=5, min_delta=0.01), EVERY)
@@ -124,10 +141,20 @@ def test_epochs_count_mini_batches_and_the_projection_joins_the_limits():
     assert projected is not None and projected.step < 5000  # 100 epochs are 5000 steps here
     assert out.limit == "patience" and out.progress == pytest.approx(at.steps / projected.step)
     assert out.eta_seconds == pytest.approx((projected.step - at.steps) / 100, rel=1e-3)
+    assert projected.band is not None and out.eta_band == pytest.approx(
+        [(step - at.steps) / 100 for step in projected.band], rel=1e-3)
+    # An epochs limit between the median and the late futures ends the late ones: the band's top is its ETA.
+    limit = (projected.step + projected.band[1]) // 2
+    capped = Estimator(StopConfig(max_epochs=limit / 50, patience=5, min_delta=0.001), EVERY, clock)
+    capped.estimate(standing(0, 1.0), 0.0, [])
+    out = capped.estimate(at, 0.0, evaluations)
+    assert out.limit == "patience" and out.eta_band is not None
+    assert out.eta_band[1] == pytest.approx((limit - at.steps) / 100, rel=1e-3)
     no_rule = Estimator(StopConfig(max_epochs=100.0), EVERY, clock)
     no_rule.estimate(standing(0, 1.0), 0.0, [])
     out = no_rule.estimate(at, 0.0, evaluations)
     assert out.limit == "maxEpochs" and out.progress == pytest.approx(2 * at.steps / 10000)
+    assert out.eta_band is None  # a limit known in advance: no futures
 
 
 def test_status_json_is_replaced_whole(tmp_path):
@@ -210,7 +237,19 @@ def test_the_progress_line_names_the_limit_its_eta_counts_towards():
         return out.getvalue().rstrip("\n")
 
     assert line(0.42, 65.0, 0.00123, "patience").endswith("  42%  eta 1m05s to patience  -> $0.00123")
+    assert line(0.42, 65.0, 0.00123, "patience", (40.0, 130.0)).endswith(
+        "  42%  eta 1m05s (40s-2m10s) to patience  -> $0.00123")
     assert line(0.0, None, None, None).endswith("   0%  eta -  -> $-")  # before the pace is known
+
+
+def test_the_status_holds_a_projected_stops_band_and_drops_it_for_a_limit_known_in_advance():
+    from mlless.runtime.supervisor.eta import Outlook
+    from mlless.runtime.supervisor.status import StatusBoard
+
+    projected = StatusBoard.fields(standing(10, 1.0), 0.001, 0.9, 2, Outlook(0.5, 10.0, 0.01, "patience", (6.0, 15.5)))
+    assert (projected["etaLowSeconds"], projected["etaSeconds"], projected["etaHighSeconds"]) == (6.0, 10.0, 15.5)
+    fixed = StatusBoard.fields(standing(10, 1.0), 0.001, 0.9, 2, Outlook(0.5, 10.0, 0.01, "maxSteps"))
+    assert fixed["etaLowSeconds"] is None and fixed["etaHighSeconds"] is None  # a patch of null removes them
 
 
 def test_status_json_is_rewritten_at_most_every_write_seconds_but_at_once_with_a_new_evaluation(tmp_path):

@@ -55,7 +55,7 @@ def drive(m: SupervisorMetrics) -> None:
     m.tuner_decision("remove")
     m.knee(40)
     m.rejected_frames(2)
-    m.outlook(0.25, 30.0, 0.004)
+    m.outlook(0.25, 30.0, 0.004, (20.0, 45.0))
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_names_follow_prometheus_conventions(metrics):
     text = scrape(metrics)
     # The text format also lists each counter's and histogram's `_created` timestamp as a gauge family.
     fams = [f for f in text_string_to_metric_families(text) if not f.name.endswith("_created")]
-    assert len(fams) == 17
+    assert len(fams) == 18
     for f in fams:
         assert f.name.startswith("mlless_"), f.name
         assert f.documentation, f"{f.name} has no HELP text"
@@ -94,9 +94,12 @@ def test_outlook_gauges_show_progress_eta_and_projected_cost_and_nan_while_unkno
     assert value(text, "mlless_progress_ratio") == 0.25
     assert value(text, "mlless_eta_seconds") == 30.0
     assert value(text, "mlless_projected_cost_usd") == pytest.approx(0.004)
+    assert value(text, "mlless_eta_band_seconds", bound="low") == 20.0
+    assert value(text, "mlless_eta_band_seconds", bound="high") == 45.0
     metrics.outlook(0.0, None, None)
     text = scrape(metrics)
     assert math.isnan(value(text, "mlless_eta_seconds")) and math.isnan(value(text, "mlless_projected_cost_usd"))
+    assert math.isnan(value(text, "mlless_eta_band_seconds", bound="high"))
 
 
 def test_step_closed(metrics):

@@ -56,8 +56,9 @@ async def assert_succeeded(c: Any, kubelet: Kubelet, name: str) -> dict[str, Any
     assert status["epoch"] == pytest.approx(summary["epochs"], abs=1e-4), status
     if KUBECTL is not None:
         shown = await printer_columns(name)
-        assert {k: shown[k] for k in ("State", "Step", "Progress", "ETA", "Until")} == {
-            "State": "Succeeded", "Step": str(summary["steps"]), "Progress": "1", "ETA": "0", "Until": "maxSteps"}, shown
+        assert {k: shown[k] for k in ("State", "Step", "Progress", "ETA", "Until", "ETA-Low")} == {
+            "State": "Succeeded", "Step": str(summary["steps"]), "Progress": "1", "ETA": "0", "Until": "maxSteps",
+            "ETA-Low": "<none>"}, shown  # a limit known in advance: no band
         assert float(shown["Cost"]) == float(shown["Projected"]) == pytest.approx(summary["cost_usd"], abs=1e-6), shown
     return summary
 

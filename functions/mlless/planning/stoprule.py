@@ -102,7 +102,7 @@ def samples_when_stop_fires(stop: StopConfig, evaluations: Sequence[tuple[float,
         raise ValueError(f"{len(evaluations)} evaluations: {exc}") from None
     resid = recorded[:, 1] - np.asarray(curve(recorded[:, 0]))
     noise = float(np.std(resid, ddof=1)) if len(resid) > 1 else 0.0
-    step, _ = median_future(watch, lambda steps: curve(steps * samples_per_step), noise, int(first / samples_per_step),
-                            interval_samples / samples_per_step, limit_samples / samples_per_step,
-                            futures=NOISE_DRAWS, seed=NOISE_SEED)
+    step = median_future(watch, lambda steps: curve(steps * samples_per_step), noise, int(first / samples_per_step),
+                         interval_samples / samples_per_step, limit_samples / samples_per_step,
+                         futures=NOISE_DRAWS, seed=NOISE_SEED).step
     return (limit_samples, False) if step == math.inf else (min(step * samples_per_step, limit_samples), True)

@@ -32,6 +32,10 @@ PRINTER_COLUMNS = [
      "description": "Projected cost at the job's end, USD"},
     {"name": "Until", "type": "string", "jsonPath": ".status.progressLimit", "priority": 1,
      "description": "The spec.stop limit Progress and ETA count towards (maxEpochs: at the latest)"},
+    {"name": "ETA-Low", "type": "number", "jsonPath": ".status.etaLowSeconds", "priority": 1,
+     "description": "A projected stop's ETA in its early futures"},
+    {"name": "ETA-High", "type": "number", "jsonPath": ".status.etaHighSeconds", "priority": 1,
+     "description": "A projected stop's ETA in its late futures"},
 ]
 
 

@@ -405,6 +405,10 @@ STATUS_SCHEMA: Schema = obj(
         "progressLimit": string("The spec.stop field of that limit: maxSteps, maxEpochs, maxSeconds or budgetUSD, or "
                                 "targetLoss or patience, projected on the fitted validation curve."),
         "etaSeconds": number("Seconds until that limit ends the job, at the job's pace so far.", 0),
+        "etaLowSeconds": number("With targetLoss or patience: the ETA of the early tenth of the futures projected "
+                                "on the validation curve. Absent for a limit known in advance.", 0),
+        "etaHighSeconds": number("With targetLoss or patience: the ETA of the late tenth of those futures (or of the "
+                                 "nearest other limit, if it ends them sooner).", 0),
         "projectedCostUSD": number("The job's cost at its end in dollars: the cost so far plus the bill's pace until "
                                    "the ETA.", 0),
         "startTime": string("When training started.", fmt="date-time"),

@@ -124,6 +124,9 @@ class SupervisorMetrics:
                               "(runtime/supervisor/eta.py).", ["job"], registry=r)
         self.eta = Gauge("mlless_eta_seconds", "Seconds until the nearest stop limit ends the job (NaN while not known).",
                          ["job"], registry=r)
+        self.eta_band = Gauge("mlless_eta_band_seconds", "The ETA of a projected stop (targetLoss, patience) in its "
+                              "futures' early (bound=low) and late tenth (bound=high); NaN for a limit known in "
+                              "advance.", ["job", "bound"], registry=r)
         self.projected_cost = Gauge("mlless_projected_cost_usd", "The job's cost at its end, projected, in US dollars "
                                     "(NaN while not known).", ["job"], registry=r)
         self.tuner_decisions = Counter(
@@ -249,10 +252,13 @@ class SupervisorMetrics:
         if "total" not in breakdown:
             self.cost_usd.labels(self.job, "total").set(sum(breakdown.values()))
 
-    def outlook(self, progress: float, eta_seconds: float | None, projected_cost_usd: float | None) -> None:
-        """Set the progress, ETA and projected cost gauges; an unknown figure is NaN."""
+    def outlook(self, progress: float, eta_seconds: float | None, projected_cost_usd: float | None,
+                eta_band: tuple[float, float] | None = None) -> None:
+        """Set the progress, ETA (and its band) and projected cost gauges; an unknown figure is NaN."""
         self.progress.labels(self.job).set(progress)
         self.eta.labels(self.job).set(math.nan if eta_seconds is None else eta_seconds)
+        for bound, seconds in zip(("low", "high"), eta_band or (math.nan, math.nan)):
+            self.eta_band.labels(self.job, bound).set(seconds)
         self.projected_cost.labels(self.job).set(math.nan if projected_cost_usd is None else projected_cost_usd)
 
     def tuner_decision(self, outcome: str) -> None:

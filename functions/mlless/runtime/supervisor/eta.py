@@ -7,7 +7,8 @@ come added to the time left, `Estimator._with_fits`), `maxSeconds` by the clock,
 at the pace the bill grows, and the target loss or patience where `forecast.project_stop` projects them to fire on
 the validation curve. The nearest limit, the one with the least time left, is the one that will end the job:
 `progress` is its fraction, `etaSeconds` its time left, and `projectedCostUSD` the cost so far plus the bill's
-pace over that time. The curve is fitted again only when an evaluation came since, and the fits keep to
+pace over that time. A projected limit's time left has a band, `etaLowSeconds` to `etaHighSeconds`: that of its
+futures' early and late stops (`forecast.BAND`), the late ones ended by the nearest other limit. The curve is fitted again only when an evaluation came since, and the fits keep to
 `REFIT_SHARE` of the supervisor's time with a burst of `REFIT_BURST`: a bucket of that many seconds, refilled at
 the share. The burst is for the short jobs: a projection took 3-20 ms of the loop in the default jobs of
 benchmarks/projection_cost.py on 2 cores, and at the share alone the MovieLens sample at P = 3, an evaluation every
@@ -45,6 +46,7 @@ class Outlook:
     eta_seconds: float | None  # None while the pace is not known yet
     projected_cost_usd: float | None
     limit: str | None  # the limit, by its spec.stop field (targetLoss and patience: projected); None: none known
+    eta_band: tuple[float, float] | None = None  # a projected limit's ETA in its futures' band (forecast.BAND)
 
 
 @dataclass(frozen=True)
@@ -80,20 +82,26 @@ class Estimator:
             self._spacing = evaluation_spacing([s for s, _ in evaluations[-SPACING_GAPS - 1:]], self.evaluate_every)
         pace = self._pace(at, cost_usd)
         candidates = self._limits(at, cost_usd, pace)
+        band = rule = None  # a projected rule's, and its ETA's band
         if pace is not None and pace.steps > 0:
-            nearest = min((eta for _, _, eta in candidates), default=None)
-            until = None if nearest is None else at.steps + nearest * pace.steps
+            nearest = min((eta for _, _, eta in candidates), default=math.inf)
+            until = None if nearest == math.inf else at.steps + nearest * pace.steps
             projection = self._project(evaluations, until)
             if projection is not None:
-                # A projected stop the job went past without stopping is due at the next step close, at the soonest.
-                end = max(projection.step, at.steps + 1)
-                candidates.append((projection.rule, at.steps / end, self._with_fits((end - at.steps) / pace.steps, pace)))
+                rule = projection.rule
+                candidates.append((rule, at.steps / max(projection.step, at.steps + 1),
+                                   self._seconds_to(projection.step, at, pace)))
+                if projection.band is not None:  # its late futures are ended by the nearest other limit, if any
+                    early, late = projection.band
+                    band = (self._seconds_to(early, at, pace),
+                            min(nearest, self._seconds_to(late, at, pace) if late < math.inf else math.inf))
         if not candidates:
             self.last = Outlook(0.0, None, None, None)
             return self.last
         limit, fraction, eta = min(candidates, key=lambda c: c[2])
         projected = None if pace is None else cost_usd + pace.dollars * eta
-        self.last = Outlook(min(max(fraction, 0.0), 1.0), eta, projected, limit)
+        held = limit == rule and band is not None and band[1] < math.inf
+        self.last = Outlook(min(max(fraction, 0.0), 1.0), eta, projected, limit, band if held else None)
         return self.last
 
     @property
@@ -119,6 +127,11 @@ class Estimator:
             return None
         return _Pace((at.steps - first.steps) / training, (at.cursor - first.cursor) / training,
                      (cost_usd - first_cost) / seconds)
+
+    def _seconds_to(self, step: float, at: Standing, pace: _Pace) -> float:
+        """Seconds from `at` to the close of step `step` at `pace`, with the fits to come. A projected stop the job
+        went past without stopping is due at the next step close, at the soonest."""
+        return self._with_fits((max(step, at.steps + 1) - at.steps) / pace.steps, pace)
 
     def _with_fits(self, seconds: float, pace: _Pace) -> float:
         """`seconds` of training, and the fits of the validation curve they will hold: one at each evaluation to

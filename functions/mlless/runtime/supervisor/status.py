@@ -54,8 +54,9 @@ class StatusBoard:
             outlook = self.estimator.finished(cost_usd, completed)
         fields = self.fields(at, cost_usd, validation_loss, workers, outlook) | (end or {})
         self.platform.publish(fields, final=end is not None)
-        self.metrics.outlook(outlook.progress, outlook.eta_seconds, outlook.projected_cost_usd)
-        self.progress.outlook(outlook.progress, outlook.eta_seconds, outlook.projected_cost_usd, outlook.limit)
+        self.metrics.outlook(outlook.progress, outlook.eta_seconds, outlook.projected_cost_usd, outlook.eta_band)
+        self.progress.outlook(outlook.progress, outlook.eta_seconds, outlook.projected_cost_usd, outlook.limit,
+                              outlook.eta_band)
         self.status.update(fields)
         self.status = {k: v for k, v in self.status.items() if v is not None}
         now = self.clock()
@@ -78,5 +79,7 @@ class StatusBoard:
             "progress": round(outlook.progress, 4),
             "progressLimit": outlook.limit,
             "etaSeconds": _number(outlook.eta_seconds, 2),
+            "etaLowSeconds": None if outlook.eta_band is None else _number(outlook.eta_band[0], 2),
+            "etaHighSeconds": None if outlook.eta_band is None else _number(outlook.eta_band[1], 2),
             "projectedCostUSD": _number(outlook.projected_cost_usd, 6),
         }
