@@ -833,6 +833,10 @@ class TestDashboard:
         for q in ("0.5", "0.9"):
             assert has(rf"histogram_quantile\({q},sumby\(le,phase\)\(rate\(mlless_step_phase_seconds_bucket\{{")
         assert has(r"sumby\(outcome\)\(increase\(mlless_tuner_decisions_total\{")
+        # issue #24: progress, the ETA with its band, and the projected cost
+        assert has(r"^mlless_progress_ratio\{") and has(r"^mlless_eta_seconds\{")
+        assert has(r"^mlless_eta_band_seconds\{[^}]*bound=\"low\"") and has(r"^mlless_eta_band_seconds\{[^}]*bound=\"high\"")
+        assert has(r"^mlless_projected_cost_usd\{")
 
     def test_every_query_is_scoped_to_the_job_variable(self, dashboard):
         (job,) = [v for v in dashboard["templating"]["list"] if v["name"] == "job"]
