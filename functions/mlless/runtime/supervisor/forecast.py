@@ -32,9 +32,10 @@ next; 31 steady it, and the fits stay within the supervisor's `eta.REFIT_SHARE` 
 
 The futures' spread is the projection's band (`BAND`): where the median stop cannot be known closely, at half-way
 through a job whose curve has yet to turn, the band says by how much. On `eta_replay.py`'s recorded curves the
-band from the futures' 10th to 90th percentile stop held the real stop at half-way in 52 of 64 (81 %), the
-middle half in 33 of 64: the futures' scatter is the stop's own (benchmarks/RESULTS.md, "The patience stop's
-projection").
+band from the futures' 10th to 90th percentile stop held the real stop at half-way in 72 of 95 (76 %; the 1M
+ratings, whose fits err beyond the evaluations' noise, 18 of 36), and the median was within 20 % of 60-71 % of its
+futures' stops, about as often as it was of the real ones (benchmarks/RESULTS.md, "ETA error against the real
+end", session 20).
 """
 from __future__ import annotations
 
@@ -80,17 +81,26 @@ class StopProjection:
     rule: str  # "targetLoss" or "patience"
     curve: FittedCurve | None  # None: too few evaluations to fit, projected from those since the best
     noise: float  # the evaluations' scatter about the fit (loss units) its futures were given
-    band: tuple[int, float] | None = None  # the futures' early and late stop (late inf: past the limit or horizon)
+    futures: tuple[float, ...] = ()  # each future's stop, in order (inf: past the limit or horizon); () with no fit
+
+    @property
+    def band(self) -> tuple[float, float] | None:
+        """The futures' early and late stop (`BAND`), None with no futures."""
+        return band(self.futures) if self.futures else None
 
 
 @dataclass(frozen=True)
 class FutureStops:
-    """Where the rules stop the futures of a fitted curve: the median future, and the band about it (`BAND`)."""
+    """Where the rules stop the futures of a fitted curve: the median future's stop, and every future's."""
 
     step: float  # inf: the median future does not stop within the limit
     rule: str  # "targetLoss" or "patience" ("" with no stop)
-    early: float
-    late: float
+    futures: tuple[float, ...]  # in order
+
+
+def band(futures: Sequence[float]) -> tuple[float, float]:
+    """The stops at the `BAND` and 1 - `BAND` quantiles of `futures` (in order)."""
+    return futures[round(BAND * (len(futures) - 1))], futures[round((1.0 - BAND) * (len(futures) - 1))]
 
 
 def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConfig, evaluate_every: int,
@@ -129,7 +139,7 @@ def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConf
                           last if until_step is None else min(until_step, last), futures=FUTURES, seed=len(points))
     if found.step == math.inf:
         return None
-    return StopProjection(int(found.step), found.rule, curve, noise, (int(found.early), found.late))
+    return StopProjection(int(found.step), found.rule, curve, noise, found.futures)
 
 
 def evaluation_spacing(steps: Sequence[float], evaluate_every: int) -> float:
@@ -143,7 +153,7 @@ def evaluation_spacing(steps: Sequence[float], evaluate_every: int) -> float:
 def median_future(watch: ValidationWatch, trend: Callable[[np.ndarray], np.ndarray], noise: float, first: int,
                   evaluate_every: float, last: float, *, futures: int, seed: int) -> FutureStops:
     """Where `watch`'s rules, as they stand after the evaluation at step `first`, stop the job in the median of
-    `futures` futures, and in those at the `BAND` quantiles: `trend` (step -> validation loss) evaluated every
+    `futures` futures, and in each of them: `trend` (step -> validation loss) evaluated every
     `evaluate_every` steps up to `last`, plus Gaussian noise of deviation `noise` (seeded by `seed`: the same inputs
     give the same answer; one future when `noise` is 0). A future that does not stop by `last` stops at inf. The
     planner replays a pilot run's fitted curve with it (`planning/stoprule.py`), the ETA a live job's."""
@@ -155,8 +165,7 @@ def median_future(watch: ValidationWatch, trend: Callable[[np.ndarray], np.ndarr
     stops = sorted(_replay(watch, first, steps, row, evaluate_every, last)
                    for row in watch.smoothed.following(losses).tolist())
     step, rule = stops[len(stops) // 2]
-    early, late = (stops[round(q * (len(stops) - 1))][0] for q in (BAND, 1.0 - BAND))
-    return FutureStops(step, rule, early, late)
+    return FutureStops(step, rule, tuple(s for s, _ in stops))
 
 
 def _replay(watch: ValidationWatch, first: int, steps: list[int], smoothed: list[float], evaluate_every: float,
