@@ -239,6 +239,7 @@ def test_the_progress_line_names_the_limit_its_eta_counts_towards():
     assert line(0.42, 65.0, 0.00123, "patience").endswith("  42%  eta 1m05s to patience  -> $0.00123")
     assert line(0.42, 65.0, 0.00123, "patience", (40.0, 130.0)).endswith(
         "  42%  eta 1m05s (40s-2m10s) to patience  -> $0.00123")
+    assert line(0.9, 0.43, 0.00123, "patience", (0.2, 0.71)).endswith("  90%  eta 0.4s (0.2s-0.7s) to patience  -> $0.00123")
     assert line(0.0, None, None, None).endswith("   0%  eta -  -> $-")  # before the pace is known
 
 

@@ -25,7 +25,9 @@ def _fmt_bytes(n: float) -> str:
 
 
 def _fmt_duration(seconds: float) -> str:
-    """42s, 3m05s, 2h07m."""
+    """0.4s, 42s, 3m05s, 2h07m: tenths under 10 s, where a short job's ETA and its band would all read 0s."""
+    if seconds < 9.95:
+        return f"{seconds:.1f}s"
     s = round(seconds)
     if s < 60:
         return f"{s}s"
