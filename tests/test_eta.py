@@ -154,7 +154,11 @@ def test_epochs_count_mini_batches_and_the_projection_joins_the_limits():
     no_rule.estimate(standing(0, 1.0), 0.0, [])
     out = no_rule.estimate(at, 0.0, evaluations)
     assert out.limit == "maxEpochs" and out.progress == pytest.approx(2 * at.steps / 10000)
-    assert out.eta_band is None  # a limit known in advance: no futures
+    assert out.eta_band is None and not out.at_most  # a limit known in advance: no futures, and nothing sooner
+    with_rule = Estimator(StopConfig(max_epochs=100.0, patience=5), EVERY, clock)
+    with_rule.estimate(standing(0, 1.0), 0.0, [])
+    out = with_rule.estimate(at, 0.0, evaluations[:MIN_EVALUATIONS - 1])  # too few to fit, nothing stale yet
+    assert out.limit == "maxEpochs" and out.at_most  # patience may end it sooner
 
 
 def test_status_json_is_replaced_whole(tmp_path):
@@ -240,6 +244,7 @@ def test_the_progress_line_names_the_limit_its_eta_counts_towards():
     assert line(0.42, 65.0, 0.00123, "patience", (40.0, 130.0)).endswith(
         "  42%  eta 1m05s (40s-2m10s) to patience  -> $0.00123")
     assert line(0.9, 0.43, 0.00123, "patience", (0.2, 0.71)).endswith("  90%  eta 0.4s (0.2s-0.7s) to patience  -> $0.00123")
+    assert line(0.1, 12.0, 0.00123, "maxEpochs", None, True).endswith("  10%  eta ≤12s to maxEpochs  -> $0.00123")
     assert line(0.0, None, None, None).endswith("   0%  eta -  -> $-")  # before the pace is known
 
 

@@ -47,13 +47,14 @@ class Progress:
         self._outlook = ""  # the newest progress, ETA and projected cost, shown at the end of the status line
 
     def outlook(self, progress: float, eta_seconds: float | None, projected_cost: float | None,
-                limit: str | None = None, eta_band: tuple[float, float] | None = None) -> None:
+                limit: str | None = None, eta_band: tuple[float, float] | None = None, at_most: bool = False) -> None:
         """The job's newest progress, ETA and projected cost (runtime/supervisor/eta.py), for the next status line,
-        with the stop limit they count towards (`spec.stop`'s field): an ETA to `maxEpochs` while patience is not
-        yet projected says when the job ends at the latest, one to `patience` when it is expected to, within
-        `eta_band` (eta 40s (25s-1m10s) to patience)."""
+        with the stop limit they count towards (`spec.stop`'s field): an ETA to `maxEpochs` while patience may end
+        the job sooner (`at_most`) says when it ends at the latest (eta ≤12s to maxEpochs), one to `patience` when
+        it is expected to, within `eta_band` (eta 40s (25s-1m10s) to patience)."""
         band = "" if eta_band is None else f" ({_fmt_duration(eta_band[0])}-{_fmt_duration(eta_band[1])})"
-        eta = "-" if eta_seconds is None else _fmt_duration(eta_seconds) + band + (f" to {limit}" if limit else "")
+        eta = "-" if eta_seconds is None else (
+            ("≤" if at_most else "") + _fmt_duration(eta_seconds) + band + (f" to {limit}" if limit else ""))
         self._outlook = f"  {100 * progress:3.0f}%  eta {eta}  -> ${_fmt(projected_cost, '.5f')}"
 
     def elapsed(self) -> float:

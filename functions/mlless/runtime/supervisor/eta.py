@@ -47,6 +47,7 @@ class Outlook:
     projected_cost_usd: float | None
     limit: str | None  # the limit, by its spec.stop field (targetLoss and patience: projected); None: none known
     eta_band: tuple[float, float] | None = None  # a projected limit's ETA in its futures' band (forecast.BAND)
+    at_most: bool = False  # a limit's ETA while a target loss or patience may end the job sooner
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ class Estimator:
         limit, fraction, eta = min(candidates, key=lambda c: c[2])
         projected = None if pace is None else cost_usd + pace.dollars * eta
         held = limit == rule and band is not None and band[1] < math.inf
-        self.last = Outlook(min(max(fraction, 0.0), 1.0), eta, projected, limit, band if held else None)
+        sooner = limit != rule and (self.stop.patience is not None or self.stop.target_loss is not None)
+        self.last = Outlook(min(max(fraction, 0.0), 1.0), eta, projected, limit, band if held else None, sooner)
         return self.last
 
     @property

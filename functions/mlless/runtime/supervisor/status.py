@@ -56,7 +56,7 @@ class StatusBoard:
         self.platform.publish(fields, final=end is not None)
         self.metrics.outlook(outlook.progress, outlook.eta_seconds, outlook.projected_cost_usd, outlook.eta_band)
         self.progress.outlook(outlook.progress, outlook.eta_seconds, outlook.projected_cost_usd, outlook.limit,
-                              outlook.eta_band)
+                              outlook.eta_band, outlook.at_most)
         self.status.update(fields)
         self.status = {k: v for k, v in self.status.items() if v is not None}
         now = self.clock()
