@@ -32,8 +32,8 @@ next; 31 steady it, and the fits stay within the supervisor's `eta.REFIT_SHARE` 
 
 The futures' spread is the projection's band (`BAND`): where the median stop cannot be known closely, at half-way
 through a job whose curve has yet to turn, the band says by how much. On `eta_replay.py`'s recorded curves the
-band from the futures' 10th to 90th percentile stop held the real stop at half-way in 72 of 95 (76 %; the 1M
-ratings, whose fits err beyond the evaluations' noise, 18 of 36), and the median was within 20 % of 60-71 % of its
+band from the futures' 10th to 90th percentile stop held the real stop at half-way in 93 of 127 (73 %; the 1M
+ratings, whose fits err beyond the evaluations' noise, 23 of 48), and the median was within 20 % of 60-71 % of its
 futures' stops, about as often as it was of the real ones (benchmarks/RESULTS.md, "ETA error against the real
 end", session 20).
 """
