@@ -151,7 +151,8 @@ def main() -> None:
     ap.add_argument("--section", default="eta", help="the RESULTS.md section written (default eta)")
     args = ap.parse_args()
     info = _common.machine_info()
-    rows, misses, halves, ends, seconds, bands = [], [], [], {}, {}, []
+    rows, misses, halves, bands = [], [], [], []
+    runs: dict[tuple[str, int, str], list[tuple[float, float | None]]] = {}  # (end, second of its 50 % status)
     seeds = [None] if args.repeats <= 1 else list(range(1, args.repeats + 1))
     with tempfile.TemporaryDirectory(prefix="mlless-eta-") as tmp:
         jobs = [(key, p, {}) for key in args.sets.split(",") for p in map(int, args.workers.split(","))]
@@ -176,9 +177,8 @@ def main() -> None:
                 print("  ", rows[-1], flush=True)
                 half = found[0.5]
                 halves.append(None if half is None else half[0])
-                ends.setdefault((key, workers, job_kind), []).append(end)
                 half_second = first_at(seen, 0.5)
-                seconds.setdefault((key, workers, job_kind), []).append(half_second and half_second[0])
+                runs.setdefault((key, workers, job_kind), []).append((end, half_second and half_second[0]))
                 if half is None or abs(half[0]) > TARGET:
                     misses.append(f"{key} P={workers} {job_kind}{f' seed {seed}' if seed else ''}: "
                                   + ("no status at 50 %" if half is None else f"{half[0]:+.0%}"))
@@ -189,11 +189,12 @@ def main() -> None:
                + (f"; missed: {'; '.join(misses)}." if misses else "."))
     held = [low <= 0 <= high for low, high in filter(None, bands)]
     verdict += (f" The band at 50 % (the futures' early and late tenth, forecast.BAND) held the real end in "
-                f"{sum(held)} of the {len(held)} runs that had one.")
+                f"{sum(held)} of the {len(held)} runs that had one." if held else " No run had a band at 50 %.")
     if len(seeds) > 1:
-        reference = [other_seeds(e, i) for e in ends.values() for i in range(len(e))]
-        same_second = [None if at[i] is None else other_seeds(e, i, at[i])
-                       for e, at in zip(ends.values(), seconds.values()) for i in range(len(e))]
+        ends = {job: [end for end, _ in got] for job, got in runs.items()}
+        reference = [other_seeds(ends[job], i) for job, got in runs.items() for i in range(len(got))]
+        same_second = [None if at is None else other_seeds(ends[job], i, at)
+                       for job, got in runs.items() for i, (_, at) in enumerate(got)]
         by_job = ", ".join(f"{k} P={p}: {min(e):.1f}-{max(e):.1f} s" for (k, p, _), e in ends.items())
         verdict += (f" Median |error| at 50 % over the {len(rows)} runs: **{median_abs(halves):.0%}**; an ETA that "
                     f"knew the other seeds' mean end: {median_abs(reference):.0%} (within {TARGET:.0%} in "
