@@ -157,7 +157,8 @@ def futures_at_half(curve: Curve, every: int, stop: StopConfig) -> tuple[bool, f
     end = real_stop(curve, stop)
     seen = [] if end is None else [(s, x) for s, x in curve if s < end]
     for k in range(1, len(seen) + 1):
-        got, step = forecast.project_stop([s for s, _ in seen[:k]], [x for _, x in seen[:k]], stop, every), seen[k - 1][0]
+        step = seen[k - 1][0]
+        got = forecast.project_stop([s for s, _ in seen[:k]], [x for _, x in seen[:k]], stop, every)
         if got is not None and step / max(got.step, step + 1) >= 0.5:
             if got.band is None:
                 return None

@@ -243,7 +243,8 @@ def test_the_progress_line_names_the_limit_its_eta_counts_towards():
     assert line(0.42, 65.0, 0.00123, "patience").endswith("  42%  eta 1m05s to patience  -> $0.00123")
     assert line(0.42, 65.0, 0.00123, "patience", (40.0, 130.0)).endswith(
         "  42%  eta 1m05s (40s-2m10s) to patience  -> $0.00123")
-    assert line(0.9, 0.43, 0.00123, "patience", (0.2, 0.71)).endswith("  90%  eta 0.4s (0.2s-0.7s) to patience  -> $0.00123")
+    assert line(0.9, 0.43, 0.00123, "patience", (0.2, 0.71)).endswith(
+        "  90%  eta 0.4s (0.2s-0.7s) to patience  -> $0.00123")
     assert line(0.1, 12.0, 0.00123, "maxEpochs", None, True).endswith("  10%  eta ≤12s to maxEpochs  -> $0.00123")
     assert line(0.0, None, None, None).endswith("   0%  eta -  -> $-")  # before the pace is known
 
@@ -252,7 +253,8 @@ def test_the_status_holds_a_projected_stops_band_and_drops_it_for_a_limit_known_
     from mlless.runtime.supervisor.eta import Outlook
     from mlless.runtime.supervisor.status import StatusBoard
 
-    projected = StatusBoard.fields(standing(10, 1.0), 0.001, 0.9, 2, Outlook(0.5, 10.0, 0.01, "patience", (6.0, 15.5)))
+    band = Outlook(0.5, 10.0, 0.01, "patience", (6.0, 15.5))
+    projected = StatusBoard.fields(standing(10, 1.0), 0.001, 0.9, 2, band)
     assert (projected["etaLowSeconds"], projected["etaSeconds"], projected["etaHighSeconds"]) == (6.0, 10.0, 15.5)
     fixed = StatusBoard.fields(standing(10, 1.0), 0.001, 0.9, 2, Outlook(0.5, 10.0, 0.01, "maxSteps"))
     assert fixed["etaLowSeconds"] is None and fixed["etaHighSeconds"] is None  # a patch of null removes them

@@ -8,12 +8,12 @@ at the pace the bill grows, and the target loss or patience where `forecast.proj
 the validation curve. The nearest limit, the one with the least time left, is the one that will end the job:
 `progress` is its fraction, `etaSeconds` its time left, and `projectedCostUSD` the cost so far plus the bill's
 pace over that time. A projected limit's time left has a band, `etaLowSeconds` to `etaHighSeconds`: that of its
-futures' early and late stops (`forecast.BAND`), the late ones ended by the nearest other limit. The curve is fitted again only when an evaluation came since, and the fits keep to
-`REFIT_SHARE` of the supervisor's time with a burst of `REFIT_BURST`: a bucket of that many seconds, refilled at
-the share. The burst is for the short jobs: a projection took 3-20 ms of the loop in the default jobs of
-benchmarks/projection_cost.py on 2 cores, and at the share alone the MovieLens sample at P = 3, an evaluation every
-65 ms, was refitted every other evaluation, so its status at half-way still showed the first fit's projection,
-made before its curve had turned (benchmarks/RESULTS.md, "ETA error against the real end", session 18).
+futures' early and late stops (`forecast.BAND`), the late ones ended by the nearest other limit. The curve is
+fitted again only when an evaluation came since, and the fits keep to `REFIT_SHARE` of the supervisor's time
+with a burst of `REFIT_BURST`: a bucket of that many seconds, refilled at the share. The burst is for the short
+jobs: a projection took 3-20 ms of the loop in the default jobs of benchmarks/projection_cost.py on 2 cores, and at
+the share alone the MovieLens sample at P = 3, an evaluation every 65 ms, was refitted every other evaluation, so
+its status at half-way still showed the first fit's projection, made before its curve had turned (benchmarks/RESULTS.md, "ETA error against the real end", session 18).
 """
 from __future__ import annotations
 

@@ -86,7 +86,7 @@ class StopProjection:
     @property
     def band(self) -> tuple[float, float] | None:
         """The futures' early and late stop (`BAND`), None with no futures."""
-        return band(self.futures) if self.futures else None
+        return band_of(self.futures) if self.futures else None
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class FutureStops:
     futures: tuple[float, ...]  # in order
 
 
-def band(futures: Sequence[float]) -> tuple[float, float]:
+def band_of(futures: Sequence[float]) -> tuple[float, float]:
     """The stops at the `BAND` and 1 - `BAND` quantiles of `futures` (in order)."""
     return futures[round(BAND * (len(futures) - 1))], futures[round((1.0 - BAND) * (len(futures) - 1))]
 
