@@ -125,15 +125,17 @@ def projections(curve: Curve, every: int, stop: StopConfig, method: Method) -> t
     return end, [(step, None if projected is None else max(projected, step + 1)) for step, projected in found]
 
 
+def first_at(projected: Projected, mark: float) -> tuple[int, float] | None:
+    """(step, projected stop) of the first projection whose progress reaches `mark`."""
+    return next(((step, stop) for step, stop in projected if stop is not None and step / stop >= mark), None)
+
+
 def errors(end: int, projected: Projected) -> dict[float, float | None]:
     """The error, in steps left, at the first projection whose progress reaches each of MARKS."""
-    out: dict[float, float | None] = dict.fromkeys(MARKS)
-    for step, stop in projected:
-        if stop is None:
-            continue
-        for mark in MARKS:
-            if out[mark] is None and step / stop >= mark:
-                out[mark] = ((stop - step) - (end - step)) / (end - step)
+    out: dict[float, float | None] = {}
+    for mark in MARKS:
+        at = first_at(projected, mark)
+        out[mark] = None if at is None else ((at[1] - at[0]) - (end - at[0])) / (end - at[0])
     return out
 
 
@@ -154,17 +156,20 @@ def futures_at_half(curve: Curve, every: int, stop: StopConfig) -> tuple[bool, f
     futures' early and late stops, `forecast.BAND`) held the real stop, and the share of its futures whose stop the
     projection (their median) was within 20 % of, in steps left: how often the ETA would be within 20 % if the job
     were one of its own futures (None: no stop, or no futures there)."""
-    end = real_stop(curve, stop)
-    seen = [] if end is None else [(s, x) for s, x in curve if s < end]
-    for k in range(1, len(seen) + 1):
-        step = seen[k - 1][0]
-        got = forecast.project_stop([s for s, _ in seen[:k]], [x for _, x in seen[:k]], stop, every)
-        if got is not None and step / max(got.step, step + 1) >= 0.5:
-            if got.band is None:
-                return None
-            close = np.mean([abs(got.step - f) <= 0.2 * (f - step) for f in got.futures])
-            return got.band[0] <= end <= got.band[1], float(close)
-    return None
+    fitted: dict[int, forecast.StopProjection | None] = {}
+
+    def keeping(seen: Curve, stop: StopConfig, every: int) -> float | None:  # `current`, its projections kept
+        fitted[seen[-1][0]] = got = forecast.project_stop([s for s, _ in seen], [x for _, x in seen], stop, every)
+        return None if got is None else got.step
+
+    found = projections(curve, every, stop, keeping)
+    at = None if found is None else first_at(found[1], 0.5)
+    got = None if at is None else fitted[at[0]]
+    if found is None or at is None or got is None or got.band is None:
+        return None
+    end, step = found[0], at[0]
+    close = np.mean([abs(got.step - f) <= 0.2 * (f - step) for f in got.futures])
+    return got.band[0] <= end <= got.band[1], float(close)
 
 
 def summary(found: list[float | None]) -> str:

@@ -13,7 +13,8 @@ fitted again only when an evaluation came since, and the fits keep to `REFIT_SHA
 with a burst of `REFIT_BURST`: a bucket of that many seconds, refilled at the share. The burst is for the short
 jobs: a projection took 3-20 ms of the loop in the default jobs of benchmarks/projection_cost.py on 2 cores, and at
 the share alone the MovieLens sample at P = 3, an evaluation every 65 ms, was refitted every other evaluation, so
-its status at half-way still showed the first fit's projection, made before its curve had turned (benchmarks/RESULTS.md, "ETA error against the real end", session 18).
+its status at half-way still showed the first fit's projection, made before its curve had turned
+(benchmarks/RESULTS.md, "ETA error against the real end", session 18).
 """
 from __future__ import annotations
 
