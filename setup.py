@@ -5,20 +5,20 @@ import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-KERNELS = Path("functions/mlless/training/kernels")
+PACKAGE = Path("functions")
 
 extensions = [
     Extension(
-        f"mlless.training.kernels.{pyx.stem}",
+        ".".join(pyx.relative_to(PACKAGE).with_suffix("").parts),  # mlless.training.kernels.pmf
         [str(pyx)],
         # a kernel's C part is its stem_*.h header (pmf_sgd.h), and what kernels share is in *.pxd files
         # (sparse_rows.pxd): listed so that sdists carry them and edits rebuild
-        depends=[str(h) for h in sorted(KERNELS.glob(f"{pyx.stem}_*.h")) + sorted(KERNELS.glob("*.pxd"))],
+        depends=[str(h) for h in sorted(pyx.parent.glob(f"{pyx.stem}_*.h")) + sorted(pyx.parent.glob("*.pxd"))],
         include_dirs=[np.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O3"],
     )
-    for pyx in sorted(KERNELS.glob("*.pyx"))
+    for pyx in sorted(PACKAGE.glob("mlless/**/kernels/*.pyx"))
 ]
 
 setup(

@@ -28,8 +28,9 @@ from _common import (DEFAULT_DATA_DIR, command_line, load_note, loadavg, machine
 
 from mlless.data.dataset import Dataset  # noqa: E402
 from mlless.protocol.messages import Update  # noqa: E402
-from mlless.runtime.sync.aggregation import AGGREGATIONS, aggregation  # noqa: E402
-from mlless.runtime.sync.exchange import AllToAll, Published  # noqa: E402
+from mlless.sync.aggregation import AGGREGATIONS, aggregation  # noqa: E402
+from mlless.sync.exchanges.alltoall import AllToAll  # noqa: E402
+from mlless.sync.exchanges.base import Published  # noqa: E402
 from mlless.spec.config import default_optimizer  # noqa: E402
 from mlless.spec.schema import default  # noqa: E402
 from mlless.training.models import build_model  # noqa: E402

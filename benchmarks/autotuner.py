@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 from mlless.smoothing import ewma  # noqa: E402
-from mlless.runtime.supervisor.stopping import SMOOTHING_SPAN  # noqa: E402
+from mlless.stopping.rules import SMOOTHING_SPAN  # noqa: E402
 from mlless.spec.models import PMF_V  # noqa: E402
 from mlless.telemetry.rows import evaluated  # noqa: E402
 

@@ -2,7 +2,7 @@
 """How right the ETA is (issue #24): its error against the real end at 25, 50 and 75 % progress.
 
 Each of `time_to_quality.py`'s quick sets is trained with only `model.type` (the default job: it stops on patience,
-projected on the fitted validation curve, runtime/supervisor/forecast.py) at each P, and with `--control` also with
+projected on the fitted validation curve, stopping/forecast.py) at each P, and with `--control` also with
 a fixed `maxEpochs` (the ETA of a limit known in advance: only the pace is estimated). While `mlless train` runs, a
 watcher reads the run directory's `status.json` every 20 ms, as a user's `watch` would; the real end is when the
 final status (progress 1, with the model's URI) appears. At the first status at or past each progress mark, the

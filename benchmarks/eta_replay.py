@@ -33,8 +33,8 @@ from eta import KINDS  # noqa: E402
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
-from mlless.runtime.supervisor import forecast  # noqa: E402
-from mlless.runtime.supervisor.stopping import ValidationWatch  # noqa: E402
+from mlless.stopping import forecast  # noqa: E402
+from mlless.stopping.rules import ValidationWatch  # noqa: E402
 from mlless.spec.job import StopConfig  # noqa: E402
 from mlless.spec.schema import DEFAULT_PATIENCE  # noqa: E402
 from mlless.telemetry.rows import evaluated  # noqa: E402

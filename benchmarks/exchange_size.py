@@ -5,7 +5,7 @@ LambdaML (`../shared/papers/`, `001_e71b59fe3f6420de.txt`) found ScatterReduce a
 AllReduce's one reducer reads every peer's whole update and every worker then reads its one merged frame, while
 ScatterReduce spreads the merging over the P workers. Here a dense model's step is what a dense logistic regression
 publishes after a mini-batch: every parameter. The script times the exchange of such an update, with the patterns'
-own code (`runtime/sync/exchange.py`, `runtime/sync/reduce.py`) and the real transports, as the parameter count
+own code (`sync/exchanges/base.py`, `sync/exchanges/reduce.py`) and the real transports, as the parameter count
 grows from 256 (1 KB of float32) to 22.5 million (90 MB):
 
 - P worker processes, each with its own transport connection and its float32 replica, as the models keep it;
@@ -42,7 +42,7 @@ _common.single_thread_env()
 import numpy as np  # noqa: E402
 
 from mlless.protocol.messages import Close  # noqa: E402
-from mlless.runtime.sync.exchange import EXCHANGES  # noqa: E402
+from mlless.sync.exchanges.base import EXCHANGES  # noqa: E402
 from mlless.training.kernels import optim  # noqa: E402
 from mlless.transport import connect  # noqa: E402
 from mlless.transport.embedded_broker import EmbeddedBroker  # noqa: E402
@@ -79,7 +79,7 @@ def worker(rank: int, workers: int, pattern: str, params: int, steps: int, job: 
            address: dict[str, str], barrier, results, density: float = 1.0) -> None:  # type: ignore[no-untyped-def]
     transport = connect(job, role="worker", rank=rank, key=key, **address)
     rejected: list[str] = []
-    exchange = EXCHANGES[pattern](transport, rank, lambda r, s: f"update:{r}:{s % 2}", 2, 60.0, rejected.append,
+    exchange = EXCHANGES.named(pattern)(transport, rank, lambda r, s: f"update:{r}:{s % 2}", 2, 60.0, rejected.append,
                                   size=params, parts=workers)
     indices, values = update_of(rank, params, density)
     replica, marks = np.zeros(params, np.float32), np.zeros(params, np.uint8)

@@ -2,7 +2,7 @@
 """In-store aggregation vs all-to-all vs AllReduce (issue #25, item 4): bytes read per worker and time per step.
 
 SPIRT (`../shared/papers/`, `003_1a28dde80451cee8.txt`) averages inside Redis and reports averaging up to 82 % faster.
-Here `in-store` (`runtime/sync/instore.py`: a Lua script in Redis merges a step's updates, every worker reads the
+Here `in-store` (`sync/exchanges/instore.py`: a Lua script in Redis merges a step's updates, every worker reads the
 one merged frame) runs against all-to-all and AllReduce with `benchmarks/exchange_size.py`'s harness: P worker
 processes over Redis + RabbitMQ, each publishing the same update every step, a barrier for the close, `gather`,
 the models' kernel to apply, and the conservation check. Two kinds of update:
@@ -38,7 +38,7 @@ import exchange_size  # noqa: E402
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
-from mlless.runtime.sync.instore import InStore  # noqa: E402
+from mlless.sync.exchanges.instore import InStore  # noqa: E402
 from mlless.transport import connect  # noqa: E402
 
 #: (label, parameters, density, steps)

@@ -32,7 +32,7 @@ import _common  # noqa: E402
 
 from mlless.contract import ENV_IDENTITY  # noqa: E402
 from mlless.protocol.identity import ANY_WORKER, SUPERVISOR, Issuer  # noqa: E402
-from mlless.runtime.launcher import HttpLauncher, Launcher, LocalLauncher  # noqa: E402
+from mlless.launch.launcher import HttpLauncher, Launcher, LocalLauncher  # noqa: E402
 from mlless.runtime.local import new_job_id  # noqa: E402
 from mlless.runtime.supervisor.loop import Supervisor  # noqa: E402
 from mlless.spec import load_manifest  # noqa: E402

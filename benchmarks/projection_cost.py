@@ -33,7 +33,7 @@ REPEATS = 15
 
 def alone() -> float:
     """Median over the cuts of the median time (ms) of one projection."""
-    from mlless.runtime.supervisor.forecast import project_stop
+    from mlless.stopping.forecast import project_stop
     from mlless.spec.job import StopConfig
 
     steps = np.arange(1, 31) * 32.0

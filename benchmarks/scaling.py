@@ -191,7 +191,7 @@ class Watcher(threading.Thread):
         return self._step
 
     def _scan_children(self) -> None:
-        """The workers: `mlless worker` children of the job's process, or forks of its zygote (runtime/zygote.py),
+        """The workers: `mlless worker` children of the job's process, or forks of its zygote (launch/zygote.py),
         which are the zygote's children and carry its command line."""
         stats = {int(e.name): st for e in Path("/proc").iterdir() if e.name.isdigit() and (st := _stat(int(e.name)))}
         zygotes = {pid for pid, st in stats.items() if st[0] == self.proc.pid and " zygote" in _cmdline(pid)}

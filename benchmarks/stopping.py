@@ -32,7 +32,7 @@ import time_to_quality as ttq  # noqa: E402
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
-from mlless.runtime.supervisor.stopping import ValidationWatch  # noqa: E402
+from mlless.stopping.rules import ValidationWatch  # noqa: E402
 
 TODAY = (0.0, 5)
 LOSS_SLACK, TIME_SLACK = 0.002, 1.3

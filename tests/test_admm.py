@@ -1,4 +1,4 @@
-"""Consensus ADMM (spec.sync.protocol: admm, runtime/sync/admm.py): logistic regression trains on both transports
+"""Consensus ADMM (spec.sync.protocol: admm, sync/protocols/admm.py): logistic regression trains on both transports
 and every exchange pattern, the replicas agree at a round's end and conserve every update through a scale-in,
 `rho` is what pulls the local steps, a killed supervisor is resumed, and the protocol is refused for PMF."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mlless.runtime.local import Services, train_local
-from mlless.runtime.sync import sync_strategy
+from mlless.sync import sync_strategy
 from mlless.spec import SpecError, SyncConfig, from_manifest
 from mlless.spec.models import BUILT_IN
 

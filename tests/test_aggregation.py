@@ -8,8 +8,10 @@ import pytest
 
 from mlless.protocol.messages import Update
 from mlless.runtime.attack import AttackError, Attack, checked_attack, from_env, parse
-from mlless.runtime.sync import aggregation as rules
-from mlless.runtime.sync.exchange import AllToAll, Published, sparse_sum
+from mlless.sync import aggregation as rules
+from mlless.sync.exchanges.alltoall import AllToAll
+from mlless.sync.exchanges.base import Published
+from mlless.sync.sums import sparse_sum
 from mlless.spec import SpecError, from_manifest
 
 I32, F32 = np.int32, np.float32
@@ -107,7 +109,7 @@ def test_a_rule_registered_outside_the_package_is_admitted_and_used():
         idx, val = HONEST_AND_FLIPPED
         np.testing.assert_allclose(rule.combine(idx, val)[1], sparse_sum(idx, val)[1], rtol=1e-6)
     finally:
-        del rules.AGGREGATIONS[Mean.name]
+        rules.AGGREGATIONS.unregister(Mean.name)
 
 
 @pytest.mark.parametrize("spec, field", [

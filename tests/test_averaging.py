@@ -10,7 +10,7 @@ import yaml
 
 from mlless.data.dataset import Dataset
 from mlless.runtime.local import Services, train_local
-from mlless.runtime.sync import sync_strategy
+from mlless.sync import sync_strategy
 from mlless.spec import SpecError, SyncConfig, from_manifest
 
 from faults.test_failover import finish, kill_at, summary_of, train

@@ -13,8 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import eta  # noqa: E402
 import eta_replay  # noqa: E402
-from mlless.runtime.supervisor.forecast import project_stop  # noqa: E402
-from mlless.runtime.supervisor.stopping import smoothed_losses  # noqa: E402
+from mlless.stopping.forecast import project_stop  # noqa: E402
+from mlless.stopping.rules import smoothed_losses  # noqa: E402
 from mlless.spec.config import StopConfig  # noqa: E402
 
 #: (second, status.json) as the watcher sees them; the job's final status appears at 10.0 s.

@@ -1,4 +1,4 @@
-"""Blocked matrix factorisation (spec.sync.protocol: blocked, runtime/sync/blocked.py): the strata of a round share
+"""Blocked matrix factorisation (spec.sync.protocol: blocked, sync/protocols/blocked.py): the strata of a round share
 no user and no item and partition the ratings evenly, PMF trains on both transports, and the protocol is refused for
 a model without users and items. Scale-in, the auto-tuner and a killed supervisor under blocked are tested with
 averaging's, in tests/test_averaging.py."""
@@ -9,12 +9,12 @@ import pytest
 
 from mlless.data.dataset import Dataset
 from mlless.runtime.local import Services, train_local
-from mlless.runtime.sync import sync_strategy
+from mlless.sync import sync_strategy
 import json
 import shutil
 
 from mlless.data.user_shards import MAX_BLOCKS, USER_SHARDS, deal, shard_of
-from mlless.runtime.sync.blocked import BlockedFeed, ByUserShard, EveryBatch
+from mlless.data.strata import BlockedFeed, ByUserShard, EveryBatch
 from mlless.spec import SpecError, SyncConfig, from_manifest
 from mlless.spec.crd import crd_manifest
 

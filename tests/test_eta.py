@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from mlless.runtime.supervisor.eta import Estimator
-from mlless.runtime.supervisor.forecast import MIN_EVALUATIONS, project_stop
-from mlless.runtime.supervisor.stopping import Standing, ValidationWatch
+from mlless.stopping.forecast import MIN_EVALUATIONS, project_stop
+from mlless.stopping.rules import Standing, ValidationWatch
 from mlless.spec.config import StopConfig
 from mlless.telemetry.record import STATUS_FILE, RunRecord
 
@@ -262,7 +262,7 @@ def test_the_status_holds_a_projected_stops_band_and_drops_it_for_a_limit_known_
 
 def test_status_json_is_rewritten_at_most_every_write_seconds_but_at_once_with_a_new_evaluation(tmp_path):
     from mlless.progress import Progress
-    from mlless.runtime.platform import Platform
+    from mlless.launch.platform import Platform
     from mlless.runtime.supervisor.status import WRITE_SECONDS, StatusBoard
     from mlless.spec import from_manifest
     from mlless.telemetry.metrics import SupervisorMetrics
@@ -352,7 +352,7 @@ def test_status_json_is_rewritten_at_once_when_the_projection_is_fitted_after_it
     # come some step closes later, with no new validation loss: the file must show it then, not a WRITE_SECONDS
     # later.
     from mlless.progress import Progress
-    from mlless.runtime.platform import Platform
+    from mlless.launch.platform import Platform
     from mlless.runtime.supervisor import eta
     from mlless.runtime.supervisor.status import WRITE_SECONDS, StatusBoard
     from mlless.spec import from_manifest

@@ -9,8 +9,9 @@ from mlless.protocol.messages import Close
 from mlless.protocol.identity import ANY_WORKER, Issuer, Verifier
 from mlless.protocol.sealing import seal, unseal
 from mlless.runtime.local import Services, train_local
-from mlless.runtime.sync.exchange import EXCHANGES, sparse_sum
-from mlless.runtime.sync.reduce import AllReduce, ScatterReduce
+from mlless.sync.exchanges.base import EXCHANGES
+from mlless.sync.sums import sparse_sum
+from mlless.sync.exchanges.reduce import AllReduce, ScatterReduce
 from mlless.spec import SpecError
 
 from test_averaging import base_rate_bce
@@ -71,7 +72,7 @@ def test_each_worker_adds_its_peers_sum_with_their_carriers_even_if_an_owner_nev
         assert np.array_equal(carriers, want_carriers)  # what AveragingHalf.combine divides by
         assert w.traffic()[1] > 0
     assert rejected == []
-    assert set(EXCHANGES) == {"all-to-all", "allreduce", "scatter-reduce", "in-store"}
+    assert {"all-to-all", "allreduce", "scatter-reduce", "in-store"} <= set(EXCHANGES)
 
 
 @pytest.mark.parametrize("cls", [AllReduce, ScatterReduce])

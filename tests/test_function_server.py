@@ -20,12 +20,12 @@ import urllib.request
 
 import pytest
 
-from mlless.runtime.launcher import HttpLauncher
+from mlless.launch.launcher import HttpLauncher
 from mlless.runtime.local import new_job_id
 from mlless.progress import Progress
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.transport import TransportError, connect
-from mlless.transport.env import invoke_token, service_urls
+from mlless.transport.credentials import invoke_token, service_urls
 
 from test_training import job_for
 

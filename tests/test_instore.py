@@ -1,4 +1,4 @@
-"""In-store aggregation (spec.sync.exchange: in-store, runtime/sync/instore.py): the script in real Redis adds a
+"""In-store aggregation (spec.sync.exchange: in-store, sync/exchanges/instore.py): the script in real Redis adds a
 step's updates with their carriers, every worker reads one frame, a forged contribution or merged record is
 rejected and counted, a Redis that lost everything (keys and script) is repaired, and a job trains as all-to-all."""
 from __future__ import annotations
@@ -14,9 +14,9 @@ import redis
 
 from mlless.protocol.framing import FLAG_SEALED, HEADER, MAGIC, VERSION, FrameError, FrameType, decode, encode
 from mlless.protocol.messages import Close, Update
-from mlless.protocol.runs import COUNTS
+from mlless.protocol.index_runs import COUNTS
 from mlless.runtime.local import Services, train_local
-from mlless.runtime.sync.instore import InStore
+from mlless.sync.exchanges.instore import InStore
 from mlless.spec import SpecError
 from mlless.transport import connect
 from mlless.transport.base import key_prefix
@@ -136,7 +136,7 @@ MEMBER_PAYLOADS = {
     # Values of 1e30 are finite in float32: `MAX_MAGNITUDE` leaves them out of what `decode` accepts.
     "beyond the value bound": encode(Update(1, STEP, np.arange(5), np.zeros(5, np.float32)))[HEADER.size:][:-20]
                               + np.full(5, 1e30, "<f4").tobytes(),
-    # Index encodings `protocol/runs.py` never writes, and `read_indices` refuses.
+    # Index encodings `protocol/index_runs.py` never writes, and `read_indices` refuses.
     "an empty run": runs(6, [0, 10], [6, 0]) + values_of(6),
     "a run that continues the one before": runs(6, [0, 3], [3, 3]) + values_of(6),
     "runs where listing takes less": runs(4, [0, 10], [2, 2]) + values_of(4),

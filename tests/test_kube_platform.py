@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from kubernetes import client
 
-from mlless.runtime.kube import KubePlatform
-from mlless.runtime.platform import PlatformRequest
+from mlless.launch.kube import KubePlatform
+from mlless.launch.platform import PlatformRequest
 
 sys.path.insert(0, str(Path(__file__).parent / "operator"))
 from kmock_emulator import Emulator  # noqa: E402
@@ -150,7 +150,7 @@ def clock() -> Clock:
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "mlless.runtime.kube" and r.levelno >= logging.WARNING]
+    return [r.getMessage() for r in caplog.records if r.name == "mlless.launch.kube" and r.levelno >= logging.WARNING]
 
 
 # ---- from_env ------------------------------------------------------------------------------------
@@ -322,7 +322,7 @@ def test_a_deleted_job_is_logged_once_per_kind_and_nothing_is_lost(
     platform = cluster.platform(clock, desired=3)
     platform.publish({"step": 1})
     cluster.delete()
-    caplog.set_level(logging.DEBUG, "mlless.runtime.kube")
+    caplog.set_level(logging.DEBUG, "mlless.launch.kube")
     for step in range(2, 6):
         clock.advance(5)
         platform.publish({"step": step, "trainLoss": 1.0 / step})

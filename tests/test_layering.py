@@ -1,10 +1,14 @@
-"""The package layout's rules, checked on the source: imports run one way, and `spec` loads no training code.
+"""The package layout's rules, checked on the source: imports run one way, with no loops, and `spec` loads no
+training code.
 
-Layers, top down: the CLI and `runtime` compose everything; below them `training`, `transport`, `telemetry`,
-`autotuner` and `data`; `protocol` (which `training` and `transport` use), then `spec`; `contract`, the
-generic `smoothing`, the stderr `progress` and the loader of `plugins` at the bottom. The operator may use only `contract`, `spec` and
-`transport` of the runtime package, and the runtime package never imports the operator (which is a program of its
-own: `mlless-operator`).
+Layers, top down: the CLI composes everything; `runtime` (the worker, the supervisor, a local job, the function
+server, a local sweep) and `planning` compose what is below them; `sync` (protocols, exchange patterns, aggregation)
+over `training` and `transport`; `launch` (starting worker processes and pods), `stopping` (the stop rules and their
+projection), `telemetry`, `autotuner` and `data`; `protocol` (which `training` and `transport` use), then `spec`;
+`contract`, the generic `smoothing`, the stderr `progress` and the loader of `plugins` at the bottom. `sweep` holds
+a TrainingSweep's pure parts (its manifest, ASHA, its status), which the operator uses too; its local runner is
+`runtime.sweep`. The operator may use only `contract`, `spec`, `transport` and `sweep` of the runtime package, and
+the runtime package never imports the operator (which is a program of its own: `mlless-operator`).
 """
 from __future__ import annotations
 
@@ -29,21 +33,21 @@ ALLOWED: dict[str, set[str]] = {
     "data": {"contract", "progress"},
     "protocol": {"contract"},
     "autotuner": {"contract", "spec", "smoothing"},
+    "stopping": {"contract", "spec", "smoothing", "autotuner"},
     "training": {"contract", "spec", "data", "protocol", "plugins"},  # a replica's snapshot is laid out as its frame is
     "transport": {"contract", "protocol"},
     "telemetry": {"contract", "spec"},
+    "launch": {"contract", "spec", "protocol", "transport"},
+    "sync": {"contract", "spec", "data", "protocol", "training", "transport", "plugins"},
+    "sweep": {"contract", "spec", "telemetry", "plugins"},
     "runtime": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "smoothing",
-                "progress", "plugins"},
-    "planning": {"contract", "spec", "data", "autotuner", "runtime", "telemetry", "progress", "plugins"},
-    # A sweep runs local jobs, and checks their dataset first; its ASHA, manifest and status are pure, for the
-    # operator too.
-    "sweep": {"contract", "spec", "data", "runtime", "telemetry", "progress", "plugins"},
+                "progress", "plugins", "sync", "stopping", "launch", "sweep"},
+    "planning": {"contract", "spec", "data", "autotuner", "stopping", "runtime", "telemetry", "progress", "plugins"},
     "cli": {"contract", "spec", "data", "protocol", "autotuner", "training", "transport", "telemetry", "runtime",
-            "progress", "plugins", "planning", "sweep"},
+            "progress", "plugins", "planning", "sweep", "sync", "stopping", "launch"},
     "__main__": {"cli", "contract"},
     "__init__": set(),
 }
-# `sweep` for its pure parts: the manifest, ASHA and the status table (never its local runner).
 OPERATOR_ALLOWED = {"contract", "spec", "transport", "sweep"}
 
 
@@ -113,6 +117,63 @@ def test_the_runtime_package_never_imports_the_operator():
            for line, target in _imports(path, _module_name(path, PACKAGE)[1])
            if target == "mlless_operator" or target.startswith("mlless_operator.")]
     assert bad == []
+
+
+def _graph(root: Path) -> dict[str, set[str]]:
+    """Every module of the package under `root` and the modules of it that it imports, anywhere in its source (a
+    function's lazy import and a type checker's import too); `from package import module` is an edge to the module."""
+    modules = {_module_name(path, root)[0]: path for path in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        edges = graph.setdefault(module, set())
+        package = _module_name(path, root)[1]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                for alias in node.names:
+                    edges.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in modules else target)
+        edges &= set(modules)
+        edges.discard(module)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                found.append(sorted([v, *component]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.parametrize("root", [PACKAGE, OPERATOR], ids=["mlless", "mlless_operator"])
+def test_no_module_imports_itself_through_others(root):
+    """No import loops, counting imports inside functions and those only a type checker runs: a loop means two
+    modules are one job, or a registry is read where it is filled."""
+    assert _cycles(_graph(root)) == []
 
 
 def test_every_part_of_the_package_has_a_rule():

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from mlless.progress import Progress
-from mlless.runtime.launcher import ExternalLauncher
+from mlless.launch.launcher import ExternalLauncher
 from mlless.runtime.supervisor.membership import (
     EXIT_GRACE_SECONDS, TRANSITIONS, IllegalTransition, Membership, WorkerRecord, WorkerState,
 )

@@ -14,19 +14,19 @@ import pytest
 from mlless.contract import ENV_PLUGINS
 from mlless.data.batches import Batch, RatingsBatch
 from mlless.spec.config import ModelConfig
-from mlless.spec.models import ModelType, OptimizerDefaults, register
+from mlless.spec.models import ModelType, OptimizerDefaults
 from mlless.spec.nodes import boolean
+from mlless.training.models import register
 from mlless.training.models.base import Model, expect_batch, required_dim
 
-# `userBiases`, a field of its own: false leaves the users' biases at 0 (the items' baseline alone).
-register(ModelType("biases", "user and item biases", "ratings", "rmse", OptimizerDefaults("adam", 0.05),
-                   protocol="bsp", fields={"userBiases": boolean("Learn a bias per user (biases).", default=True)}))
 
-
+@register
 class Biases(Model):
     """μ + b_u + b_i: the users' biases, then the items'."""
 
-    kind = "biases"
+    # `userBiases`, a field of its own: false leaves the users' biases at 0 (the items' baseline alone).
+    type = ModelType("biases", "user and item biases", "ratings", "rmse", OptimizerDefaults("adam", 0.05),
+                     protocol="bsp", fields={"userBiases": boolean("Learn a bias per user (biases).", default=True)})
     shape_dims = ("n_users", "n_items")
 
     @classmethod

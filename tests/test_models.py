@@ -332,16 +332,18 @@ def test_apply_update_is_all_or_nothing_and_names_the_bad_index():
 def test_every_built_in_model_type_has_its_model_and_the_schema_lists_them():
     from mlless.spec.models import BUILT_IN
     from mlless.spec.schema import choices
-    from mlless.training.models.base import REGISTRY
+    from mlless.training.models import model_class
 
-    assert {t.name for t in BUILT_IN} <= set(REGISTRY) and choices("model.type") == tuple(t.name for t in BUILT_IN)
-    for kind, cls in REGISTRY.items():
+    assert choices("model.type") == tuple(t.name for t in BUILT_IN)
+    for kind in choices("model.type"):
+        cls = model_class(kind)
         assert cls.kind == kind and cls.dataset_kind == cls.type.dataset_kind and cls.shape_dims
 
 
-def test_a_model_without_a_registered_type_is_refused():
-    from mlless.training.models.base import REGISTRY, Model
+def test_a_model_without_a_type_of_its_own_is_refused():
+    from mlless.training.models import register
+    from mlless.training.models.base import MODELS, Model
 
-    with pytest.raises(TypeError, match="'no-such-model' is not a registered model type"):
-        type("Nameless", (Model,), {"kind": "no-such-model"})
-    assert "no-such-model" not in REGISTRY
+    with pytest.raises(TypeError, match="model Nameless: its `type` must be a ModelType"):
+        register(type("Nameless", (Model,), {"kind": "no-such-model"}))
+    assert "no-such-model" not in MODELS

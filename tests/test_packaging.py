@@ -27,8 +27,8 @@ WORKER_MODULES = (
     "mlless.training.kernels.pmf",
     "mlless.training.kernels.linear",
 )
-# The supervisor's own modules; on a cluster it adds mlless.runtime.kube, which is what the `supervisor` extra is for.
-SUPERVISOR_MODULES = ("mlless.runtime.supervisor.loop", "mlless.runtime.local", "mlless.runtime.launcher")
+# The supervisor's own modules; on a cluster it adds mlless.launch.kube, which is what the `supervisor` extra is for.
+SUPERVISOR_MODULES = ("mlless.runtime.supervisor.loop", "mlless.runtime.local", "mlless.launch.launcher")
 
 
 def _import_without(blocked: tuple[str, ...], modules: tuple[str, ...], then: str = "") -> subprocess.CompletedProcess:

@@ -18,7 +18,7 @@ import yaml
 from mlless.cli import main as mlless_main
 from mlless.planning.cli import PILOT_SECONDS, plan, worker_counts
 from mlless.planning.model import FAR_EXTRAPOLATION, Link, _extrapolation_note, choose
-from mlless.planning.runs import PlanError, measure
+from mlless.planning.measures import PlanError, measure
 from mlless.planning.stoprule import REFERENCE_POINTS, replay, samples_when_stop_fires
 from mlless.progress import Progress
 from mlless.runtime.local import Services, train_local

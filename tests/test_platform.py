@@ -19,13 +19,13 @@ import pytest
 import redis
 
 from mlless.protocol import keys
-from mlless.runtime.launcher import LocalLauncher
+from mlless.launch.launcher import LocalLauncher
 from mlless.runtime.local import new_job_id
-from mlless.runtime.platform import Platform, PlatformRequest
+from mlless.launch.platform import Platform, PlatformRequest
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.spec import TrainingJob
 from mlless.transport import connect
-from mlless.transport.env import identity as env_identity  # the session's issuer (tests/conftest.py)
+from mlless.transport.credentials import identity as env_identity  # the session's issuer (tests/conftest.py)
 
 from test_training import QUIET, _when_step, job_for, job_keys, read_metrics
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from mlless.spec import SpecError, TrainingJob, from_manifest, load_manifest, manifest_schema
-from mlless.spec.models import MODEL_TYPES, PAPERS_V, PMF_V
+from mlless.spec.models import PAPERS_V, PMF_V, model_type
 
 MINIMAL = {
     "apiVersion": "mlless.io/v1alpha1",
@@ -64,7 +64,7 @@ def test_the_linear_family_defaults_to_the_normalized_updates_at_vws_rate(kind):
 
 
 def test_bsp_and_ssp_send_every_entry():
-    from mlless.runtime.sync import sync_strategy
+    from mlless.sync import sync_strategy
 
     assert sync_strategy(from_manifest(with_spec(sync={"protocol": "bsp"})).sync).threshold == 0
     ssp = sync_strategy(from_manifest(with_spec(sync={"protocol": "ssp", "slack": 2})).sync)
@@ -181,6 +181,6 @@ def test_a_minimal_manifest_resolves_to_the_schema_defaults(tmp_path):
     assert (job.workers, job.seed, job.model.options["rank"], job.evaluate_every) == (
         default("workers"), default("seed"), default("model.rank"), default("evaluation.everySteps"))
     assert (job.sync.protocol, job.sync.significance_threshold, job.sync.slack) == (
-        MODEL_TYPES["pmf"].protocol, PMF_V, default("sync.slack"))
+        model_type("pmf").protocol, PMF_V, default("sync.slack"))
     assert job.autoscaler.knee.slope == default("autoscaler.knee.slope")
     assert job.pricing.redis_per_hour == default("pricing.redisPerHour")

@@ -18,9 +18,9 @@ from mlless.protocol import keys, layouts
 from mlless.protocol.framing import decode, encode
 from mlless.protocol.messages import Left, Tensors
 from mlless.runtime.supervisor.evaluation import EVALUATION_SHARE, Evaluation
-from mlless.runtime.supervisor import forecast
+from mlless.stopping import forecast
 from mlless.runtime.supervisor.loop import Supervisor
-from mlless.runtime.supervisor.stopping import (
+from mlless.stopping.rules import (
     DIVERGED, SMOOTHING_SPAN, Standing, StopRules, ValidationWatch, smoothed_losses,
 )
 from mlless.spec.config import StopConfig

@@ -12,7 +12,7 @@ from mlless.cli import main
 from mlless.contract import EXIT_USAGE
 from mlless.spec.sweep import SWEEP_SCHEMA
 from mlless.sweep.asha import TrialProgress, cutoff, judge, level, min_peers, rung_values
-from mlless.sweep import local
+from mlless.runtime import sweep as local
 from mlless.sweep.manifest import EarlyStopping, load_sweep
 
 from generated import assert_generated
@@ -193,8 +193,8 @@ def test_rung_values_are_the_best_loss_when_the_rung_is_reached():
 
 
 def test_the_crd_and_the_reference_are_generated_from_the_schema():
-    assert_generated("crds/trainingsweep.yaml", "mlless.spec.sweepcrd")
-    assert_generated("docs/sweep-reference.md", "mlless.spec.sweepref")
+    assert_generated("crds/trainingsweep.yaml", "mlless.spec.sweep_crd")
+    assert_generated("docs/sweep-reference.md", "mlless.spec.sweep_reference")
     crd = yaml.safe_load((ROOT / "crds" / "trainingsweep.yaml").read_text())
     version = crd["spec"]["versions"][0]
     assert version["schema"]["openAPIV3Schema"]["properties"]["spec"] == SWEEP_SCHEMA

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 
 from mlless.protocol.layouts import PARAMS, PENDING_INDICES, PENDING_VALUES
-from mlless.runtime.sync import STRATEGIES, sync_strategy
-from mlless.runtime.sync.bsp import Bsp
-from mlless.runtime.sync.isp import Isp
-from mlless.runtime.sync.ssp import Ssp
+from mlless.sync import STRATEGIES, sync_strategy
+from mlless.sync.protocols.bsp import Bsp
+from mlless.sync.protocols.isp import Isp
+from mlless.sync.protocols.ssp import Ssp
 from mlless.spec import SyncConfig
 
 

@@ -1,7 +1,7 @@
 """A sync strategy defined here, outside the package, registered, and trained with on both transports.
 
 It is model averaging whose replicas add each other's round deltas (shared + Σ_k δ_k) instead of averaging each
-entry over the replicas that changed it (runtime/sync/averaging.py): a protocol that changes only how a worker
+entry over the replicas that changed it (sync/protocols/averaging.py): a protocol that changes only how a worker
 combines what it gathers, as one class here. Worker processes start from the job's JSON, so they import this file
 through MLLESS_PLUGINS, without the tests' folder on their path: the tests' helpers are imported where used.
 """
@@ -11,9 +11,8 @@ import pytest
 
 from mlless.contract import ENV_PLUGINS
 from mlless.runtime.local import Services, train_local
-from mlless.runtime.sync import STRATEGIES, register
-from mlless.runtime.sync.averaging import Averaging
-from mlless.runtime.sync.base import WorkerHalf
+from mlless.sync.base import STRATEGIES, WorkerHalf, register
+from mlless.sync.protocols.averaging import Averaging
 
 
 @register
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.slow
 def test_a_registered_strategy_is_a_protocol_name_the_manifest_may_give(movielens_dir):
     from test_training import job_for
 
-    assert STRATEGIES["summed-averaging"] is SummedAveraging
+    assert STRATEGIES.named("summed-averaging") is SummedAveraging
     job = job_for(movielens_dir, sync={"protocol": "summed-averaging", "localSteps": 4})
     assert (job.sync.protocol, job.sync.local_steps) == ("summed-averaging", 4)
 

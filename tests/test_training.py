@@ -19,16 +19,16 @@ import yaml
 
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys
-from mlless.runtime.launcher import LocalLauncher
+from mlless.launch.launcher import LocalLauncher
 from mlless.runtime.local import Services, new_job_id, train_local
 from mlless.progress import Progress
-from mlless.runtime.supervisor.stopping import smoothed_losses
+from mlless.stopping.rules import smoothed_losses
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.supervisor.membership import WorkerState
-from mlless.runtime.sync import sync_strategy
+from mlless.sync import sync_strategy
 from mlless.spec import TrainingJob, from_manifest
 from mlless.transport import connect
-from mlless.transport.env import identity as env_identity  # the session's issuer (tests/conftest.py)
+from mlless.transport.credentials import identity as env_identity  # the session's issuer (tests/conftest.py)
 
 pytestmark = pytest.mark.slow
 

@@ -37,7 +37,7 @@ from mlless.transport import (
 )
 from mlless.transport.base import MESSAGE_CONTEXT, SUPERVISOR, value_context
 from mlless.transport.bus import REDECLARE_SECONDS, queue_names
-from mlless.transport.env import identity as env_identity
+from mlless.transport.credentials import identity as env_identity
 from mlless.transport.tls import TrustedCA, ca_from_env, redis_tls_options, untrusted_certificate
 
 # Same overrides as tests/conftest.py.  Services tests fail (not skip) when the

@@ -424,7 +424,7 @@ def test_control_field_checks() -> None:
 
 #: Frames captured from the encoder before the codec became table-driven: (id, message, compressed, frame as hex).
 #: Frame version 2 changed the version byte of each, and the payload of the updates (their indices may travel as
-#: runs, `mlless.protocol.runs`); version 3 the version byte again, and the reports' payload (their staleness).
+#: runs, `mlless.protocol.index_runs`); version 3 the version byte again, and the reports' payload (their staleness).
 #: The wire format is a contract between processes of possibly different builds, so it must not drift silently.
 GOLDEN: list[tuple[str, Message, bool, str]] = [
     (

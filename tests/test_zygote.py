@@ -1,4 +1,4 @@
-"""Local workers forked from a zygote (runtime/zygote.py): real jobs, real processes.
+"""Local workers forked from a zygote (launch/zygote.py): real jobs, real processes.
 
 Each worker's environment is read from what it recorded itself (`worker_env`, a plugin): a forked worker's
 /proc/PID/environ is the zygote's.
@@ -18,9 +18,9 @@ import worker_env
 from mlless.cli import main
 from mlless.contract import ENV_EMBEDDED_ADDRESS, ENV_IDENTITY, ENV_JOB_ID, ENV_PLUGINS, ENV_RANK, EXIT_USAGE
 from mlless.protocol.identity import Identity, Issuer, parse_identity
-from mlless.runtime.launcher import LocalLauncher
+from mlless.launch.launcher import LocalLauncher
 from mlless.runtime.local import Services, train_local
-from mlless.runtime.zygote import Zygote, _running
+from mlless.launch.zygote import Zygote, _running
 from mlless.transport.embedded_broker import EmbeddedBroker
 
 from test_sweep import sweep_doc, write

@@ -1,6 +1,6 @@
 """A plugin (MLLESS_PLUGINS) that records each worker's environment, and the helpers that read what it recorded.
 
-A worker forked from a zygote (runtime/zygote.py) holds its environment in its memory only: its /proc/PID/environ
+A worker forked from a zygote (launch/zygote.py) holds its environment in its memory only: its /proc/PID/environ
 shows the zygote's start environment. Loaded in every worker (plugins load in the worker, from its own environment),
 this writes what the worker holds, with its pid, parent, session and directory, to RUNDIR.env/PID.json (beside the run
 directory, whose files must not hold an identity), readable by its owner only, as /proc/PID/environ is. The

@@ -33,8 +33,8 @@ from mlless.training.models import ModelFileError, load_model
 from mlless.training.warm_start import initial_model
 from mlless.telemetry.report.cli import add_report_parser
 from mlless.planning.cli import add_parser as add_plan_parser
-from mlless.sweep import cli as sweep_cli
-from mlless.runtime.launcher import Launcher
+from mlless.runtime import sweep_cli
+from mlless.launch.launcher import Launcher
 from mlless.progress import Progress
 from mlless.runtime.attack import ATTACK_HELP, AttackError, checked_attack
 from mlless.runtime.supervisor.failover import ResumeError, failed, resumable
@@ -218,9 +218,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_zygote(args: argparse.Namespace) -> int:
-    """Not for users: the local launcher's warm process, which forks workers on its requests (runtime/zygote.py)."""
+    """Not for users: the local launcher's warm process, which forks workers on its requests (launch/zygote.py)."""
     import mlless.runtime.worker  # noqa: F401  what `cmd_worker` imports, once for every fork
-    from mlless.runtime.zygote import serve
+    from mlless.launch.zygote import serve
 
     return serve(args.fd, lambda: main(["worker"]))
 
@@ -233,7 +233,7 @@ def cmd_worker_server(args: argparse.Namespace) -> int:
 
 def _worker_launcher(job: TrainingJob, job_id: str) -> Launcher:
     """How the supervisor reaches its workers, from what the operator put in its environment."""
-    from mlless.runtime.launcher import worker_launcher
+    from mlless.launch.launcher import worker_launcher
 
     try:
         return worker_launcher(os.environ, job, job_id)
@@ -247,7 +247,7 @@ def cmd_supervisor(args: argparse.Namespace) -> int:
     except ImportError:
         raise UsageError("`mlless supervisor` needs the kubernetes client: pip install 'mlless[supervisor]'") from None
 
-    from mlless.runtime.kube import KubePlatform
+    from mlless.launch.kube import KubePlatform
     from mlless.runtime.local import supervise
     from mlless.transport import connect
 

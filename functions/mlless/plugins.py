@@ -1,7 +1,8 @@
-"""Extensions defined outside the package: sync strategies, exchange patterns and model types.
+"""Extensions defined outside the package: models, sync strategies, aggregation rules and exchange patterns.
 
-Each registers itself when its module is imported (`mlless.runtime.sync.register`, `mlless.spec.models.register`
-with its `mlless.training.models.Model` subclass). `load_plugins` imports, once per process, the Python files or
+Each registers itself when its module is imported, with the `register` of its kind (`mlless.spec.registry`):
+`mlless.training.models.register`, `mlless.sync.base.register`, `mlless.sync.aggregation.register`,
+`mlless.sync.exchanges.base.register`. `load_plugins` imports, once per process, the Python files or
 modules `MLLESS_PLUGINS` names, so that the worker processes and the supervisor, which start from the job's JSON,
 know them too; the CLI calls it before validating a manifest, which then admits their names (the CRD lists only
 the built-in ones).

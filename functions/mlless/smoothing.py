@@ -1,6 +1,6 @@
 """Causal EWMA filter: a smoothing that never revises a value once it is seen.
 
-The auto-tuner smooths losses with it, the stop rules validation losses (runtime/supervisor/stopping.py), and
+The auto-tuner smooths losses with it, the stop rules validation losses (stopping/rules.py), and
 the supervisor and workers their step and evaluation times; it sits at the package's root so that none of
 them loads another part (or scipy) for it.
 
@@ -80,7 +80,7 @@ class RecentEwma:
     def following(self, values: ArrayLike) -> NDArray[np.float64]:
         """What `update` would return for each value of a row of `values` in turn, every row going on from the
         window as it stands, which is left as it was: the ETA smooths its thirty-one projected futures of a fit at
-        once (runtime/supervisor/forecast.py). The same sums in the same order as `update`'s, so the same floats."""
+        once (stopping/forecast.py). The same sums in the same order as `update`'s, so the same floats."""
         rows = np.asarray(values, dtype=np.float64)
         older = np.array(self._recent, dtype=np.float64)[::-1]  # oldest first
         held = np.concatenate([np.broadcast_to(older, rows.shape[:-1] + older.shape), rows], axis=-1)

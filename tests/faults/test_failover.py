@@ -26,7 +26,7 @@ from mlless.runtime.supervisor.failover import (
     CHECKPOINT_FILE, STATE_FILE, Checkpoint, JobState,
 )
 from mlless.runtime.supervisor.loop import Supervisor
-from mlless.runtime.supervisor.stopping import Best
+from mlless.stopping.rules import Best
 
 from faults.test_supervisor_loss import alive, children
 from test_platform import run

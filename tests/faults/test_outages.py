@@ -29,7 +29,7 @@ from mlless.data.dataset import Dataset
 from mlless.protocol.framing import decode, encode
 from mlless.protocol.messages import Update
 from mlless.runtime.local import new_job_id
-from mlless.runtime.sync.exchange import Published
+from mlless.sync.exchanges.base import Published
 from mlless.runtime.worker import Worker
 from mlless.transport import connect
 from test_training import job_for

@@ -24,7 +24,7 @@ TIMEOUT = 10.0
 
 
 def children(pid: int) -> list[int]:
-    """The worker processes `pid` started: its children, and, for its zygote (runtime/zygote.py), the zygote's."""
+    """The worker processes `pid` started: its children, and, for its zygote (launch/zygote.py), the zygote's."""
     found = []
     for child in _children(pid):
         try:

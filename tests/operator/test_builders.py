@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 
 from mlless.contract import ANNOTATION_OWNER, LABEL_JOB, LABEL_RANK
-from mlless.transport.env import with_password
+from mlless.transport.credentials import with_password
 from mlless_operator import metrics
 from mlless_operator.backends import choose_backend, get, worker_endpoint
 from mlless_operator.backends import supervisor_pod as build_supervisor_pod

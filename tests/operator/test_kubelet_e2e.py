@@ -47,7 +47,7 @@ async def assert_succeeded(c: Any, kubelet: Kubelet, name: str) -> dict[str, Any
     status = await job_status(c, name)
     assert status["phase"] == "Succeeded" and status.get("completionTime")
     assert next(x for x in status["conditions"] if x["type"] == "Succeeded")["status"] == "True"
-    # The supervisor mirrors its progress into the status (mlless.runtime.kube.KubePlatform).
+    # The supervisor mirrors its progress into the status (mlless.launch.kube.KubePlatform).
     assert status.get("step", 0) > 0, f"status.step is not set: the supervisor did not mirror its progress; status {status}"
     assert isinstance(status.get("trainLoss"), (int, float)) and math.isfinite(status["trainLoss"]), status
     # Its progress, ETA and projected cost (mlless.runtime.supervisor.eta): done, and the projection is the bill.

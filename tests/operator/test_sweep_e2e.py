@@ -16,7 +16,7 @@ from scenario import NS, TJ, launched, running_operator, training_job, unique
 
 SWEEPS = kmock.resource("mlless.io/v1alpha1/trainingsweeps")
 #: A trial's length: long enough that the operator sees a loser at a rung before it ends. A supervisor patches its
-#: TrainingJob's status at most every 2 s (`mlless.runtime.kube`), and a quiet machine ran 1000 steps in less: the
+#: TrainingJob's status at most every 2 s (`mlless.launch.kube`), and a quiet machine ran 1000 steps in less: the
 #: operator saw each trial only at its end, when nothing is left to stop.
 MAX_STEPS = 4000
 

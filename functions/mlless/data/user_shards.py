@@ -1,6 +1,6 @@
 """Training ratings by user shard: what lets a worker of `spec.sync.protocol: blocked` read its user block alone.
 
-Under blocked (runtime/sync/blocked.py) a worker trains only the ratings of its block of users. Read from the
+Under blocked (sync/protocols/blocked.py) a worker trains only the ratings of its block of users. Read from the
 training batches, that means every worker reads every batch and keeps 1/P of them: on 10M ratings that was 0.4 s
 of a worker's CPU before its first step, most of it per-file overhead of 1,441 batch files
 (benchmarks/RESULTS.md, "Scaling out, fifth pass").

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from mlless.contract import EXIT_FAILED, EXIT_USAGE, shard_urls
 from mlless.planning.model import Fit, Link, Prediction, choose, fit, predict
-from mlless.planning.runs import PlanError, RunMeasure, measure
+from mlless.planning.measures import PlanError, RunMeasure, measure
 from mlless.plugins import load_plugins
 from mlless.progress import Progress
 from mlless.spec import TrainingJob, load_manifest

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from mlless.planning.runs import PlanError, RunMeasure
+from mlless.planning.measures import PlanError, RunMeasure
 from mlless.planning.steptime import fit_beta, fit_kappa, step_seconds
 from mlless.planning.stoprule import REFERENCE_POINTS, samples_when_stop_fires
 from mlless.spec import TrainingJob

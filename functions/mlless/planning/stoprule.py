@@ -1,7 +1,7 @@
 """When the job's stop rule fires, in samples trained: replayed on a recorded loss curve, or on a fitted one.
 
 The loss-based rules (`spec.stop.targetLoss`, `patience` with `minDelta`) are `ValidationWatch`'s
-(`runtime/supervisor/stopping.py`), run here on evaluations instead of a live job, so the planner and the
+(`stopping/rules.py`), run here on evaluations instead of a live job, so the planner and the
 supervisor cannot disagree on what the rule means. Where a run ended before its rule fired (a pilot cut at its
 time, a run with a shorter limit), the validation curve it recorded is fitted with the auto-tuner's reference curve (`autotuner/curves.py`, L(t) = 1/(θ0·t^θ1 + θ2)
 + θ3, here with t in samples) and the rule replayed on the curve at the job's evaluation cadence, with the run's
@@ -22,8 +22,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from mlless.autotuner.curves import CurveFitError, fit_reference, fit_slow
-from mlless.runtime.supervisor.forecast import median_future
-from mlless.runtime.supervisor.stopping import ValidationWatch
+from mlless.stopping.forecast import median_future
+from mlless.stopping.rules import ValidationWatch
 from mlless.spec.job import StopConfig
 
 _NO_PARAMS = np.zeros(0)

@@ -9,7 +9,7 @@ built from the field types of ``mlless.protocol.fields``).
 Header (``HEADER``, 26 bytes)::
 
     magic    3s   b"MLs"
-    version  u8   3 (1 listed every update index; 2 sends runs of them, `mlless.protocol.runs`; 3 adds the
+    version  u8   3 (1 listed every update index; 2 sends runs of them, `mlless.protocol.index_runs`; 3 adds the
                   report's staleness)
     type     u8   FrameType
     flags    u8   bit0 = payload is zlib-compressed; bit1 = sealed, no checksum (crc32 is 0);
@@ -43,15 +43,12 @@ import enum
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import ClassVar, Protocol
 
 import numpy as np
 
 from mlless.protocol.identity import describe, speaks_for
 from mlless.protocol.sealing import Rejected, Verified
-
-if TYPE_CHECKING:
-    from mlless.protocol.fields import Message
 
 __all__ = [
     "MAGIC",
@@ -198,6 +195,21 @@ class Reader:
 # --------------------------------------------------------------------------- the frame-type registry
 
 #: Every message class by its frame type; a class registers itself when it is defined.
+class Message(Protocol):
+    """What framing needs of a frame's payload type (`mlless.protocol.fields.Message`, whose subclasses register
+    here): its type and whether it may be compressed, its sender and step, and its payload both ways."""
+
+    TYPE: ClassVar[FrameType]
+    COMPRESSIBLE: ClassVar[bool]
+    sender: int
+    step: int
+
+    def _parts(self) -> list[bytes | memoryview]: ...
+
+    @classmethod
+    def _parse(cls, sender: int, step: int, r: Reader, size: int | None) -> Message: ...
+
+
 _TYPES: dict[int, type[Message]] = {}
 
 

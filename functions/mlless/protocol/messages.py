@@ -31,7 +31,7 @@ from mlless.protocol.fields import (
     set_field,
 )
 from mlless.protocol.framing import I4, U8, U32, FrameError, FrameType, Reader, pack_text
-from mlless.protocol.runs import COUNTS, pack_indices, read_indices
+from mlless.protocol.index_runs import COUNTS, pack_indices, read_indices
 
 __all__ = [
     "MAX_REASON_BYTES",
@@ -106,7 +106,7 @@ def _arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
 class Update(Message):
     """A worker's significant update for one step: sparse (indices, values).
 
-    Payload: the indices as runs or listed (``mlless.protocol.runs``), then ``n`` float32 values (finite, within
+    Payload: the indices as runs or listed (``mlless.protocol.index_runs``), then ``n`` float32 values (finite, within
     ``MAX_MAGNITUDE``).  Indices are never negative; with ``decode(..., size=N)`` they must also be < N and
     unique, which is what a receiver applying the update into a replica of N
     parameters needs to trust.

@@ -43,7 +43,7 @@ from mlless.runtime import json_object
 from mlless.plugins import load_plugins
 from mlless.spec import SpecError, TrainingJob
 from mlless.transport.base import TransportError, check_job_id
-from mlless.transport.env import invoke_token, service_urls
+from mlless.transport.credentials import invoke_token, service_urls
 
 log = logging.getLogger(__name__)
 

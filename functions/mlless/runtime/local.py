@@ -22,9 +22,9 @@ from mlless.contract import (
 )
 from mlless.data.dataset import DatasetError
 from mlless.telemetry.metrics import SupervisorMetrics
-from mlless.runtime.launcher import Launcher, LocalLauncher
-from mlless.runtime.platform import Platform
-from mlless.runtime.zygote import Zygote
+from mlless.launch.launcher import Launcher, LocalLauncher
+from mlless.launch.platform import Platform
+from mlless.launch.zygote import Zygote
 from mlless.progress import Progress
 from mlless.runtime.supervisor.failover import STATE_FILE, JobState, ResumeError, resumable
 from mlless.runtime.supervisor.loop import Supervisor
@@ -35,7 +35,7 @@ from mlless.transport import Transport, connect
 from mlless.transport.embedded_broker import EmbeddedBroker
 from mlless.protocol.identity import Issuer, parse_identity
 from mlless.transport.base import SUPERVISOR
-from mlless.transport.env import service_urls
+from mlless.transport.credentials import service_urls
 
 
 #: The job's issuer in its run directory, while the job may be resumed.
@@ -59,7 +59,7 @@ class Services:
 def services_from(redis_url: str | list[str] | None, amqp_url: str | None) -> Services:
     """The services the flags give, else REDIS_URL and AMQP_URL; ValueError unless both or neither are given.
     A list of Redis URLs (`--redis-url` repeated) is the job's shards, passed on space-separated as REDIS_URL
-    carries them (mlless.transport.env)."""
+    carries them (mlless.transport.credentials)."""
     if isinstance(redis_url, list):
         redis_url = joined_shard_urls(redis_url)
     from_env = service_urls(os.environ)

@@ -5,7 +5,7 @@ Each step follows the MLLess paper's worker loop: take the next mini-batch
 shares, report to the supervisor (the report doubles as the announcement),
 then wait for the supervisor to close the step and apply the peers' updates
 it names. What is published, where, and how it is read and combined is the
-protocol's worker half (`runtime/sync/base.py`); how long the wait may be put
+protocol's worker half (`sync/base.py`); how long the wait may be put
 off is its `must_have_closed` (SSP's slack, averaging's local steps).
 """
 from __future__ import annotations
@@ -28,8 +28,9 @@ from mlless.smoothing import OnlineEwma
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys, layouts
 from mlless.runtime.attack import from_env
-from mlless.runtime.sync import sync_strategy
-from mlless.runtime.sync.exchange import Published, sparse_sum
+from mlless.sync import sync_strategy
+from mlless.sync.exchanges.base import Published
+from mlless.sync.sums import sparse_sum
 from mlless.spec import TrainingJob
 from mlless.telemetry.timing import PhaseTimer
 from mlless.training.replica import Replica

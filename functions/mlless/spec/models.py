@@ -8,7 +8,7 @@ branches on a model's name.
 
 A type registered outside the package (a test's, a user's; `mlless.plugins` loads them in every process of the
 job) is admitted by manifest validation in that process; the CRD lists the built-in ones. This module imports
-nothing of mlless but the schema's node builders, so that the schema can read it.
+nothing of mlless but the schema's node builders and the registry, so that the schema can read it.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from mlless.spec.nodes import Schema, integer
+from mlless.spec.registry import Registry
 
 __all__ = ["BUILT_IN", "LOSS_METRICS", "MODEL_TYPES", "ModelType", "OptimizerDefaults", "model_type", "register"]
 
@@ -163,19 +164,16 @@ BUILT_IN = (
               per_row=("clusters",), optimizers=frozenset({"sgd"})),
 )
 
-#: Every registered model type by name.
-MODEL_TYPES: dict[str, ModelType] = {t.name: t for t in BUILT_IN}
+#: Every registered model type by name: the built-ins, and those registered outside the package.
+MODEL_TYPES: Registry[ModelType] = Registry("model type", "model.type")
+for _builtin in BUILT_IN:
+    MODEL_TYPES.register(_builtin)
 
-
-def register(kind: ModelType) -> ModelType:
-    """Register a model type defined outside the package; a later one of the same name replaces it."""
-    MODEL_TYPES[kind.name] = kind
-    return kind
+#: Register a model type defined outside the package (a `Model` subclass's `type`: `mlless.training.models.register`
+#: calls it); a later one of the same name replaces it.
+register = MODEL_TYPES.register
 
 
 def model_type(name: str) -> ModelType:
     """The registered model type `name`; ValueError naming the known ones otherwise."""
-    try:
-        return MODEL_TYPES[name]
-    except KeyError:
-        raise ValueError(f"model type must be one of {tuple(MODEL_TYPES)}, got {name!r}") from None
+    return MODEL_TYPES.named(name)

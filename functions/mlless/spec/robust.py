@@ -1,4 +1,4 @@
-"""What the Byzantine-robust aggregation rules (`spec.sync.aggregation`, runtime/sync/aggregation.py) need of a job.
+"""What the Byzantine-robust aggregation rules (`spec.sync.aggregation`, sync/aggregation.py) need of a job.
 
 A robust rule combines the updates of one step, so it needs a protocol whose workers add their peers' updates of
 each step (BSP, ISP, SSP): averaging's rounds divide by the carriers of each entry, blocked's rows stay at home and
@@ -18,7 +18,7 @@ MIN_WORKERS = 3
 TRIM = 0.25
 #: The rule that is no robust rule.
 SUM = "sum"
-#: The exchange patterns that run a script in Redis (in-store, runtime/sync/instore.py): they can only add a step's
+#: The exchange patterns that run a script in Redis (in-store, sync/exchanges/instore.py): they can only add a step's
 #: updates, in one Redis, and the embedded transport has no Redis to run them in.
 STORE_EXCHANGES = ("in-store",)
 

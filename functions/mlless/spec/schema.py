@@ -17,6 +17,7 @@ from typing import Any, Iterable, Iterator
 
 from mlless.contract import API_VERSION, KIND
 from mlless.spec import models, robust
+from mlless.spec.registry import REGISTRIES
 from mlless.spec.nodes import Schema, boolean, choice, integer, number, obj, shown, string
 
 #: averaging's H. At P = 2 on the quick sets of benchmarks/time_to_quality.py (1M skewed ratings, 200k clicks; a
@@ -40,9 +41,9 @@ DEFAULT_MAX_EPOCHS = 50.0
 #: `mlless train` refuse a model without it (`pairing_errors`), and so does the API server, by the CEL rules
 #: `cel_rules` puts in the spec's schema (CEL, which the CLI's JSON Schema validator ignores).
 NEEDS: dict[str, str] = {
-    # Blocks of users and items exist only in ratings data (runtime/sync/blocked.py).
+    # Blocks of users and items exist only in ratings data (sync/protocols/blocked.py).
     "blocked": "blocks",
-    # Consensus ADMM needs a convex loss; PMF's is not (runtime/sync/admm.py).
+    # Consensus ADMM needs a convex loss; PMF's is not (sync/protocols/admm.py).
     "admm": "convex",
 }
 
@@ -288,17 +289,6 @@ def choices(path: str) -> tuple[str, ...]:
     return tuple(schema_field(path)["enum"])
 
 
-#: Values a running program added to an enumerated field beyond the schema's (a sync strategy registered outside the
-#: package: functions/mlless/runtime/sync/__init__.py). Validation in that program admits them; the CRD, generated
-#: from SPEC_SCHEMA, does not list them.
-_ADMITTED: dict[str, list[str]] = {}
-
-
-def admit(path: str, value: str) -> None:
-    """Accept `value` for the enumerated spec field at dotted `path` in this process's manifest validation."""
-    _ADMITTED.setdefault(path, []).append(value)
-
-
 _RESOURCES: Schema = {
     "type": "object",
     "description": "Kubernetes resource requests and limits (core/v1 ResourceRequirements).",
@@ -439,8 +429,9 @@ def pairing_errors(spec: Any) -> Iterator[str]:
     for field, value, other, admitted in pairings(models.MODEL_TYPES.values()):
         if given(field) == value and given(other) not in admitted:
             yield f"{_pairing_message(field, value, other, admitted)}, not {given(other)}"
-    kind = models.MODEL_TYPES.get(given("model.type"))
-    yield from robust.errors(spec, kind.protocol if kind else "", default("workers"))
+    kind = given("model.type")
+    yield from robust.errors(spec, models.model_type(kind).protocol if kind in models.MODEL_TYPES else "",
+                             default("workers"))
     shards = given("redis.shards")
     if isinstance(shards, int) and (line := robust.one_redis_error(given("sync.exchange"), shards,
                                                                     f"spec.redis.shards is {shards}")):
@@ -464,9 +455,8 @@ SPEC_SCHEMA["x-kubernetes-validations"] = cel_rules()
 def manifest_schema(strict: bool) -> Schema:
     """Schema of a whole TrainingJob document; `strict` forbids unknown fields (CLI use)."""
     spec = copy.deepcopy(SPEC_SCHEMA)
-    for path, values in _ADMITTED.items():
-        schema_field(path, spec)["enum"] += values
-    schema_field("model.type", spec)["enum"] = list(models.MODEL_TYPES)
+    for path, registry in REGISTRIES.items():  # the names registered in this process, a plugin's too
+        schema_field(path, spec)["enum"] = [*choices(path), *(n for n in registry if n not in choices(path))]
     schema_field("model", spec)["properties"] |= model_fields(models.MODEL_TYPES.values())
     if strict:
         forbid_unknown(spec)

@@ -1,7 +1,7 @@
 """The one schema of a TrainingSweep: trials of a TrainingJob template over a search space, with early stopping.
 
 `mlless sweep` validates sweep manifests with it (`mlless.sweep.manifest`), and the CRD (crds/trainingsweep.yaml,
-`mlless.spec.sweepcrd`) and docs/sweep-reference.md (`mlless.spec.sweepref`) are generated from it, as the
+`mlless.spec.sweep_crd`) and docs/sweep-reference.md (`mlless.spec.sweep_reference`) are generated from it, as the
 TrainingJob's are from `mlless.spec.schema`. The template's spec is the TrainingJob's own schema, so the API server
 checks a template as it checks a job.
 """

@@ -68,7 +68,7 @@ class Replica:
         self.filter = accumulator or SignificanceFilter(model.params, v)
         self.contribution = np.zeros(model.size, np.float64) if audit else None
         #: A proximal step a protocol adds to each shared local step (ADMM's pull towards the consensus,
-        #: runtime/sync/admm.py): given the step's entries and learning rate, it moves them and returns the move.
+        #: sync/protocols/admm.py): given the step's entries and learning rate, it moves them and returns the move.
         self.proximal: Callable[[np.ndarray, float], np.ndarray] | None = None
         #: How many replicas' updates are summed (the worker sets the job's live workers before each step, or 1 under a
         #: protocol that averages them: `SyncStrategy.sums_updates`).

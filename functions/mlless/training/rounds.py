@@ -9,7 +9,7 @@ correction), in one dense pass (marking each step's entries instead cost a third
 drives it through the same methods as `SignificanceFilter`.
 
 Entries it `hold`s stay pending at a round's end: blocked keeps the rows of its own users at home
-(`runtime/sync/blocked.py`); they are shared with the rest once no longer held, or as pending entries (a leaver's
+(`sync/protocols/blocked.py`); they are shared with the rest once no longer held, or as pending entries (a leaver's
 merge, the final replicas, a snapshot's).
 """
 from __future__ import annotations

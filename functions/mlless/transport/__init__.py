@@ -26,7 +26,7 @@ from .base import (
 )
 from mlless.protocol.identity import Identity, Issuer
 
-from .env import IDENTITY_FILE, identity as env_identity
+from .credentials import IDENTITY_FILE, identity as env_identity
 
 __all__ = [
     "DEFAULT_TTL",

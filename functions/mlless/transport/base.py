@@ -19,10 +19,10 @@ seal does not verify, or a value under a key its signer may not write
 comes back as a ``sealing.Rejected``, which ``decode`` rejects with the reason:
 the receiver counts it where it counts any malformed frame.  A transport cannot
 be opened without an identity; ``connect`` reads it from the environment
-(``mlless.transport.env.identity``).  The one exception is ``run_script``: what
+(``mlless.transport.credentials.identity``).  The one exception is ``run_script``: what
 a script in Redis writes and returns cannot carry a signature, so its caller
 authenticates it with a key derived for the purpose from what every member of
-the job holds (``subkey``; ``mlless.runtime.sync.instore``).
+the job holds (``subkey``; ``mlless.sync.exchanges.instore``).
 """
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ class Transport(ABC):
     def subkey(self, purpose: str) -> bytes:
         """A key for `purpose` that every member of the job derives alike (HMAC-SHA256 of the purpose under the
         issuer's public key, which only the job's identities carry: no frame shows it), for a MAC that a party
-        without an identity must check: a script in Redis (runtime/sync/instore.py). Any member can compute it, so
+        without an identity must check: a script in Redis (sync/exchanges/instore.py). Any member can compute it, so
         such a MAC tells a member's write from an outsider's, not one member's from another's."""
         return hmac.new(self._identity.issuer, f"subkey {purpose}".encode("utf-8"), "sha256").digest()
 
@@ -214,7 +214,7 @@ class Transport(ABC):
     def run_script(self, source: str, keys: Sequence[str], args: Sequence[bytes | str | int]) -> Any:
         """Run the Lua `source` inside the key-value store over the job-namespaced `keys`, and return its reply.
         Neither the arguments nor the reply are sealed: the caller authenticates what the script makes
-        (runtime/sync/instore.py). TransportError if the store runs no scripts."""
+        (sync/exchanges/instore.py). TransportError if the store runs no scripts."""
         raise TransportError(f"{type(self).__name__} runs no scripts in its store: that needs Redis")
 
     def probe_store(self) -> None:

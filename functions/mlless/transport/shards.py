@@ -21,7 +21,7 @@ process re-publishes its frames (all of them: the ones on other shards are writt
 reaches only the shards of its keys, so a worker whose own shard lost its frames, while it reads its peers' from
 others, notices at its next write, or at its next `probe` (every shard; runtime/worker.py probes while it waits
 for a step-close), not at its next read as with one Redis; its waiting peers wait for the frame meanwhile
-(runtime/sync/exchange.py, `fetch`). Probing every shard on every read would notice sooner, at one more command
+(sync/exchanges/base.py, `fetch`). Probing every shard on every read would notice sooner, at one more command
 per shard per read on the hot path.
 
 Reads fan out: `get_many` sends one pipelined round trip to each shard it reads from, concurrently (the calling

@@ -9,7 +9,7 @@ from typing import Mapping
 
 from mlless.contract import CA_FILE_VARS, ENV_AMQP_URL, ENV_REDIS_URL, joined_shard_urls
 from mlless.transport.base import ANY_WORKER, SUPERVISOR
-from mlless.transport.env import IDENTITY_FILE, PASSWORD_VARS, Issuer
+from mlless.transport.credentials import IDENTITY_FILE, PASSWORD_VARS, Issuer
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import (
     AMQP_PORT,
@@ -111,7 +111,7 @@ def service_env(job: JobRef) -> list[Manifest]:
         else:
             env.append({"name": url_var, "value": ext["url"]})
             if ext.get("passwordSecretRef"):
-                # The runtime percent-encodes it into the URL (mlless.transport.env); `$(VAR)` would paste it raw.
+                # The runtime percent-encodes it into the URL (mlless.transport.credentials); `$(VAR)` would paste it raw.
                 ref = ext["passwordSecretRef"]
                 env.append(secret_env(pw_var, ref["name"], ref["key"]))
     env += [{"name": CA_FILE_VARS[service], "value": f"{CA_DIR}/{service}/{CA_FILE}"} for service, _ in ca_refs(job)]

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 import kopf
 
-from mlless.transport.env import with_password
+from mlless.transport.credentials import with_password
 from mlless.transport.tls import TrustedCA
 from mlless_operator.builders.jobref import JobRef
 from mlless_operator.kubeapi import KubeAPI

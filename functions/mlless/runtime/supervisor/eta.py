@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from mlless.runtime.supervisor.forecast import SPACING_GAPS, StopProjection, evaluation_spacing, project_stop
-from mlless.runtime.supervisor.stopping import Standing
+from mlless.stopping.forecast import SPACING_GAPS, StopProjection, evaluation_spacing, project_stop
+from mlless.stopping.rules import Standing
 from mlless.spec.job import StopConfig
 
 #: The pace is measured from standings kept this often, at most `KEPT` of them (thinned to half when full), over the

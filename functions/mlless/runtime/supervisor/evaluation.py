@@ -16,9 +16,9 @@ from mlless.data.dataset import Dataset
 from mlless.protocol import keys, layouts
 from mlless.protocol.framing import FrameError, decode
 from mlless.protocol.messages import Tensors, Update
-from mlless.runtime.supervisor.stopping import Best, ValidationWatch
+from mlless.stopping.rules import Best, ValidationWatch
 from mlless.runtime.supervisor.membership import JobFailed
-from mlless.runtime.sync import sync_strategy
+from mlless.sync import sync_strategy
 from mlless.spec import TrainingJob
 from mlless.spec.models import model_type
 from mlless.training.warm_start import initial_model

@@ -39,7 +39,7 @@ from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import Done, Hello, Takeover, Tensors
 from mlless.runtime import json_object
 from mlless.runtime.supervisor.membership import INTERNAL_ERROR, INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST
-from mlless.runtime.supervisor.stopping import DIVERGED, Best
+from mlless.stopping.rules import DIVERGED, Best
 from mlless.telemetry.record import RunRecord
 from mlless.transport import Transport
 

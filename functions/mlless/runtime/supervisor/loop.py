@@ -34,8 +34,8 @@ from mlless.protocol import keys
 from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Left, Report
 from mlless.runtime.audit import audit_conservation
-from mlless.runtime.launcher import Launcher
-from mlless.runtime.platform import Platform
+from mlless.launch.launcher import Launcher
+from mlless.launch.platform import Platform
 from mlless.runtime.supervisor.accounting import Accounting, StepTotals
 from mlless.runtime.supervisor.evaluation import Evaluation, Snapshot
 from mlless.runtime.supervisor.failover import Checkpoint, Failover, JobState, resumable
@@ -44,8 +44,8 @@ from mlless.runtime.supervisor.membership import (
 )
 from mlless.runtime.supervisor.scaling import Scaling
 from mlless.runtime.supervisor.status import StatusBoard
-from mlless.runtime.supervisor.stopping import Standing, StopRules
-from mlless.runtime.sync import sync_strategy
+from mlless.stopping.rules import Standing, StopRules
+from mlless.sync import sync_strategy
 from mlless.spec import TrainingJob
 from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.telemetry.record import RunRecord

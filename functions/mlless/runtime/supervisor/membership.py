@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any, Callable
 
 from mlless.progress import Progress
-from mlless.runtime.launcher import Launcher
+from mlless.launch.launcher import Launcher
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from mlless.autotuner.tuner import AutoTuner
 from mlless.progress import Progress
 from mlless.protocol import keys, layouts
 from mlless.protocol.messages import Tensors
-from mlless.runtime.platform import Platform
+from mlless.launch.platform import Platform
 from mlless.runtime.supervisor.failover import JobState
 from mlless.runtime.supervisor.membership import Membership, WorkerRecord, WorkerState
 from mlless.spec import TrainingJob

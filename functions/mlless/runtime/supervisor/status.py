@@ -15,9 +15,9 @@ import time
 from typing import Any, Callable
 
 from mlless.progress import Progress
-from mlless.runtime.platform import Platform
+from mlless.launch.platform import Platform
 from mlless.runtime.supervisor.eta import Estimator, Outlook
-from mlless.runtime.supervisor.stopping import Standing, ValidationWatch
+from mlless.stopping.rules import Standing, ValidationWatch
 from mlless.spec import TrainingJob
 from mlless.telemetry.metrics import SupervisorMetrics
 from mlless.telemetry.record import RunRecord

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from mlless.telemetry.report.runs import ReportError, Run, load_run, load_runs
+from mlless.telemetry.report.rundirs import ReportError, Run, load_run, load_runs
 
 __all__ = ["ReportError", "Run", "load_run", "load_runs", "render_report"]
 

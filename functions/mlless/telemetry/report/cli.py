@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from mlless.contract import EXIT_USAGE
-from mlless.telemetry.report.runs import ReportError, load_runs
+from mlless.telemetry.report.rundirs import ReportError, load_runs
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mlless.telemetry.report.plots import PLOTS, Plot, render_all
-from mlless.telemetry.report.runs import Run
+from mlless.telemetry.report.rundirs import Run
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }

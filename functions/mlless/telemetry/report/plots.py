@@ -19,7 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
 from mlless.contract import STEP_PHASES
-from mlless.telemetry.report.runs import Run
+from mlless.telemetry.report.rundirs import Run
 from mlless.telemetry.rows import evaluated
 
 #: Bytes per step spanning more than this ratio (max / min) get a log axis.

@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 from mlless.contract import SWEEP_FILE, SWEEP_STATUS_FILE, SWEEP_TRIALS_DIR
 from mlless.telemetry.report.html import render_report
 from mlless.telemetry.report.plots import LOG_RATIO, Plot, colour, loss_metric
-from mlless.telemetry.report.runs import ReportError, Run, load_run, read_summary
+from mlless.telemetry.report.rundirs import ReportError, Run, load_run, read_summary
 
 
 def is_sweep_dir(path: str | Path) -> bool:

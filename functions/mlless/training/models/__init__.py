@@ -1,34 +1,27 @@
-"""Models on one flat float32 replica each: every module of this package declares its `Model` subclasses.
+"""Models on one flat float32 replica each: one module per family, each model a `Model` subclass registered with
+`base.register` under its type (`base.MODELS`), a plugin's too once `mlless.plugins` imported it.
 
-Importing the package imports each of its modules, and each model registers itself under its type
-(`base.REGISTRY`), so nothing here names a model. `build_model` creates a fresh (seeded, hence identical on
-every worker) replica; `load_model` restores one written by `Model.save`.
+Importing the package registers the built-ins. `build_model` creates a fresh (seeded, hence identical on every
+worker) replica; `load_model` restores one written by `Model.save`.
 """
 from __future__ import annotations
 
-import importlib
 import os
-import pkgutil
 from typing import Any, BinaryIO, Mapping
 
 from mlless.plugins import load_plugins
 from mlless.spec.config import ModelConfig
 from mlless.spec.models import model_type
-from mlless.training.models.base import REGISTRY, Model, ModelFileError, TrainingData, read_model_file
+from mlless.training.models import kmeans, linear, pmf, softmax  # noqa: F401  the built-ins register on import
+from mlless.training.models.base import MODELS, Model, ModelFileError, TrainingData, read_model_file, register
 
-__all__ = ["Model", "ModelFileError", "build_model", "load_model", "model_class"]
-
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+__all__ = ["Model", "ModelFileError", "build_model", "load_model", "model_class", "register"]
 
 
 def model_class(kind: str) -> type[Model]:
     """The registered model of type ``kind`` (a plugin's too: `mlless.plugins`)."""
     load_plugins()
-    try:
-        return REGISTRY[kind]
-    except KeyError:
-        raise ValueError(f"unknown model kind {kind!r}; expected one of {tuple(REGISTRY)}") from None
+    return MODELS.named(kind)
 
 
 def build_model(kind: str, dims: Mapping[str, Any], config: ModelConfig | None = None, seed: int = 0,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
+from operator import attrgetter
 from typing import Any, BinaryIO, ClassVar, Mapping, Protocol, TypeVar
 
 import numpy as np
@@ -18,14 +19,11 @@ import numpy as np
 from mlless.data.batches import Batch
 from mlless.spec.config import ModelConfig
 from mlless.spec.models import MODEL_TYPES, ModelType
+from mlless.spec.registry import Registry
 from mlless.training.kernels import optim as _optim
 
 FORMAT_VERSION = 1
 
-#: Every model by its type's name. A `Model` subclass that sets `kind` registers itself here when its module is
-#: imported; `mlless.training.models` imports every module of its package, so a new model is one module (and its
-#: kernel) plus its `ModelType` (mlless.spec.models), which the schema, the CRD and the defaults read.
-REGISTRY: dict[str, type[Model]] = {}
 
 
 class TrainingData(Protocol):
@@ -44,25 +42,15 @@ class ModelFileError(ValueError):
 class Model(ABC):
     """One replica: parameters in a flat float32 vector plus the maths over batches."""
 
-    kind: ClassVar[str]
-    #: Its type as a TrainingJob sees it (set from `kind`).
+    #: Its type as a TrainingJob sees it: a built-in's from `mlless.spec.models.model_type`, a plugin's its own.
     type: ClassVar[ModelType]
-    #: How its loss is reported, and the kind of data set (`mlless prepare`'s manifest "kind") it trains on: its
-    #: type's.
+    #: Its type's name, how its loss is reported and the kind of data set (`mlless prepare`'s manifest "kind") it
+    #: trains on: its type's, set by `register`.
+    kind: ClassVar[str]
     loss_metric: ClassVar[str]
     dataset_kind: ClassVar[str]
     #: The dimensions (of `dims()`) that fix the length of the parameter vector.
     shape_dims: ClassVar[tuple[str, ...]]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "kind" in cls.__dict__:
-            if cls.kind not in MODEL_TYPES:
-                raise TypeError(f"model {cls.__name__}: type {cls.kind!r} is not a registered model type "
-                                "(mlless.spec.models)")
-            cls.type = MODEL_TYPES[cls.kind]
-            cls.loss_metric, cls.dataset_kind = cls.type.loss_metric, cls.type.dataset_kind
-            REGISTRY[cls.kind] = cls
 
     @classmethod
     @abstractmethod
@@ -180,6 +168,22 @@ class Model(ABC):
         meta = {**(metadata or {}), **self.metadata()}
         with open(path, "wb") as fh:  # a file object stops np.savez from appending ".npz"
             np.savez(fh, params=self.params, metadata=np.array(json.dumps(meta, sort_keys=True)))
+
+
+M = TypeVar("M", bound="type[Model]")
+
+#: Every model by its type's name; `mlless.training.models` imports the built-in ones.
+MODELS: Registry[type[Model]] = Registry("model", None, attrgetter("kind"))
+
+
+def register(cls: M) -> M:
+    """Register the model `cls` (a class decorator) and its `type`, whose name it takes as `kind`: a new model is one
+    module (and its kernel) plus its `ModelType`, which the schema, the CRD and the defaults read."""
+    if not isinstance(cls.__dict__.get("type"), ModelType):
+        raise TypeError(f"model {cls.__name__}: its `type` must be a ModelType (mlless.spec.models)")
+    MODEL_TYPES.register(cls.type)
+    cls.kind, cls.loss_metric, cls.dataset_kind = cls.type.name, cls.type.loss_metric, cls.type.dataset_kind
+    return MODELS.register(cls)
 
 
 def binary_scores(margins: np.ndarray, labels: np.ndarray) -> dict[str, float]:

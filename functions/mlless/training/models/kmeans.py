@@ -9,7 +9,7 @@ Both moves are updates like any other. Under a protocol that sums the replicas' 
 each assign about m of the step's P m rows to c, so W = P workers (`Replica.workers`) makes the summed move the
 one a single worker would take over all P m rows, and the counts sum to the rows assigned job-wide. Under model
 averaging (averaging, async) W = 1: each worker runs Sculley's loop on its own, centroids and counts are averaged,
-and the averaged counts (rows / P) make the averaged moves the job-wide ones (W: runtime/sync/base.py).
+and the averaged counts (rows / P) make the averaged moves the job-wide ones (W: sync/base.py).
 
 The centroids start from k-means++ seeds (Arthur and Vassilvitskii 2007), greedy as scikit-learn's (2 + ln k
 candidates a seed, the one that lowers the potential most), drawn from the first training batches, which every
@@ -31,7 +31,8 @@ import scipy.sparse as sp
 
 from mlless.data.batches import Batch, SparseBatch
 from mlless.spec.config import ModelConfig
-from mlless.training.models.base import Model, TrainingData, expect_batch, required_dim
+from mlless.spec.models import model_type
+from mlless.training.models.base import Model, TrainingData, expect_batch, register, required_dim
 
 #: The k-means++ seeds are drawn from the first training batches, up to this many rows (scikit-learn's
 #: MiniBatchKMeans draws them from 3 x its batch of 1024 rows; more rows see the small clusters too)...
@@ -103,10 +104,11 @@ def lloyd(x: sp.csr_matrix, centres: np.ndarray) -> tuple[np.ndarray, float]:
     return centres, float(squared_distances(x, centres).min(axis=1).sum())
 
 
+@register
 class KMeans(Model):
     """k centroids over a CSR `SparseBatch`; loss metric the mean squared distance to the nearest centroid."""
 
-    kind = "kmeans"
+    type = model_type("kmeans")
     shape_dims = ("n_features",)
 
     @classmethod

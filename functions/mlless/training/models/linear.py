@@ -13,8 +13,9 @@ import numpy as np
 
 from mlless.data.batches import Batch, SparseBatch
 from mlless.spec.config import ModelConfig
+from mlless.spec.models import model_type
 from mlless.training.kernels import linear as _k
-from mlless.training.models.base import Model, binary_scores, contiguous, expect_batch, required_dim
+from mlless.training.models.base import Model, binary_scores, contiguous, expect_batch, register, required_dim
 
 #: Decoupled weight decay; hashed Criteo has plenty of data per bucket, so barely any is needed.
 DEFAULT_L2 = 1e-6
@@ -99,10 +100,11 @@ class BinaryClassifier(LinearModel):
         return binary_scores(self.margins(batch), expect_batch(batch, SparseBatch, self.kind).labels)
 
 
+@register
 class LogisticRegression(BinaryClassifier):
     """sigmoid(w·x + b); loss metric mean BCE."""
 
-    kind = "logistic-regression"
+    type = model_type("logistic-regression")
     loss_fn = _k.Log()
 
     def predict(self, batch: Batch) -> np.ndarray:
@@ -110,17 +112,19 @@ class LogisticRegression(BinaryClassifier):
         return (0.5 * (1.0 + np.tanh(0.5 * self.margins(batch)))).astype(np.float32)  # overflow-free sigmoid
 
 
+@register
 class LinearSVM(BinaryClassifier):
     """The hinge loss on labels 0/1 as the classes −1/+1; predictions are margins (positive: class 1)."""
 
-    kind = "svm"
+    type = model_type("svm")
     loss_fn = _k.Hinge()
 
 
+@register
 class LinearRegression(LinearModel):
     """Squared loss on real labels; loss metric RMSE."""
 
-    kind = "linear-regression"
+    type = model_type("linear-regression")
     loss_fn = _k.Squared()
 
     @classmethod

@@ -16,8 +16,9 @@ import numpy as np
 
 from mlless.data.batches import Batch, RatingsBatch
 from mlless.spec.config import ModelConfig
+from mlless.spec.models import model_type
 from mlless.training.kernels import pmf as _k
-from mlless.training.models.base import Model, contiguous, expect_batch, required_dim
+from mlless.training.models.base import Model, contiguous, expect_batch, register, required_dim
 
 #: Bounds of the default per-rating L2 penalty on factors and biases (see `default_l2`).
 MIN_L2, MAX_L2 = 0.002, 0.1
@@ -41,10 +42,11 @@ def default_l2(n_users: int, n_items: int, n_ratings: int | None) -> float:
     return float(min(MAX_L2, max(MIN_L2, (n_users + n_items) / n_ratings)))
 
 
+@register
 class PMF(Model):
     """Biased matrix factorisation over a `RatingsBatch`; loss metric RMSE."""
 
-    kind = "pmf"
+    type = model_type("pmf")
     shape_dims = ("n_users", "n_items")
 
     @classmethod

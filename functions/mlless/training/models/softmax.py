@@ -14,15 +14,17 @@ import numpy as np
 
 from mlless.data.batches import Batch, SparseBatch
 from mlless.spec.config import ModelConfig
+from mlless.spec.models import model_type
 from mlless.training.kernels import softmax as _k
-from mlless.training.models.base import Model, contiguous, expect_batch, required_dim
+from mlless.training.models.base import Model, contiguous, expect_batch, register, required_dim
 from mlless.training.models.linear import DEFAULT_L2
 
 
+@register
 class Softmax(Model):
     """softmax(W·x + b) over a CSR `SparseBatch`; loss metric mean cross-entropy."""
 
-    kind = "softmax"
+    type = model_type("softmax")
     shape_dims = ("n_features",)
 
     @classmethod

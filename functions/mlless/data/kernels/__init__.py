@@ -1,0 +1,1 @@
+"""Compiled data kernels (Cython), built by setup.py like the training kernels."""
