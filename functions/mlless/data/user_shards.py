@@ -1,9 +1,8 @@
 """Training ratings by user shard: what lets a worker of `spec.sync.protocol: blocked` read its user block alone.
 
 Under blocked (sync/protocols/blocked.py) a worker trains only the ratings of its block of users. Read from the
-training batches, that means every worker reads every batch and keeps 1/P of them: on 10M ratings that was 0.4 s
-of a worker's CPU before its first step, most of it per-file overhead of 1,441 batch files
-(benchmarks/RESULTS.md, "Scaling out, fifth pass").
+training batches, that means every worker reads every batch and keeps 1/P of them, paying every batch file's
+overhead before its first step.
 
 So `mlless prepare` also writes the training ratings of a ratings set grouped by user: user u belongs to shard
 `shard_of(u)` of `USER_SHARDS` (a multiplicative hash of its id, so that popular and unpopular users mix in

@@ -26,10 +26,8 @@ from mlless.progress import Progress
 from mlless.spec import TrainingJob, load_manifest
 
 #: The default pilot: these worker counts, each run as the job itself (its evaluations and stop rules, the
-#: auto-tuner off) for at most PILOT_SECONDS: a job that ends sooner is measured whole, its stop the job's own. Pilots
-#: of 3 epochs evaluated about 15 times (sessions 10-16) saw the MovieLens sample's validation loss still falling,
-#: and no fitted curve shows where it turns up: they put its patience stop at 18.4 epochs where the job stops at
-#: 6.8, 23-78 % late in time (benchmarks/RESULTS.md, "The planner against measured runs").
+#: auto-tuner off) for at most PILOT_SECONDS: a job that ends sooner is measured whole, its stop the job's own. A
+#: pilot cut at a few epochs can end while the validation loss still falls, and no fitted curve shows where it turns.
 PILOT_WORKERS = "1,2"
 PILOT_SECONDS = 10.0
 #: The CLI's reader of --redis-url/--amqp-url (and $REDIS_URL/$AMQP_URL): (redis, amqp), both or neither.

@@ -81,9 +81,7 @@ class RunMeasure:
     def step_through(self, samples: float, evaluate_every: int) -> float:
         """The mean step of a job at this P that trains `samples`: the run's own as far as it went, then its newest
         steps' (away from evaluations; the evaluations' extra as before). A step can fall as a job runs: the
-        significance filter sends less as the updates shrink (a 3-epoch pilot of the 200k clicks at P = 2 steps 17.8
-        ms in its first epoch and 13.6 in its third, the whole job 12.9; benchmarks/RESULTS.md, "The planner against
-        measured runs"), so a pilot's mean alone overstates the job's."""
+        significance filter sends less as the updates shrink, so a pilot's mean alone overstates the job's."""
         here = self.step_at_cadence(evaluate_every)
         if samples <= self.samples:
             return here

@@ -16,17 +16,14 @@
                                                  roofline: P workers' CPU and the supervisor's on `cores` cores;
                                                  trend: the line (never falling) through the runs' steps at the two
                                                  P nearest. On a machine with fewer cores than processes, a worker's
-                                                 own compute slows as P grows (benchmarks/RESULTS.md, "The planner
-                                                 against measured runs", session 12: the clicks' 5.5, 10.4 and
-                                                 16.2 ms at P = 1-3), which the path's terms, measured at one P,
-                                                 do not see. Through P = 1 and 2, it also carries on the rise where
-                                                 the exchange begins, which can overstate a large P on many cores;
+                                                 own compute slows as P grows, which the path's terms, measured at
+                                                 one P, do not see. Through P = 1 and 2, it also carries on the rise
+                                                 where the exchange begins, which can overstate a large P on many cores;
                                                  shared: the same line through the steps divided by the
                                                  contention c(P) = max(1, (P + 1)/cores), P workers and the
-                                                 supervisor time-sharing the cores, times c at P: the step at P = 3
-                                                 on 2 cores grew past the line, 6.3, 13 and 23 ms at P = 1-3 for
-                                                 the clicks (benchmarks/RESULTS.md, "The planner against measured
-                                                 runs", session 14). With cores to spare, c = 1 and it is the line
+                                                 supervisor time-sharing the cores, times c at P: on fewer cores
+                                                 than processes the step grows faster than the line. With cores to
+                                                 spare, c = 1 and it is the line
     cost(P)     = `telemetry.cost.job_cost` at the job's prices: P workers and the supervisor billed T(P), the
                   services T(P); Perf/$ = 1/(T · cost) (`perf_per_dollar`)
 
@@ -51,10 +48,8 @@ from mlless.telemetry.cost import job_cost, perf_per_dollar
 
 #: Without a step or epoch limit, the fitted curve is followed this many times past the longest run's samples.
 EXTRAPOLATION_LIMIT = 100.0
-#: A stop predicted further past its run than this many times the run's samples gets a note: 3-epoch pilots whose
-#: own stops came out 20 % or more late extrapolated them 5.2-6.5x (MovieLens at P = 1 and 2; the 1M ratings and
-#: the clicks at P = 2), those within 5 % 1.7-2.9x (the clicks and the 1M ratings at P = 1; benchmarks/RESULTS.md,
-#: "The planner against measured runs", session 15).
+#: A stop predicted further past its run than this many times the run's samples gets a note: the pilots whose
+#: predicted stops came out late were those extrapolated this far.
 FAR_EXTRAPOLATION = 4.0
 #: What ends the job in a prediction, besides its loss rule ("loss rule").
 LOSS_RULE, LENGTH_LIMIT, MAX_SECONDS, BUDGET = "loss rule", "step/epoch limit", "max seconds", "budget"

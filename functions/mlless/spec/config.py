@@ -105,8 +105,8 @@ class OptimizerConfig:
 
 def default_optimizer(model: str, workers: int = 1, kind: str | None = None) -> OptimizerConfig:
     """The optimizer of a job of `workers` workers that names none, or names only its type `kind`: its model type's
-    (`ModelType.optimizer`, chosen by seconds to a target validation loss, benchmarks/RESULTS.md, "Choosing the
-    defaults"), or for another type, that type's `TYPE_LEARNING_RATES`."""
+    (`ModelType.optimizer`, chosen by seconds to a target validation loss), or for another type, that type's
+    `TYPE_LEARNING_RATES`."""
     defaults = model_type(model).optimizer
     if kind is None or kind == defaults.type:
         return OptimizerConfig(**defaults.fields(workers))

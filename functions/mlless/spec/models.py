@@ -32,14 +32,13 @@ LOSS_METRICS: dict[str, Callable[[float, int], float]] = {
 }
 
 # ISP's v. The papers' 0.7 was set for mini-batch updates. PMF's default optimizer is per-sample AdaGrad, whose
-# updates are large relative to the parameters: at 0.7, 40-60 % of BSP's entries pass the filter. v = 3 sends
-# 3.7-5.8x fewer bytes than BSP, is as fast as 0.7 over loopback and ended at a lower validation RMSE in every pair;
-# behind 200 Mbit/s it reached the target >= 2.6x sooner than BSP on 10M ratings (P = 2) and 2.4x on MovieLens
-# (P = 4) (benchmarks/RESULTS.md, "Reproducing the papers' claims"). LR at v = 3 needed 4x BSP's steps at P = 4.
+# updates are large relative to the parameters, so at 0.7 about half of BSP's entries pass the filter; v = 3 sends a
+# fraction of BSP's bytes and ended at a lower validation RMSE. The linear models keep 0.7: at 3 LR needed several
+# times BSP's steps.
 #: The step size of an optimizer type that a job names instead of its model's: the one its best-known implementation
 #: starts from (Vowpal Wabbit's 0.5 for its normalized updates, LIBMF's 0.1 for AdaGrad, Kingma and Ba's 0.001 for
-#: Adam), with no decay. A model's own rate and decay belong to its own type: Adam's 0.01 left normalized updates
-#: 0.02 of BCE short of VW on raw-magnitude columns (benchmarks/RESULTS.md, "An optimizer named alone").
+#: Adam), with no decay. A model's own rate and decay belong to its own type: another type's rate left normalized
+#: updates short of VW's loss.
 TYPE_LEARNING_RATES = {"normalized": 0.5, "adagrad": 0.1, "adam": 0.001, "sgd": 0.01, "momentum": 0.01,
                        "nesterov": 0.01}
 
@@ -127,10 +126,9 @@ LINEAR_OPTIMIZER = OptimizerDefaults("normalized", TYPE_LEARNING_RATES["normaliz
 
 #: The model types of the package, in the order the schema lists them.
 BUILT_IN = (
-    # Per-sample AdaGrad (LIBMF's rule) at 0.2, 0.4/P beyond 2 workers (benchmarks/RESULTS.md, "Choosing the
-    # defaults"): 0.2 reached the target in the fewest epochs at P = 1 and 2, at P = 4 0.1 was as fast or faster and
-    # ended lower. Blocked by time to target at P = 1, 2 and 3 ("Scaling out, second pass"): on 10M skewed ratings
-    # it took 3.5, 5.6 and 5.8 s where ISP took 2.9, 10.3 and 10.7 s, and it ended at the lowest validation RMSE.
+    # Per-sample AdaGrad (LIBMF's rule) at 0.2, 0.4/P beyond 2 workers: 0.2 reached the target in the fewest epochs
+    # at P = 1 and 2, and at P = 4 0.1 was as fast or faster and ended lower. Blocked: the shortest time to target at
+    # P >= 2, where ISP took about twice as long, and the lowest validation RMSE.
     ModelType("pmf", "biased matrix factorisation", "ratings", "rmse",
               OptimizerDefaults("adagrad", 0.2, full_rate_workers=2),
               protocol="blocked", significance_threshold=PMF_V, traits=frozenset({"blocks"}),
@@ -139,10 +137,9 @@ BUILT_IN = (
     # importance-invariant step (kernels/linear.pyx, `normalized_step`), at VW's 0.5. It is scale-free: a column
     # a user gives in raw units (clock times, distances) learns as its log1p'd self, where Adam diverged at P >= 2
     # and per-sample AdaGrad at P >= 3 (the sum of P workers' moves on the dense columns overshoots P-fold); the
-    # P-safe rule divides a move by the workers expected to make it. On 1M clicks it reached VW's one-pass BCE
-    # + 0.005 in 0.875, 1.0 and 2.0 epochs at P = 1, 2, 4, Adam at 0.01 with lr/√epoch in 1.13, 1.13 and 1.67
-    # (benchmarks/RESULTS.md, "The importance-invariant step"). The SVM met VW's hinge accuracy in one epoch at
-    # P = 1 and 2, which Adam missed; linear regression ended closer to Ridge than per-sample AdaGrad at 0.3.
+    # P-safe rule divides a move by the workers expected to make it. It reached VW's one-pass loss sooner than Adam
+    # at P = 1 and 2, and the SVM met VW's hinge accuracy in one epoch at P = 1 and 2, which Adam missed; linear
+    # regression ended closer to Ridge than per-sample AdaGrad at 0.3.
     ModelType("logistic-regression", "sparse logistic regression on hashed features", "sparse", "bce",
               LINEAR_OPTIMIZER, traits=frozenset({"convex"})),
     ModelType("svm", "linear SVM, hinge loss, on hashed features, labels 0/1", "sparse", "hinge",
@@ -150,8 +147,7 @@ BUILT_IN = (
     ModelType("linear-regression", "linear regression, squared loss, on hashed features", "sparse", "rmse",
               LINEAR_OPTIMIZER, traits=frozenset({"convex"}), labels=frozenset({"binary", "real"})),
     # Cirrus's softmax: K weights a feature. Adam at 0.01 with lr/√epoch met scikit-learn's multinomial accuracy in
-    # 2 epochs at P = 1 and 2 (benchmarks/RESULTS.md, "The models of #23 timed"); the normalized rule has no
-    # softmax kernel.
+    # 2 epochs at P = 1 and 2; the normalized rule has no softmax kernel.
     ModelType("softmax", "multinomial logistic regression on hashed features, one class a distinct label", "sparse",
               "cross-entropy", OptimizerDefaults("adam", 0.01, lr_decay="sqrt-epoch"), traits=frozenset({"convex"}),
               labels=frozenset({"binary", "classes"})),

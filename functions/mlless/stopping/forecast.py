@@ -11,10 +11,8 @@ this on recorded curves; three choices come from it:
   projected evaluation too high, so the futures stopped improving, and the projection stopping, too early;
 - for patience, only the newest 80 % of the evaluations (`RECENT_SHARE`, at least `MIN_EVALUATIONS`) are fitted:
   a fit of the whole curve is held by its fast early fall, while patience fires where the late slope drowns in
-  the noise, and that slope is slower (the 1M ratings) or turning up (MovieLens). The newest half, fitted before
-  (sessions 12-13), swung with each evaluation on its few points: 14-19 of some 275 projections leapt past twice
-  the real stop and back, against 4-6 at 80 %, whose errors at half-way are as small or smaller (the replay's
-  steadiness, on two recordings of 36 jobs; shares from 0.65 to 0.9 did about as well). A target loss is
+  the noise, and that slope is slower (the 1M ratings) or turning up (MovieLens). A fit of the newest half swung
+  with each evaluation on its few points, its projections leaping past the real stop and back. A target loss is
   projected from the whole curve: it asks where the trend crosses a level, often far ahead, which a newer share's
   fit estimates with more scatter (tests/test_eta.py's noisy curves: the median error at half-way went from 0.13
   to 0.46 on the newest half);
@@ -31,11 +29,8 @@ projection is the median future's stop. With 9 futures the median itself moved b
 next; 31 steady it, and the fits stay within the supervisor's `eta.REFIT_SHARE` of its time.
 
 The futures' spread is the projection's band (`BAND`): where the median stop cannot be known closely, at half-way
-through a job whose curve has yet to turn, the band says by how much. On `eta_replay.py`'s recorded curves the
-band from the futures' 10th to 90th percentile stop held the real stop at half-way in 93 of 127 (73 %; the 1M
-ratings, whose fits err beyond the evaluations' noise, 23 of 48), and the median was within 20 % of 60-71 % of its
-futures' stops, about as often as it was of the real ones (benchmarks/RESULTS.md, "ETA error against the real
-end", session 20).
+through a job whose curve has yet to turn, the band says by how much (`benchmarks/eta_replay.py` counts how often
+it holds the real stop of a recorded job).
 """
 from __future__ import annotations
 
@@ -59,10 +54,8 @@ RECENT_SHARE = 0.8
 #: `evaluation.everySteps` steps, as `benchmarks/eta_replay.py` compares).
 SPACING_GAPS = 5
 #: Before a curve can be fitted, a patience is projected to run out once this many evaluations in a row made no new
-#: best. One is often noise while the curve still falls: on `benchmarks/eta_replay.py`'s MovieLens curves a new
-#: best came at the next evaluation, and the ETA at half-way, read from the projection of one, was a third early;
-#: two, three or four gave the same errors at half-way on 72 recorded curves (49 within 20 %, against 45 at one;
-#: benchmarks/RESULTS.md, "The patience stop's projection"), and two projects soonest.
+#: best. One is often noise while the curve still falls (a new best comes at the next evaluation, and the ETA comes
+#: early); more than two were no more accurate on `benchmarks/eta_replay.py`'s curves, and two projects soonest.
 STALE_BEFORE_FIT = 2
 #: The projection gives up this many evaluations past the newest one: a rule that far away is no forecast.
 HORIZON_EVALUATIONS = 500

@@ -23,7 +23,7 @@ decreases add up until they pass it, but a loss that wanders around its best by 
 hair no longer restarts the count each time it dips.
 
 The window is what lets the target rule fire on a model that dips under its
-target shortly before it overfits (#22).  A plain bias-corrected EWMA keeps
+target shortly before it overfits.  A plain bias-corrected EWMA keeps
 every evaluation, the first with the most weight of all at the start: under
 SSP the first snapshot can be taken while the stale updates still oscillate
 (the 200k clicks at P = 3: 0.74 at step 25, where BSP has 0.59), and that one

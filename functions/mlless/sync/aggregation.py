@@ -13,7 +13,7 @@ f = ⌊`spec.sync.trim` · n⌋, at most (n − 1) / 2. Updates are sparse (ISP 
 entries): a worker that did not send a coordinate counts as proposing 0 for it, which is what its dense update
 holds there (its batch did not touch the row, or its change stayed below the significance filter). So a row
 moves under `median` only when most updates of the step carry it: on sparse models (PMF, hashed features) the
-robust rules learn slower per step than the sum (benchmarks/RESULTS.md, "Byzantine-robust aggregation").
+robust rules learn slower per step than the sum.
 
 A rule is applied wherever a step's updates are combined: by an all-to-all worker over its peers' updates and its
 own (`exchanges.alltoall.AllToAll`), and by the owner that merges a partition under allreduce and scatter-reduce

@@ -159,11 +159,9 @@ class SyncStrategy(ABC):
 
     def hand_back(self, replicas: Sequence[layouts.Arrays]) -> np.ndarray:
         """The model a job's final replicas hand back: their mean, a model of the kind its evaluations scored (an
-        evaluation's snapshot is the donor's replica alone). Adding every replica's pending entries in full
-        (`layouts.model_of`, the state a resumed job continues from) scored worse on MovieLens at P = 3: by 0.003 RMSE
-        under ISP, 0.001-0.003 under averaging and async, under 0.001 under SSP; by 0.006-0.007 log loss on the
-        clicks under ISP (benchmarks/RESULTS.md, "The final model of a job's replicas"). A protocol that keeps rows
-        at home needs them: its home rows are pending on their owner alone (blocked: the mean scored 0.05 worse)."""
+        evaluation's snapshot is the donor's replica alone): adding every replica's pending entries in full
+        (`layouts.model_of`, the state a resumed job continues from) scored worse. A protocol that keeps rows at
+        home needs them: its home rows are pending on their owner alone."""
         return layouts.model_of(replicas) if self.keeps_home else layouts.mean_of(replicas)
 
     def worker(self, rank: int, replica: Replica, transport: Transport, patience: float,

@@ -10,11 +10,9 @@ the validation curve. The nearest limit, the one with the least time left, is th
 pace over that time. A projected limit's time left has a band, `etaLowSeconds` to `etaHighSeconds`: that of its
 futures' early and late stops (`forecast.BAND`), the late ones ended by the nearest other limit. The curve is
 fitted again only when an evaluation came since, and the fits keep to `REFIT_SHARE` of the supervisor's time
-with a burst of `REFIT_BURST`: a bucket of that many seconds, refilled at the share. The burst is for the short
-jobs: a projection took 3-20 ms of the loop in the default jobs of benchmarks/projection_cost.py on 2 cores, and at
-the share alone the MovieLens sample at P = 3, an evaluation every 65 ms, was refitted every other evaluation, so
-its status at half-way still showed the first fit's projection, made before its curve had turned
-(benchmarks/RESULTS.md, "ETA error against the real end", session 18).
+with a burst of `REFIT_BURST`: a bucket of that many seconds, refilled at the share. The burst is for short jobs,
+whose evaluations come faster than the share alone refits, so that their status does not keep showing a projection
+made before the curve turned (benchmarks/projection_cost.py measures a fit's cost).
 """
 from __future__ import annotations
 
@@ -138,9 +136,8 @@ class Estimator:
 
     def _with_fits(self, seconds: float, pace: _Pace) -> float:
         """`seconds` of training, and the fits of the validation curve they will hold: one at each evaluation to
-        come, at the newest fit's cost, as far as the share lets them. The supervisor's step close waits on a fit:
-        in the MovieLens job at P = 3 the fits from its 8th evaluation on took 13 % of its time, and an ETA from
-        the pace before them was early by a fifth (benchmarks/RESULTS.md, "ETA error against the real end")."""
+        come, at the newest fit's cost, as far as the share lets them. The supervisor's step close waits on a fit,
+        so an ETA from the pace before the fits alone comes early."""
         if not self._fit_seconds:
             return seconds
         allowed = (max(self._credit, 0.0) + REFIT_SHARE * seconds) / (1.0 - REFIT_SHARE)

@@ -130,11 +130,8 @@ class Evaluation:
             return None
         self.validation = (steps_before + self.pending_snapshot, self.evaluate(params, self.evaluation_batch))
         self.watch.observe(*self.validation, params)
-        # What evaluating costs the job is this work, not the wait for the snapshot: under rounds a worker reads the
-        # request at its round's end, and counting that wait stretched the interval tenfold for a cheap evaluation.
-        # And its CPU time, not its wall time: on cores the workers share, an evaluation during their start (reading
-        # their data) took several times its CPU time, and spaced the next one by as much (RESULTS.md, "Scaling
-        # out, fifth pass").
+        # What evaluating costs the job is this work's CPU time: counting the wait for the snapshot (a round's end)
+        # or the wall time on cores the workers share would space the evaluations by that wait, not by their cost.
         self.evaluation_seconds.update(time.thread_time() - started)
         self.on_validation(self.validation[1])
         self.pending_snapshot = None

@@ -301,7 +301,7 @@ class Supervisor:
 
     def _close_ready_steps(self) -> None:
         # A round's steps close together (sync/averaging.py), and the workers await the last: it goes out before the
-        # rows, metrics and checkpoints of them all are written (0.3 ms a step, benchmarks/RESULTS.md, fifth pass).
+        # rows, metrics and checkpoints of them all are written, which the workers need not wait for.
         recorded = []
         while self.stop_reason is None and self.sync.ready(self.reports.get(self.closed + 1, {}), self.live):
             reports = self.reports[self.closed + 1]

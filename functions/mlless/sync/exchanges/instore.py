@@ -32,7 +32,7 @@ so a robust `spec.sync.aggregation` is refused with it (`spec/robust.py`), and s
 has no store to run it in (`runtime/local.py`).
 
 Cost. Redis runs one script at a time and serves nothing else meanwhile: the merge costs a few microseconds per
-entry in interpreted Lua (benchmarks/RESULTS.md, "In-store aggregation"), which every client of that Redis waits.
+entry in interpreted Lua, which every client of that Redis waits.
 """
 from __future__ import annotations
 

@@ -106,7 +106,7 @@ cdef class Squared(Loss):
     """(z − y)²: its sum over a batch is the squared error RMSE is reported from.
 
     It keeps the first-order step: its invariant one, (z − y)(1 − e^(−2·rate·ppu))/ppu, ended 2-3 % higher in
-    validation RMSE after 3 epochs at P = 1 and 2 (benchmarks/RESULTS.md, "The importance-invariant step")."""
+    validation RMSE after 3 epochs at P = 1 and 2."""
 
     cdef double loss(self, double z, double y) noexcept nogil:
         return (z - y) * (z - y)
@@ -250,8 +250,7 @@ def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1
     q_j)^B), with q_j the share of the rows seen that hold it (``rows`` counts them) and B the batch's rows: the
     sum of the replicas' updates averages them on the features every batch holds (the bias, dense columns) and
     adds them on the rare ones, which one replica moves alone. Dividing each per-row step instead let a feature
-    every replica holds move P times as far as one learner would within a batch, and the sum overshot at P = 4
-    (benchmarks/RESULTS.md, "A P-safe rule for the normalized updates").
+    every replica holds move P times as far as one learner would within a batch, and the sum overshot.
 
     Returns ``(idx int32, delta float32, loss_sum float)`` as `adagrad_step` does.
     """

@@ -34,7 +34,7 @@ def default_l2(n_users: int, n_items: int, n_ratings: int | None) -> float:
     row, whatever the density.  A single constant cannot serve both ends: 0.1
     (LIBMF's CLI default) stops the MovieLens sample (8 ratings per row) from
     overfitting but costs 0.03 RMSE on 10M synthetic ratings (112 per row),
-    where 0.01 is best (benchmarks/RESULTS.md, "Choosing the defaults").
+    where 0.01 is best.
     Without a rating count (an old model file) it is MAX_L2.
     """
     if not n_ratings:
