@@ -27,8 +27,8 @@ TEMPLATE = "README.md.gotmpl"
 
 #: A mapping key of values.yaml: its indentation, then the key, plain or double-quoted.
 _KEY = re.compile(r'^( *)([\w.\-/]+|"[^"]+"):')
-#: A helm-docs template call, `{{ template "chart.valuesTable" . }}` (with or without `-` trimming).
-_CALL = re.compile(r'\{\{-?\s*template\s+"([\w.]+)"\s+\.\s*-?\}\}')
+#: A helm-docs template call, `{{ template "chart.valuesTable" . }}` (no whitespace trimming: the text stays as is).
+_CALL = re.compile(r'\{\{ template "([\w.]+)" \. \}\}')
 #: How helm-docs names the type of a value (bool before int: a bool is an int in Python).
 _TYPES: tuple[tuple[type, str], ...] = ((bool, "bool"), (int, "int"), (float, "float"), (str, "string"),
                                         (list, "list"), (dict, "object"), (type(None), "null"))

@@ -89,11 +89,13 @@ def test_rows_carry_helm_docs_types_and_json_defaults():
 
 
 def test_only_the_known_template_calls_are_filled():
-    assert helmdocs.fill('a {{ template "t" . }} {{- template "t" . -}} b', {"t": "X"}) == "a X X b"
+    assert helmdocs.fill('a {{ template "t" . }}\n{{ template "t" . }} b', {"t": "X"}) == "a X\nX b"
     with pytest.raises(ValueError, match="unknown template 'chart.description'"):
         helmdocs.fill('{{ template "chart.description" . }}', {"t": "X"})
     with pytest.raises(ValueError, match="other than"):
         helmdocs.fill("{{ .Values.x }}", {"t": "X"})
+    with pytest.raises(ValueError, match="other than"):  # Go's whitespace trimming is not done here
+        helmdocs.fill('{{- template "t" . }}', {"t": "X"})
 
 
 def test_badges_escape_what_shields_io_reads_as_separators():
