@@ -3,7 +3,6 @@
 - README.md is short, and its two quickstart commands come early and are the ones CI runs.
 - Every repository path that docs/architecture.md names in backticks exists.
 - Every relative link in README.md, CHANGELOG.md and docs/*.md resolves, anchors included.
-- charts/mlless/README.md's values table documents exactly the keys of values.yaml, with their defaults.
 
 Pure file reading: no services, no compiled kernels.
 """
@@ -13,13 +12,11 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 ARCHITECTURE = DOCS / "architecture.md"
-CHART = ROOT / "charts" / "mlless"
 
 INSTALL_AND_RUN = (
     "pip install '.[datasets]' && mlless prepare --sample movielens-small --out data/movielens"
@@ -148,102 +145,3 @@ def test_the_link_check_can_fail(tmp_path):
     assert "reproducing-the-papers-claims-benchmarkspaperpy" in github_anchors(
         "## Reproducing the papers' claims (`benchmarks/paper.py`)"
     )
-
-
-# ---- charts/mlless/README.md against values.yaml -------------------------------------------------
-
-
-def documented_values(values_yaml: str) -> list[str]:
-    """Dotted keys of values.yaml that carry a helm-docs `# --` comment, in file order."""
-    documented, stack, pending = [], [], False
-    for line in values_yaml.splitlines():
-        stripped = line.strip()
-        if not stripped:
-            pending = False
-            continue
-        if stripped.startswith("#"):
-            pending = pending or stripped.startswith("# --")
-            continue
-        match = re.match(r"^( *)([\w.-]+):", line)
-        if not match:  # a list item or a continuation
-            continue
-        depth = len(match.group(1)) // 2
-        stack[depth:] = [match.group(2)]
-        if pending:
-            documented.append(".".join(stack))
-        pending = False
-    return documented
-
-
-def leaf_values(node: object, prefix: str = "") -> list[str]:
-    """Every dotted key whose value is not a non-empty mapping."""
-    if isinstance(node, dict) and node:
-        return [leaf for key, value in node.items() for leaf in leaf_values(value, f"{prefix}{key}.")]
-    return [prefix[:-1]]
-
-
-def readme_values_table(readme: str) -> dict[str, str]:
-    """key -> default cell of the `## Values` table."""
-    section = readme.split("\n## Values\n", 1)[1].split("\n## ", 1)[0]
-    rows = {}
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 4 and re.fullmatch(r"`[\w.-]+`", cells[0]):
-            rows[cells[0].strip("`")] = cells[2]
-    return rows
-
-
-def _lookup(values: dict, dotted: str) -> object:
-    node: object = values
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            raise KeyError(dotted)
-        node = node[part]
-    return node
-
-
-@pytest.fixture(scope="module")
-def chart_values():
-    text = (CHART / "values.yaml").read_text()
-    return text, yaml.safe_load(text), readme_values_table((CHART / "README.md").read_text())
-
-
-def test_chart_readme_documents_every_value(chart_values):
-    text, values, table = chart_values
-    documented = documented_values(text)
-    assert len(documented) > 20
-    assert [key for key in documented if key not in table] == []
-    uncovered = [leaf for leaf in leaf_values(values) if not any(leaf == d or leaf.startswith(d + ".") for d in documented)]
-    assert uncovered == [], "values.yaml keys without a `# --` comment, so not in the README's table"
-
-
-def test_chart_readme_documents_no_value_that_is_not_in_values_yaml(chart_values):
-    _, values, table = chart_values
-    missing = []
-    for key in table:
-        try:
-            _lookup(values, key)
-        except KeyError:
-            missing.append(key)
-    assert missing == []
-
-
-def test_chart_readme_defaults_match_values_yaml(chart_values):
-    _, values, table = chart_values
-    wrong = {}
-    for key, default in table.items():
-        single = re.fullmatch(r"`([^`]*)`", default)
-        if single and _lookup(values, key) != yaml.safe_load(single.group(1)):
-            wrong[key] = (default, _lookup(values, key))
-    assert wrong == {}
-
-
-def test_the_chart_check_can_fail():
-    text = "a:\n  # -- documented\n  b: 1\n  c: 2\n# -- top\nd: {}\n"
-    assert documented_values(text) == ["a.b", "d"]
-    assert leaf_values(yaml.safe_load(text)) == ["a.b", "a.c", "d"]
-    table = readme_values_table("\n## Values\n\n| key | type | default | description |\n|---|---|---|---|\n"
-                                "| `a.b` | int | `1` | x |\n| `a.z` | int | `2` | y |\n\n## Next\n")
-    assert table == {"a.b": "`1`", "a.z": "`2`"}
-    with pytest.raises(KeyError):
-        _lookup(yaml.safe_load(text), "a.z")
