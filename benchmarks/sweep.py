@@ -4,7 +4,7 @@ On the MovieLens sample (PMF) and on synthetic clicks (logistic regression), the
 `mlless sweep`: once with earlyStopping none (every trial to its own stop rule) and once with ASHA. Targets: ASHA's
 best validation loss within 0.005 of the grid's best, at <= 40 % of the grid's worker-seconds. Worker-seconds are
 the trials' billed worker time (summary.json's worker cost over the price of a function-second). A sweep's workers
-are forks of one warm process (functions/mlless/runtime/zygote.py), whose start is billed to the first trial's first
+are forks of one warm process (functions/mlless/launch/zygote.py), whose start is billed to the first trial's first
 worker: it is in the sum once.
 
     nice python benchmarks/sweep.py [--data-dir DIR]

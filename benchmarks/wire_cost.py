@@ -2,7 +2,7 @@
 """What an update frame costs on the wire: bytes, encode, seal, store and fetch, unseal, decode; and the MAC.
 
 Frame version 2 sends an update's indices as runs of consecutive indices when that is smaller
-(`functions/mlless/protocol/runs.py`); version 1 listed every index.  Both are timed on the same updates, made by the
+(`functions/mlless/protocol/index_runs.py`); version 1 listed every index.  Both are timed on the same updates, made by the
 models' own AdaGrad steps on synthetic data shaped as `time_to_quality.py`'s sets:
 
 - PMF on the 10M skewed ratings' shape (70,000 users, 10,000 items, Zipf 0.8): 200 ratings at rank 10, 20 and 50
@@ -153,7 +153,7 @@ def baseline_tree(rev: str, work: Path) -> Path:
 def default_baseline() -> str:
     """The commit before `runs.py` (frame version 2) was added."""
     added = subprocess.run(["git", "-C", str(ROOT), "log", "--diff-filter=A", "--format=%h", "--",
-                            "functions/mlless/protocol/runs.py"], check=True, capture_output=True, text=True)
+                            "functions/mlless/protocol/index_runs.py"], check=True, capture_output=True, text=True)
     return added.stdout.split()[-1] + "^"
 
 

@@ -87,7 +87,7 @@ ENV_ATTACK = "MLLESS_ATTACK"
 #: comma-separated, that each process imports so that they register themselves (functions/mlless/plugins.py).
 ENV_PLUGINS = "MLLESS_PLUGINS"
 #: Debugging: 0 starts each local worker as a new `python -m mlless worker`, not as a fork of a warm zygote
-#: (functions/mlless/runtime/zygote.py).
+#: (functions/mlless/launch/zygote.py).
 ENV_ZYGOTE = "MLLESS_ZYGOTE"
 #: The operator's settings are the fields of `mlless_operator.config.Config`, upper-cased, after this prefix.
 ENV_OPERATOR_PREFIX = "MLLESS_OPERATOR_"
