@@ -16,22 +16,22 @@
                                                  roofline: P workers' CPU and the supervisor's on `cores` cores;
                                                  trend: the line (never falling) through the runs' steps at the two
                                                  P nearest. On a machine with fewer cores than processes, a worker's
-                                                 own compute slows as P grows (benchmarks/RESULTS.md, "The planner
-                                                 against measured runs", session 12: the clicks' 5.5, 10.4 and
-                                                 16.2 ms at P = 1-3), which the path's terms, measured at one P,
+                                                 own compute slows as P grows (`benchmarks/planner.py`: the clicks'
+                                                 5.5, 10.4 and 16.2 ms at P = 1-3), which the path's terms, measured at one P,
                                                  do not see. Through P = 1 and 2, it also carries on the rise where
                                                  the exchange begins, which can overstate a large P on many cores;
                                                  shared: the same line through the steps divided by the
                                                  contention c(P) = max(1, (P + 1)/cores), P workers and the
                                                  supervisor time-sharing the cores, times c at P: the step at P = 3
                                                  on 2 cores grew past the line, 6.3, 13 and 23 ms at P = 1-3 for
-                                                 the clicks (benchmarks/RESULTS.md, "The planner against measured
-                                                 runs", session 14). With cores to spare, c = 1 and it is the line
+                                                 the clicks (`benchmarks/planner.py`). With cores to spare, c = 1
+                                                 and it is the line
     cost(P)     = `telemetry.cost.job_cost` at the job's prices: P workers and the supervisor billed T(P), the
                   services T(P); Perf/$ = 1/(T · cost) (`perf_per_dollar`)
 
-N at a run's P comes from its own loss curve (`stoprule.samples_when_stop_fires`), its evaluations spaced as the
-job's would be (`RunMeasure.evaluation_spacing`: patience counts evaluations). Where the job has `stop.maxSeconds`
+N at a run's P comes from its own loss curve (`stoprule.samples_when_stop_fires`: the stop rule's projection,
+`stopping.forecast.project_stop`, in samples), its evaluations spaced as the job's would be
+(`RunMeasure.evaluation_spacing`: patience counts evaluations). Where the job has `stop.maxSeconds`
 or `stop.budgetUSD` and the model says it would run past them, T stops there.
 """
 from __future__ import annotations
@@ -45,16 +45,16 @@ from typing import Callable, Sequence
 
 from mlless.planning.measures import PlanError, RunMeasure
 from mlless.planning.steptime import fit_beta, fit_kappa, step_seconds
-from mlless.planning.stoprule import REFERENCE_POINTS, samples_when_stop_fires
+from mlless.planning.stoprule import samples_when_stop_fires
 from mlless.spec import TrainingJob
+from mlless.stopping.forecast import MIN_EVALUATIONS
 from mlless.telemetry.cost import job_cost, perf_per_dollar
 
 #: Without a step or epoch limit, the fitted curve is followed this many times past the longest run's samples.
 EXTRAPOLATION_LIMIT = 100.0
 #: A stop predicted further past its run than this many times the run's samples gets a note: 3-epoch pilots whose
 #: own stops came out 20 % or more late extrapolated them 5.2-6.5x (MovieLens at P = 1 and 2; the 1M ratings and
-#: the clicks at P = 2), those within 5 % 1.7-2.9x (the clicks and the 1M ratings at P = 1; benchmarks/RESULTS.md,
-#: "The planner against measured runs", session 15).
+#: the clicks at P = 2), those within 5 % 1.7-2.9x (the clicks and the 1M ratings at P = 1; `benchmarks/planner.py`).
 FAR_EXTRAPOLATION = 4.0
 #: What ends the job in a prediction, besides its loss rule ("loss rule").
 LOSS_RULE, LENGTH_LIMIT, MAX_SECONDS, BUDGET = "loss rule", "step/epoch limit", "max seconds", "budget"
@@ -175,8 +175,8 @@ def _fit_startup(points: dict[int, float]) -> tuple[float, float]:
 def _extrapolation_note(run: RunMeasure, samples: float) -> str | None:
     """A note on a stop predicted past `run` on a curve too short to say it firmly, or None."""
     why = []
-    if samples > run.samples and len(run.evaluations) < REFERENCE_POINTS:
-        why.append(f"from {len(run.evaluations)} evaluations, fewer than the {REFERENCE_POINTS} the reference curve "
+    if samples > run.samples and len(run.evaluations) < MIN_EVALUATIONS:
+        why.append(f"from {len(run.evaluations)} evaluations, fewer than the {MIN_EVALUATIONS} the reference curve "
                    "needs (a protocol with rounds evaluates at their ends only)")
     if samples > FAR_EXTRAPOLATION * run.samples:
         why.append(f"to {samples / run.samples:.1f}x the run's samples (a curve still falling cannot show where it "

@@ -13,8 +13,8 @@ fitted again only when an evaluation came since, and the fits keep to `REFIT_SHA
 with a burst of `REFIT_BURST`: a bucket of that many seconds, refilled at the share. The burst is for the short
 jobs: a projection took 3-20 ms of the loop in the default jobs of benchmarks/projection_cost.py on 2 cores, and at
 the share alone the MovieLens sample at P = 3, an evaluation every 65 ms, was refitted every other evaluation, so
-its status at half-way still showed the first fit's projection, made before its curve had turned
-(benchmarks/RESULTS.md, "ETA error against the real end", session 18).
+its status at half-way still showed the first fit's projection, made before its curve had turned (`benchmarks/eta.py`
+measures the ETA's error against the real end).
 """
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ class Estimator:
         """`seconds` of training, and the fits of the validation curve they will hold: one at each evaluation to
         come, at the newest fit's cost, as far as the share lets them. The supervisor's step close waits on a fit:
         in the MovieLens job at P = 3 the fits from its 8th evaluation on took 13 % of its time, and an ETA from
-        the pace before them was early by a fifth (benchmarks/RESULTS.md, "ETA error against the real end")."""
+        the pace before them was early by a fifth (`benchmarks/eta.py`)."""
         if not self._fit_seconds:
             return seconds
         allowed = (max(self._credit, 0.0) + REFIT_SHARE * seconds) / (1.0 - REFIT_SHARE)
