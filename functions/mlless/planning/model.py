@@ -17,9 +17,10 @@
                                                  trend: the line (never falling) through the runs' steps at the two
                                                  P nearest. On a machine with fewer cores than processes, a worker's
                                                  own compute slows as P grows (`benchmarks/planner.py`: the clicks'
-                                                 5.5, 10.4 and 16.2 ms at P = 1-3), which the path's terms, measured at one P,
-                                                 do not see. Through P = 1 and 2, it also carries on the rise where
-                                                 the exchange begins, which can overstate a large P on many cores;
+                                                 5.5, 10.4 and 16.2 ms at P = 1-3), which the path's terms,
+                                                 measured at one P, do not see. Through P = 1 and 2, it also
+                                                 carries on the rise where the exchange begins, which can
+                                                 overstate a large P on many cores;
                                                  shared: the same line through the steps divided by the
                                                  contention c(P) = max(1, (P + 1)/cores), P workers and the
                                                  supervisor time-sharing the cores, times c at P: the step at P = 3
