@@ -23,19 +23,19 @@ COPY functions ./functions
 COPY operator ./operator
 # The build isolation fetches Cython and numpy (pyproject [build-system]) and compiles the kernels.
 RUN python3 -m pip wheel --no-deps --wheel-dir /wheels .
-COPY images/install-venv.sh /usr/local/bin/install-venv
+COPY images/install-venv.sh images/import-extensions.py /images/
 
 FROM wheel AS venv-worker
 ARG EXTRAS
-RUN install-venv "$EXTRAS"
+RUN /images/install-venv.sh "$EXTRAS"
 
 FROM wheel AS venv-operator
 ARG EXTRAS
-RUN install-venv "supervisor,operator,$EXTRAS"
+RUN /images/install-venv.sh "supervisor,operator,$EXTRAS"
 
 FROM wheel AS venv-full
 ARG EXTRAS
-RUN install-venv "supervisor,operator,report,$EXTRAS"
+RUN /images/install-venv.sh "supervisor,operator,report,$EXTRAS"
 
 FROM python:3.11-slim AS runtime
 LABEL org.opencontainers.image.title="mlless" \

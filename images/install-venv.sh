@@ -1,5 +1,5 @@
 #!/bin/sh
-# install-venv EXTRAS: the Dockerfile's venv stages run this to install the mlless wheel from /wheels, with the
+# install-venv.sh EXTRAS: the Dockerfile's venv stages run this to install the mlless wheel from /wheels, with the
 # comma-separated EXTRAS (empty: the core install only), into a fresh virtualenv /opt/mlless.
 # One script, so the worker, operator and full images are installed, trimmed and checked the same way.
 set -eu
@@ -10,8 +10,9 @@ python3 -m venv /opt/mlless
 # without the hint pip backtracks through aiobotocore for many minutes. It costs nothing where neither is installed.
 printf 'python-dateutil<3\n' > /tmp/constraints.txt
 /opt/mlless/bin/pip install --constraint /tmp/constraints.txt "$wheel${extras:+[$extras]}"
-# The generated .c sources end up in the wheel as package data; the runtime does not need them.
-find /opt/mlless/lib -path '*/mlless/training/kernels/*.c' -delete
-find /opt/mlless/lib -path '*/mlless/training/kernels/*.so' -exec strip --strip-unneeded {} +
+# Cython's generated C and C++ sources end up in the wheel as package data; the runtime does not need them.
+package=$(/opt/mlless/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/mlless
+find "$package" \( -name '*.c' -o -name '*.cpp' \) -delete
+find "$package" -name '*.so' -exec strip --strip-unneeded {} +
 # A broken compile fails the build here rather than in a pod.
-/opt/mlless/bin/python -c "import mlless.training.kernels.pmf, mlless.training.kernels.logreg, mlless.training.kernels.optim, mlless.training.kernels.significance"
+/opt/mlless/bin/python "$(dirname "$0")/import-extensions.py" mlless

@@ -19,11 +19,13 @@ from mlless.cli import main as mlless_main
 from mlless.planning.cli import PILOT_SECONDS, plan, worker_counts
 from mlless.planning.model import FAR_EXTRAPOLATION, Link, _extrapolation_note, choose
 from mlless.planning.measures import PlanError, measure
-from mlless.planning.stoprule import REFERENCE_POINTS, replay, samples_when_stop_fires
+from mlless.planning.stoprule import samples_when_stop_fires
 from mlless.progress import Progress
 from mlless.runtime.local import Services, train_local
 from mlless.spec import TrainingJob, load_manifest
 from mlless.spec.config import StopConfig
+from mlless.stopping.forecast import MIN_EVALUATIONS
+from mlless.stopping.rules import ValidationWatch
 
 EMBEDDED = Link(0.0, math.inf, "embedded")
 COUNTS = [1, 2, 3, 4]
@@ -216,14 +218,31 @@ def _curve(samples: np.ndarray) -> np.ndarray:
     return 1.0 / (0.02 * np.sqrt(samples) + 2.0) + 0.3  # the reference curve's shape: falls to 0.3
 
 
+def recorded_stop(stop: StopConfig, evaluations, samples_per_step: float) -> float | None:
+    """The samples at the evaluation (samples, validation loss) where the supervisor's own rules fire, or None."""
+    watch = ValidationWatch(stop.patience, stop.target_loss, stop.target_steps, stop.min_delta)
+    for samples, loss in evaluations:
+        step = int(samples / samples_per_step)
+        watch.observe(step, loss, np.zeros(0))
+        if watch.target_held(step) or watch.patience_exhausted():
+            return samples
+    return None
+
+
+def _fires(stop: StopConfig, evaluations) -> tuple[float, bool]:
+    return samples_when_stop_fires(stop, evaluations, samples_per_step=1000.0, interval_samples=1000.0,
+                                   limit_samples=1e6, same_cadence=True)
+
+
 def test_the_stop_rule_is_replayed_on_recorded_evaluations():
     xs = np.arange(1, 41) * 1000.0
     evals = list(zip(xs, _curve(xs)))
     stop = StopConfig(target_loss=float(_curve(np.array([20_000.0]))[0]), target_steps=0)
-    fired = replay(stop, evals, samples_per_step=1000.0)
-    assert 20_000 <= fired <= 23_000  # the smoothed loss lags the raw one by an evaluation or two
+    fired, by_rule = _fires(stop, evals)
+    assert by_rule and 20_000 <= fired <= 23_000  # the smoothed loss lags the raw one by an evaluation or two
+    assert fired == recorded_stop(stop, evals, 1000.0)
     bumpy = evals[:10] + [(x, 0.9) for x, _ in evals[10:]]  # stops improving after 10 evaluations
-    assert replay(StopConfig(patience=3), bumpy, 1000.0) == evals[12][0]
+    assert _fires(StopConfig(patience=3), bumpy) == (evals[12][0], True)
 
 
 def test_a_short_run_s_curve_is_extrapolated_to_where_the_rule_fires():
@@ -265,7 +284,7 @@ def test_a_stop_predicted_far_past_its_run_is_noted(recorded):
     # 12 evaluations are enough for the reference curve, but a stop 5x past the run rests on a curve that cannot
     # show where it flattens (the MovieLens pilots' stops, 6x past, came out 2-3x late).
     run = measure(recorded[1][1])
-    run = dataclasses.replace(run, evaluations=run.evaluations[:1] * REFERENCE_POINTS)
+    run = dataclasses.replace(run, evaluations=run.evaluations[:1] * MIN_EVALUATIONS)
     assert _extrapolation_note(run, FAR_EXTRAPOLATION * run.samples) is None
     assert _extrapolation_note(run, 5 * run.samples) == (
         f"{run.run_dir}: its stop is extrapolated to 5.0x the run's samples (a curve still falling cannot show where "
@@ -279,7 +298,7 @@ def test_a_pilot_whose_curve_turned_up_stops_where_the_job_would():
         return 0.5 + 0.1 * ((x - 10_000) / 10_000) ** 2  # overfits past 10k samples
 
     stop = StopConfig(patience=3)
-    real = replay(stop, [(x, u(x)) for x in np.arange(1, 30) * 4000.0], 1000.0)  # the job, every 4k samples
+    real = recorded_stop(stop, [(x, u(x)) for x in np.arange(1, 30) * 4000.0], 1000.0)  # the job, every 4k samples
     pilot = [(x, u(x)) for x in np.arange(1, 19) * 1000.0]  # every 1k, for 18k samples
     assert real > pilot[-1][0]
     n, by_rule = samples_when_stop_fires(stop, pilot, samples_per_step=1000.0, interval_samples=4000.0,

@@ -27,8 +27,9 @@
     cost(P)     = `telemetry.cost.job_cost` at the job's prices: P workers and the supervisor billed T(P), the
                   services T(P); Perf/$ = 1/(T · cost) (`perf_per_dollar`)
 
-N at a run's P comes from its own loss curve (`stoprule.samples_when_stop_fires`), its evaluations spaced as the
-job's would be (`RunMeasure.evaluation_spacing`: patience counts evaluations). Where the job has `stop.maxSeconds`
+N at a run's P comes from its own loss curve (`stoprule.samples_when_stop_fires`: the stop rule's projection,
+`stopping.forecast.project_stop`, in samples), its evaluations spaced as the job's would be
+(`RunMeasure.evaluation_spacing`: patience counts evaluations). Where the job has `stop.maxSeconds`
 or `stop.budgetUSD` and the model says it would run past them, T stops there.
 """
 from __future__ import annotations
@@ -42,8 +43,9 @@ from typing import Callable, Sequence
 
 from mlless.planning.measures import PlanError, RunMeasure
 from mlless.planning.steptime import fit_beta, fit_kappa, step_seconds
-from mlless.planning.stoprule import REFERENCE_POINTS, samples_when_stop_fires
+from mlless.planning.stoprule import samples_when_stop_fires
 from mlless.spec import TrainingJob
+from mlless.stopping.forecast import MIN_EVALUATIONS
 from mlless.telemetry.cost import job_cost, perf_per_dollar
 
 #: Without a step or epoch limit, the fitted curve is followed this many times past the longest run's samples.
@@ -170,8 +172,8 @@ def _fit_startup(points: dict[int, float]) -> tuple[float, float]:
 def _extrapolation_note(run: RunMeasure, samples: float) -> str | None:
     """A note on a stop predicted past `run` on a curve too short to say it firmly, or None."""
     why = []
-    if samples > run.samples and len(run.evaluations) < REFERENCE_POINTS:
-        why.append(f"from {len(run.evaluations)} evaluations, fewer than the {REFERENCE_POINTS} the reference curve "
+    if samples > run.samples and len(run.evaluations) < MIN_EVALUATIONS:
+        why.append(f"from {len(run.evaluations)} evaluations, fewer than the {MIN_EVALUATIONS} the reference curve "
                    "needs (a protocol with rounds evaluates at their ends only)")
     if samples > FAR_EXTRAPOLATION * run.samples:
         why.append(f"to {samples / run.samples:.1f}x the run's samples (a curve still falling cannot show where it "

@@ -1,10 +1,11 @@
 """When a job's stop rule will fire, projected from its validation curve.
 
-`project_stop` is the one place that turns a loss curve into "the step at which the target-loss or the patience
-rule ends the job": the supervisor's progress and ETA read it (`eta.py`) and so can a planner that fits a pilot
-run's curve. It fits the curve the auto-tuner fits (`mlless.autotuner.curves.fit_reference`,
-1/(θ0·t^θ1 + θ2) + θ3) to the raw validation losses, extends it one evaluation at a time, and replays the
-evaluations seen and projected through the supervisor's own `ValidationWatch`, which smooths them as it does live:
+`project_stop` turns a loss curve into "the step at which the target-loss or the patience rule ends the job": the
+supervisor's progress and ETA read it (`runtime/supervisor/eta.py`), and the planner reads it on a run's recorded
+curve, converted from samples to steps (`planning/stoprule.py`). It replays the evaluations seen through the
+supervisor's own `ValidationWatch` (if the rule fired among them, there it fired), fits the curve the auto-tuner
+fits (`mlless.autotuner.curves.fit_reference`, 1/(θ0·t^θ1 + θ2) + θ3) to the raw validation losses, extends it one
+evaluation at a time, and counts the projected evaluations with the same rules, which smooth them as they do live:
 the projection stops where the rule would, by the same code. `benchmarks/eta_replay.py` compares ways of doing
 this on recorded curves; three choices come from it:
 - the raw losses are fitted, not the smoothed ones the rules read: their lag behind a falling curve made every
@@ -23,10 +24,12 @@ this on recorded curves; three choices come from it:
 A fitted curve decreases for ever, so under patience alone its trend would never stop on a small `minDelta`. A
 real curve stops once its fall per evaluation drowns in the evaluations' noise: the smoothed loss then makes no
 new best for `patience` evaluations in a row, at a step that is itself random. So `FUTURES` futures are replayed:
-the fitted trend plus Gaussian noise with the scatter of the newest half of the evaluations about it (a fixed
-seed: the same evaluations give the same projection), each counted by the rules from where they stand; the
-projection is the median future's stop. With 9 futures the median itself moved by evaluations from one fit to the
-next; 31 steady it, and the fits stay within the supervisor's `eta.REFIT_SHARE` of its time.
+the fitted trend plus Gaussian noise with the scatter of the newest half of the evaluations about it (`_noise`; a
+fixed seed: the same evaluations give the same projection), each counted by the rules from where they stand; the
+projection is the median future's stop. The scatter of every evaluation about the fit, in its place, is swollen
+by the early ones a fit of the newest share misses: on tests/test_eta.py's curves the band then held none of the
+real patience stops. With 9 futures the median itself moved by evaluations from one fit to the next; 31 steady
+it, and the fits stay within the supervisor's `eta.REFIT_SHARE` of its time.
 
 The futures' spread is the projection's band (`BAND`): where the median stop cannot be known closely, at half-way
 through a job whose curve has yet to turn, the band says by how much (`benchmarks/eta_replay.py` counts how often
@@ -40,14 +43,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from mlless.autotuner.curves import CurveFitError, FittedCurve, fit_reference
+from mlless.autotuner.curves import CurveFitError, FittedCurve, fit_reference, fit_slow
 from mlless.stopping.rules import ValidationWatch
 from mlless.spec.job import StopConfig
 
 __all__ = ["FutureStops", "StopProjection", "evaluation_spacing", "median_future", "project_stop"]
 
-#: Evaluations a fit needs (`fit_reference`'s least).
-MIN_EVALUATIONS = 8
+#: Evaluations the reference curve's fit needs (`fit_reference`'s least), and the slow curve's (`fit_slow`'s).
+MIN_EVALUATIONS, SLOW_POINTS = 8, 4
 #: The share of the evaluations, the newest, that the curve is fitted to when patience is the only loss rule.
 RECENT_SHARE = 0.8
 #: The projected evaluations' spacing is the median of the newest this many gaps between evaluations (0: every
@@ -70,9 +73,9 @@ _NO_PARAMS = np.zeros(0, np.float32)
 class StopProjection:
     """Where the target-loss or patience rule is projected to end the job."""
 
-    step: int  # the step close at which the rule fires
+    step: float  # the step close at which the rule fires
     rule: str  # "targetLoss" or "patience"
-    curve: FittedCurve | None  # None: too few evaluations to fit, projected from those since the best
+    curve: FittedCurve | None  # None: fired among the evaluations seen, or too few to fit and projected from the best
     noise: float  # the evaluations' scatter about the fit (loss units) its futures were given
     futures: tuple[float, ...] = ()  # each future's stop, in order (inf: past the limit or horizon); () with no fit
 
@@ -96,43 +99,67 @@ def band_of(futures: Sequence[float]) -> tuple[float, float]:
     return futures[round(BAND * (len(futures) - 1))], futures[round((1.0 - BAND) * (len(futures) - 1))]
 
 
-def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConfig, evaluate_every: int,
-                 until_step: float | None = None) -> StopProjection | None:
+def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConfig, evaluate_every: float,
+                 until_step: float | None = None, *, counted: Sequence[tuple[float, float]] | None = None,
+                 fewest: int = MIN_EVALUATIONS) -> StopProjection | None:
     """The step at which `stop`'s target loss or patience fires, for a job whose evaluations so far scored `losses`
     at `steps` (`evaluate_every`, its `evaluation.everySteps`, spaces them until two have come); None when neither
     rule is set, or the rule does not fire before `until_step` (another limit's step, if any) or the horizon.
-    Before a curve can be fitted, only a patience already counting (`STALE_BEFORE_FIT` evaluations) is projected: to
-    fire `patience` evaluations after the best."""
+
+    The rules count `counted`, (step, loss) evaluations, where they are not these (a run read at another job's
+    cadence: the curve is fitted to what it recorded, the rules count what the job would see); if they fired
+    among them, that is the projection. A curve of `fewest` to `MIN_EVALUATIONS` evaluations is fitted with the
+    slow curve (`fit_slow`): a planner's pilot may have no more (a protocol with rounds evaluates at their ends
+    only), while the ETA waits for the reference curve. Before a curve can be fitted, only a patience already
+    counting (`STALE_BEFORE_FIT` evaluations) is projected: to fire `patience` evaluations after the best."""
     if (stop.target_loss is None and stop.patience is None) or evaluate_every <= 0:
         return None
     points = [(float(s), float(x)) for s, x in zip(steps, losses) if s > 0 and math.isfinite(x)]
     if not points:
         return None
+    seen = points if counted is None else [(float(s), float(x)) for s, x in counted]
     watch = ValidationWatch(stop.patience, stop.target_loss, stop.target_steps, stop.min_delta)
-    for step, loss in points:  # the rules' state now, replayed: the same code the supervisor runs
-        watch.observe(int(step), loss, _NO_PARAMS)
+    for step, loss in seen:  # the rules' state now, replayed: the same code the supervisor runs
+        watch.observe(step, loss, _NO_PARAMS)  # type: ignore[arg-type]  # a planner's steps are fractional
+        if watch.target_held(step) or watch.patience_exhausted():
+            return StopProjection(step, "targetLoss" if watch.target_held(step) else "patience", None, 0.0)
+    first = seen[-1][0] if seen else 0.0
     t = np.array([s for s, _ in points])
     raw = np.array([x for _, x in points])
-    spacing = evaluation_spacing(t, evaluate_every)
+    spacing = evaluation_spacing([s for s, _ in seen], evaluate_every)
     share = 1.0 if stop.target_loss is not None else RECENT_SHARE
     recent = slice(-max(MIN_EVALUATIONS, math.ceil(share * t.size)), None)
     try:
-        curve = fit_reference(t[recent], raw[recent], min_points=MIN_EVALUATIONS)
+        curve = _fit(t[recent], raw[recent], fewest)
     except CurveFitError:  # too few evaluations yet, or a curve no fit holds
         if watch.stale < STALE_BEFORE_FIT or watch.patience_left is None:
             return None
         # The evaluations since the best are taken to go on not improving (a model that overfits early, as the
         # clicks of benchmarks/eta.py do, stops before a curve can be fitted).
-        step = int(t[-1] + watch.patience_left * spacing)
+        step = first + watch.patience_left * spacing
         return StopProjection(step, "patience", None, 0.0) if until_step is None or step <= until_step else None
-    tail = slice(len(points) // 2, None)
-    noise = float(np.std(raw[tail] - np.asarray(curve(t[tail]), dtype=np.float64)))
-    last = int(t[-1]) + HORIZON_EVALUATIONS * spacing
-    found = median_future(watch, curve, noise, int(t[-1]), spacing,
-                          last if until_step is None else min(until_step, last), futures=FUTURES, seed=len(points))
+    noise = _noise(t, raw, curve)
+    last = first + HORIZON_EVALUATIONS * spacing
+    found = median_future(watch, curve, noise, first, spacing, last if until_step is None else min(until_step, last),
+                          futures=FUTURES, seed=len(points))
     if found.step == math.inf:
         return None
-    return StopProjection(int(found.step), found.rule, curve, noise, found.futures)
+    return StopProjection(found.step, found.rule, curve, noise, found.futures)
+
+
+def _fit(steps: np.ndarray, losses: np.ndarray, fewest: int) -> FittedCurve:
+    """The reference curve fitted to these evaluations, or the slow one to fewer than `MIN_EVALUATIONS` (from
+    `fewest`); CurveFitError where neither can be."""
+    if steps.size >= MIN_EVALUATIONS:
+        return fit_reference(steps, losses, min_points=MIN_EVALUATIONS)
+    return fit_slow(steps, losses, min_points=max(fewest, SLOW_POINTS))
+
+
+def _noise(steps: np.ndarray, losses: np.ndarray, curve: FittedCurve) -> float:
+    """The scatter about the fitted curve of the newest half of the evaluations, which its futures are given: the
+    noise where patience fires, not the early misfit of a curve fitted to the newest share only."""
+    tail = slice(steps.size // 2, None)
+    return float(np.std(losses[tail] - np.asarray(curve(steps[tail]), dtype=np.float64)))
 
 
 def evaluation_spacing(steps: Sequence[float], evaluate_every: int) -> float:
@@ -143,13 +170,12 @@ def evaluation_spacing(steps: Sequence[float], evaluate_every: int) -> float:
     return max(1.0, float(np.median(np.diff(np.asarray(steps[-SPACING_GAPS - 1:], dtype=np.float64)))))
 
 
-def median_future(watch: ValidationWatch, trend: Callable[[np.ndarray], np.ndarray], noise: float, first: int,
+def median_future(watch: ValidationWatch, trend: Callable[[np.ndarray], np.ndarray], noise: float, first: float,
                   evaluate_every: float, last: float, *, futures: int, seed: int) -> FutureStops:
     """Where `watch`'s rules, as they stand after the evaluation at step `first`, stop the job in the median of
     `futures` futures, and in each of them: `trend` (step -> validation loss) evaluated every
     `evaluate_every` steps up to `last`, plus Gaussian noise of deviation `noise` (seeded by `seed`: the same inputs
-    give the same answer; one future when `noise` is 0). A future that does not stop by `last` stops at inf. The
-    planner replays a pilot run's fitted curve with it (`planning/stoprule.py`), the ETA a live job's."""
+    give the same answer; one future when `noise` is 0). A future that does not stop by `last` stops at inf."""
     ahead = first + evaluate_every * np.arange(1, int((last - first) // evaluate_every) + 1, dtype=np.float64)
     smooth = np.asarray(trend(ahead), dtype=np.float64) if ahead.size else ahead
     rng = np.random.default_rng(seed)
@@ -161,7 +187,7 @@ def median_future(watch: ValidationWatch, trend: Callable[[np.ndarray], np.ndarr
     return FutureStops(step, rule, tuple(s for s, _ in stops))
 
 
-def _replay(watch: ValidationWatch, first: int, steps: list[int], smoothed: list[float], evaluate_every: float,
+def _replay(watch: ValidationWatch, first: float, steps: list[int], smoothed: list[float], evaluate_every: float,
             last: float) -> tuple[float, str]:
     """Where `watch`'s rules stop on projected evaluations at `steps` whose smoothed losses are `smoothed`,
     counted as `ValidationWatch.observe` counts (the watch itself left as it was): (step, rule), or (inf, "")
