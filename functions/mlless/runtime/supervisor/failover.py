@@ -36,6 +36,7 @@ import numpy as np
 from mlless.progress import Progress
 from mlless.protocol import keys, layouts
 from mlless.protocol.framing import FrameError, decode, encode
+from mlless.protocol.identity import SUPERVISOR
 from mlless.protocol.messages import Done, Hello, Takeover, Tensors
 from mlless.runtime import json_object
 from mlless.runtime.supervisor.membership import INTERNAL_ERROR, INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST
@@ -323,7 +324,7 @@ class Failover:
         """Tell the previous run's workers that this supervisor took over (after `Transport.reset`): the surviving
         ones hand in their replicas, and those of the newest step are returned. So are the hellos of workers that
         have started since, for the supervisor to take in once it starts its own."""
-        self.transport.broadcast(encode(Takeover(sender=-1, step=0)))
+        self.transport.broadcast(encode(Takeover(sender=SUPERVISOR, step=0)))
         deadline = time.monotonic() + patience
         done: dict[int, int] = {}
         hellos = []

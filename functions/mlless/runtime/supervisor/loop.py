@@ -32,6 +32,7 @@ from mlless.data.dataset import Dataset, DatasetError
 from mlless.progress import Progress
 from mlless.protocol import keys
 from mlless.protocol.framing import FrameError, decode, encode
+from mlless.protocol.identity import SUPERVISOR
 from mlless.protocol.messages import CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Left, Report
 from mlless.runtime.audit import audit_conservation
 from mlless.launch.launcher import Launcher
@@ -156,7 +157,7 @@ class Supervisor:
             return self._finish()
         except KeyboardInterrupt:
             self.stop_reason = INTERRUPTED
-            self.transport.broadcast(encode(Finish(sender=-1, step=self.closed)))
+            self.transport.broadcast(encode(Finish(sender=SUPERVISOR, step=self.closed)))
             return self._finish()
         except TransportError as exc:
             # The replicas are out of reach with the service; the best snapshot evaluated so far is the model.
@@ -171,7 +172,7 @@ class Supervisor:
             # the model are written, and keys and queues are deleted.
             log.exception("job %s: the supervisor failed", self.job_id)
             self.stop_reason = f"{INTERNAL_ERROR}: {type(exc).__name__}: {exc}"[:500]
-            self.transport.broadcast(encode(Finish(sender=-1, step=self.closed)))
+            self.transport.broadcast(encode(Finish(sender=SUPERVISOR, step=self.closed)))
             return self._finish()
         finally:
             self.launcher.stop_all()
@@ -242,7 +243,7 @@ class Supervisor:
             # How long the takeover kept the job from training: the survivors' hand-in and the new workers' start.
             self.takeovers[-1]["seconds"] = round(self.training_started - self.started, 3)
         self.announced_live = self.live
-        self.transport.broadcast(encode(Close(sender=-1, step=0, cursor=0, flags=0, live=self.live, updates=())))
+        self.transport.broadcast(encode(Close(sender=SUPERVISOR, step=0, cursor=0, flags=0, live=self.live, updates=())))
 
     def _await_workers(self, ranks: set[int], state: WorkerState, timeout: float, exit_reason: str) -> None:
         """Handle messages until none of `ranks` is still in `state`; a process that ends meanwhile is dropped."""
@@ -366,8 +367,8 @@ class Supervisor:
             # the workers hear at once (averaging: a round's end), so its snapshot is not a round late.
             flags |= CLOSE_SNAPSHOT
             self.evaluation.request_snapshot(step, self.cursor, self.sync.snapshot_peers(self.live, self.announced_live))
-        close = Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=self.sync.updates(reports),
-                      merges=self.scaling.take_merges(step))
+        close = Close(sender=SUPERVISOR, step=step, cursor=self.cursor, flags=flags, live=self.live,
+                      updates=self.sync.updates(reports), merges=self.scaling.take_merges(step))
         if not (flags or close.updates or close.merges or close.live != self.announced_live or self.sync.announces(step)):
             return  # inside a round of model averaging: nobody waits for it (sync/base.py SupervisorHalf.announces)
         self.last_close, self.close_sent_at, self.announced_live = encode(close), time.monotonic(), close.live
