@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mlless.contract import BARRIER_PHASES, ENV_AUDIT, EXIT_CHECKPOINTED
+from mlless.contract import BARRIER_PHASES, ENV_AUDIT, EXIT_CHECKPOINTED, STEP_PHASES
 from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import (
     CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Leave, Left, Report, Takeover, Tensors, Update,
@@ -212,7 +212,8 @@ class Worker:
         bytes_sent = self.half.publish(self.step, result)
         timer.lap("write")
 
-        timings = tuple(timer.seconds[p] for p in ("fetch", "compute", "filter", "write")) + tuple(self._barrier.values())
+        phases = timer.seconds | self._barrier  # this step's own phases, the step before's barrier phases
+        timings = tuple(phases[p] for p in STEP_PHASES)
         merged, read = self.half.exchange.traffic()  # at the last close, like the barrier phases
         report = Report(
             sender=self.rank,
