@@ -26,7 +26,7 @@ import pika
 import pytest
 import redis
 
-from mlless.contract import ENV_IDENTITY, ENV_JOB_ID, ENV_RANK
+from mlless.contract import ENV_IDENTITY, ENV_JOB_ID, ENV_RANK, STOP_MAX_STEPS
 from mlless.protocol import keys, layouts
 from mlless.protocol.framing import HEADER, MAGIC, VERSION, FrameType, decode, encode
 from mlless.protocol.messages import Failed, Finish, Tensors, Update
@@ -75,7 +75,7 @@ def unharmed(proc: subprocess.Popen, run_dir: Path, steps: int = STEPS, stderr: 
     err = stderr.read_text() if stderr else err
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["stop_reason"] == "max steps" and summary["steps"] == steps
+    assert summary["stop_reason"] == STOP_MAX_STEPS and summary["steps"] == steps
     assert summary["dropped_workers"] == [] and summary["workers_final"] == 2
     assert summary["rejected_frames"] >= 5  # the forged messages, and update forgeries
     assert summary["validation_loss"] is not None and math.isfinite(summary["validation_loss"])

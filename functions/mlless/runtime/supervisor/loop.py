@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mlless.autotuner import curves
-from mlless.contract import ENV_AUDIT
+from mlless.contract import (
+    ENV_AUDIT, STOP_INTERNAL_ERROR, STOP_INTERRUPTED, STOP_NO_LIVE_WORKERS, STOP_SERVICE_LOST, STOP_SUSPENDED,
+)
 from mlless.data.dataset import Dataset, DatasetError
 from mlless.progress import Progress
 from mlless.protocol import keys
@@ -40,9 +42,7 @@ from mlless.launch.platform import Platform
 from mlless.runtime.supervisor.accounting import Accounting, StepTotals
 from mlless.runtime.supervisor.evaluation import Evaluation, Snapshot
 from mlless.runtime.supervisor.failover import Checkpoint, Failover, JobState, resumable
-from mlless.runtime.supervisor.membership import (
-    INTERNAL_ERROR, INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST, JobFailed, Membership, WorkerRecord, WorkerState,
-)
+from mlless.runtime.supervisor.membership import JobFailed, Membership, WorkerRecord, WorkerState
 from mlless.runtime.supervisor.scaling import Scaling
 from mlless.runtime.supervisor.status import StatusBoard
 from mlless.stopping.rules import Standing, StopRules
@@ -156,13 +156,13 @@ class Supervisor:
                     self._check_liveness()
             return self._finish()
         except KeyboardInterrupt:
-            self.stop_reason = INTERRUPTED
+            self.stop_reason = STOP_INTERRUPTED
             self.transport.broadcast(encode(Finish(sender=SUPERVISOR, step=self.closed)))
             return self._finish()
         except TransportError as exc:
             # The replicas are out of reach with the service; the best snapshot evaluated so far is the model.
             log.error("job %s: %s", self.job_id, exc)
-            self.stop_reason = f"{SERVICE_LOST}: {exc}"
+            self.stop_reason = f"{STOP_SERVICE_LOST}: {exc}"
             return self._finish(reachable=False)
         except (JobFailed, DatasetError):  # before the first step: nothing to save, no worker to wait for
             self.launcher.stop_all(grace=0.0)
@@ -171,7 +171,7 @@ class Supervisor:
             # Whatever went wrong, the job still ends cleanly: the workers hand in their replicas, the summary and
             # the model are written, and keys and queues are deleted.
             log.exception("job %s: the supervisor failed", self.job_id)
-            self.stop_reason = f"{INTERNAL_ERROR}: {type(exc).__name__}: {exc}"[:500]
+            self.stop_reason = f"{STOP_INTERNAL_ERROR}: {type(exc).__name__}: {exc}"[:500]
             self.transport.broadcast(encode(Finish(sender=SUPERVISOR, step=self.closed)))
             return self._finish()
         finally:
@@ -295,7 +295,7 @@ class Supervisor:
         elif isinstance(msg, Left) and self.scaling.left(worker, msg.has_replica, self.closed):
             if self.members.active() == 0:
                 # Every worker pod was deleted: nobody is left to train, but the leavers' replicas still make the model.
-                self.stop_reason = self.stop_reason or NO_LIVE_WORKERS
+                self.stop_reason = self.stop_reason or STOP_NO_LIVE_WORKERS
             self._close_ready_steps()
         elif isinstance(msg, Failed):
             self._drop(msg.sender, f"failed: {msg.reason}")
@@ -409,7 +409,7 @@ class Supervisor:
 
     def _drop(self, rank: int, why: str) -> None:
         if self.members.drop(rank, self.closed, why) and not self.live and self.members.all_started():
-            self.stop_reason = self.stop_reason or NO_LIVE_WORKERS
+            self.stop_reason = self.stop_reason or STOP_NO_LIVE_WORKERS
 
     # ---- the platform: scale requests, suspends, status ---------------------------------------------
 
@@ -424,7 +424,7 @@ class Supervisor:
         if request is None:
             return
         if request.suspend and self.stopping.requested is None:
-            self.request_stop("suspended")
+            self.request_stop(STOP_SUSPENDED)
         if request.workers is not None and request.workers != self.scaling.desired:
             self.progress.message(f"step {self.closed}: {request.workers} workers requested")
             self.request_workers(request.workers)
@@ -471,7 +471,7 @@ class Supervisor:
         # The suspend checkpoint is the final replicas' model; a best snapshot alone (no replica survived) is not one.
         merged = self.evaluation.final_params
         checkpoint = None if merged is None else Checkpoint(self.steps_before + self.closed, self.cursor, merged)
-        if self.stop_reason == "suspended" and checkpoint is not None:
+        if self.stop_reason == STOP_SUSPENDED and checkpoint is not None:
             self.suspend_checkpoint = checkpoint.frame()
             final["checkpointStep"] = checkpoint.steps
         if resumable(self.stop_reason):
