@@ -104,7 +104,7 @@ class Evaluation:
 
     def request_snapshot(self, step: int, cursor: int, peers: tuple[int, ...] = ()) -> None:
         """The close of `step`, with the mini-batch cursor at `cursor`, asks its donor for a snapshot, and `peers`
-        for their pending entries (`SupervisorHalf.snapshot_peers`)."""
+        for their pending entries (`SyncStrategy.snapshot_peers`)."""
         self.pending_snapshot = self.last_evaluated = step
         self.snapshot_cursor = cursor
         self.snapshot_peers, self.donor, self.peer_entries = peers, None, {}

@@ -121,7 +121,7 @@ class Supervisor:
         self.closed_at = self.started  # when the newest step was closed
         self.stop_reason: str | None = None
         self.scaling = Scaling(job, self.members, self.platform, self.metrics, self.progress)
-        self.sync = sync_strategy(job.sync).supervisor()  # when a step closes, and whose updates its close names
+        self.sync = sync_strategy(job.sync)  # which closes the workers hear of, what an evaluation's snapshot adds
         self.suspend_checkpoint: bytes | None = None
         self._interrupted = False  # set by SIGINT/SIGTERM, acted on between messages
 
@@ -304,7 +304,7 @@ class Supervisor:
         # A round's steps close together (sync/averaging.py), and the workers await the last: it goes out before the
         # rows, metrics and checkpoints of them all are written (0.3 ms a step, benchmarks/RESULTS.md, fifth pass).
         recorded = []
-        while self.stop_reason is None and self.sync.ready(self.reports.get(self.closed + 1, {}), self.live):
+        while self.stop_reason is None and self.live and set(self.live) <= set(self.reports.get(self.closed + 1, {})):
             reports = self.reports[self.closed + 1]
             recorded.append(self._close(self.closed + 1, [reports[r] for r in self.live]))
         for record in recorded:
@@ -362,15 +362,15 @@ class Supervisor:
         flags = 0
         if self.stop_reason is not None:
             flags |= CLOSE_FINAL
-        elif joined or (self.evaluation.due(step) and self.sync.announces(step)):
+        elif joined or (self.evaluation.due(step) and self.sync.publishes(step)):
             # A joiner starts from this snapshot; the supervisor evaluates it too. An evaluation waits for a close
             # the workers hear at once (averaging: a round's end), so its snapshot is not a round late.
             flags |= CLOSE_SNAPSHOT
             self.evaluation.request_snapshot(step, self.cursor, self.sync.snapshot_peers(self.live, self.announced_live))
         close = Close(sender=SUPERVISOR, step=step, cursor=self.cursor, flags=flags, live=self.live,
-                      updates=self.sync.updates(reports), merges=self.scaling.take_merges(step))
-        if not (flags or close.updates or close.merges or close.live != self.announced_live or self.sync.announces(step)):
-            return  # inside a round of model averaging: nobody waits for it (sync/base.py SupervisorHalf.announces)
+                      updates=tuple(r.sender for r in reports if r.has_update), merges=self.scaling.take_merges(step))
+        if not (flags or close.updates or close.merges or close.live != self.announced_live or self.sync.publishes(step)):
+            return  # inside a round of model averaging: nobody waits for it (sync/base.py SyncStrategy.publishes)
         self.last_close, self.close_sent_at, self.announced_live = encode(close), time.monotonic(), close.live
         self.transport.broadcast(self.last_close)
 
