@@ -21,13 +21,17 @@ from mlless.protocol.messages import Left, Tensors
 from mlless.runtime.supervisor.evaluation import EVALUATION_SHARE, Evaluation
 from mlless.stopping import forecast
 from mlless.runtime.supervisor.loop import Supervisor
-from mlless.stopping.rules import (
-    SMOOTHING_SPAN, Standing, StopRules, ValidationWatch, smoothed_losses,
-)
+from mlless.stopping.rules import SMOOTHING_SPAN, Standing, StopRules, ValidationWatch
 from mlless.spec.config import StopConfig
 from mlless.spec import from_manifest
 
 from test_training import job_for
+
+
+def smoothed_losses(losses: list[float]) -> list[float]:
+    """The smoothed validation loss the stop rules read after each of `losses` (finite evaluations, in order)."""
+    window = RecentEwma(SMOOTHING_SPAN)
+    return [window.update(x) for x in losses]
 
 
 def feed(watch: ValidationWatch, losses: list[float], every: int = 10) -> None:

@@ -23,7 +23,8 @@ from mlless.protocol import keys
 from mlless.launch.launcher import LocalLauncher
 from mlless.runtime.local import Services, new_job_id, train_local
 from mlless.progress import Progress
-from mlless.stopping.rules import smoothed_losses
+from mlless.smoothing import RecentEwma
+from mlless.stopping.rules import SMOOTHING_SPAN
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.supervisor.membership import WorkerState
 from mlless.sync import sync_strategy
@@ -322,7 +323,8 @@ def test_stop_rules(movielens_dir, tmp_path, stop, reason):
         # streak began; the stop comes targetSteps (5) steps after the snapshot that began it, before the next evaluation.
         evaluations = [(r["step"], r["validation_loss"]) for k, r in enumerate(rows)
                        if r["validation_loss"] is not None and (k == 0 or r["validation_loss"] != rows[k - 1]["validation_loss"])]
-        smoothed = smoothed_losses([v for _, v in evaluations])
+        window = RecentEwma(SMOOTHING_SPAN)
+        smoothed = [window.update(v) for _, v in evaluations]
         streak = len(smoothed)
         while streak > 0 and smoothed[streak - 1] <= 0.95:
             streak -= 1

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
 
@@ -49,12 +49,6 @@ from mlless.spec.job import StopConfig
 SMOOTHING_SPAN = 3
 #: A smoothed validation loss this many times its best means training diverged: overfitting moves it by percents.
 DIVERGENCE_FACTOR = 3.0
-
-
-def smoothed_losses(losses: Iterable[float]) -> list[float]:
-    """The smoothed validation loss the stop rules read after each of `losses` (finite evaluations, in order)."""
-    f = RecentEwma(SMOOTHING_SPAN)
-    return [f.update(x) for x in losses]
 
 
 @dataclass(frozen=True)
