@@ -428,8 +428,8 @@ class InterruptedAsItsWorkersStart(Supervisor):
             raise KeyboardInterrupt
 
 
-def test_workers_that_never_closed_a_step_hand_in_their_replicas_when_the_job_stops(movielens_dir, tmp_path, redis_url,
-                                                                                    amqp_url):
+def test_workers_that_never_closed_a_step_publish_their_final_replicas_when_the_job_stops(movielens_dir, tmp_path,
+                                                                                          redis_url, amqp_url):
     # A replica frame carried the newest closed step, -1 here, which no frame may: each worker failed on it.
     job = job_for(movielens_dir, stop={"maxSteps": 20})
     summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: None, InterruptedAsItsWorkersStart)

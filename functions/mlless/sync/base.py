@@ -72,12 +72,12 @@ class WorkerHalf:
             except ValueError as exc:
                 self.exchange.reject(f"update frame of worker {update.sender} for step {close.step}: {exc}")
 
-    def take_back(self, after: int) -> None:
+    def withdraw_unread(self, after: int) -> None:
         """The close of step `after` took this worker out of the job, or ended the job: what it published for later
         steps no peer applies, so it goes back to the accumulator (a leaver's the survivors merge,
         `Worker._merge_leavers`; a final replica's counts as unsent)."""
         for published in self.exchange.unread(after):
-            self.replica.keep_unsent(published.indices, published.values)
+            self.replica.unpublish(published.indices, published.values)
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class SyncStrategy(ABC):
         holds nothing back; the supervisor leaves out the donor), else nobody."""
         return tuple(r for r in live if r in before) if self.keeps_home else ()
 
-    def hand_back(self, replicas: Sequence[layouts.Arrays]) -> np.ndarray:
+    def merge_final_replicas(self, replicas: Sequence[layouts.Arrays]) -> np.ndarray:
         """The model a job's final replicas hand back: their mean, a model of the kind its evaluations scored (an
         evaluation's snapshot is the donor's replica alone). Adding every replica's pending entries in full
         (`layouts.model_of`, the state a resumed job continues from) scored worse on MovieLens at P = 3: by 0.003 RMSE
