@@ -47,6 +47,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
+from mlless.contract import STOP_TARGET_LOSS  # noqa: E402
 from mlless.smoothing import ewma  # noqa: E402
 from mlless.stopping.rules import SMOOTHING_SPAN  # noqa: E402
 from mlless.spec.models import PMF_V  # noqa: E402
@@ -217,7 +218,7 @@ def _train(cfg: BenchConfig, variant: str, tag: str, target: float | None, max_s
     wall = s["wall_seconds"]
     row = {
         "variant": variant, "tag": tag, "stop_reason": s["stop_reason"],
-        "time_to_target": wall if s["stop_reason"] == "target loss reached" else None,
+        "time_to_target": wall if s["stop_reason"] == STOP_TARGET_LOSS else None,
         "wall_seconds": wall, "steps": s["steps"], "epochs": s["epochs"],
         "cost": s["cost_usd"], "cost_workers": b["workers"], "cost_fixed": b["supervisor"] + b["redis"] + b["rabbitmq"],
         "perf_per_dollar": s["perf_per_dollar"], "perf_per_dollar_workers": s["perf_per_dollar_workers"],

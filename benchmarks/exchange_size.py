@@ -41,6 +41,7 @@ _common.single_thread_env()
 
 import numpy as np  # noqa: E402
 
+from mlless.protocol.identity import SUPERVISOR  # noqa: E402
 from mlless.protocol.messages import Close  # noqa: E402
 from mlless.sync.exchanges.base import EXCHANGES  # noqa: E402
 from mlless.training.kernels import optim  # noqa: E402
@@ -93,7 +94,7 @@ def worker(rank: int, workers: int, pattern: str, params: int, steps: int, job: 
         t1 = time.perf_counter()
         barrier.wait()
         t2 = time.perf_counter()
-        updates = exchange.gather(Close(sender=-1, step=step, cursor=0, flags=0, live=ranks, updates=ranks, merges=()))
+        updates = exchange.gather(Close(sender=SUPERVISOR, step=step, cursor=0, flags=0, live=ranks, updates=ranks, merges=()))
         t3 = time.perf_counter()
         for update in updates:
             if optim.scatter_add(replica, update.indices, update.values, marks) >= 0:

@@ -3,8 +3,8 @@
 
 A replica is the shared state plus its own pending entries (what the significance filter, a round or SSP's slack
 has not sent yet). At a job's end the supervisor merges the final replicas into the model it hands back
-(`SyncStrategy.hand_back`). This script trains P = 3 jobs (`mlless.runtime.local.train_local`, embedded transport)
-of MovieLens under each protocol and of the 200k clicks under ISP, to a fixed step just past an evaluation, and
+(`SyncStrategy.merge_final_replicas`). This script trains P = 3 jobs (`mlless.runtime.local.train_local`, embedded
+transport) of MovieLens under each protocol and of the 200k clicks under ISP, to a fixed step just past an evaluation, and
 scores on the whole validation split, from the same final replicas: `layouts.model_of` (shared parts averaged,
 every pending entry added in full: the state a resumed job continues from), their mean, their shared parts alone,
 and the best single replica; beside them the newest evaluation's snapshot, one step earlier.

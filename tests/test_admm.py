@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from mlless.contract import STOP_MAX_EPOCHS
 from mlless.runtime.local import Services, train_local
 from mlless.sync import sync_strategy
 from mlless.spec import SpecError, SyncConfig, from_manifest
@@ -37,7 +38,7 @@ def test_lr_trains_under_admm(synthetic_lr_dir, tmp_path, redis_url, amqp_url, s
     job = admm_job(synthetic_lr_dir, sync={"protocol": "admm", "localSteps": 4, "exchange": exchange},
                    stop={"maxEpochs": 5})
     summary = train_local(job, tmp_path, svc, QUIET)
-    assert summary["stop_reason"] == "max epochs" and summary["rejected_frames"] == 0
+    assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["rejected_frames"] == 0
     assert summary["validation_loss"] < base_rate_bce(synthetic_lr_dir) - 0.05
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
+from mlless.contract import STOP_MAX_EPOCHS, STOP_MAX_STEPS
 from mlless.data.dataset import Dataset
 from mlless.runtime.local import Services, train_local
 from mlless.sync import sync_strategy
@@ -55,7 +56,7 @@ def test_pmf_and_lr_train_under_averaging(movielens_dir, synthetic_lr_dir, tmp_p
     svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
     pmf = job_for(movielens_dir, sync={"protocol": protocol}, stop={"maxEpochs": 15})
     summary = train_local(pmf, tmp_path / "pmf", svc, QUIET)
-    assert summary["stop_reason"] == "max epochs" and summary["rejected_frames"] == 0
+    assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["rejected_frames"] == 0
     assert summary["validation_loss"] <= 0.92
     rows = read_metrics(tmp_path / "pmf")
     assert len(rows) == summary["steps"] and any(r["validation_loss"] is not None for r in rows)
@@ -125,7 +126,7 @@ def resumed_after_a_kill(dataset, tmp_path, redis_url, amqp_url, steps, **spec):
     kill_at(train(job, run_dir, *services), run_dir, steps // 3 // 8 * 8 + 4)  # mid-round
     finish(train(job, run_dir, "--resume", *services))
     summary = summary_of(run_dir)
-    assert summary["stop_reason"] == "max steps" and summary["steps"] == steps
+    assert summary["stop_reason"] == STOP_MAX_STEPS and summary["steps"] == steps
     [takeover] = summary["takeovers"]
     assert takeover["from"] == "replicas of 2 surviving workers"
     return summary

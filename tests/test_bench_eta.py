@@ -14,7 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import eta  # noqa: E402
 import eta_replay  # noqa: E402
 from mlless.stopping.forecast import project_stop  # noqa: E402
-from mlless.stopping.rules import smoothed_losses  # noqa: E402
+from mlless.smoothing import RecentEwma  # noqa: E402
+from mlless.stopping.rules import SMOOTHING_SPAN  # noqa: E402
 from mlless.spec.config import StopConfig  # noqa: E402
 
 #: (second, status.json) as the watcher sees them; the job's final status appears at 10.0 s.
@@ -62,7 +63,9 @@ def test_the_replay_stops_where_the_rule_does_by_hand_and_reads_the_projections_
     curve = [(25 * (k + 1), float(x)) for k, x in enumerate(losses)]
     # the rule by hand: a smoothed loss below its best by more than minDelta resets the count
     best, stale, by_hand = float("inf"), 0, None
-    for (step, _), smoothed in zip(curve, smoothed_losses(losses.tolist())):
+    window = RecentEwma(SMOOTHING_SPAN)
+    for step, loss in curve:
+        smoothed = window.update(loss)
         best, stale = (smoothed, 0) if smoothed < best * (1 - stop.min_delta) else (best, stale + 1)
         if stale >= stop.patience:
             by_hand = step

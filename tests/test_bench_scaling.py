@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import _common  # noqa: E402
 import projection  # noqa: E402
+from mlless.contract import STOP_TARGET_LOSS  # noqa: E402
 from mlless.planning import steptime  # noqa: E402
 import scaling  # noqa: E402
 
@@ -50,7 +51,7 @@ def _row(step, t, val=None, workers=2, cost=0.0, **phases):
 
 def test_analyse_reads_the_target_step_bytes_and_phases():
     rows = [_row(1, 1.0), _row(2, 1.1, 0.9), _row(3, 1.2, 0.5), _row(4, 1.3, 0.4, wait=None, read=None, apply=None)]
-    out = scaling.analyse(rows, {"startup_seconds": 0.9, "stop_reason": "target loss reached"}, None, 0.6, 2,
+    out = scaling.analyse(rows, {"startup_seconds": 0.9, "stop_reason": STOP_TARGET_LOSS}, None, 0.6, 2,
                           "all-to-all", {"pricing": PRICING})
     assert out["reached"] and out["steps_to_target"] == 3 and out["seconds_to_target"] == 1.2
     assert out["from_first_step"] == pytest.approx(0.3)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mlless.contract import STOP_MAX_EPOCHS
 from mlless.data.dataset import Dataset
 from mlless.runtime.local import Services, train_local
 from mlless.sync import sync_strategy
@@ -109,7 +110,7 @@ def test_pmf_trains_under_blocked(movielens_dir, tmp_path, redis_url, amqp_url, 
     svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
     job = job_for(movielens_dir, sync={"protocol": "blocked"}, stop={"maxEpochs": 15})
     summary = train_local(job, tmp_path, svc, QUIET)
-    assert summary["stop_reason"] == "max epochs" and summary["rejected_frames"] == 0
+    assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["rejected_frames"] == 0
     assert summary["validation_loss"] <= 0.92
     rows = read_metrics(tmp_path)
     assert len(rows) == summary["steps"] and rows[-1]["epoch"] == pytest.approx(15, abs=0.1)

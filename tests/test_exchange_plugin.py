@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlless.contract import ENV_PLUGINS
+from mlless.contract import ENV_PLUGINS, STOP_MAX_EPOCHS
 from mlless.protocol.messages import Close, Update
 from mlless.sync.exchanges.base import EXCHANGES, Exchange, register
 
@@ -58,6 +58,6 @@ def test_a_job_trains_with_a_pattern_defined_in_a_test(movielens_dir, tmp_path, 
     job = job_for(movielens_dir, workers=3, sync={"protocol": "bsp", "exchange": "mailboxes"},
                   stop={"maxEpochs": 4})
     summary = train_local(job, tmp_path, svc, QUIET)
-    assert summary["stop_reason"] == "max epochs" and summary["dropped_workers"] == []
+    assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["dropped_workers"] == []
     assert summary["rejected_frames"] == 0 and summary["bytes_sent"] > 0
     assert summary["validation_loss"] <= 0.95

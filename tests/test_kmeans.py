@@ -11,6 +11,7 @@ import pytest
 import scipy.sparse as sp
 from sklearn.cluster import KMeans as SkKMeans
 
+from mlless.contract import STOP_MAX_EPOCHS
 from mlless.cli import main
 from mlless.data.batches import SparseBatch
 from mlless.data.dataset import Dataset
@@ -62,7 +63,7 @@ def test_a_job_on_blobs_ends_within_3_percent_of_sklearn_kmeans(blobs_dir, tmp_p
     job = job_for(blobs_dir, workers=workers, model={"type": "kmeans", "clusters": 8}, stop={"maxEpochs": 2})
     assert (job.sync.protocol, job.optimizer.type, job.optimizer.learning_rate) == ("bsp", "sgd", 1.0)
     summary = train_local(job, tmp_path, Services(redis_url, amqp_url), QUIET)
-    assert summary["stop_reason"] == "max epochs" and summary["loss_metric"] == "inertia"
+    assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["loss_metric"] == "inertia"
     assert summary["dropped_workers"] == [] and summary["rejected_frames"] == 0
     ours, theirs = train_inertia(tmp_path / "model.npz", dataset), sklearn_inertia(dataset, 8)
     assert ours <= WITHIN * theirs, (ours, theirs)
@@ -78,7 +79,7 @@ def test_kmeans_trains_under_every_protocol_that_applies(blobs_dir, tmp_path, pr
     job = job_for(blobs_dir, workers=2, model={"type": "kmeans", "clusters": 8}, sync={"protocol": protocol},
                   stop={"maxEpochs": 2})
     summary = train_local(job, tmp_path, Services(), QUIET)
-    assert summary["stop_reason"] == "max epochs" and summary["rejected_frames"] == 0
+    assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["rejected_frames"] == 0
     ours, theirs = train_inertia(tmp_path / "model.npz", dataset), sklearn_inertia(dataset, 8)
     assert ours <= WITHIN * theirs, (protocol, ours, theirs)
 
@@ -89,7 +90,7 @@ def test_kmeans_clusters_sparse_rows(tmp_path):
     dataset = Dataset.open(str(data))
     job = job_for(data, workers=2, model={"type": "kmeans", "clusters": 5}, stop={"maxEpochs": 3})
     summary = train_local(job, tmp_path / "run", Services(), QUIET)
-    assert summary["stop_reason"] == "max epochs" and summary["loss_metric"] == "inertia"
+    assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["loss_metric"] == "inertia"
     ours, theirs = train_inertia(tmp_path / "run" / "model.npz", dataset), sklearn_inertia(dataset, 5)
     assert ours <= WITHIN * theirs, (ours, theirs)
 

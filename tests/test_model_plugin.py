@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 import pytest
 
-from mlless.contract import ENV_PLUGINS
+from mlless.contract import ENV_PLUGINS, STOP_MAX_EPOCHS
 from mlless.data.batches import Batch, RatingsBatch
 from mlless.spec.config import ModelConfig
 from mlless.spec.models import ModelType, OptimizerDefaults
@@ -96,7 +96,7 @@ def test_a_job_trains_a_model_defined_in_a_test(movielens_dir, tmp_path, redis_u
     svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
     job = job_for(movielens_dir, workers=2, model={"type": "biases"}, stop={"maxEpochs": 8})
     summary = train_local(job, tmp_path, svc, QUIET)
-    assert summary["stop_reason"] == "max epochs" and summary["dropped_workers"] == []
+    assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["dropped_workers"] == []
     assert summary["rejected_frames"] == 0 and summary["loss_metric"] == "rmse"
     # The biases learn: they beat predicting the training mean for every rating on the validation split.
     validation = Dataset.open(str(movielens_dir)).validation()
@@ -116,7 +116,7 @@ def test_a_field_the_registered_type_declares_reaches_every_worker_and_the_saved
     job = job_for(movielens_dir, workers=2, model={"type": "biases", "userBiases": False}, stop={"maxEpochs": 2})
     assert job.model.options == {"userBiases": False}
     summary = train_local(job, tmp_path, Services(), QUIET)
-    assert summary["stop_reason"] == "max epochs" and summary["rejected_frames"] == 0
+    assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["rejected_frames"] == 0
     model = load_model(tmp_path / "model.npz")
     assert model.user_biases is False and not np.any(model.params[:model.n_users])
     assert np.any(model.params[model.n_users:])  # the items' biases learned

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from mlless.contract import STOP_INTERRUPTED, STOP_MAX_EPOCHS, STOP_MAX_SECONDS
 from mlless.cli import main as mlless_main
 from mlless.planning.cli import PILOT_SECONDS, plan, worker_counts
 from mlless.planning.model import FAR_EXTRAPOLATION, Link, _extrapolation_note, choose
@@ -177,7 +178,7 @@ def test_a_ctrl_c_during_a_pilot_ends_the_plan_there(recorded, tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and b"Traceback" not in err, err.decode()
     assert err.decode().strip().splitlines()[-1] == "mlless: interrupted"
-    assert json.loads((out / "pilot-p1" / "summary.json").read_text())["stop_reason"] == "interrupted"
+    assert json.loads((out / "pilot-p1" / "summary.json").read_text())["stop_reason"] == STOP_INTERRUPTED
     assert not (out / "pilot-p2").exists()  # no second pilot, and no plan from a pilot cut short
 
 
@@ -356,7 +357,7 @@ def test_without_runs_the_cli_runs_a_pilot_and_plans_from_it(recorded, tmp_path,
         assert ran.stop.max_seconds == PILOT_SECONDS and ran.stop.patience == 3 and ran.evaluate_every == 5
         assert not ran.autoscaler.enabled
         summary, whole = (json.loads((r / "summary.json").read_text()) for r in (Path(d), runs[P]))
-        assert summary["stop_reason"] == whole["stop_reason"] != "max seconds", (summary, whole)
+        assert summary["stop_reason"] == whole["stop_reason"] != STOP_MAX_SECONDS, (summary, whole)
     assert [p["measured"] for p in result["predictions"]] == [True, True, False]
     # --pilot-epochs cuts it shorter: real runs of the job, at its own evaluations, to that length.
     out = tmp_path / "short"
@@ -364,5 +365,5 @@ def test_without_runs_the_cli_runs_a_pilot_and_plans_from_it(recorded, tmp_path,
     result = json.loads(capsys.readouterr().out)
     for d in result["runs"]:
         summary = json.loads((Path(d) / "summary.json").read_text())
-        assert summary["stop_reason"] == "max epochs" and summary["epochs"] == pytest.approx(2, abs=0.1)
+        assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["epochs"] == pytest.approx(2, abs=0.1)
     assert all(math.isfinite(p["seconds"]) and p["seconds"] > 0 for p in result["predictions"])

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import redis
 
+from mlless.contract import STOP_MAX_STEPS, STOP_SUSPENDED
 from mlless.protocol import keys
 from mlless.launch.launcher import LocalLauncher
 from mlless.runtime.local import new_job_id
@@ -148,7 +149,7 @@ def test_suspend_checkpoints_the_model_and_a_new_supervisor_resumes_from_it(movi
         first.ask(PlatformRequest(suspend=True))
 
     suspended = run(job, job_id, tmp_path / "first", redis_url, amqp_url, first, suspend_at_25)
-    assert suspended["stop_reason"] == "suspended"
+    assert suspended["stop_reason"] == STOP_SUSPENDED
     final, is_final = first.published[-1]
     assert is_final and final["checkpointStep"] == suspended["steps"]
     # Every key of the job is gone except the checkpoint the resumed job starts from, kept for 30 days, not one.
@@ -157,7 +158,7 @@ def test_suspend_checkpoints_the_model_and_a_new_supervisor_resumes_from_it(movi
 
     second = RecordingPlatform()
     resumed = run(job, job_id, tmp_path / "second", redis_url, amqp_url, second)
-    assert resumed["stop_reason"] == "max steps"
+    assert resumed["stop_reason"] == STOP_MAX_STEPS
     # Step numbering and the batch cursor continue; the job stops at 60 steps in all, and its summary counts them all.
     assert resumed["steps"] == 60
     assert second.published[-1][0]["step"] == 60

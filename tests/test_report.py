@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from mlless.contract import STOP_INTERRUPTED
 from mlless.telemetry.report import ReportError, load_run, render_report
 from mlless.telemetry.report.cli import add_report_parser
 from mlless.telemetry.report.plots import PLOTS, moving_average, phase_medians
@@ -158,14 +159,14 @@ def test_missing_optional_fields(tmp_path: Path):
         for s in range(1, 6)
     ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
-    (run / "summary.json").write_text(json.dumps({"job": "partial", "stop_reason": "interrupted"}))
+    (run / "summary.json").write_text(json.dumps({"job": "partial", "stop_reason": STOP_INTERRUPTED}))
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "metrics.jsonl").write_text("")
     (empty / "summary.json").write_text("{}")
     assert run_report(str(run), str(empty), "--out", str(tmp_path / "out")) == 0
     text = (tmp_path / "out" / "index.html").read_text()
-    assert "interrupted" in text and "partial" in text
+    assert STOP_INTERRUPTED in text and "partial" in text
     medians = phase_medians(load_run(run))
     assert medians["compute"] == 0.001 and medians["wait"] == 0.0
     for plot in PLOTS:

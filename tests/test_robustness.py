@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from mlless.contract import STOP_DIVERGED
 from mlless.cli import main as mlless_main
 
 pytestmark = pytest.mark.slow
@@ -66,7 +67,7 @@ def test_an_attacker_wrecks_the_sum(model, workdir, request):
     data = request.getfixturevalue(fixture)
     attacked = train(workdir, data, model, epochs, "sum", ATTACK)
     loss = attacked["validation_loss"]
-    assert attacked["stop_reason"] == "diverged" or loss is None or not math.isfinite(loss) or \
+    assert attacked["stop_reason"] == STOP_DIVERGED or loss is None or not math.isfinite(loss) or \
         loss > clean(workdir, data, model, epochs) + 0.2
 
 
@@ -76,7 +77,7 @@ def test_robust_rules_end_near_the_clean_run(model, rule, workdir, request):
     fixture, epochs = MODELS[model]
     data = request.getfixturevalue(fixture)
     attacked = train(workdir, data, model, epochs, rule, ATTACK)
-    assert attacked["stop_reason"] != "diverged"
+    assert attacked["stop_reason"] != STOP_DIVERGED
     assert attacked["validation_loss"] == pytest.approx(clean(workdir, data, model, epochs), abs=WITHIN[model, rule])
 
 

@@ -49,7 +49,7 @@ def test_unsent_entries_and_a_lone_workers_steps_and_a_restore():
     assert rounds.pending_count() == 0 and len(layouts.pending(rounds.snapshot())[0]) == 0
     selected = rounds.step(batch(rng), 1, 2)
     assert len(selected.indices) and rounds.pending_count() == 0
-    rounds.keep_unsent(selected.indices, selected.values)  # nobody applied them: pending again
+    rounds.unpublish(selected.indices, selected.values)  # nobody applied them: pending again
     same(layouts.pending(rounds.snapshot()), (selected.indices, selected.values))
     arrays = rounds.snapshot()
     _, fresh = pair()

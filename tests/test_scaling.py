@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from mlless.contract import STOP_NO_LIVE_WORKERS
 from test_training import _supervise_with, _when_step, job_for, read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("audit")]
@@ -112,7 +113,7 @@ def test_when_every_worker_leaves_their_replicas_still_make_the_model(movielens_
             os.kill(launcher.pid(rank), signal.SIGTERM)
 
     summary = _supervise_with(job_for(movielens_dir, stop={"maxSteps": 100000}), tmp_path, redis_url, amqp_url, stop_every_worker)
-    assert summary["stop_reason"] == "no live workers" and summary["dropped_workers"] == []
+    assert summary["stop_reason"] == STOP_NO_LIVE_WORKERS and summary["dropped_workers"] == []
     # None finished the job, but the leavers' replicas make its model.
     assert summary["workers_final"] == 0 and summary["audit"]["replicas"] >= 1 and summary["validation_loss"] < 1.1
     assert_conserved(summary)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mlless.contract import STOP_DIVERGED, STOP_MAX_STEPS, STOP_NO_IMPROVEMENT
 from mlless.smoothing import RecentEwma, ewma
 from mlless.data.dataset import Dataset
 from mlless.training.models import load_model
@@ -20,13 +21,17 @@ from mlless.protocol.messages import Left, Tensors
 from mlless.runtime.supervisor.evaluation import EVALUATION_SHARE, Evaluation
 from mlless.stopping import forecast
 from mlless.runtime.supervisor.loop import Supervisor
-from mlless.stopping.rules import (
-    DIVERGED, SMOOTHING_SPAN, Standing, StopRules, ValidationWatch, smoothed_losses,
-)
+from mlless.stopping.rules import SMOOTHING_SPAN, Standing, StopRules, ValidationWatch
 from mlless.spec.config import StopConfig
 from mlless.spec import from_manifest
 
 from test_training import job_for
+
+
+def smoothed_losses(losses: list[float]) -> list[float]:
+    """The smoothed validation loss the stop rules read after each of `losses` (finite evaluations, in order)."""
+    window = RecentEwma(SMOOTHING_SPAN)
+    return [window.update(x) for x in losses]
 
 
 def feed(watch: ValidationWatch, losses: list[float], every: int = 10) -> None:
@@ -215,7 +220,7 @@ def test_a_non_finite_or_exploding_evaluation_means_diverged_and_is_never_best()
     assert watch.diverged and watch.best.loss == 0.5
     rules = StopRules(StopConfig(max_steps=1000), evaluate_every=10)
     rules.watch = watch
-    assert rules.check(Standing(100, 0, 10, 1.0, 1.0), lambda: 0.0) == DIVERGED
+    assert rules.check(Standing(100, 0, 10, 1.0, 1.0), lambda: 0.0) == STOP_DIVERGED
 
 
 # ---- whole jobs ---------------------------------------------------------------------------------------------
@@ -248,7 +253,7 @@ def test_workers_that_handed_in_their_final_replicas_before_the_finish_are_merge
 
     monkeypatch.setattr(Supervisor, "_check_liveness", late_check)
     summary = train_local(lr_job(synthetic_lr_dir, stop={"maxSteps": 30}), tmp_path, Services(), QUIET)
-    assert (summary["stop_reason"], summary["workers_final"]) == ("max steps", 2)
+    assert (summary["stop_reason"], summary["workers_final"]) == (STOP_MAX_STEPS, 2)
     assert summary["final_validation_loss"] is not None and summary["replica_spread"] is not None
 
 
@@ -290,7 +295,7 @@ def test_a_job_without_limits_stops_when_validation_stops_improving_and_keeps_th
     job = lr_job(synthetic_lr_dir)
     assert job.stop.patience == 5 and job.stop.max_epochs == 50
     summary = train_local(job, tmp_path, Services(), QUIET)
-    assert summary["stop_reason"] == "validation loss stopped improving"
+    assert summary["stop_reason"] == STOP_NO_IMPROVEMENT
     assert summary["epochs"] < 50
     best = summary["best_validation"]
     assert summary["validation_loss"] == pytest.approx(min(best["loss"], summary["final_validation_loss"]))
@@ -310,7 +315,7 @@ def test_an_explicit_length_limit_turns_patience_off_unless_asked(synthetic_lr_d
     assert lr_job(synthetic_lr_dir, stop={"maxEpochs": 3}).stop.patience is None
     job = lr_job(synthetic_lr_dir, stop={"maxEpochs": 30, "patience": 1})
     summary = train_local(job, tmp_path, Services(), QUIET)
-    assert summary["stop_reason"] == "validation loss stopped improving"
+    assert summary["stop_reason"] == STOP_NO_IMPROVEMENT
     assert summary["epochs"] < 30
 
 

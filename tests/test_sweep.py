@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from mlless.cli import main
-from mlless.contract import EXIT_USAGE
+from mlless.contract import EXIT_USAGE, STOP_ASHA
 from mlless.spec.sweep import SWEEP_SCHEMA
 from mlless.sweep.asha import TrialProgress, cutoff, judge, level, min_peers, rung_values
 from mlless.runtime import sweep as local
@@ -69,8 +69,8 @@ def test_the_local_sweep_stops_losers_and_hands_back_the_best_trial(swept, synth
     stopped = [row for row in rows.values() if row["state"] == "Stopped"]
     assert stopped, "ASHA stopped no trial"
     for row in stopped:  # stopped at the rung the sweep said, within an evaluation of it, with its reason recorded
-        assert row["stopReason"].startswith("stopped by the sweep: ASHA rung")
         rung = int(row["stopReason"].rsplit(" ", 1)[1])
+        assert row["stopReason"] == STOP_ASHA.format(rung=rung)
         assert level(RULE, rung) <= row["killedAt"] <= level(RULE, rung) + 10
         summary = json.loads((swept / "trials" / row["name"] / "summary.json").read_text())
         assert summary["steps"] == row["killedAt"]

@@ -22,7 +22,7 @@ def test_each_protocol_answers_threshold_and_staleness():
     assert ssp.update_key(1, 7) != ssp.update_key(1, 8)
 
 
-def test_final_replicas_hand_back_their_mean_but_home_rows_in_full():
+def test_final_replicas_merge_to_their_mean_but_home_rows_in_full():
     # Two replicas of a 4-entry model over the shared state [1, 1, 1, 1]: the first holds 0.5 unsent at entry 0
     # (blocked: its user's row, trained at home), the second 0.25 at entry 3.
     first = {PARAMS: np.array([1.5, 1, 1, 1], np.float32), PENDING_INDICES: np.array([0], np.int32),
@@ -30,8 +30,8 @@ def test_final_replicas_hand_back_their_mean_but_home_rows_in_full():
     second = {PARAMS: np.array([1, 1, 1, 1.25], np.float32), PENDING_INDICES: np.array([3], np.int32),
               PENDING_VALUES: np.array([0.25], np.float32)}
     for protocol in ("isp", "bsp", "ssp", "averaging", "async"):  # each replica is a whole model: their mean
-        np.testing.assert_allclose(sync_strategy(SyncConfig(protocol=protocol)).hand_back([first, second]),
-                                   [1.25, 1, 1, 1.125])
+        merged = sync_strategy(SyncConfig(protocol=protocol)).merge_final_replicas([first, second])
+        np.testing.assert_allclose(merged, [1.25, 1, 1, 1.125])
     # blocked's home rows are pending on their owner alone: every pending entry counts in full
-    np.testing.assert_allclose(sync_strategy(SyncConfig(protocol="blocked")).hand_back([first, second]),
-                               [1.5, 1, 1, 1.25])
+    merged = sync_strategy(SyncConfig(protocol="blocked")).merge_final_replicas([first, second])
+    np.testing.assert_allclose(merged, [1.5, 1, 1, 1.25])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlless.contract import ENV_PLUGINS
+from mlless.contract import ENV_PLUGINS, STOP_MAX_EPOCHS
 from mlless.runtime.local import Services, train_local
 from mlless.sync.base import STRATEGIES, WorkerHalf, register
 from mlless.sync.protocols.averaging import Averaging
@@ -43,6 +43,6 @@ def test_a_job_trains_with_a_strategy_defined_in_a_test(movielens_dir, tmp_path,
     svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
     job = job_for(movielens_dir, workers=2, sync={"protocol": "summed-averaging", "localSteps": 4}, stop={"maxEpochs": 10})
     summary = train_local(job, tmp_path, svc, QUIET)
-    assert summary["stop_reason"] == "max epochs" and summary["dropped_workers"] == []
+    assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["dropped_workers"] == []
     assert summary["rejected_frames"] == 0 and summary["bytes_sent"] > 0
     assert summary["validation_loss"] <= 0.95

@@ -17,12 +17,14 @@ import pytest
 import redis
 import yaml
 
+from mlless.contract import STOP_BUDGET, STOP_INTERRUPTED, STOP_MAX_EPOCHS, STOP_MAX_SECONDS, STOP_NO_LIVE_WORKERS, STOP_TARGET_LOSS
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys
 from mlless.launch.launcher import LocalLauncher
 from mlless.runtime.local import Services, new_job_id, train_local
 from mlless.progress import Progress
-from mlless.stopping.rules import smoothed_losses
+from mlless.smoothing import RecentEwma
+from mlless.stopping.rules import SMOOTHING_SPAN
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.supervisor.membership import WorkerState
 from mlless.sync import sync_strategy
@@ -61,7 +63,7 @@ def test_pmf_over_redis_and_rabbitmq_reaches_target_rmse(movielens_dir, tmp_path
     job = job_for(movielens_dir, stop={"maxEpochs": 30})
     summary = train_local(job, tmp_path, Services(redis_url, amqp_url), QUIET)
 
-    assert summary["stop_reason"] == "max epochs"
+    assert summary["stop_reason"] == STOP_MAX_EPOCHS
     assert summary["loss_metric"] == "rmse"
     assert summary["validation_loss"] <= 0.92
     assert summary["workers_initial"] == summary["workers_final"] == 3
@@ -117,7 +119,7 @@ def test_a_job_whose_workers_all_diverge_hands_back_its_best_snapshot_and_fails(
     path.write_text(yaml.safe_dump(job))
     assert main(["train", str(path), "--out", str(tmp_path / "run")]) == EXIT_FAILED
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["stop_reason"] == "no live workers" and "TrainingDiverged" in summary["dropped_workers"][0]["reason"]
+    assert summary["stop_reason"] == STOP_NO_LIVE_WORKERS and "TrainingDiverged" in summary["dropped_workers"][0]["reason"]
     assert summary["final_validation_loss"] is None  # no replica survived...
     best = summary["best_validation"]
     assert summary["validation_loss"] == best["loss"] < 1.1 and summary["model_step"] == best["step"]  # ...the best did
@@ -274,7 +276,7 @@ def test_interrupt_stops_cleanly_and_deletes_keys(movielens_dir, tmp_path, redis
     assert proc.returncode == 130, err.decode()
     assert b"Traceback" not in err
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["stop_reason"] == "interrupted"
+    assert summary["stop_reason"] == STOP_INTERRUPTED
     assert job_keys(redis_url, summary["job_id"]) == []
     # Every worker process ended with the job.
     pids = subprocess.run(["pgrep", "-f", f"MLLESS_JOB_ID={summary['job_id']}"], capture_output=True)
@@ -307,9 +309,9 @@ def test_malformed_update_frame_is_rejected_counted_and_not_applied(movielens_di
 @pytest.mark.parametrize(
     ("stop", "reason"),
     [
-        ({"targetLoss": 0.95, "targetSteps": 5}, "target loss reached"),
-        ({"maxSeconds": 2}, "max seconds"),
-        ({"budgetUSD": 0.0015, "maxEpochs": 1000}, "budget reached"),
+        ({"targetLoss": 0.95, "targetSteps": 5}, STOP_TARGET_LOSS),
+        ({"maxSeconds": 2}, STOP_MAX_SECONDS),
+        ({"budgetUSD": 0.0015, "maxEpochs": 1000}, STOP_BUDGET),
     ],
 )
 def test_stop_rules(movielens_dir, tmp_path, stop, reason):
@@ -321,7 +323,8 @@ def test_stop_rules(movielens_dir, tmp_path, stop, reason):
         # streak began; the stop comes targetSteps (5) steps after the snapshot that began it, before the next evaluation.
         evaluations = [(r["step"], r["validation_loss"]) for k, r in enumerate(rows)
                        if r["validation_loss"] is not None and (k == 0 or r["validation_loss"] != rows[k - 1]["validation_loss"])]
-        smoothed = smoothed_losses([v for _, v in evaluations])
+        window = RecentEwma(SMOOTHING_SPAN)
+        smoothed = [window.update(v) for _, v in evaluations]
         streak = len(smoothed)
         while streak > 0 and smoothed[streak - 1] <= 0.95:
             streak -= 1
@@ -425,11 +428,11 @@ class InterruptedAsItsWorkersStart(Supervisor):
             raise KeyboardInterrupt
 
 
-def test_workers_that_never_closed_a_step_hand_in_their_replicas_when_the_job_stops(movielens_dir, tmp_path, redis_url,
-                                                                                    amqp_url):
+def test_workers_that_never_closed_a_step_publish_their_final_replicas_when_the_job_stops(movielens_dir, tmp_path,
+                                                                                          redis_url, amqp_url):
     # A replica frame carried the newest closed step, -1 here, which no frame may: each worker failed on it.
     job = job_for(movielens_dir, stop={"maxSteps": 20})
     summary = _supervise_with(job, tmp_path, redis_url, amqp_url, lambda s, l: None, InterruptedAsItsWorkersStart)
-    assert summary["stop_reason"] == "interrupted" and summary["steps"] == 0
+    assert summary["stop_reason"] == STOP_INTERRUPTED and summary["steps"] == 0
     assert summary["dropped_workers"] == [], summary["dropped_workers"]
     assert summary["workers_final"] == job.workers

@@ -16,7 +16,16 @@ import pytest
 
 import worker_env
 from mlless.cli import main
-from mlless.contract import ENV_EMBEDDED_ADDRESS, ENV_IDENTITY, ENV_JOB_ID, ENV_PLUGINS, ENV_RANK, EXIT_USAGE
+from mlless.contract import (
+    ENV_EMBEDDED_ADDRESS,
+    ENV_IDENTITY,
+    ENV_JOB_ID,
+    ENV_PLUGINS,
+    ENV_RANK,
+    EXIT_USAGE,
+    STOP_INTERRUPTED,
+    STOP_MAX_EPOCHS,
+)
 from mlless.protocol.identity import Identity, Issuer, parse_identity
 from mlless.launch.launcher import LocalLauncher
 from mlless.runtime.local import Services, train_local
@@ -67,7 +76,7 @@ def test_forked_workers_train_a_job_each_with_its_own_environment_and_leave_noth
         monkeypatch.chdir(tmp_path)  # after the zygote's start: a worker starts where its launcher is, as a new one would
         summary = train_local(job_for(movielens_dir, workers=2, stop={"maxEpochs": 1}), tmp_path, Services(), QUIET,
                               zygote=zygote)
-        assert summary["stop_reason"] == "max epochs" and summary["dropped_workers"] == []
+        assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["dropped_workers"] == []
         workers = worker_env.recorded(tmp_path)
         assert [w["environ"][ENV_RANK] for w in workers] == ["0", "1"]
         for rank, w in enumerate(workers):
@@ -163,7 +172,7 @@ def test_an_interrupted_job_leaves_no_process(movielens_dir, tmp_path):
 
     summary = train_local(job_for(movielens_dir, workers=2, stop={"maxSteps": 100_000}), tmp_path, Services(), QUIET,
                           on_start=on_start)
-    assert summary["stop_reason"] == "interrupted"
+    assert summary["stop_reason"] == STOP_INTERRUPTED
     workers = worker_env.recorded(tmp_path)
     assert len(found) == 1 and len(workers) == 2 and {w["ppid"] for w in workers} == set(found)
     assert gone(found[0]) and all(gone(w["pid"]) for w in workers) and zygotes() == []

@@ -24,6 +24,7 @@ from mlless.contract import (
     EXIT_USAGE,
     FUNCTION_PORT,
     OPERATOR_HEALTH_PORT,
+    STOP_INTERRUPTED,
     SUPERVISOR_METRICS_PORT,
 )
 from mlless import __version__
@@ -38,7 +39,7 @@ from mlless.launch.launcher import Launcher
 from mlless.progress import Progress
 from mlless.runtime.attack import ATTACK_HELP, AttackError, checked_attack
 from mlless.runtime.supervisor.failover import ResumeError, failed, resumable
-from mlless.runtime.supervisor.membership import INTERRUPTED, JobFailed
+from mlless.runtime.supervisor.membership import JobFailed
 from mlless.plugins import load_plugins
 from mlless.spec import SpecError, TrainingJob, load_manifest
 from mlless.spec.models import model_type
@@ -117,7 +118,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     _print_summary(summary, progress)
     if resumable(summary["stop_reason"]):
         print(f"mlless: to go on: mlless train {args.job} --out {run_dir} --resume", file=sys.stderr)
-    if summary["stop_reason"] == INTERRUPTED:
+    if summary["stop_reason"] == STOP_INTERRUPTED:
         return EXIT_INTERRUPTED
     return EXIT_FAILED if failed(summary) else 0
 

@@ -3,8 +3,8 @@
 The CLI, the worker and supervisor processes, the function server and the
 operator agree on these names without importing one another: the CRD's
 identity, the environment variables that configure a process, the labels on
-the job's children, the phase names of a step and of a job, and the codes a
-process exits with. This module
+the job's children, the phase names of a step and of a job, why a job stops, and the
+codes a process exits with. This module
 imports nothing, so anything may import it.
 """
 
@@ -100,6 +100,31 @@ STEP_PHASES = ("fetch", "compute", "filter", "write", "wait", "read", "apply")
 BARRIER_PHASES = ("wait", "read", "apply")
 #: A TrainingJob's status.phase values after which nothing runs again.
 TERMINAL_JOB_PHASES = ("Succeeded", "Failed")
+
+# --- Stop reasons: a run's summary.json "stop_reason", a sweep trial's status "stopReason" -----------------------
+#: The rules of spec.stop (functions/mlless/stopping/rules.py), in the order they are checked.
+STOP_TARGET_LOSS = "target loss reached"
+STOP_NO_IMPROVEMENT = "validation loss stopped improving"
+STOP_MAX_STEPS = "max steps"
+STOP_MAX_EPOCHS = "max epochs"
+STOP_MAX_SECONDS = "max seconds"
+STOP_BUDGET = "budget reached"
+#: The validation loss diverged: a failure (`mlless train` exits non-zero), the model is the best snapshot.
+STOP_DIVERGED = "diverged"
+#: The platform asked for a suspend (spec.suspend): the job checkpoints, to resume from it later.
+STOP_SUSPENDED = "suspended"
+#: Every worker was dropped: a failure, even if a best snapshot was saved.
+STOP_NO_LIVE_WORKERS = "no live workers"
+#: Redis or RabbitMQ stayed out of reach past the transport's retries; the error follows it.
+STOP_SERVICE_LOST = "service lost"
+#: Ctrl-C or SIGTERM.
+STOP_INTERRUPTED = "interrupted"
+#: The supervisor itself failed unexpectedly (a bug, or input no check caught); the error follows it.
+STOP_INTERNAL_ERROR = "internal error"
+#: A sweep stopped the trial: ASHA at a rung (`.format(rung=...)`), the sweep's budget, or an interrupted sweep.
+STOP_ASHA = "stopped by the sweep: ASHA rung {rung}"
+STOP_SWEEP_BUDGET = "stopped by the sweep: its budget is spent"
+STOP_SWEEP_INTERRUPTED = "stopped by the sweep: interrupted"
 
 # --- Exit codes ---------------------------------------------------------------------------------------------------
 #: A command or job failed: a service was lost, no live worker was left, a stop rule ended it as failed.

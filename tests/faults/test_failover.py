@@ -20,6 +20,7 @@ import pytest
 import redis
 import yaml
 
+from mlless.contract import STOP_INTERRUPTED, STOP_MAX_STEPS
 from mlless.protocol import keys, layouts
 from mlless.runtime.local import new_job_id
 from mlless.runtime.supervisor.failover import (
@@ -86,7 +87,7 @@ def summary_of(run_dir: Path) -> dict:
 def assert_whole_job(run_dir: Path, reference: dict, gaps_allowed: int) -> dict:
     """The resumed job's record covers every step once, and its model is as good as the uninterrupted one's."""
     summary = summary_of(run_dir)
-    assert summary["stop_reason"] == "max steps" and summary["steps"] == STEPS
+    assert summary["stop_reason"] == STOP_MAX_STEPS and summary["steps"] == STEPS
     steps = [r["step"] for r in read_metrics(run_dir)]
     assert steps == sorted(set(steps)) and steps[-1] == STEPS
     # Resumed from survivors, the rows of the steps closed since the last row written are missing (a row waits for
@@ -153,7 +154,7 @@ def test_ctrl_c_then_resume_continues_from_the_final_replicas(movielens_dir, tmp
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     interrupted = summary_of(run_dir)
-    assert interrupted["stop_reason"] == "interrupted"
+    assert interrupted["stop_reason"] == STOP_INTERRUPTED
     assert (run_dir / "issuer").stat().st_mode & 0o077 == 0  # kept for --resume, readable by its owner only
     assert f"--out {run_dir} --resume" in err  # it says how to go on
     # Issue #22: without --resume (or --force) a new job must not overwrite the one that can still be resumed.
@@ -203,12 +204,12 @@ def test_a_successor_pod_takes_over_from_what_redis_kept(movielens_dir, tmp_path
         supervisor._on_signal(signal.SIGTERM, None)
 
     first = run(job, job_id, tmp_path / "first", redis_url, amqp_url, None, terminate_at_25, successor=True)
-    assert first["stop_reason"] == "interrupted"
+    assert first["stop_reason"] == STOP_INTERRUPTED
     kept = {k.decode().split(":", 2)[-1] for k in job_keys(redis_url, job_id)}
     assert {keys.job_state(), keys.job_checkpoint(), keys.job_rows(0)} <= kept
 
     second = run(job, job_id, tmp_path / "second", redis_url, amqp_url, None, successor=True)
-    assert second["stop_reason"] == "max steps" and second["steps"] == 60
+    assert second["stop_reason"] == STOP_MAX_STEPS and second["steps"] == 60
     first_rows, rows = read_metrics(tmp_path / "first"), read_metrics(tmp_path / "second")
     assert [r["step"] for r in rows] == list(range(1, 61))
     assert rows[:first["steps"]] == first_rows[:first["steps"]]  # the predecessor's rows, from Redis

@@ -26,11 +26,11 @@ import pika
 import pytest
 import redis
 
-from mlless.contract import ENV_IDENTITY, ENV_JOB_ID, ENV_RANK
+from mlless.contract import ENV_IDENTITY, ENV_JOB_ID, ENV_RANK, STOP_MAX_STEPS
 from mlless.protocol import keys, layouts
 from mlless.protocol.framing import HEADER, MAGIC, VERSION, FrameType, decode, encode
 from mlless.protocol.messages import Failed, Finish, Tensors, Update
-from mlless.protocol.identity import Identity, Issuer, Verifier, parse_identity
+from mlless.protocol.identity import SUPERVISOR, Identity, Issuer, Verifier, parse_identity
 from mlless.protocol.sealing import Rejected, seal, unseal
 from mlless.transport.base import MESSAGE_CONTEXT, key_prefix, value_context
 from mlless.transport.bus import queue_names
@@ -75,7 +75,7 @@ def unharmed(proc: subprocess.Popen, run_dir: Path, steps: int = STEPS, stderr: 
     err = stderr.read_text() if stderr else err
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["stop_reason"] == "max steps" and summary["steps"] == steps
+    assert summary["stop_reason"] == STOP_MAX_STEPS and summary["steps"] == steps
     assert summary["dropped_workers"] == [] and summary["workers_final"] == 2
     assert summary["rejected_frames"] >= 5  # the forged messages, and update forgeries
     assert summary["validation_loss"] is not None and math.isfinite(summary["validation_loss"])
@@ -174,7 +174,7 @@ def test_forged_frames_are_rejected_counted_and_never_applied(rabbit, private_re
         failed = encode(Failed(sender=0, step=0, reason="forged"))
         for body in (failed, seal(failed, Issuer().issue(0), MESSAGE_CONTEXT)):
             channel.basic_publish("", names["supervisor"], body)
-        channel.basic_publish(names["exchange"], "", encode(Finish(sender=-1, step=0)))
+        channel.basic_publish(names["exchange"], "", encode(Finish(sender=SUPERVISOR, step=0)))
     reasons = ["rejected frame: message: bad or missing seal: not written by a member of this job",
                "rejected control frame: message: bad or missing seal",
                "bad or missing seal: not written by a member of this job", "values reach 1e+30, beyond the bound",

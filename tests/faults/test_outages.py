@@ -24,7 +24,7 @@ import redis
 import yaml
 
 import worker_env
-from mlless.contract import ENV_PLUGINS
+from mlless.contract import ENV_PLUGINS, STOP_MAX_STEPS, STOP_NO_LIVE_WORKERS, STOP_SERVICE_LOST
 from mlless.data.dataset import Dataset
 from mlless.protocol.framing import decode, encode
 from mlless.protocol.messages import Update
@@ -78,7 +78,7 @@ def assert_nothing_lost(finished: tuple[dict, str], rabbit) -> None:
     """The job of `finish` ran to its end with every worker and every frame; a failure shows its warnings."""
     summary, err = finished
     said = "\n".join(line for line in err.splitlines() if "WARNING" in line or "ERROR" in line)[-4000:]
-    assert summary["stop_reason"] == "max steps", said
+    assert summary["stop_reason"] == STOP_MAX_STEPS, said
     assert summary["steps"] == STEPS
     assert summary["workers_final"] == 2 and summary["dropped_workers"] == [], (summary["dropped_workers"], said)
     assert summary["rejected_frames"] == 0, said
@@ -196,7 +196,7 @@ def test_a_broker_that_stays_down_ends_the_job_with_its_best_model(rabbit, movie
     wait_for_steps(run_dir, proc, 30)
     rabbit.ctl("stop_app")
     try:
-        assert_failed_cleanly_with_the_best_snapshot(proc, run_dir, "service lost")
+        assert_failed_cleanly_with_the_best_snapshot(proc, run_dir, STOP_SERVICE_LOST)
     finally:
         rabbit.ctl("start_app")
         rabbit.wait_until_up()
@@ -209,7 +209,7 @@ def test_a_redis_lost_for_good_ends_the_job_with_its_best_model(private_redis, m
     wait_for_steps(run_dir, proc, 30)
     subprocess.run(["redis-cli", "-u", private_redis, "shutdown", "nosave"], capture_output=True, timeout=30)
     summary = assert_failed_cleanly_with_the_best_snapshot(proc, run_dir, "")
-    assert summary["stop_reason"] in ("no live workers",) or summary["stop_reason"].startswith("service lost")
+    assert summary["stop_reason"] in (STOP_NO_LIVE_WORKERS,) or summary["stop_reason"].startswith(STOP_SERVICE_LOST)
 
 
 def test_a_redis_busy_running_a_script_is_waited_out(private_redis, amqp_url):

@@ -19,6 +19,7 @@ import pytest
 import redis
 import yaml
 
+from mlless.contract import STOP_MAX_STEPS
 from mlless.protocol import keys
 from mlless.runtime.local import new_job_id
 from mlless.runtime.supervisor.failover import STATE_FILE
@@ -157,7 +158,7 @@ def test_a_job_over_two_shards_loses_no_update_when_one_restarts(shards, amqp_ur
         assert proc.returncode == 0, err[-3000:]
         summary = json.loads((run_dir / "summary.json").read_text())
         said = "\n".join(line for line in err.splitlines() if "WARNING" in line or "ERROR" in line)[-3000:]
-        assert summary["stop_reason"] == "max steps" and summary["steps"] == 240, said
+        assert summary["stop_reason"] == STOP_MAX_STEPS and summary["steps"] == 240, said
         assert summary["workers_final"] == 2 and summary["dropped_workers"] == [] and summary["rejected_frames"] == 0
         assert summary["replica_spread"] < 1e-4
         assert all(redis.Redis.from_url(u).keys(f"mlless:{summary['job_id']}:*") == [] for u in shards)

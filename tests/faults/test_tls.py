@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from mlless.contract import ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE
+from mlless.contract import ENV_RABBITMQ_CA_FILE, ENV_REDIS_CA_FILE, STOP_MAX_STEPS
 from mlless.transport import TransportError, connect
 from mlless.transport.admin import delete_job_keys
 from mlless.transport.outage import CONNECT_SECONDS
@@ -126,7 +126,7 @@ def test_a_job_runs_over_rediss_and_amqps(pki, tls_redis, tls_amqp, tls_rabbit, 
     proc = start_job(movielens_dir, run_dir, tls_redis, tls_amqp, steps=STEPS,
                      env={ENV_REDIS_CA_FILE: pki.ca, ENV_RABBITMQ_CA_FILE: pki.ca})
     summary, err = finish(proc, run_dir)
-    assert summary["stop_reason"] == "max steps" and summary["steps"] == STEPS
+    assert summary["stop_reason"] == STOP_MAX_STEPS and summary["steps"] == STEPS
     assert summary["workers_final"] == 2 and summary["rejected_frames"] == 0
     assert tls_rabbit.queues() == []  # nothing leaked, over TLS as over plain AMQP
     client = redis.Redis.from_url(tls_redis, ssl_ca_certs=pki.ca)

@@ -26,6 +26,7 @@ from scenario import (  # the fixtures are in conftest.py
     FN_NS, KUBECTL, NS, PODS, TERMINAL, Cluster, exit_code, job_status, kubectl, launched, pod_phase, stand_in, until,
 )
 
+from mlless.contract import STOP_MAX_STEPS
 from mlless.spec.crd import PRINTER_COLUMNS
 
 
@@ -43,7 +44,7 @@ async def assert_succeeded(c: Any, kubelet: Kubelet, name: str) -> dict[str, Any
     runtime = kubelet.pod(NS, f"{name}-supervisor")
     assert runtime is not None and runtime.box is not None
     summary = json.loads((runtime.box.volumes["run"] / "run" / "summary.json").read_text())
-    assert summary["stop_reason"] == "max steps" and summary["validation_loss"] is not None
+    assert summary["stop_reason"] == STOP_MAX_STEPS and summary["validation_loss"] is not None
     status = await job_status(c, name)
     assert status["phase"] == "Succeeded" and status.get("completionTime")
     assert next(x for x in status["conditions"] if x["type"] == "Succeeded")["status"] == "True"

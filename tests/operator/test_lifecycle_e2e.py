@@ -37,6 +37,7 @@ from statistics import fmean
 import pytest
 
 from kubelet import Image
+from mlless.contract import STOP_MAX_SECONDS, STOP_MAX_STEPS, STOP_SUSPENDED
 from scenario import (  # the fixtures are in conftest.py
     FN_NS, FUNCTIONS, NS, PODS, SECRETS, TERMINAL, TJ, apply, cached, condition, exit_code, exit_codes, job_status, launched,
     log_text, metrics_rows, phase, pod_phase, run_dir, status, stopped, summary_of, supervisors,
@@ -123,7 +124,7 @@ async def test_kubectl_scale_in_then_out_of_a_running_pod_job(cluster_factory, e
         final, summary = await job.finished(), json.loads((output / "summary.json").read_text())
         assert final["phase"] == "Succeeded", final
         assert final.get("modelURI") == f"{output}/model.npz", final
-        assert summary["stop_reason"] in ("max steps", "max seconds"), summary["stop_reason"]
+        assert summary["stop_reason"] in (STOP_MAX_STEPS, STOP_MAX_SECONDS), summary["stop_reason"]
         assert final["step"] == summary["steps"]
         assert summary["dropped_workers"] == [] and summary["workers_initial"] == 3 and summary["workers_final"] == 3
         events = [(e["event"], e["rank"]) for e in summary["scaling_events"]]
@@ -162,7 +163,7 @@ async def test_suspend_checkpoints_to_redis_and_resume_continues_to_succeeded(cl
         assert exit_codes(first[0]) == [0]
         before, summary = metrics_rows(first[0]), summary_of(first[0])
         assert before and before[-1]["step"] == checkpoint_step, (checkpoint_step, before[-1:])
-        assert summary["stop_reason"] == "suspended" and summary["steps"] == checkpoint_step
+        assert summary["stop_reason"] == STOP_SUSPENDED and summary["steps"] == checkpoint_step
         max_steps = checkpoint_step + RESUME_STEPS
         job_file = await job.resumed(stop={"maxSteps": max_steps})
         assert f"maxSteps: {max_steps}" in job_file, job_file
@@ -173,7 +174,7 @@ async def test_suspend_checkpoints_to_redis_and_resume_continues_to_succeeded(cl
         second, log = supervisors(kubelet, name)[1], log_text(kubelet, f"{name}-supervisor", "supervisor")
         summary, after = summary_of(second), metrics_rows(second)
         assert f"run 2 continues at step {checkpoint_step}, from the checkpoint" in log
-        assert summary["stop_reason"] == "max steps" and summary["steps"] == max_steps  # the whole job's
+        assert summary["stop_reason"] == STOP_MAX_STEPS and summary["steps"] == max_steps  # the whole job's
         # It started from the suspended model, not from scratch: its first losses are those of the suspend.
         initial, at_suspend, resumed_at = (fmean(r["loss"] for r in rows) for rows in (before[:5], before[-5:], after[:5]))
         assert abs(resumed_at - at_suspend) < abs(resumed_at - initial), (initial, at_suspend, resumed_at)
@@ -216,7 +217,7 @@ async def test_a_killed_supervisor_pod_is_recreated_and_takes_over_from_its_work
         assert condition(c, name, "SupervisorRestarted")["status"] == "True"
         second = supervisors(kubelet, name)[-1]
         summary = summary_of(second)
-        assert summary["stop_reason"] == "max steps" and summary["steps"] == FAILOVER_STEPS
+        assert summary["stop_reason"] == STOP_MAX_STEPS and summary["steps"] == FAILOVER_STEPS
         [takeover] = summary["takeovers"]
         assert takeover["from"] == "replicas of 2 surviving workers", takeover
         assert summary["dropped_workers"] == [] and summary["workers_final"] == 2
@@ -279,7 +280,7 @@ async def test_openfaas_backend_trains_to_succeeded_through_the_gateway(cluster_
         assert supervisor["status"]["phase"] == "Succeeded" and exit_code(supervisor) == 0
         assert c.names(PODS) == {f"{name}-supervisor"}  # the workers are the Function's copies
         summary = summary_of(kubelet.pod(NS, f"{name}-supervisor"))
-        assert summary["stop_reason"] == "max steps" and summary["validation_loss"] is not None
+        assert summary["stop_reason"] == STOP_MAX_STEPS and summary["validation_loss"] is not None
         assert summary["dropped_workers"] == []
 
         # The copy of the credentials carries full URLs, the external ones as given, and the job's invocation

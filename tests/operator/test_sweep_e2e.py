@@ -10,7 +10,7 @@ from typing import Any
 import kmock
 import pytest
 
-from mlless.contract import LABEL_SWEEP, SWEEP_KIND
+from mlless.contract import LABEL_SWEEP, STOP_ASHA, SWEEP_KIND
 from mlless_operator.handlers.sweep import NO_OUTPUT
 from scenario import NS, TJ, launched, running_operator, training_job, unique
 
@@ -120,7 +120,7 @@ async def test_the_operator_counts_asha_rungs_in_epochs_from_the_trials_status(
                       "the first trial past rung 0 (the first at a rung goes on)")
         await c.patch_job(loser, {"status": {"step": 110, "epoch": 1.1, "validationLoss": 1.5}}, "/status")
         await c.until(lambda: row(loser)["state"] == "Stopped", "the loser stopped at rung 0")
-        assert row(loser)["stopReason"] == "stopped by the sweep: ASHA rung 0" and row(loser)["killedAt"] == 110
+        assert row(loser)["stopReason"] == STOP_ASHA.format(rung=0) and row(loser)["killedAt"] == 110
         assert loser not in trials_of(c, name)
         # At its maxEpochs with a loss that loses at every rung: the pass that records its rungs (8 < 10, so four)
         # would stop it, and the row shows that pass's judgement with them.

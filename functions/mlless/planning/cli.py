@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from mlless.contract import EXIT_FAILED, EXIT_USAGE, shard_urls
+from mlless.contract import EXIT_FAILED, EXIT_USAGE, STOP_INTERRUPTED, shard_urls
 from mlless.planning.model import Fit, Link, Prediction, choose, fit, predict
 from mlless.planning.measures import PlanError, RunMeasure, measure
 from mlless.plugins import load_plugins
@@ -80,7 +80,6 @@ def pilot(job_path: str, workers: list[int], seconds: float, epochs: float | Non
     """Run the job at each of `workers` with the auto-tuner off, cut at `seconds` (and `epochs`, if given) unless
     its own limits or loss rules end it sooner; what it would do past the cut is the model's to say."""
     from mlless.runtime.local import train_local
-    from mlless.runtime.supervisor.membership import INTERRUPTED
 
     dirs = []
     for P in workers:
@@ -94,7 +93,7 @@ def pilot(job_path: str, workers: list[int], seconds: float, epochs: float | Non
         run_dir = out / f"pilot-p{P}"
         cut = f"{seconds:g} s" + ("" if epochs is None else f" or {epochs:g} epochs")
         print(f"pilot: {job.name} at P = {P}, at most {cut} -> {run_dir}", file=sys.stderr, flush=True)
-        if train_local(job, run_dir, services, Progress(enabled=False))["stop_reason"] == INTERRUPTED:
+        if train_local(job, run_dir, services, Progress(enabled=False))["stop_reason"] == STOP_INTERRUPTED:
             raise KeyboardInterrupt  # a Ctrl-C ended the pilot: the plan stops with it, as `mlless train` does
         dirs.append(run_dir)
     return dirs

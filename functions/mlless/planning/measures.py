@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlless.stopping.rules import DIVERGED
+from mlless.contract import STOP_DIVERGED
 from mlless.spec import SpecError, TrainingJob
 from mlless.telemetry.record import EXPORTED
 from mlless.telemetry.rows import evaluated
@@ -154,7 +154,7 @@ def measure(run_dir: str | Path) -> RunMeasure:
 
 def _measure(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]], job: TrainingJob) -> RunMeasure:
     reason = summary["stop_reason"] or ""
-    if reason == DIVERGED:
+    if reason == STOP_DIVERGED:
         raise PlanError(f"{run_dir}: the run diverged; plan from one that trained")
     if summary.get("scaling_events"):
         raise PlanError(f"{run_dir}: its workers changed during the run (auto-tuner); plan from runs at a fixed P")

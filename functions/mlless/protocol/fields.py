@@ -19,6 +19,7 @@ import numpy as np
 
 from mlless.contract import STEP_PHASES
 from mlless.protocol.framing import I4, U8, U16, U32, FrameError, FrameType, Reader, pack_text, register
+from mlless.protocol.identity import SUPERVISOR
 
 __all__ = [
     "I32_MAX",
@@ -247,7 +248,7 @@ class Message:
     TYPE: ClassVar[FrameType]
     #: Only bulk frames may be compressed; a compressed control frame is rejected.
     COMPRESSIBLE: ClassVar[bool] = False
-    #: Messages only the supervisor sends carry sender -1; worker messages a rank >= 0.
+    #: Messages only the supervisor sends carry sender SUPERVISOR; worker messages a rank >= 0.
     FROM_SUPERVISOR: ClassVar[bool] = False
     #: The payload: (field name, field type) in wire order.
     FIELDS: ClassVar[tuple[tuple[str, Field], ...]] = ()
@@ -262,7 +263,7 @@ class Message:
 
     def __post_init__(self) -> None:
         if self.FROM_SUPERVISOR:
-            sender = _check_int("sender", self.sender, -1, -1)
+            sender = _check_int("sender", self.sender, SUPERVISOR, SUPERVISOR)
         else:
             sender = _check_int("sender", self.sender, 0, I32_MAX)
         set_field(self, "sender", sender)

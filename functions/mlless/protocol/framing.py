@@ -14,7 +14,7 @@ Header (``HEADER``, 26 bytes)::
     type     u8   FrameType
     flags    u8   bit0 = payload is zlib-compressed; bit1 = sealed, no checksum (crc32 is 0);
                   other bits must be 0
-    sender   i32  worker rank, or -1 for the supervisor
+    sender   i32  worker rank, or SUPERVISOR (-1, `mlless.protocol.identity`) for the supervisor
     step     i64  training step the message belongs to (>= 0)
     length   u32  payload length in bytes, as it appears on the wire
     crc32    u32  zlib.crc32 of the on-wire payload (0 with the sealed flag)

@@ -17,6 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
+from mlless.contract import STOP_ASHA, STOP_SWEEP_BUDGET, STOP_SWEEP_INTERRUPTED, SWEEP_FILE
+from mlless.contract import SWEEP_BEST_DIR as BEST_DIR, SWEEP_TRIALS_DIR as TRIALS_DIR
 from mlless.progress import Progress
 from mlless.runtime.local import Services, job_zygote, train_local
 from mlless.runtime.supervisor.failover import failed
@@ -24,7 +26,6 @@ from mlless.runtime.supervisor.loop import Supervisor
 from mlless.launch.zygote import Zygote
 from mlless.sweep.asha import judge, reach, rung_values
 from mlless.sweep.manifest import EarlyStopping, Sweep
-from mlless.contract import SWEEP_BEST_DIR as BEST_DIR, SWEEP_FILE, SWEEP_TRIALS_DIR as TRIALS_DIR
 from mlless.sweep.status import Trial, best_trial, sweep_status, write_status
 from mlless.telemetry.record import RunRecord
 
@@ -35,10 +36,6 @@ from mlless.telemetry.record import RunRecord
 POLL_SECONDS = 0.05
 #: How often status.json is rewritten while the sweep runs.
 STATUS_SECONDS = 0.5
-#: Stop reasons the sweep gives a trial it stops.
-ASHA_STOP = "stopped by the sweep: ASHA rung {rung}"
-BUDGET_STOP = "stopped by the sweep: its budget is spent"
-INTERRUPT_STOP = "stopped by the sweep: interrupted"
 
 
 class TrialRun:
@@ -154,7 +151,7 @@ class LocalSweep:
                 self.wake.wait(POLL_SECONDS)
                 self.wake.clear()
         except KeyboardInterrupt:
-            self._stop_all(INTERRUPT_STOP)
+            self._stop_all(STOP_SWEEP_INTERRUPTED)
             self._drain()
             write_status(self.out, sweep_status("Failed", self.trials, "interrupted"))
             raise
@@ -182,7 +179,7 @@ class LocalSweep:
         if self.sweep.budget_usd is not None and spent >= self.sweep.budget_usd:
             if self.message is None:
                 self.message = f"budget spent: ${spent:.5f} of ${self.sweep.budget_usd:g}; the trials not started never ran"
-                self._stop_all(BUDGET_STOP)
+                self._stop_all(STOP_SWEEP_BUDGET)
         else:
             self._start_trials()
         return bool(self.runs) or (self.message is None and any(t.state == "Pending" for t in self.trials))
@@ -217,7 +214,7 @@ class LocalSweep:
         for name, rung in judge(self.rule, progress).items():
             run = self.runs[name]
             if not run.stopping:
-                run.stop(ASHA_STOP.format(rung=rung))
+                run.stop(STOP_ASHA.format(rung=rung))
         for trial, seen in zip(self.trials, progress):
             trial.rung = seen.passed
 

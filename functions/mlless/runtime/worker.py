@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mlless.contract import BARRIER_PHASES, ENV_AUDIT, EXIT_CHECKPOINTED
+from mlless.contract import BARRIER_PHASES, ENV_AUDIT, EXIT_CHECKPOINTED, STEP_PHASES
 from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import (
     CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Leave, Left, Report, Takeover, Tensors, Update,
@@ -212,7 +212,8 @@ class Worker:
         bytes_sent = self.half.publish(self.step, result)
         timer.lap("write")
 
-        timings = tuple(timer.seconds[p] for p in ("fetch", "compute", "filter", "write")) + tuple(self._barrier.values())
+        phases = timer.seconds | self._barrier  # this step's own phases, the step before's barrier phases
+        timings = tuple(phases[p] for p in STEP_PHASES)
         merged, read = self.half.exchange.traffic()  # at the last close, like the barrier phases
         report = Report(
             sender=self.rank,
@@ -294,7 +295,7 @@ class Worker:
         elif isinstance(msg, Finish):
             self._finish()
         elif isinstance(msg, Takeover):
-            self._hand_over()
+            self._answer_takeover()
         elif isinstance(msg, Leave) and msg.rank == self.rank:
             self._leave()
         else:
@@ -327,7 +328,7 @@ class Worker:
         self._barrier["read"] += read_done - started
         self._barrier["apply"] += time.perf_counter() - read_done
         if close.flags & CLOSE_FINAL:
-            self.half.take_back(close.step)  # frames of steps trained past the job's end, which no one reads
+            self.half.withdraw_unread(close.step)  # frames of steps trained past the job's end, which no one reads
             self._finish()
 
     def _snapshot(self, close: Close, before: tuple[int, ...]) -> None:
@@ -414,19 +415,19 @@ class Worker:
         raise RuntimeError(f"no snapshot of step {close.step} arrived in {self.job.worker_timeout_seconds:g}s")
 
     def _finish(self) -> None:
-        self._hand_in()
+        self._publish_final_replica()
         raise WorkerExit
 
-    def _hand_over(self) -> None:
+    def _answer_takeover(self) -> None:
         """A new supervisor took over: it continues from this replica; a new process of this rank joins its run.
         One that has not trained yet says hello again instead (the new supervisor cleared what it had sent)."""
         if self.view.closed < 0:
             self._say_hello()
             return
-        self._hand_in()
+        self._publish_final_replica()
         raise HandedOver
 
-    def _hand_in(self) -> None:
+    def _publish_final_replica(self) -> None:
         """Publish the replica as final, and tell the supervisor."""
         self._post_reports()
         self.transport.put(keys.final_replica(self.rank), self._replica_frame())
@@ -440,7 +441,7 @@ class Worker:
         by the close of step `after`, this worker also takes back what it published for later steps."""
         self._post_reports()
         if after is not None:
-            self.half.take_back(after)
+            self.half.withdraw_unread(after)
         self.transport.put(keys.leaver_replica(self.rank), self._replica_frame())
         self.transport.send_to_supervisor(encode(Left(sender=self.rank, step=self._stands_at, has_replica=True)))
         raise WorkerExit

@@ -11,7 +11,7 @@ rule that ends the job, if one does. The supervisor evaluates a replica snapshot
   `stop.patience` evaluations,
 * whether it has stayed at or below `stop.targetLoss` for `stop.targetSteps` steps,
 * whether training diverged: an evaluation that is not finite, or a smoothed loss `DIVERGENCE_FACTOR` times its
-  best. The job then ends with `DIVERGED`, a failure, and hands back the best snapshot: a run whose replicas blew
+  best. The job then ends with `STOP_DIVERGED`, a failure, and hands back the best snapshot: a run whose replicas blew
   up (a learning rate far too high, an insider's oversized updates) must not end as a success.
 
 The smoothing is a short causal EWMA (span 3) over the newest 3 evaluations
@@ -35,10 +35,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
 
+from mlless.contract import (
+    STOP_BUDGET, STOP_DIVERGED, STOP_MAX_EPOCHS, STOP_MAX_SECONDS, STOP_MAX_STEPS, STOP_NO_IMPROVEMENT, STOP_TARGET_LOSS,
+)
 from mlless.smoothing import RecentEwma
 from mlless.spec.job import StopConfig
 
@@ -46,14 +49,6 @@ from mlless.spec.job import StopConfig
 SMOOTHING_SPAN = 3
 #: A smoothed validation loss this many times its best means training diverged: overfitting moves it by percents.
 DIVERGENCE_FACTOR = 3.0
-#: The stop reason of a job whose validation loss diverged (a failure: `mlless train` exits non-zero).
-DIVERGED = "diverged"
-
-
-def smoothed_losses(losses: Iterable[float]) -> list[float]:
-    """The smoothed validation loss the stop rules read after each of `losses` (finite evaluations, in order)."""
-    f = RecentEwma(SMOOTHING_SPAN)
-    return [f.update(x) for x in losses]
 
 
 @dataclass(frozen=True)
@@ -175,17 +170,17 @@ class StopRules:
         if self.requested is not None:
             return self.requested
         if self.watch.diverged:
-            return DIVERGED
+            return STOP_DIVERGED
         if self.watch.target_held(at.steps) or (stop.target_loss is not None and self.below_target >= stop.target_steps):
-            return "target loss reached"
+            return STOP_TARGET_LOSS
         if self.watch.patience_exhausted():
-            return "validation loss stopped improving"
+            return STOP_NO_IMPROVEMENT
         if stop.max_steps is not None and at.steps >= stop.max_steps:
-            return "max steps"
+            return STOP_MAX_STEPS
         if stop.max_epochs is not None and at.cursor >= stop.max_epochs * at.n_batches:
-            return "max epochs"
+            return STOP_MAX_EPOCHS
         if stop.max_seconds is not None and at.elapsed >= stop.max_seconds:
-            return "max seconds"
+            return STOP_MAX_SECONDS
         if stop.budget_usd is not None and cost_usd() >= stop.budget_usd:
-            return "budget reached"
+            return STOP_BUDGET
         return None

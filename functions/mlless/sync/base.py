@@ -1,17 +1,16 @@
-"""The interface every synchronisation protocol implements: a strategy, its worker half and its supervisor half.
+"""The interface every synchronisation protocol implements: a strategy and its worker half.
 
 Every protocol runs the same loops (`runtime/worker.py`, `runtime/supervisor/loop.py`): a worker trains a step,
 publishes what its protocol shares, reports, and at each step-close applies what its protocol reads; the
-supervisor closes a step once its protocol says so. What differs is asked of the strategy, never of a protocol's
-name:
+supervisor closes a step once every live worker has reported it. What differs is asked of the strategy, never of a
+protocol's name:
 
 * `SyncStrategy`: the replica's significance threshold, how many closed steps a worker may run ahead of, which
-  steps end with a publication, where a step's update is written, the exchange pattern `spec.sync.exchange`
-  names (who reads what, `sync/exchanges/base.py`), and which mini-batches a worker trains (its feed,
-  `data/feed.py`);
+  steps end with a publication (and so which closes the supervisor broadcasts), where a step's update is written,
+  the exchange pattern `spec.sync.exchange` names (who reads what, `sync/exchanges/base.py`), which mini-batches a
+  worker trains (its feed, `data/feed.py`), and the model its final replicas make;
 * `WorkerHalf`: a local step, then publish what it selected; at a close, gather the peers' updates and combine them
-  into the replica; once out of the job or at its end, take back what no peer will apply;
-* `SupervisorHalf`: when a step closes, which updates its close names, and which closes are broadcast.
+  into the replica; once out of the job or at its end, take back what no peer will apply.
 
 A protocol is one module that subclasses what it changes and registers its strategy (`sync/__init__.py`).
 """
@@ -19,14 +18,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Mapping, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
 from mlless.data.batches import Batch
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys, layouts
-from mlless.protocol.messages import Close, Report, Update
+from mlless.protocol.messages import Close, Update
 from mlless.data.feed import Feed
 from mlless.sync.aggregation import aggregation
 from mlless.sync.exchanges.base import EXCHANGES, Exchange
@@ -73,40 +72,12 @@ class WorkerHalf:
             except ValueError as exc:
                 self.exchange.reject(f"update frame of worker {update.sender} for step {close.step}: {exc}")
 
-    def take_back(self, after: int) -> None:
+    def withdraw_unread(self, after: int) -> None:
         """The close of step `after` took this worker out of the job, or ended the job: what it published for later
         steps no peer applies, so it goes back to the accumulator (a leaver's the survivors merge,
         `Worker._merge_leavers`; a final replica's counts as unsent)."""
         for published in self.exchange.unread(after):
-            self.replica.keep_unsent(published.indices, published.values)
-
-
-class SupervisorHalf:
-    """What the supervisor does for a protocol: when a step closes, whose updates its close names, and which closes
-    the workers must hear of."""
-
-    def __init__(self, strategy: SyncStrategy | None = None) -> None:
-        self.strategy = strategy
-
-    def ready(self, reports: Mapping[int, Report], live: tuple[int, ...]) -> bool:
-        """Whether a step with these `reports` closes: once every live worker has reported it."""
-        return bool(live) and set(live) <= set(reports)
-
-    def updates(self, reports: list[Report]) -> tuple[int, ...]:
-        """The ranks whose updates of the closed step the workers read: those that published one."""
-        return tuple(r.sender for r in reports if r.has_update)
-
-    def snapshot_peers(self, live: tuple[int, ...], before: tuple[int, ...]) -> tuple[int, ...]:
-        """Whose pending entries an evaluation's snapshot adds to its donor's replica, at a close naming `live` after
-        one naming `before`: under a protocol that keeps rows at home, every worker already in the job (a joiner
-        holds nothing back; the supervisor leaves out the donor), else nobody."""
-        return tuple(r for r in live if r in before) if self.strategy is not None and self.strategy.keeps_home else ()
-
-    def announces(self, step: int) -> bool:
-        """Whether the close of `step` is broadcast though it carries no news (no flag, no change of the worker set,
-        no merge): a close the workers' loop does not wait for (`must_have_closed`) and that names no update is
-        counted, evaluated and checked by the supervisor alone. Every step publishes under BSP, ISP and SSP."""
-        return self.strategy is None or self.strategy.publishes(step)
+            self.replica.unpublish(published.indices, published.values)
 
 
 @dataclass(frozen=True)
@@ -116,9 +87,8 @@ class SyncStrategy(ABC):
     config: SyncConfig
 
     name: ClassVar[str]
-    #: The classes of its halves, for a protocol that changes what a worker or the supervisor does.
+    #: The class of its worker half, for a protocol that changes what a worker does.
     worker_half: ClassVar[type[WorkerHalf]] = WorkerHalf
-    supervisor_half: ClassVar[type[SupervisorHalf]] = SupervisorHalf
     #: Whether replicas keep entries unsent for many rounds (blocked's home rows): an evaluation's snapshot is then
     #: the donor's replica plus every peer's pending entries, not the donor's replica alone.
     keeps_home: ClassVar[bool] = False
@@ -145,7 +115,10 @@ class SyncStrategy(ABC):
         return max(step - self.staleness, 0)
 
     def publishes(self, step: int) -> bool:
-        """Whether `step` ends with this worker selecting and publishing what it has accumulated."""
+        """Whether `step` ends with every worker selecting and publishing what it has accumulated. The supervisor
+        broadcasts such a step's close though it carries no news (no flag, no change of the worker set, no merge):
+        a close the workers' loop does not wait for (`must_have_closed`) and that names no update is counted,
+        evaluated and checked by the supervisor alone. Every step publishes under BSP, ISP and SSP."""
         return True
 
     def update_key(self, rank: int, step: int) -> str:
@@ -157,7 +130,13 @@ class SyncStrategy(ABC):
         """How many of a worker's frames are readable at once (`update_key`'s ring)."""
         return keys.update_slots(self.staleness)
 
-    def hand_back(self, replicas: Sequence[layouts.Arrays]) -> np.ndarray:
+    def snapshot_peers(self, live: tuple[int, ...], before: tuple[int, ...]) -> tuple[int, ...]:
+        """Whose pending entries an evaluation's snapshot adds to its donor's replica, at a close naming `live` after
+        one naming `before`: under a protocol that keeps rows at home, every worker already in the job (a joiner
+        holds nothing back; the supervisor leaves out the donor), else nobody."""
+        return tuple(r for r in live if r in before) if self.keeps_home else ()
+
+    def merge_final_replicas(self, replicas: Sequence[layouts.Arrays]) -> np.ndarray:
         """The model a job's final replicas hand back: their mean, a model of the kind its evaluations scored (an
         evaluation's snapshot is the donor's replica alone): adding every replica's pending entries in full
         (`layouts.model_of`, the state a resumed job continues from) scored worse. A protocol that keeps rows at
@@ -183,9 +162,6 @@ class SyncStrategy(ABC):
         """Where the mini-batches of worker `rank` come from, in a job started with `workers`: by default the job's
         shared shuffled order (`data/feed.py`)."""
         return Feed(dataset, seed)
-
-    def supervisor(self) -> SupervisorHalf:
-        return self.supervisor_half(self)
 
 
 #: Every strategy by the name `spec.sync.protocol` gives it; `mlless.sync` imports the built-in ones.

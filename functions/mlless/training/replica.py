@@ -134,7 +134,7 @@ class Replica:
         if self.contribution is not None:
             self.contribution[indices] += values
 
-    def keep_unsent(self, indices: np.ndarray, values: np.ndarray) -> None:
+    def unpublish(self, indices: np.ndarray, values: np.ndarray) -> None:
         """Entries this replica published that no peer will apply go back to its accumulator (they are in the
         replica already)."""
         self.filter.unsent(indices, values)

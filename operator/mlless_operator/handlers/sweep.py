@@ -14,14 +14,15 @@ from typing import Any, Mapping
 
 import kopf
 
-from mlless.contract import API_VERSION, KIND, LABEL_SWEEP, SWEEP_KIND, TERMINAL_JOB_PHASES
+from mlless.contract import (
+    API_VERSION, KIND, LABEL_SWEEP, STOP_ASHA, STOP_SWEEP_BUDGET, SWEEP_KIND, TERMINAL_JOB_PHASES,
+)
 from mlless.spec import SpecError
 from mlless.sweep.asha import judge, reach
 from mlless.sweep.manifest import EarlyStopping, Sweep, sweep_from_manifest
 from mlless.sweep.status import Trial, best_trial, copy_record, sweep_status
 from mlless_operator.kubeapi import KubeAPI
 
-ASHA_STOP = "stopped by the sweep: ASHA rung {rung}"
 #: Without an output URI a trial's model and record live only in its supervisor pod, which goes with its TrainingJob:
 #: the losers ASHA stops are deleted at once, and the best trial's model is not copied anywhere.
 NO_OUTPUT = ("spec.output.uri is not set: each trial's model and record stay in its supervisor pod and go with its "
@@ -113,7 +114,7 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         for loser, rung in judge(rule, progress).items():
             trial = next(t for t in trials if t.name == loser)
             await api.delete(API_VERSION, KIND, namespace, loser)
-            trial.state, trial.killed_at, trial.stop_reason = "Stopped", trial.step, ASHA_STOP.format(rung=rung)
+            trial.state, trial.killed_at, trial.stop_reason = "Stopped", trial.step, STOP_ASHA.format(rung=rung)
             kopf.info(dict(body), reason="TrialStopped", message=f"{loser} at step {trial.step} (ASHA rung {rung})")
         for trial, seen in zip(trials, progress):
             trial.rung = seen.passed
@@ -124,7 +125,7 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         for trial in trials:
             if trial.state == "Running":
                 await api.delete(API_VERSION, KIND, namespace, trial.name)
-                trial.state, trial.killed_at, trial.stop_reason = "Stopped", trial.step, message
+                trial.state, trial.killed_at, trial.stop_reason = "Stopped", trial.step, STOP_SWEEP_BUDGET
     running = sum(t.state == "Running" for t in trials)
     for trial in trials:
         if over_budget or running >= sweep.max_concurrent:

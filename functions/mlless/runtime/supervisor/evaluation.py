@@ -72,7 +72,7 @@ class Evaluation:
         for error in model_type(job.model.type).dataset_errors(job.model.options, dataset)[:1]:
             raise JobFailed(error)  # before any worker starts
         self.model = initial_model(job, dataset)
-        self.hand_back = sync_strategy(job.sync).hand_back
+        self.merge_final_replicas = sync_strategy(job.sync).merge_final_replicas
         self.validation_batch = dataset.validation()
         self.evaluation_batch = self.validation_batch.head(EVALUATION_ROWS)
         self.validation: tuple[int, float] | None = None  # (step of its snapshot in the job, loss) of the newest evaluation
@@ -104,7 +104,7 @@ class Evaluation:
 
     def request_snapshot(self, step: int, cursor: int, peers: tuple[int, ...] = ()) -> None:
         """The close of `step`, with the mini-batch cursor at `cursor`, asks its donor for a snapshot, and `peers`
-        for their pending entries (`SupervisorHalf.snapshot_peers`)."""
+        for their pending entries (`SyncStrategy.snapshot_peers`)."""
         self.pending_snapshot = self.last_evaluated = step
         self.snapshot_cursor = cursor
         self.snapshot_peers, self.donor, self.peer_entries = peers, None, {}
@@ -191,8 +191,8 @@ class Evaluation:
         return self.model.loss(loss_sum, n)
 
     def final_model(self, replicas: list[layouts.Arrays], step: int, run_dir: Path, job_id: str) -> FinalModel:
-        """Merge the final replicas of `step` (`SyncStrategy.hand_back`), pick the model to hand back and save it to
-        run_dir/model.npz; `final_params`, what a suspended job resumes from, is their `layouts.model_of`."""
+        """Merge the final replicas of `step` (`SyncStrategy.merge_final_replicas`), pick the model to hand back and
+        save it to run_dir/model.npz; `final_params`, what a suspended job resumes from, is their `layouts.model_of`."""
         validation_loss = final_loss = None
         spread = None
         model_path = None
@@ -203,7 +203,7 @@ class Evaluation:
         if replicas:
             self.final_params = layouts.model_of(replicas)
             spread = max(float(np.max(np.abs(r[layouts.PARAMS] - self.final_params))) for r in replicas)
-            merged = self.hand_back(replicas)
+            merged = self.merge_final_replicas(replicas)
             validation_loss = final_loss = self.evaluate(merged, self.validation_batch)
             model_step = step
             self.model.params[:] = merged

@@ -33,13 +33,16 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mlless.contract import (
+    STOP_DIVERGED, STOP_INTERNAL_ERROR, STOP_INTERRUPTED, STOP_NO_LIVE_WORKERS, STOP_SERVICE_LOST,
+)
 from mlless.progress import Progress
 from mlless.protocol import keys, layouts
 from mlless.protocol.framing import FrameError, decode, encode
+from mlless.protocol.identity import SUPERVISOR
 from mlless.protocol.messages import Done, Hello, Takeover, Tensors
 from mlless.runtime import json_object
-from mlless.runtime.supervisor.membership import INTERNAL_ERROR, INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST
-from mlless.stopping.rules import DIVERGED, Best
+from mlless.stopping.rules import Best
 from mlless.telemetry.record import RunRecord
 from mlless.transport import Transport
 
@@ -67,15 +70,16 @@ class ResumeError(RuntimeError):
 
 def resumable(stop_reason: str | None) -> bool:
     """A job that ended on a fault or a Ctrl-C, rather than a stop rule or a suspend, may be resumed."""
-    return stop_reason is not None and (stop_reason in (NO_LIVE_WORKERS, INTERRUPTED) or stop_reason.startswith(SERVICE_LOST))
+    return stop_reason is not None and (stop_reason in (STOP_NO_LIVE_WORKERS, STOP_INTERRUPTED)
+                                        or stop_reason.startswith(STOP_SERVICE_LOST))
 
 
 def failed(summary: dict[str, Any]) -> bool:
     """No model, or the job ended on a fault or diverged rather than on a stop rule (its model is the best
     snapshot)."""
     reason = summary["stop_reason"]
-    return (summary["validation_loss"] is None or reason in (NO_LIVE_WORKERS, DIVERGED)
-            or reason.startswith((SERVICE_LOST, INTERNAL_ERROR)))
+    return (summary["validation_loss"] is None or reason in (STOP_NO_LIVE_WORKERS, STOP_DIVERGED)
+            or reason.startswith((STOP_SERVICE_LOST, STOP_INTERNAL_ERROR)))
 
 
 @dataclass
@@ -323,7 +327,7 @@ class Failover:
         """Tell the previous run's workers that this supervisor took over (after `Transport.reset`): the surviving
         ones hand in their replicas, and those of the newest step are returned. So are the hellos of workers that
         have started since, for the supervisor to take in once it starts its own."""
-        self.transport.broadcast(encode(Takeover(sender=-1, step=0)))
+        self.transport.broadcast(encode(Takeover(sender=SUPERVISOR, step=0)))
         deadline = time.monotonic() + patience
         done: dict[int, int] = {}
         hellos = []

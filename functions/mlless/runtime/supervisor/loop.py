@@ -27,11 +27,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mlless.autotuner import curves
-from mlless.contract import ENV_AUDIT
+from mlless.contract import (
+    ENV_AUDIT, STOP_INTERNAL_ERROR, STOP_INTERRUPTED, STOP_NO_LIVE_WORKERS, STOP_SERVICE_LOST, STOP_SUSPENDED,
+)
 from mlless.data.dataset import Dataset, DatasetError
 from mlless.progress import Progress
 from mlless.protocol import keys
 from mlless.protocol.framing import FrameError, decode, encode
+from mlless.protocol.identity import SUPERVISOR
 from mlless.protocol.messages import CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Left, Report
 from mlless.runtime.audit import audit_conservation
 from mlless.launch.launcher import Launcher
@@ -39,9 +42,7 @@ from mlless.launch.platform import Platform
 from mlless.runtime.supervisor.accounting import Accounting, StepTotals
 from mlless.runtime.supervisor.evaluation import Evaluation, Snapshot
 from mlless.runtime.supervisor.failover import Checkpoint, Failover, JobState, resumable
-from mlless.runtime.supervisor.membership import (
-    INTERNAL_ERROR, INTERRUPTED, NO_LIVE_WORKERS, SERVICE_LOST, JobFailed, Membership, WorkerRecord, WorkerState,
-)
+from mlless.runtime.supervisor.membership import JobFailed, Membership, WorkerRecord, WorkerState
 from mlless.runtime.supervisor.scaling import Scaling
 from mlless.runtime.supervisor.status import StatusBoard
 from mlless.stopping.rules import Standing, StopRules
@@ -120,7 +121,7 @@ class Supervisor:
         self.closed_at = self.started  # when the newest step was closed
         self.stop_reason: str | None = None
         self.scaling = Scaling(job, self.members, self.platform, self.metrics, self.progress)
-        self.sync = sync_strategy(job.sync).supervisor()  # when a step closes, and whose updates its close names
+        self.sync = sync_strategy(job.sync)  # which closes the workers hear of, what an evaluation's snapshot adds
         self.suspend_checkpoint: bytes | None = None
         self._interrupted = False  # set by SIGINT/SIGTERM, acted on between messages
 
@@ -155,13 +156,13 @@ class Supervisor:
                     self._check_liveness()
             return self._finish()
         except KeyboardInterrupt:
-            self.stop_reason = INTERRUPTED
-            self.transport.broadcast(encode(Finish(sender=-1, step=self.closed)))
+            self.stop_reason = STOP_INTERRUPTED
+            self.transport.broadcast(encode(Finish(sender=SUPERVISOR, step=self.closed)))
             return self._finish()
         except TransportError as exc:
             # The replicas are out of reach with the service; the best snapshot evaluated so far is the model.
             log.error("job %s: %s", self.job_id, exc)
-            self.stop_reason = f"{SERVICE_LOST}: {exc}"
+            self.stop_reason = f"{STOP_SERVICE_LOST}: {exc}"
             return self._finish(reachable=False)
         except (JobFailed, DatasetError):  # before the first step: nothing to save, no worker to wait for
             self.launcher.stop_all(grace=0.0)
@@ -170,8 +171,8 @@ class Supervisor:
             # Whatever went wrong, the job still ends cleanly: the workers hand in their replicas, the summary and
             # the model are written, and keys and queues are deleted.
             log.exception("job %s: the supervisor failed", self.job_id)
-            self.stop_reason = f"{INTERNAL_ERROR}: {type(exc).__name__}: {exc}"[:500]
-            self.transport.broadcast(encode(Finish(sender=-1, step=self.closed)))
+            self.stop_reason = f"{STOP_INTERNAL_ERROR}: {type(exc).__name__}: {exc}"[:500]
+            self.transport.broadcast(encode(Finish(sender=SUPERVISOR, step=self.closed)))
             return self._finish()
         finally:
             self.launcher.stop_all()
@@ -242,7 +243,7 @@ class Supervisor:
             # How long the takeover kept the job from training: the survivors' hand-in and the new workers' start.
             self.takeovers[-1]["seconds"] = round(self.training_started - self.started, 3)
         self.announced_live = self.live
-        self.transport.broadcast(encode(Close(sender=-1, step=0, cursor=0, flags=0, live=self.live, updates=())))
+        self.transport.broadcast(encode(Close(sender=SUPERVISOR, step=0, cursor=0, flags=0, live=self.live, updates=())))
 
     def _await_workers(self, ranks: set[int], state: WorkerState, timeout: float, exit_reason: str) -> None:
         """Handle messages until none of `ranks` is still in `state`; a process that ends meanwhile is dropped."""
@@ -294,7 +295,7 @@ class Supervisor:
         elif isinstance(msg, Left) and self.scaling.left(worker, msg.has_replica, self.closed):
             if self.members.active() == 0:
                 # Every worker pod was deleted: nobody is left to train, but the leavers' replicas still make the model.
-                self.stop_reason = self.stop_reason or NO_LIVE_WORKERS
+                self.stop_reason = self.stop_reason or STOP_NO_LIVE_WORKERS
             self._close_ready_steps()
         elif isinstance(msg, Failed):
             self._drop(msg.sender, f"failed: {msg.reason}")
@@ -303,7 +304,7 @@ class Supervisor:
         # A round's steps close together (sync/averaging.py), and the workers await the last: it goes out before the
         # rows, metrics and checkpoints of them all are written, which the workers need not wait for.
         recorded = []
-        while self.stop_reason is None and self.sync.ready(self.reports.get(self.closed + 1, {}), self.live):
+        while self.stop_reason is None and self.live and set(self.live) <= set(self.reports.get(self.closed + 1, {})):
             reports = self.reports[self.closed + 1]
             recorded.append(self._close(self.closed + 1, [reports[r] for r in self.live]))
         for record in recorded:
@@ -361,15 +362,15 @@ class Supervisor:
         flags = 0
         if self.stop_reason is not None:
             flags |= CLOSE_FINAL
-        elif joined or (self.evaluation.due(step) and self.sync.announces(step)):
+        elif joined or (self.evaluation.due(step) and self.sync.publishes(step)):
             # A joiner starts from this snapshot; the supervisor evaluates it too. An evaluation waits for a close
             # the workers hear at once (averaging: a round's end), so its snapshot is not a round late.
             flags |= CLOSE_SNAPSHOT
             self.evaluation.request_snapshot(step, self.cursor, self.sync.snapshot_peers(self.live, self.announced_live))
-        close = Close(sender=-1, step=step, cursor=self.cursor, flags=flags, live=self.live, updates=self.sync.updates(reports),
-                      merges=self.scaling.take_merges(step))
-        if not (flags or close.updates or close.merges or close.live != self.announced_live or self.sync.announces(step)):
-            return  # inside a round of model averaging: nobody waits for it (sync/base.py SupervisorHalf.announces)
+        close = Close(sender=SUPERVISOR, step=step, cursor=self.cursor, flags=flags, live=self.live,
+                      updates=tuple(r.sender for r in reports if r.has_update), merges=self.scaling.take_merges(step))
+        if not (flags or close.updates or close.merges or close.live != self.announced_live or self.sync.publishes(step)):
+            return  # inside a round of model averaging: nobody waits for it (sync/base.py SyncStrategy.publishes)
         self.last_close, self.close_sent_at, self.announced_live = encode(close), time.monotonic(), close.live
         self.transport.broadcast(self.last_close)
 
@@ -408,7 +409,7 @@ class Supervisor:
 
     def _drop(self, rank: int, why: str) -> None:
         if self.members.drop(rank, self.closed, why) and not self.live and self.members.all_started():
-            self.stop_reason = self.stop_reason or NO_LIVE_WORKERS
+            self.stop_reason = self.stop_reason or STOP_NO_LIVE_WORKERS
 
     # ---- the platform: scale requests, suspends, status ---------------------------------------------
 
@@ -423,7 +424,7 @@ class Supervisor:
         if request is None:
             return
         if request.suspend and self.stopping.requested is None:
-            self.request_stop("suspended")
+            self.request_stop(STOP_SUSPENDED)
         if request.workers is not None and request.workers != self.scaling.desired:
             self.progress.message(f"step {self.closed}: {request.workers} workers requested")
             self.request_workers(request.workers)
@@ -470,7 +471,7 @@ class Supervisor:
         # The suspend checkpoint is the final replicas' model; a best snapshot alone (no replica survived) is not one.
         merged = self.evaluation.final_params
         checkpoint = None if merged is None else Checkpoint(self.steps_before + self.closed, self.cursor, merged)
-        if self.stop_reason == "suspended" and checkpoint is not None:
+        if self.stop_reason == STOP_SUSPENDED and checkpoint is not None:
             self.suspend_checkpoint = checkpoint.frame()
             final["checkpointStep"] = checkpoint.steps
         if resumable(self.stop_reason):

@@ -19,15 +19,6 @@ from mlless.launch.launcher import Launcher
 
 log = logging.getLogger(__name__)
 
-#: The stop reason of a job whose every worker was dropped: it failed, even if a best snapshot was saved.
-NO_LIVE_WORKERS = "no live workers"
-#: The stop reason when Redis or RabbitMQ stayed out of reach past the transport's retries; the message follows it.
-SERVICE_LOST = "service lost"
-#: The stop reason of a job stopped by Ctrl-C or SIGTERM.
-INTERRUPTED = "interrupted"
-#: The stop reason when the supervisor itself failed unexpectedly (a bug, or input no check caught); the error follows.
-INTERNAL_ERROR = "internal error"
-
 
 class JobFailed(RuntimeError):
     """The job cannot continue (no live workers left, or nobody started)."""

@@ -84,11 +84,11 @@ class AdmmHalf(WorkerHalf):
         for published in own:
             self.dual[published.indices] += published.values
 
-    def take_back(self, after: int) -> None:
+    def withdraw_unread(self, after: int) -> None:
         """Frames no peer will apply: what they moved the replica by (x_k − z, their values less the dual) goes
         back to the accumulator."""
         for published in self.exchange.unread(after):
-            self.replica.keep_unsent(published.indices, published.values - self.dual[published.indices])
+            self.replica.unpublish(published.indices, published.values - self.dual[published.indices])
 
 
 @register

@@ -27,7 +27,7 @@ Each step is still reported, and the supervisor closes every step, so accounting
 auto-tuner see the job step by step, though a round's reports arrive together at its end (runtime/worker.py
 `REPORT_BATCH_SECONDS`); a close inside a round names no update and nobody waits for it,
 so it is broadcast only if it carries news (a flag: final, snapshot; a change of the worker set; a leaver's
-merge), and workers read such a close at the round's end (`SupervisorHalf.announces`, runtime/worker.py
+merge), and workers read such a close at the round's end (`SyncStrategy.publishes`, runtime/worker.py
 `_await_close`). A worker leaving on
 SIGTERM after it published a round's frame and before that round closed is the one case its frame may be lost,
 as under BSP.
