@@ -37,7 +37,7 @@ from mlless.contract import (
     joined_shard_urls,
     shard_urls,
 )
-from mlless.protocol.identity import Identity, Issuer, parse_identity  # Issuer: also the operator's (its layer)
+from mlless.protocol.identity import Identity, Issuer, parse_identity
 from mlless.transport.base import TransportError
 
 PASSWORD_VARS = {ENV_REDIS_URL: ENV_REDIS_PASSWORD, ENV_AMQP_URL: ENV_RABBITMQ_PASSWORD}

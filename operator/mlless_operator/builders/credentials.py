@@ -9,7 +9,8 @@ from typing import Mapping
 
 from mlless.contract import CA_FILE_VARS, ENV_AMQP_URL, ENV_REDIS_URL, joined_shard_urls
 from mlless.transport.base import ANY_WORKER, SUPERVISOR
-from mlless.transport.credentials import IDENTITY_FILE, PASSWORD_VARS, Issuer
+from mlless.protocol.identity import Issuer
+from mlless.transport.credentials import IDENTITY_FILE, PASSWORD_VARS
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import (
     AMQP_PORT,

@@ -15,7 +15,8 @@ from typing import Iterable
 import kopf
 
 from mlless.transport import TransportError
-from mlless.transport.credentials import Issuer, read_identity
+from mlless.protocol.identity import Issuer
+from mlless.transport.credentials import read_identity
 from mlless_operator.builders.credentials import ISSUER_KEY, RANK_IDENTITY_PREFIX, b64, rank_identity_key
 from mlless_operator.builders.jobref import JobRef
 from mlless_operator.builders.names import secret_name
