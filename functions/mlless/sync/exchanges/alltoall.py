@@ -1,6 +1,8 @@
 """All-to-all: every worker writes its update to its own ring of slots and reads every peer's (the papers' pattern)."""
 from __future__ import annotations
 
+import numpy as np
+
 from mlless.protocol.messages import Close, Update
 from mlless.sync.exchanges.base import Exchange, register
 
