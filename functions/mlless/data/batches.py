@@ -1,4 +1,4 @@
-"""The two mini-batch shapes that flow from `mlless prepare` to the models.
+"""The mini-batch shapes that flow from `mlless prepare` to the models: ratings, sparse rows, images.
 
 Both are plain numpy arrays with fixed dtypes, so a batch can be written with
 `np.savez` and read back with `allow_pickle=False`; `from_arrays` validates
@@ -106,6 +106,42 @@ class SparseBatch:
         return cls(indptr, indices, values, labels)
 
 
-Batch = RatingsBatch | SparseBatch
+@dataclass(frozen=True)
+class ImageBatch:
+    """Labelled images for a network: uint8 pixels, channels first, and each image's class."""
 
-BATCH_TYPES: dict[str, type[RatingsBatch] | type[SparseBatch]] = {"ratings": RatingsBatch, "sparse": SparseBatch}
+    images: np.ndarray  # uint8, shape (rows, channels, height, width)
+    labels: np.ndarray  # int32 class ids, 0 .. classes - 1
+
+    kind = "images"
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"images": self.images, "labels": self.labels}
+
+    def head(self, n: int) -> ImageBatch:
+        """The first `n` rows (views, no copy)."""
+        return ImageBatch(self.images[:n], self.labels[:n])
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], source: str = "batch") -> ImageBatch:
+        if "images" not in arrays:
+            raise BatchError(f"{source}: missing array 'images'")
+        images = np.asarray(arrays["images"])
+        if images.ndim != 4 or images.dtype != np.uint8:
+            raise BatchError(f"{source}: array 'images' must be uint8 of shape (rows, channels, height, width), got "
+                             f"{images.dtype} {images.shape}")
+        labels = _array(arrays, "labels", np.int32, source)
+        if len(labels) != len(images):
+            raise BatchError(f"{source}: images and labels differ in length")
+        if len(labels) and labels.min() < 0:
+            raise BatchError(f"{source}: negative class id")
+        return cls(np.ascontiguousarray(images), labels)
+
+
+Batch = RatingsBatch | SparseBatch | ImageBatch
+
+BATCH_TYPES: dict[str, type[RatingsBatch] | type[SparseBatch] | type[ImageBatch]] = {
+    "ratings": RatingsBatch, "sparse": SparseBatch, "images": ImageBatch}
