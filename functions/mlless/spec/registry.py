@@ -48,9 +48,6 @@ class Registry(Generic[T]):
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)
 
-    def __len__(self) -> int:
-        return len(self._items)
-
     def values(self) -> list[T]:
         return list(self._items.values())
 
