@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from mlless.data.cli import main as prepare_main
-from mlless.data.sources import PrepareError, sample_source
+from mlless.data.errors import PrepareError
+from mlless.data.sources import sample_source
 from mlless.data.sample import SAMPLES, ImageSample
 
 

@@ -24,7 +24,8 @@ from mlless.data.formats import (
 )
 from mlless.data.hashing import hash_strings
 from mlless.data.prepare import PrepareOptions, prepare, prepare_file
-from mlless.data.sources import PrepareError, synthetic_lr_source, synthetic_pmf_source
+from mlless.data.errors import PrepareError
+from mlless.data.sources import synthetic_lr_source, synthetic_pmf_source
 from mlless.data.synthetic import LrParams, PmfParams
 from mlless.data.text import ErrorLog, MalformedInputError
 

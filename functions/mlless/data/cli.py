@@ -19,8 +19,9 @@ from mlless.data.prepare import (
 )
 from mlless.data.images import read_npz
 from mlless.data.prepare_images import DEFAULT_IMAGE_BATCH_SIZE, prepare_images
+from mlless.data.errors import PrepareError
 from mlless.data.sources import (
-    PrepareError, sample_source, synthetic_blobs_source, synthetic_higgs_source, synthetic_lr_source,
+    sample_source, synthetic_blobs_source, synthetic_higgs_source, synthetic_lr_source,
     synthetic_pmf_source,
 )
 from mlless.data.sample import DIGITS, MOVIELENS_SMALL, SAMPLES, ImageSample, SampleUnavailable

@@ -17,7 +17,7 @@ import numpy as np
 
 from mlless.data.manifest import MAX_CHANNELS, MAX_CLASSES, MAX_IMAGE_SIDE, MAX_PIXEL
 from mlless.data.npz import load_npz_bytes
-from mlless.data.sources import PrepareError
+from mlless.data.errors import PrepareError
 
 #: Channel counts of ordinary images (gray, gray and alpha, RGB, RGBA): an array whose second axis is one of these
 #: and whose last is not is taken for channels-first and refused, not read as images of many channels.

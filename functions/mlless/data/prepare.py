@@ -51,8 +51,9 @@ from mlless.data.output import OutputDir
 from mlless.progress import Progress
 from mlless.data.shuffle import DEFAULT_BUCKET_BYTES, SpillBuckets, choose_buckets, shuffled_batches
 from mlless.data.csvfile import CsvError, CsvLayout, CsvOptions, csv_columns, csv_layout
+from mlless.data.errors import PrepareError
 from mlless.data.sources import (
-    PrepareError, Source, criteo_source, csv_source, libsvm_source, movielens_source,
+    Source, criteo_source, csv_source, libsvm_source, movielens_source,
 )
 from mlless.data.user_shards import USER_SHARDS, UserShardWriter
 from mlless.data.text import ErrorLog

@@ -18,7 +18,7 @@ from mlless.data.manifest import FORMAT_VERSION, MANIFEST_NAME, VALIDATION_NAME,
 from mlless.data.npz import npz_bytes
 from mlless.data.output import OutputDir
 from mlless.data.prepare import PrepareOptions, held_out
-from mlless.data.sources import PrepareError
+from mlless.data.errors import PrepareError
 from mlless.progress import Progress
 
 #: Images a batch unless `--batch-size` says otherwise: a network takes a step on each batch, and such steps

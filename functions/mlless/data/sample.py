@@ -10,7 +10,7 @@ import numpy as np
 from mlless.data.chunks import RatingsChunk
 from mlless.data.manifest import MAX_PIXEL
 
-if TYPE_CHECKING:  # at run time in load_digits: mlless.data.images imports mlless.data.sources, which imports this module
+if TYPE_CHECKING:  # at run time in load_digits: the images' checks load only for the images sample
     from mlless.data.images import ImageSet
 
 

@@ -7,6 +7,7 @@ from typing import Any, Callable, Iterable
 
 from mlless.data.chunks import RatingsChunk, SparseChunk
 from mlless.data.classes import ClassLabels
+from mlless.data.errors import PrepareError
 from mlless.data.csvfile import CsvLayout, CsvOptions, read_csv
 from mlless.data.formats import (
     CRITEO_INT_COLUMNS, LibsvmOptions, read_criteo, read_libsvm, read_movielens, within_rating_range,
@@ -17,10 +18,6 @@ from mlless.data.synthetic import (
     generate_lr, generate_pmf,
 )
 from mlless.data.text import ErrorLog
-
-
-class PrepareError(ValueError):
-    """Preparation cannot proceed (bad option, bad input); the message says why."""
 
 
 @dataclass
