@@ -48,6 +48,8 @@ class ModelConfig:
             raise ValueError(f"model options must be an object, got {type(self.options).__name__}")
         options = {name: self.options.get(name, node.get("default")) for name, node in declared.items()}
         for name, value in options.items():
+            if value is None:  # an optional field without a default, left unset (neural-net's module)
+                continue
             if (error := best_match(Draft4Validator(declared[name]).iter_errors(value))) is not None:
                 raise ValueError(f"spec.model.{name}: {error.message}")
         object.__setattr__(self, "options", options)
