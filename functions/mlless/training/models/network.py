@@ -53,7 +53,11 @@ class NeuralNet(Model):
         return cls({key: required_dim(dims, key, cls.kind) for key in DIMS}, config, seed)
 
     def __init__(self, dims: Mapping[str, Any], config: ModelConfig | None = None, seed: int = 0) -> None:
-        import torch
+        try:
+            import torch
+        except ImportError:
+            raise ImportError(f"spec.model.type {self.kind} needs torch and torchvision: "
+                              "pip install 'mlless[torch]'") from None
 
         from mlless.training import networks
 
