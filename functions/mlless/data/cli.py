@@ -17,11 +17,13 @@ from mlless.data.prepare import (
     prepare,
     prepare_file,
 )
+from mlless.data.images import read_npz
+from mlless.data.prepare_images import DEFAULT_IMAGE_BATCH_SIZE, prepare_images
 from mlless.data.sources import (
     PrepareError, sample_source, synthetic_blobs_source, synthetic_higgs_source, synthetic_lr_source,
     synthetic_pmf_source,
 )
-from mlless.data.sample import MOVIELENS_SMALL, SAMPLES, SampleUnavailable
+from mlless.data.sample import DIGITS, MOVIELENS_SMALL, SAMPLES, ImageSample, SampleUnavailable
 from mlless.data.synthetic import CLICK_TASKS, DEFAULT_SKEW, BlobsParams, HiggsParams, LrParams, PmfParams
 from mlless.data.text import MalformedInputError
 
@@ -38,11 +40,20 @@ Layout written under --out (a directory or fsspec URL such as s3://bucket/x):
 
 Ratings: users/items are re-indexed 0..n-1 from the training split; validation
 ratings with a user or item unseen in training are dropped and counted.
+
+Images (--format npz, --sample digits): batches of uint8 pixels, channels
+first, with class ids 0..K-1 (the input's labels in sorted order); the manifest
+holds the image shape, the classes, and each channel's pixel mean and standard
+deviation over the training images (0-255 scale). An npz input holds X, of
+shape (n, H, W) or channels-last (n, H, W, C), uint8 or integers in [0, 255]
+or floats in [0, 1] (scaled by 255), and y, one label (integer or word) an image.
 """
 
 EPILOG = f"""\
 examples:
   mlless prepare --sample {MOVIELENS_SMALL.name} --out data/ml-small
+  mlless prepare --sample {DIGITS.name} --out data/digits
+  mlless prepare --format npz images.npz --out data/images
   mlless prepare --format movielens ml-10M100K/ratings.dat --out s3://bucket/ml10m
   mlless prepare --format criteo train.txt --out data/criteo --hash-bits 20 --on-error skip
   mlless prepare --format csv flights.csv --label delayed --out data/flights
@@ -61,9 +72,11 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     src = p.add_argument_group("input (choose one)")
     src.add_argument("input", nargs="?", help="input file (local path or fsspec URL; .gz/.bz2/.xz are decompressed)")
-    src.add_argument("--format", choices=["movielens", "criteo", "libsvm", "csv"], help="format of INPUT")
-    src.add_argument("--sample", choices=list(SAMPLES), help="a bundled sample (needs: pip install 'mlless[datasets]'): "
-                     + "; ".join(f"{sample.name}, {sample.description}" for sample in SAMPLES.values()))
+    src.add_argument("--format", choices=["movielens", "criteo", "libsvm", "csv", "npz"],
+                     help="format of INPUT (npz: images X and labels y, see above)")
+    src.add_argument("--sample", choices=list(SAMPLES), help="a bundled sample: "
+                     + "; ".join(f"{sample.name}, {sample.description} (needs: {sample.needs})"
+                                 for sample in SAMPLES.values()))
     src.add_argument("--synthetic", choices=["pmf", *CLICK_TASKS, "higgs", "blobs"],
                      help="generate low-rank ratings (pmf), Criteo-like clicks labelled 0/1 (lr), with real labels "
                           "(regression) or --classes classes (multiclass), dense Higgs-like rows (higgs), or "
@@ -75,7 +88,8 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
         "--batch-size",
         type=int,
         default=None,
-        help=f"rows per batch (default {DEFAULT_BATCH_SIZE}, as in the paper; {DEFAULT_SAMPLE_BATCH_SIZE} for --sample)",
+        help=f"rows per batch (default {DEFAULT_BATCH_SIZE}, as in the paper; {DEFAULT_SAMPLE_BATCH_SIZE} for a ratings "
+             f"--sample; {DEFAULT_IMAGE_BATCH_SIZE} for images)",
     )
     o.add_argument(
         "--validation-fraction",
@@ -138,8 +152,8 @@ def run_prepare(args: argparse.Namespace) -> int:
     if args.format and not args.input:
         print(f"mlless prepare: --format {args.format} needs an INPUT file", file=sys.stderr)
         return EXIT_USAGE
-    if args.validation and not args.format:
-        print("mlless prepare: --validation FILE goes with --format and INPUT", file=sys.stderr)
+    if args.validation and (not args.format or args.format == "npz"):
+        print("mlless prepare: --validation FILE goes with --format and INPUT (not npz)", file=sys.stderr)
         return EXIT_USAGE
     if (args.format == "csv") != (args.label is not None):
         print("mlless prepare: --format csv needs --label COL, and --label goes with --format csv only", file=sys.stderr)
@@ -157,7 +171,10 @@ def run_prepare(args: argparse.Namespace) -> int:
         print(f"mlless prepare: --clusters and --features must be >= 1, got {args.clusters} and {args.features}",
               file=sys.stderr)
         return EXIT_USAGE
-    batch_size = args.batch_size or (DEFAULT_SAMPLE_BATCH_SIZE if args.sample else DEFAULT_BATCH_SIZE)
+    sample = SAMPLES.get(args.sample) if args.sample else None
+    images = args.format == "npz" or isinstance(sample, ImageSample)
+    batch_size = args.batch_size or (DEFAULT_IMAGE_BATCH_SIZE if images else
+                                     DEFAULT_SAMPLE_BATCH_SIZE if args.sample else DEFAULT_BATCH_SIZE)
     options = PrepareOptions(
         batch_size=batch_size,
         validation_fraction=args.validation_fraction,
@@ -171,7 +188,11 @@ def run_prepare(args: argparse.Namespace) -> int:
         rating_range=None if args.rating_range is None else tuple(args.rating_range),
     )
     try:
-        if args.format:
+        if args.format == "npz":
+            prepare_images(read_npz(args.input), args.out, options)
+        elif isinstance(sample, ImageSample):
+            prepare_images(sample.load(), args.out, options)
+        elif args.format:
             prepare_file(args.format, args.input, args.out, options,
                          LibsvmOptions(base=args.libsvm_base, indices=args.libsvm_indices, labels=args.labels),
                          args.validation,

@@ -13,14 +13,14 @@ from __future__ import annotations
 import posixpath
 import threading
 from collections import OrderedDict
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 import fsspec
 from fsspec import AbstractFileSystem
 
-from mlless.data.batches import BATCH_TYPES, BatchError, RatingsBatch, SparseBatch
+from mlless.data.batches import BATCH_TYPES, Batch, BatchError, ImageBatch, RatingsBatch
 from mlless.data.manifest import (
     LABEL_KINDS, MANIFEST_NAME, USER_COUNTS_NAME, VALIDATION_NAME, DatasetError, Manifest, batch_name,
     user_shard_name,
@@ -39,7 +39,7 @@ class Dataset:
         self.uri = uri
         self.manifest = manifest
         self._verified: set[str] = set()
-        self._cache: OrderedDict[str, RatingsBatch | SparseBatch] = OrderedDict()
+        self._cache: OrderedDict[str, Batch] = OrderedDict()
         self._cache_size = int(cache_batches)
         self._lock = threading.Lock()
 
@@ -78,7 +78,10 @@ class Dataset:
 
     @property
     def labels(self) -> str:
-        """What a sparse data set's labels are, one of `LABEL_KINDS` (`mlless prepare --labels`; binary before it)."""
+        """What a sparse data set's labels are, one of `LABEL_KINDS` (`mlless prepare --labels`; binary before it);
+        an image's label is always a class."""
+        if self.kind == ImageBatch.kind:
+            return "classes"
         return str(self.manifest.source.get("labels", LABEL_KINDS[0]))
 
     def fits(self, kinds: frozenset[str]) -> bool:
@@ -96,11 +99,16 @@ class Dataset:
         shown = ", ".join(map(str, values[:5])) + (", …" if len(values) > 5 else "")
         return f"{len(values)} classes ({shown})"
 
-    def dims(self) -> dict[str, int | float]:
+    def dims(self) -> dict[str, Any]:
         """Model dimensions: n_users, n_items, mean_rating and the rating range (ratings), or n_features, the
         training labels' mean (data sets prepared before it was recorded have none) and the classes, the sorted
-        distinct labels (sparse; [0, 1] for binary labels, none for real ones)."""
+        distinct labels (sparse; [0, 1] for binary labels, none for real ones), or an image's channels, height and
+        width, n_classes and each channel's pixel_mean and pixel_std on the 0-255 scale (images)."""
         m = self.manifest
+        if m.kind == ImageBatch.kind:
+            assert m.pixel_mean is not None and m.pixel_std is not None
+            return {"channels": m.channels, "height": m.height, "width": m.width, "n_classes": m.n_classes,
+                    "pixel_mean": [float(v) for v in m.pixel_mean], "pixel_std": [float(v) for v in m.pixel_std]}
         if m.kind == "ratings":
             assert m.n_users is not None and m.n_items is not None and m.mean_rating is not None
             dims: dict[str, int | float] = {"n_users": m.n_users, "n_items": m.n_items, "mean_rating": m.mean_rating,
@@ -117,7 +125,7 @@ class Dataset:
 
     # ------------------------------------------------------------ reading
 
-    def batch(self, i: int) -> RatingsBatch | SparseBatch:
+    def batch(self, i: int) -> Batch:
         """Training batch i (0 <= i < n_batches); validated, checksum-verified on first read."""
         if not 0 <= i < self.manifest.n_batches:
             raise IndexError(f"batch {i} out of range [0, {self.manifest.n_batches})")
@@ -127,7 +135,7 @@ class Dataset:
             raise DatasetError(f"{self._where(batch_name(i))}: has {len(batch)} rows, manifest implies {expected}")
         return batch
 
-    def validation(self) -> RatingsBatch | SparseBatch:
+    def validation(self) -> Batch:
         """The whole validation split as one batch."""
         batch = self._read(VALIDATION_NAME)
         if len(batch) != self.manifest.n_validation:
@@ -166,7 +174,7 @@ class Dataset:
     def _where(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
 
-    def _read(self, name: str, cache: bool = True) -> RatingsBatch | SparseBatch:
+    def _read(self, name: str, cache: bool = True) -> Batch:
         cache = cache and bool(self._cache_size)
         if cache:
             with self._lock:
@@ -232,9 +240,17 @@ class Dataset:
 
         return wait
 
-    def _check_ranges(self, batch: RatingsBatch | SparseBatch, where: str) -> None:
+    def _check_ranges(self, batch: Batch, where: str) -> None:
         m = self.manifest
-        if isinstance(batch, RatingsBatch):
+        if isinstance(batch, ImageBatch):
+            shape = (m.channels, m.height, m.width)
+            if batch.images.shape[1:] != shape:
+                raise DatasetError(f"{where}: images of shape {batch.images.shape[1:]}, the manifest says {shape} "
+                                   f"(channels, height, width)")
+            assert m.n_classes is not None
+            if len(batch) and int(batch.labels.max()) >= m.n_classes:
+                raise DatasetError(f"{where}: class id {int(batch.labels.max())} >= n_classes {m.n_classes}")
+        elif isinstance(batch, RatingsBatch):
             if len(batch):
                 assert m.n_users is not None and m.n_items is not None
                 if int(batch.users.max()) >= m.n_users:

@@ -16,12 +16,17 @@ FORMAT_VERSION = 1
 #: Bounds of a data set's counts: far above any real one (row ids and feature indices are int32 in batches).
 MAX_ROWS = 2**40
 MAX_FEATURES = 2**31 - 1
-KINDS = ("ratings", "sparse")
+KINDS = ("ratings", "sparse", "images")
 #: What a sparse data set's labels are (`mlless prepare --labels`, the manifest's `source.labels`): 0/1, real
 #: numbers (regression), or a few distinct values, each a class (`feature_stats.label_classes`, sorted).
 LABEL_KINDS = ("binary", "real", "classes")
 #: A data set of classes has at most this many distinct labels: beyond, they are values to regress on.
 MAX_CLASSES = 1000
+#: Bounds of an image data set's shape, so a manifest cannot make a reader build a network of any size.
+MAX_CHANNELS = 64
+MAX_IMAGE_SIDE = 4096
+#: A pixel's largest value: images are stored as uint8, and their mean and deviation are on this scale.
+MAX_PIXEL = 255
 
 
 class DatasetError(ValueError):
@@ -42,6 +47,10 @@ MAX_USER_SHARDS = 4096
 VALIDATION_NAME = "validation.npz"
 IDS_NAME = "ids.npz"
 MANIFEST_NAME = "manifest.json"
+
+
+#: The manifest's fields an image data set has and others have not (`Manifest`).
+IMAGE_FIELDS = ("channels", "height", "width", "n_classes", "pixel_mean", "pixel_std")
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,15 @@ class Manifest:
     #: Ratings only: the training ratings are also in this many user shards (`mlless.data.user_shards`); 0 in
     #: data sets prepared before there were any (the field may be absent), and for sparse data.
     user_shards: int = 0
+    #: Images only (None for other kinds, and absent from their manifests): the shape of an image, channels first,
+    #: its number of classes, and each channel's pixel mean and standard deviation over the training images, on the
+    #: 0-255 scale of the stored uint8 pixels.
+    channels: int | None = None
+    height: int | None = None
+    width: int | None = None
+    n_classes: int | None = None
+    pixel_mean: list[float] | None = None
+    pixel_std: list[float] | None = None
 
     def _check_values(self, source: str) -> None:
         """Plausible values: finite numbers, a consistent rating range, and dimensions no larger than the rows
@@ -90,13 +108,37 @@ class Manifest:
                 raise DatasetError(f"{source}: field '{name}' is {v}, not a finite number")
         if not 0 <= self.validation_fraction < 1:  # NaN fails it too
             raise DatasetError(f"{source}: field 'validation_fraction' is {self.validation_fraction}, not in [0, 1)")
+        if self.kind == "images":
+            self._check_images(source)
         if self.rating_min is not None and self.rating_max is not None and self.mean_rating is not None \
                 and not self.rating_min <= self.mean_rating <= self.rating_max:
             raise DatasetError(f"{source}: fields 'rating_min' <= 'mean_rating' <= 'rating_max' do not hold: "
                                f"{self.rating_min}, {self.mean_rating}, {self.rating_max}")
 
+    def _check_images(self, source: str) -> None:
+        """An image's shape and classes within bounds, and a mean and a positive deviation per channel on the
+        pixels' scale (a network divides by the deviation)."""
+        assert self.channels is not None and self.height is not None and self.width is not None \
+            and self.n_classes is not None and self.pixel_mean is not None and self.pixel_std is not None
+        for name, top in (("channels", MAX_CHANNELS), ("height", MAX_IMAGE_SIDE), ("width", MAX_IMAGE_SIDE),
+                          ("n_classes", MAX_CLASSES)):
+            if not 1 <= getattr(self, name) <= top:
+                raise DatasetError(f"{source}: field '{name}' is {getattr(self, name)}, not in [1, {top}]")
+        for name, positive in (("pixel_mean", False), ("pixel_std", True)):
+            values = getattr(self, name)
+            if len(values) != self.channels or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and (0 < v if positive else 0 <= v)
+                    and v <= MAX_PIXEL for v in values):  # NaN fails the comparisons
+                bounds = f"(0, {MAX_PIXEL}]" if positive else f"[0, {MAX_PIXEL}]"
+                raise DatasetError(f"{source}: field '{name}' must be {self.channels} numbers in {bounds}, one a "
+                                   f"channel; got {values}")
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+        data = asdict(self)
+        if self.kind != "images":  # other kinds' manifests stay as they were before there were images
+            for name in IMAGE_FIELDS:
+                del data[name]
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     def batch_rows(self, i: int) -> int:
         """Rows in batch i: batch_size for all but the last."""
@@ -123,11 +165,12 @@ class Manifest:
         per_kind_required = {
             "ratings": {"n_users", "n_items", "mean_rating", "rating_min", "rating_max"},
             "sparse": {"n_features"},
+            "images": set(IMAGE_FIELDS),
         }[kind]
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in data:
-                if f.name == "user_shards":
+                if f.name == "user_shards" or (f.name in IMAGE_FIELDS and kind != "images"):
                     continue
                 if f.name == "checksums":
                     raise DatasetError(f"{source}: missing field 'checksums'")
@@ -153,6 +196,8 @@ class Manifest:
                     raise DatasetError(f"{source}: field '{f.name}' must be a list")
             elif t == "str" and not isinstance(v, str):
                 raise DatasetError(f"{source}: field '{f.name}' must be a string")
+            if f.name in IMAGE_FIELDS and v is not None and kind != "images":
+                raise DatasetError(f"{source}: field '{f.name}' is for images alone, and this data set is {kind}")
             values[f.name] = v
         m = cls(**values)
         if m.format_version != FORMAT_VERSION:

@@ -209,14 +209,7 @@ def _pass1_chunk(
             stats.max_index = max(stats.max_index, int(chunk.indices.max()))
         if source.n_features is not None and stats.max_index >= source.n_features:
             raise PrepareError(f"internal error: feature index {stats.max_index} >= n_features {source.n_features}")
-    if to_validation is None:
-        is_val = unit_interval(chunk.keys, options.seed ^ _SPLIT_SALT) < options.validation_fraction
-    else:
-        is_val = np.full(len(chunk), to_validation)
-    if options.max_validation_rows is not None:
-        room = max(options.max_validation_rows - val.rows, 0)
-        over = np.flatnonzero(is_val)[room:]
-        is_val[over] = False
+    is_val = held_out(chunk.keys, options, val.rows, to_validation)
     if is_val.any():
         v = chunk.take(is_val)
         val.add(v, np.zeros(len(v), dtype=np.int64))
@@ -241,6 +234,18 @@ def _pass1_chunk(
                     stats.int_min[j] = min(stats.int_min[j], float(vals.min()))
                     stats.int_max[j] = max(stats.int_max[j], float(vals.max()))
     train.add(t, buckets)
+
+
+def held_out(keys: np.ndarray, options: PrepareOptions, held: int = 0, to_validation: bool | None = None) -> np.ndarray:
+    """Which rows, by their keys, validate: those a seeded hash of the key picks, or all (`to_validation` True) or
+    none (False), without more than `max_validation_rows` in all when `held` already do."""
+    if to_validation is None:
+        is_val = unit_interval(keys, options.seed ^ _SPLIT_SALT) < options.validation_fraction
+    else:
+        is_val = np.full(len(keys), to_validation)
+    if options.max_validation_rows is not None:
+        is_val[np.flatnonzero(is_val)[max(options.max_validation_rows - held, 0):]] = False
+    return is_val
 
 
 def _transform(values: np.ndarray, indices: np.ndarray, columns: int, options: PrepareOptions, stats: _Stats) -> np.ndarray:

@@ -11,7 +11,7 @@ from mlless.data.csvfile import CsvLayout, CsvOptions, read_csv
 from mlless.data.formats import (
     CRITEO_INT_COLUMNS, LibsvmOptions, read_criteo, read_libsvm, read_movielens, within_rating_range,
 )
-from mlless.data.sample import SAMPLES
+from mlless.data.sample import SAMPLES, Sample
 from mlless.data.synthetic import (
     CLICK_TASKS, HIGGS_FEATURES, BlobsParams, HiggsParams, LrParams, PmfParams, generate_blobs, generate_higgs,
     generate_lr, generate_pmf,
@@ -100,6 +100,8 @@ def sample_source(name: str) -> Source:
     if name not in SAMPLES:
         raise PrepareError(f"unknown sample {name!r}; available: {', '.join(SAMPLES)}")
     sample = SAMPLES[name]
+    if not isinstance(sample, Sample):
+        raise PrepareError(f"the {name} sample is of images, which `mlless.data.prepare_images` prepares")
     return Source("ratings", {"sample": name, "via": sample.via}, lambda e: sample.load(), 2 << 20)
 
 

@@ -1,0 +1,114 @@
+"""Image inputs of `mlless prepare` (`--format npz`, `--sample digits`), read into one checked `ImageSet`.
+
+Pixels become uint8, channels first, as `ImageBatch` holds them: uint8 or any integers in [0, 255] as they are,
+floats in [0, 1] scaled by 255 and rounded. Floats are not read on the 0-255 scale as well, since a set whose
+largest value is below 1 would then be ambiguous. Labels become classes 0 … K − 1 in the sorted order of the
+input's labels (integers, or words), which the manifest lists (`feature_stats.label_values`), as
+`--labels classes` numbers a CSV's (`mlless.data.classes`).
+An image input is read whole into memory: CIFAR-10's 50,000 32×32 colour images are 150 MB as uint8.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import numpy as np
+
+from mlless.data.manifest import MAX_CHANNELS, MAX_CLASSES, MAX_IMAGE_SIDE, MAX_PIXEL
+from mlless.data.npz import load_npz_bytes
+from mlless.data.sources import PrepareError
+
+#: Channel counts of ordinary images (gray, gray and alpha, RGB, RGBA): an array whose second axis is one of these
+#: and whose last is not is taken for channels-first and refused, not read as images of many channels.
+_COMMON_CHANNELS = (1, 2, 3, 4)
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    """Labelled images ready to split and batch; `description` is the manifest's `source`."""
+
+    images: np.ndarray  # uint8, (rows, channels, height, width)
+    labels: np.ndarray  # int32 classes 0 … K − 1
+    label_values: list[int | str]  # the input's label of each class, in class order
+    description: dict[str, Any]
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+def image_set(x: np.ndarray, y: np.ndarray, description: dict[str, Any], where: str) -> ImageSet:
+    """`x` of shape (rows, height, width), grayscale, or (rows, height, width, channels), and one label a row in
+    `y`, checked and converted; PrepareError naming `where` and the problem otherwise."""
+    if x.ndim not in (3, 4):
+        raise PrepareError(f"{where}: X must have shape (n, height, width) or (n, height, width, channels), got {x.shape}")
+    if x.ndim == 4 and x.shape[1] in _COMMON_CHANNELS and x.shape[3] not in _COMMON_CHANNELS:
+        raise PrepareError(f"{where}: X of shape {x.shape} looks channels-first; give it channels-last, "
+                           f"(n, height, width, channels)")
+    images = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)
+    rows, channels, height, width = images.shape
+    if rows == 0:
+        raise PrepareError(f"{where}: X holds no images")
+    if not (1 <= channels <= MAX_CHANNELS and 1 <= height <= MAX_IMAGE_SIDE and 1 <= width <= MAX_IMAGE_SIDE):
+        raise PrepareError(f"{where}: images of {channels} channels of {height}×{width} are beyond the bounds "
+                           f"({MAX_CHANNELS} channels, sides of {MAX_IMAGE_SIDE})")
+    if y.shape != (rows,):
+        raise PrepareError(f"{where}: y must hold one label per image, shape ({rows},), got {y.shape}")
+    labels, values = _classes(y, where)
+    return ImageSet(np.ascontiguousarray(_pixels(images, where)), labels, values, description)
+
+
+def _pixels(images: np.ndarray, where: str) -> np.ndarray:
+    if images.dtype == np.uint8:
+        return images
+    if images.dtype.kind in "iu":
+        low, high = int(images.min()), int(images.max())
+        if low < 0 or high > MAX_PIXEL:
+            raise PrepareError(f"{where}: integer pixels must be in [0, {MAX_PIXEL}], got values in [{low}, {high}]")
+        return images.astype(np.uint8)
+    if images.dtype.kind == "f":
+        if not np.all(np.isfinite(images)):
+            raise PrepareError(f"{where}: X holds a pixel that is not a finite number")
+        low, high = float(images.min()), float(images.max())
+        if low < 0 or high > 1:
+            raise PrepareError(f"{where}: float pixels must be in [0, 1], got values in [{low:g}, {high:g}] "
+                               f"(pixels on the 0-{MAX_PIXEL} scale: give X as uint8)")
+        return np.rint(images * MAX_PIXEL).astype(np.uint8)
+    raise PrepareError(f"{where}: X must be uint8, integers in [0, {MAX_PIXEL}] or floats in [0, 1], got {images.dtype}")
+
+
+def _classes(y: np.ndarray, where: str) -> tuple[np.ndarray, list[int | str]]:
+    """Each label's class, and the labels in class order."""
+    if y.dtype.kind == "b":
+        y = y.astype(np.int64)
+    elif y.dtype.kind == "f":
+        if not np.all(np.isfinite(y) & (y == np.round(y))):
+            raise PrepareError(f"{where}: y must hold class labels, integers or words; it holds a fractional number")
+        y = y.astype(np.int64)
+    elif y.dtype.kind not in "iuUS":
+        raise PrepareError(f"{where}: y must hold class labels, integers or words, got {y.dtype}")
+    values, labels = np.unique(y, return_inverse=True)
+    if not 2 <= len(values) <= MAX_CLASSES:
+        raise PrepareError(f"{where}: y holds {len(values)} distinct labels; a set of classes has 2 to {MAX_CLASSES}")
+    named = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in values.tolist()]  # JSON's types
+    return labels.reshape(-1).astype(np.int32), named
+
+
+def read_npz(path: str) -> ImageSet:
+    """The images of an npz file with arrays `X` and `y` (`image_set` says what they may hold)."""
+    try:
+        fs, local = fsspec.core.url_to_fs(path)
+        data = fs.cat_file(local)
+    except FileNotFoundError:
+        raise PrepareError(f"input file not found: {path}") from None
+    except (OSError, ValueError) as exc:
+        raise PrepareError(f"{path}: cannot read ({exc})") from None
+    try:
+        arrays = load_npz_bytes(data, path)
+    except ValueError as exc:
+        raise PrepareError(f"{path}: not a readable npz without pickles ({exc})") from None
+    missing = [name for name in ("X", "y") if name not in arrays]
+    if missing:
+        raise PrepareError(f"{path}: no array {' or '.join(map(repr, missing))}; --format npz reads X (the images) "
+                           f"and y (their labels), it holds {', '.join(sorted(arrays)) or 'none'}")
+    return image_set(arrays["X"], arrays["y"], {"format": "npz", "path": path}, path)
