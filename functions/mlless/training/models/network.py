@@ -76,7 +76,7 @@ class NeuralNet(Model):
         self.pixel_mean, self.pixel_std = mean, std
         with torch.random.fork_rng(devices=[]):  # the same initial network on every worker, whatever ran before
             torch.manual_seed(seed)
-            self.net = networks.build(self.options["network"], self.options["hiddenSizes"], self.options["module"],
+            self.net = networks.build(self.options["network"], self.options["hiddenSizes"], self.options.get("module"),
                                       self.shape, self.classes)
         tensors = list(self.net.parameters())
         super().__init__(sum(p.numel() for p in tensors))
