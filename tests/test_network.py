@@ -1,5 +1,6 @@
-"""spec.model.type neural-net: a torch network whose parameters are the replica's flat vector (training/models/network.py,
-training/networks.py). Tiny networks and batches built here, so that each test takes a second or less."""
+"""spec.model.type neural-net: a torch network whose parameters are the replica's flat vector
+(training/models/network.py, training/networks.py). Tiny networks and batches built here, so that each test takes
+a second or less, but for the digits example's end-to-end run."""
 from __future__ import annotations
 
 import json

@@ -87,7 +87,8 @@ except ImportError as exc:
 def test_only_a_network_imports_torch():
     result = _import_without(TORCH, WITHOUT_TORCH, then=f"exec({SPARSE_THEN_NETWORK!r})")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "spec.model.type neural-net needs torch and torchvision: pip install 'mlless[torch]'"
+    assert result.stdout.strip() == ("spec.model.type neural-net needs torch and torchvision: "
+                                     "pip install 'mlless[torch]'")
 
 
 def test_the_blocker_does_block():

@@ -100,7 +100,8 @@ def user_network(path: str, shape: Shape, classes: int) -> nn.Module:
     try:
         net = factory(shape, classes)
     except Exception as exc:  # noqa: BLE001 - the user's code; its failure is one line
-        raise NetworkError(f"{where} failed for input {shape} and {classes} classes: {type(exc).__name__}: {exc}") from None
+        raise NetworkError(f"{where} failed for input {shape} and {classes} classes: "
+                           f"{type(exc).__name__}: {exc}") from None
     if not isinstance(net, nn.Module):
         raise NetworkError(f"{where} returned a {type(net).__name__}, not a torch.nn.Module")
     return net
