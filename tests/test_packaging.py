@@ -63,6 +63,34 @@ def test_supervisor_needs_no_operator_or_report_packages():
     assert result.returncode == 0, result.stderr
 
 
+#: torch and torchvision, which only a neural-net job loads (the `torch` extra).
+TORCH = ("torch", "torchvision")
+# A worker and a supervisor of a job on any other model, the manifest checks and the operator.
+WITHOUT_TORCH = (*WORKER_MODULES, *SUPERVISOR_MODULES, "mlless.spec", "mlless.training.models", "mlless_operator.main")
+# A sparse job's worker builds its model and gives it its share of the cores (`runtime/worker.py`); a network needs
+# torch, and says which extra installs it.
+SPARSE_THEN_NETWORK = """
+import numpy as np
+from mlless.data.batches import SparseBatch
+from mlless.training.models import build_model
+model = build_model("logistic-regression", {"n_features": 8})
+model.share_cores(2)
+model.gradient(SparseBatch(np.array([0, 1]), np.array([3], np.int32), np.ones(1, np.float32), np.ones(1, np.float32)))
+try:
+    build_model("neural-net", {"channels": 1, "height": 8, "width": 8, "n_classes": 2, "pixel_mean": [0],
+                               "pixel_std": [1]})
+except ImportError as exc:
+    print(exc)
+"""
+
+
+def test_only_a_network_imports_torch():
+    result = _import_without(TORCH, WITHOUT_TORCH, then=f"exec({SPARSE_THEN_NETWORK!r})")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ("spec.model.type neural-net needs torch and torchvision: "
+                                     "pip install 'mlless[torch]'")
+
+
 def test_the_blocker_does_block():
     """Guards the guard: an entry point that does need a refused package fails."""
     result = _import_without(("matplotlib",), ("mlless.telemetry.report.plots",))
@@ -81,7 +109,7 @@ def test_core_dependencies_leave_roles_to_extras(package):
 def test_test_extra_installs_every_role():
     """CI runs `pip install '.[test]'`, and the suite imports the operator, the kube platform and the reports."""
     test = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
-    assert "mlless[supervisor,operator,report,datasets]" in test
+    assert "mlless[supervisor,operator,report,datasets,torch]" in test
 
 
 def _name(requirement: str) -> str:

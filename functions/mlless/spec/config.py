@@ -29,10 +29,11 @@ class ModelConfig:
     """Model hyper-parameters; ``l2=None`` picks the model's default.
 
     ``options`` holds the `spec.model` fields the type declares (`ModelType.fields`), by their manifest names,
-    defaults filled in: ``rank`` for PMF, ``clusters`` for k-means, a plugin type's own; a field another type
-    declares is not the model's and is left out.  ``init_from`` is ``spec.model.initFrom``, resolved.  For PMF
-    ``l2`` is a per-rating L2 penalty inside the loss (see `mlless.training.kernels.pmf`); for logistic regression
-    it is decoupled weight decay handed to the optimizer (`Model.weight_decay`).
+    defaults filled in (one without a default only when set): ``rank`` for PMF, ``clusters`` for k-means, a plugin
+    type's own; a field another type declares is not the model's and is left out.  ``init_from`` is
+    ``spec.model.initFrom``, resolved.  For PMF ``l2`` is a per-rating L2 penalty inside the loss (see
+    `mlless.training.kernels.pmf`); for logistic regression it is decoupled weight decay handed to the optimizer
+    (`Model.weight_decay`).
     """
 
     type: str
@@ -46,7 +47,8 @@ class ModelConfig:
         declared = model_type(self.type).fields  # a ValueError naming the known types
         if not isinstance(self.options, Mapping):  # a resolved job from another process (TrainingJob.from_json)
             raise ValueError(f"model options must be an object, got {type(self.options).__name__}")
-        options = {name: self.options.get(name, node.get("default")) for name, node in declared.items()}
+        given = {name: self.options.get(name, node.get("default")) for name, node in declared.items()}
+        options = {name: value for name, value in given.items() if value is not None}  # unset, with no default
         for name, value in options.items():
             if (error := best_match(Draft4Validator(declared[name]).iter_errors(value))) is not None:
                 raise ValueError(f"spec.model.{name}: {error.message}")

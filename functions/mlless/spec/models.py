@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from mlless.spec.nodes import Schema, integer
+from mlless.spec.nodes import Schema, choice, integer, integers, string
 from mlless.spec.registry import Registry
 
 __all__ = ["BUILT_IN", "LOSS_METRICS", "MODEL_TYPES", "ModelType", "OptimizerDefaults", "model_type", "register"]
@@ -121,6 +121,9 @@ class ModelType:
                          for name in self.per_row if values[name] > rows]
 
 
+#: The neural-net model type's built-in architectures (`spec.model.network`; training/networks.py builds them).
+NETWORKS = ("mlp", "lenet", "mobilenet_v3_small", "resnet18")
+
 #: The linear family's optimizer (the comment in `BUILT_IN` says why).
 LINEAR_OPTIMIZER = OptimizerDefaults("normalized", TYPE_LEARNING_RATES["normalized"])
 
@@ -158,6 +161,20 @@ BUILT_IN = (
               OptimizerDefaults("sgd", 1.0), protocol="bsp", labels=frozenset({"binary", "real", "classes"}),
               fields={"clusters": integer("Clusters k (kmeans); at most the training rows.", 1, 4096, default=8)},
               per_row=("clusters",), optimizers=frozenset({"sgd"})),
+    # A PyTorch network over images (training/models/network.py, architectures in training/networks.py): Adam at
+    # Kingma and Ba's 0.001, the rate the papers' networks train with; BSP, gradient averaging each step, the way
+    # LambdaML found steady for MobileNet. Not convex and not made of blocks: admm and blocked do not apply.
+    ModelType("neural-net", "a PyTorch network over images, one class a label", "images", "cross-entropy",
+              OptimizerDefaults("adam", TYPE_LEARNING_RATES["adam"]), protocol="bsp", labels=frozenset({"classes"}),
+              fields={"network": choice("Built-in architecture (neural-net): mlp, a LeNet-style CNN, or torchvision's "
+                                        "mobilenet_v3_small or resnet18 (no pretrained weights; GroupNorm for "
+                                        "BatchNorm).", list(NETWORKS), default="lenet"),
+                      "hiddenSizes": integers("Hidden layer widths of the mlp network (neural-net).", 1, 65536,
+                                              default=[128]),
+                      "module": {**string("The user's own network instead of a built-in one (neural-net): "
+                                          "\"package.module:build\", a callable importable in every worker, taking "
+                                          "the input shape (channels, height, width) and the number of classes and "
+                                          "returning a torch.nn.Module."), "minLength": 3}}),
 )
 
 #: Every registered model type by name: the built-ins, and those registered outside the package.

@@ -68,6 +68,13 @@ def obj(description: str, properties: dict[str, Schema], required: list[str] | N
     return node
 
 
+def integers(description: str, minimum: int, maximum: int = MAX_INT, default: list[int] | None = None) -> Schema:
+    """A list of integers, each within [minimum, maximum]."""
+    node: Schema = {"type": "array", "description": description,
+                    "items": {"type": "integer", "minimum": minimum, "maximum": maximum}}
+    return with_default(node, default)
+
+
 def string(description: str, enum: list[str] | None = None, fmt: str | None = None) -> Schema:
     node: Schema = {"type": "string", "description": description}
     if enum:

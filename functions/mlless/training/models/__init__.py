@@ -12,7 +12,8 @@ from typing import Any, BinaryIO, Mapping
 from mlless.plugins import load_plugins
 from mlless.spec.config import ModelConfig
 from mlless.spec.models import model_type
-from mlless.training.models import kmeans, linear, pmf, softmax  # noqa: F401  the built-ins register on import
+# network imports torch only when a network is built
+from mlless.training.models import kmeans, linear, network, pmf, softmax  # noqa: F401  the built-ins register on import
 from mlless.training.models.base import MODELS, Model, ModelFileError, TrainingData, read_model_file, register
 
 __all__ = ["Model", "ModelFileError", "build_model", "load_model", "model_class", "register"]

@@ -70,6 +70,10 @@ class Model(ABC):
         """Start from the training data rather than from `from_dims`'s parameters alone (k-means's seeds): the same
         on every worker and the supervisor for one `seed`. Nothing by default."""
 
+    def share_cores(self, workers: int) -> None:
+        """Compute on this process's share of the machine's cores, `workers` replicas training on it at once (a
+        network's torch threads); nothing by default."""
+
     @property
     def weight_decay(self) -> float:
         """Decoupled weight decay the optimizer should apply (0 when L2 lives in the loss)."""

@@ -1,0 +1,168 @@
+"""A PyTorch network over images (`spec.model.type: neural-net`), trained as any other replica.
+
+The network (training/networks.py: a built-in architecture or the user's module) keeps all its state in its
+parameters, and each parameter's tensor is a view (`torch.from_numpy`) of its slice of the replica's flat float32
+vector, in `module.parameters()` order: the optimizer's step, a peer's update and `set_params` change the network
+in place, and the exchange sees one vector. The gradient is dense: every index, every step.
+
+Pixels reach the network as (pixel − mean) / std per channel, with the training set's statistics (`dims`:
+pixel_mean, pixel_std, 0-255 scale). The loss is cross-entropy over the classes 0 … K − 1. L2 is decoupled weight
+decay applied by the optimizer (AdamW's under adam), none unless `spec.model.l2` sets it.
+
+torch is imported only when a network is built: the package, and every process of a job on another model,
+runs without it (`pip install 'mlless[torch]'`).
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from mlless.data.batches import Batch, ImageBatch
+from mlless.spec.config import ModelConfig
+from mlless.spec.models import model_type
+from mlless.training.models.base import Model, expect_batch, register, required_dim
+
+if TYPE_CHECKING:
+    import torch
+
+#: Rows a forward pass takes at once when evaluating (bounds the activations' memory on a large validation set).
+EVAL_ROWS = 512
+#: Top-k accuracy besides top-1 once there are this many classes (ImageNet's and CIFAR-100's top-5).
+TOP_K, TOP_K_CLASSES = 5, 10
+#: What `from_dims` reads of `Dataset.dims()`.
+DIMS = ("channels", "height", "width", "n_classes", "pixel_mean", "pixel_std")
+
+
+def torch_threads(workers: int) -> int:
+    """A worker's torch threads when `workers` replicas share this machine's cores: its share, at least 1."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, workers))
+
+
+@register
+class NeuralNet(Model):
+    """A torch.nn.Module over `ImageBatch`es; loss metric mean cross-entropy."""
+
+    type = model_type("neural-net")
+    shape_dims = ("channels", "height", "width", "n_classes")
+
+    @classmethod
+    def from_dims(cls, dims: Mapping[str, Any], config: ModelConfig | None, seed: int) -> NeuralNet:
+        """Needs the images' shape, the classes and the per-channel pixel statistics (`DIMS`)."""
+        return cls({key: required_dim(dims, key, cls.kind) for key in DIMS}, config, seed)
+
+    def __init__(self, dims: Mapping[str, Any], config: ModelConfig | None = None, seed: int = 0) -> None:
+        try:
+            import torch
+        except ImportError:
+            raise ImportError(f"spec.model.type {self.kind} needs torch and torchvision: "
+                              "pip install 'mlless[torch]'") from None
+
+        from mlless.training import networks
+
+        config = config or ModelConfig(self.kind)
+        self.options = dict(config.options)
+        self.l2 = 0.0 if config.l2 is None else float(config.l2)
+        self.shape = (int(dims["channels"]), int(dims["height"]), int(dims["width"]))
+        self.classes = int(dims["n_classes"])
+        if min(self.shape) < 1 or self.classes < 2:
+            raise ValueError(f"{self.kind} needs images of at least 1×1×1 and 2 or more classes, got {self.shape} "
+                             f"and {self.classes}")
+        mean, std = (np.asarray(dims[key], np.float32).reshape(-1) for key in ("pixel_mean", "pixel_std"))
+        if mean.size != self.shape[0] or std.size != self.shape[0] or not np.all(std > 0):
+            raise ValueError(f"{self.kind} needs pixel_mean and a positive pixel_std for each of the "
+                             f"{self.shape[0]} channels, got {mean.tolist()} and {std.tolist()}")
+        self.pixel_mean, self.pixel_std = mean, std
+        with torch.random.fork_rng(devices=[]):  # the same initial network on every worker, whatever ran before
+            torch.manual_seed(seed)
+            self.net = networks.build(self.options["network"], self.options["hiddenSizes"], self.options.get("module"),
+                                      self.shape, self.classes)
+        tensors = list(self.net.parameters())
+        super().__init__(sum(p.numel() for p in tensors))
+        self._slices: list[tuple[torch.nn.Parameter, slice]] = []
+        start = 0
+        for p in tensors:
+            view = slice(start, start + p.numel())
+            self.params[view] = p.detach().reshape(-1).numpy()
+            p.data = torch.from_numpy(self.params[view]).view_as(p)  # the parameter now lives in the replica
+            self._slices.append((p, view))
+            start = view.stop
+        self._indices = np.arange(self.size, dtype=np.int32)
+
+    @property
+    def weight_decay(self) -> float:
+        return self.l2
+
+    def share_cores(self, workers: int) -> None:
+        import torch
+
+        torch.set_num_threads(torch_threads(workers))
+
+    def _inputs(self, batch: ImageBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
+        if batch.images.shape[1:] != self.shape:
+            raise ValueError(f"{self.kind} was built for {self.shape} images, got {batch.images.shape[1:]}")
+        if len(batch) and int(batch.labels.max()) >= self.classes:
+            raise ValueError(f"label {int(batch.labels.max())} is none of the model's {self.classes} classes")
+        pixels = (batch.images.astype(np.float32) - self.pixel_mean[:, None, None]) / self.pixel_std[:, None, None]
+        return torch.from_numpy(pixels), torch.from_numpy(batch.labels.astype(np.int64))
+
+    def gradient(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, float, int]:
+        import torch
+        import torch.nn.functional as F
+
+        b = expect_batch(batch, ImageBatch, self.kind)
+        grad = np.zeros(self.size, dtype=np.float32)
+        for p, view in self._slices:  # backward adds into existing gradients in place: into `grad`
+            p.grad = torch.from_numpy(grad[view]).view_as(p)
+        x, y = self._inputs(b)
+        loss = F.cross_entropy(self.net.train()(x), y, reduction="sum")
+        (loss / max(1, len(b))).backward()
+        return self._indices, grad, float(loss.detach()), len(b)
+
+    def logits(self, batch: Batch) -> np.ndarray:
+        """The (rows, K) logits, in evaluation mode (no dropout), `EVAL_ROWS` at a time."""
+        import torch
+
+        x, _ = self._inputs(expect_batch(batch, ImageBatch, self.kind))
+        self.net.eval()
+        try:
+            with torch.no_grad():
+                return torch.cat([self.net(x[i:i + EVAL_ROWS]) for i in range(0, len(x), EVAL_ROWS)]
+                                 or [torch.zeros((0, self.classes))]).numpy()
+        finally:
+            self.net.train()
+
+    def evaluate(self, batch: Batch) -> tuple[float, int]:
+        b = expect_batch(batch, ImageBatch, self.kind)
+        z = self.logits(b).astype(np.float64)
+        top = z.max(axis=1)
+        lse = top + np.log(np.exp(z - top[:, None]).sum(axis=1))
+        return float((lse - z[np.arange(len(b)), b.labels]).sum()), len(b)
+
+    def scores(self, batch: Batch) -> dict[str, float]:
+        """Top-1 accuracy, and top-5 with 10 or more classes."""
+        b = expect_batch(batch, ImageBatch, self.kind)
+        z = self.logits(b)
+        out = {"accuracy": float(np.mean(z.argmax(axis=1) == b.labels))}
+        if self.classes >= TOP_K_CLASSES:
+            best = np.argpartition(-z, TOP_K - 1, axis=1)[:, :TOP_K]
+            out[f"top{TOP_K}_accuracy"] = float(np.mean((best == b.labels[:, None]).any(axis=1)))
+        return out
+
+    def predict(self, batch: Batch) -> np.ndarray:
+        """The (rows, K) class probabilities."""
+        z = self.logits(batch)
+        z -= z.max(axis=1, keepdims=True)
+        p = np.exp(z)
+        return (p / p.sum(axis=1, keepdims=True)).astype(np.float32)
+
+    def dims(self) -> dict[str, Any]:
+        channels, height, width = self.shape
+        return {"channels": channels, "height": height, "width": width, "n_classes": self.classes,
+                "pixel_mean": self.pixel_mean.tolist(), "pixel_std": self.pixel_std.tolist()}
+
+    def config(self) -> ModelConfig:
+        return ModelConfig(self.kind, self.l2, options=self.options)
