@@ -119,6 +119,13 @@ def test_every_built_in_network_fits_small_and_cifar_images(network, channels, s
     assert set(model.scores(batch)) == {"accuracy", "top5_accuracy"}
 
 
+@pytest.mark.parametrize("side, pools", [(8, 1), (9, 1), (7, 0), (32, 2)])
+def test_lenet_pools_only_while_a_side_stays_at_least_min_side(side, pools):
+    layers = networks.lenet((1, side, side), 10)
+    assert sum(isinstance(layer, nn.MaxPool2d) for layer in layers) == pools
+    networks.fits(layers, "lenet", (1, side, side), 10)
+
+
 def test_a_users_module_trains_by_its_path():
     model = net(module="test_network:tiny")
     assert model.size == 64 * 4 + 4
