@@ -18,6 +18,7 @@ from mlless.data.batches import ImageBatch  # noqa: E402
 from mlless.spec.config import ModelConfig, OptimizerConfig  # noqa: E402
 from mlless.spec.models import NETWORKS  # noqa: E402
 from mlless.spec.schema import pairing_errors  # noqa: E402
+from mlless.training import networks  # noqa: E402
 from mlless.training.models import build_model, load_model  # noqa: E402
 from mlless.training.models.network import torch_threads  # noqa: E402
 from mlless.training.optim import Optimizer  # noqa: E402
@@ -118,6 +119,13 @@ def test_every_built_in_network_fits_small_and_cifar_images(network, channels, s
     assert set(model.scores(batch)) == {"accuracy", "top5_accuracy"}
 
 
+@pytest.mark.parametrize("side, pools", [(8, 1), (9, 1), (7, 0), (32, 2)])
+def test_lenet_pools_only_while_a_side_stays_at_least_min_side(side, pools):
+    layers = networks.lenet((1, side, side), 10)
+    assert sum(isinstance(layer, nn.MaxPool2d) for layer in layers) == pools
+    networks.fits(layers, "lenet", (1, side, side), 10)
+
+
 def test_a_users_module_trains_by_its_path():
     model = net(module="test_network:tiny")
     assert model.size == 64 * 4 + 4
@@ -150,6 +158,22 @@ def test_a_saved_network_loads_with_the_same_predictions(tmp_path):
         np.testing.assert_array_equal(loaded.predict(batch), model.predict(batch))
 
 
+def test_the_saved_state_dict_predicts_as_the_model_in_plain_pytorch(tmp_path):
+    """model.pt (`save_native`) into a network built by `networks.build`, or the user's module, fed pixels normalised
+    with the model's statistics: the same probabilities as the mlless model."""
+    d = dims()
+    batch = learnable(6, d)
+    for model, module in ((net("lenet", seed=5), None), (net(module="test_network:tiny", seed=5), "test_network:tiny")):
+        Optimizer(model.size, OptimizerConfig("adam", learning_rate=0.01)).update(model, batch, 0.01)
+        assert model.save_native(tmp_path) == ["model.pt"]
+        network = networks.build("lenet", [], module, (1, 8, 8), d["n_classes"])
+        network.load_state_dict(torch.load(tmp_path / "model.pt"))
+        pixels = (batch.images.astype(np.float32) - model.pixel_mean[:, None, None]) / model.pixel_std[:, None, None]
+        with torch.no_grad():
+            probabilities = torch.softmax(network.eval()(torch.from_numpy(pixels)), dim=1).numpy()
+        np.testing.assert_allclose(probabilities, model.predict(batch), rtol=1e-5, atol=1e-6)
+
+
 def test_labels_beyond_the_classes_and_other_shapes_are_refused():
     model = net()
     with pytest.raises(ValueError, match="label 4 is none of the model's 4 classes"):
@@ -179,8 +203,8 @@ def test_a_worker_takes_its_share_of_the_cores():
 
 def test_the_digits_example_trains_a_cnn_on_two_workers(tmp_path, capsys):
     """The quickstart: `mlless prepare --sample digits` and `mlless train examples/digits-cnn.yaml` at P = 2 over the
-    embedded transport; 200 held-out images. The example reached 96.5-98 % for seeds 0-2 (issue 46's target is
-    97 %), in 12-17 s of training on a shared 2-core machine."""
+    embedded transport; 200 held-out images. The example reached 96.5-97 % for seeds 0-2 (issue 46's target is
+    97 %: not 3 of 3 with a margin, so the bound stays lower), in 9-11 s wall on a shared 2-core machine."""
     pytest.importorskip("sklearn")
     example = Path(__file__).resolve().parent.parent / "examples" / "digits-cnn.yaml"
     (tmp_path / "examples").mkdir()
@@ -189,6 +213,7 @@ def test_the_digits_example_trains_a_cnn_on_two_workers(tmp_path, capsys):
     assert main(["train", str(tmp_path / "examples" / example.name), "--out", str(tmp_path / "run"), "-q"]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["workers_final"] == 2 and summary["rejected_frames"] == 0
+    assert (tmp_path / "run" / "model.pt").is_file()  # the state_dict beside model.npz
     assert summary["validation_scores"]["accuracy"] >= 0.95, summary["validation_scores"]
     capsys.readouterr()
     assert main(["evaluate", str(tmp_path / "run" / "model.npz"), str(tmp_path / "data" / "digits")]) == 0

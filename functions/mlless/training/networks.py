@@ -7,7 +7,8 @@ buffers outside that vector (and which every replica would gather from its own b
 
 - `mlp`: flattened pixels, hidden ReLU layers of `hiddenSizes`;
 - `lenet`: LeNet-5's shape (two 5×5 convolutions of 6 and 16 channels, each with ReLU and 2×2 max-pooling, then
-  120, 84 and the classes), padded so that an 8×8 image fits;
+  120, 84 and the classes), padded to keep each side, and pooling only while a side stays `MIN_SIDE` or more: an
+  8×8 image is pooled once, to 4×4, where pooling twice would leave the dense layers 2×2 maps of 16 values;
 - `mobilenet_v3_small` and `resnet18`: torchvision's builders, with no pretrained weights (nothing is downloaded) and
   GroupNorm (Wu and He 2018: batch-independent, its affine weights are parameters) in place of BatchNorm, with 32
   groups or fewer so that a group keeps at least 4 channels. Their stem takes the data's channels, and on images
@@ -28,6 +29,8 @@ from torch import nn
 
 #: An image side below this keeps its full resolution in the stem of the torchvision networks.
 SMALL_IMAGE = 64
+#: LeNet pools a map only while its sides stay at least this long.
+MIN_SIDE = 4
 #: GroupNorm's groups (Wu and He's default), and the fewest channels a group keeps.
 GROUPS, GROUP_CHANNELS = 32, 4
 
@@ -55,11 +58,14 @@ def mlp(shape: Shape, classes: int, hidden: Sequence[int]) -> nn.Module:
 
 def lenet(shape: Shape, classes: int) -> nn.Module:
     channels, height, width = shape
-    flat = 16 * (height // 4) * (width // 4)  # two 'same' convolutions, two 2×2 pools
-    return nn.Sequential(
-        nn.Conv2d(channels, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(flat, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, classes))
+    layers: list[nn.Module] = []
+    for into, out in ((channels, 6), (6, 16)):  # 'same' convolutions: only a pool shrinks the map
+        layers += [nn.Conv2d(into, out, 5, padding=2), nn.ReLU()]
+        if min(height, width) // 2 >= MIN_SIDE:
+            layers.append(nn.MaxPool2d(2))
+            height, width = height // 2, width // 2
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(16 * height * width, 120), nn.ReLU(),
+                         nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, classes))
 
 
 def _stem(conv: nn.Conv2d, channels: int, small: bool) -> nn.Conv2d:

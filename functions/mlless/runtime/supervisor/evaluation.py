@@ -192,7 +192,8 @@ class Evaluation:
 
     def final_model(self, replicas: list[layouts.Arrays], step: int, run_dir: Path, job_id: str) -> FinalModel:
         """Merge the final replicas of `step` (`SyncStrategy.merge_final_replicas`), pick the model to hand back and
-        save it to run_dir/model.npz; `final_params`, what a suspended job resumes from, is their `layouts.model_of`."""
+        save it to run_dir/model.npz, and in its library's format beside it (`Model.save_native`); `final_params`,
+        what a suspended job resumes from, is their `layouts.model_of`."""
         validation_loss = final_loss = None
         spread = None
         model_path = None
@@ -216,5 +217,6 @@ class Evaluation:
         if validation_loss is not None:
             model_path = run_dir / "model.npz"
             self.model.save(model_path, {"job": self.job.name, "job_id": job_id, "steps": model_step})
+            self.model.save_native(run_dir)
             scores = self.model.scores(self.validation_batch)
         return FinalModel(validation_loss, final_loss, model_step, best, spread, model_path, scores)

@@ -173,6 +173,12 @@ class Model(ABC):
         with open(path, "wb") as fh:  # a file object stops np.savez from appending ".npz"
             np.savez(fh, params=self.params, metadata=np.array(json.dumps(meta, sort_keys=True)))
 
+    def save_native(self, directory: str | os.PathLike[str]) -> list[str]:
+        """Write the model in its own library's format into `directory`, beside the model.npz `save` writes there
+        (a network's PyTorch state_dict, model.pt), for use without mlless; returns the files' names. None by
+        default: the other models are their numpy parameters, which model.npz holds."""
+        return []
+
 
 M = TypeVar("M", bound="type[Model]")
 

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 EVAL_ROWS = 512
 #: Top-k accuracy besides top-1 once there are this many classes (ImageNet's and CIFAR-100's top-5).
 TOP_K, TOP_K_CLASSES = 5, 10
+#: The network's PyTorch state_dict in the run directory, beside model.npz (`save_native`).
+NATIVE_FILE = "model.pt"
 #: What `from_dims` reads of `Dataset.dims()`.
 DIMS = ("channels", "height", "width", "n_classes", "pixel_mean", "pixel_std")
 
@@ -158,6 +160,16 @@ class NeuralNet(Model):
         z -= z.max(axis=1, keepdims=True)
         p = np.exp(z)
         return (p / p.sum(axis=1, keepdims=True)).astype(np.float32)
+
+    def save_native(self, directory: str | os.PathLike[str]) -> list[str]:
+        """The network's `state_dict` as `NATIVE_FILE`: `torch.load` it into the same architecture
+        (`mlless.training.networks.build`, or the user's module) to predict with plain PyTorch, on pixels normalised
+        as `_inputs` does."""
+        import torch
+
+        torch.save({key: value.clone() for key, value in self.net.state_dict().items()},
+                   os.path.join(directory, NATIVE_FILE))
+        return [NATIVE_FILE]
 
     def dims(self) -> dict[str, Any]:
         channels, height, width = self.shape
