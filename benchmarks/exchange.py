@@ -312,7 +312,7 @@ def model_updates() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     from mlless.data.batches import RatingsBatch, SparseBatch
     from mlless.data.synthetic import LrParams, PmfParams, generate_lr, generate_pmf
     from mlless.spec.config import ModelConfig
-    from mlless.training.models.logreg import LogisticRegression
+    from mlless.training.models.linear import LogisticRegression
     from mlless.training.models.pmf import PMF
     from mlless.training.optim import ADAGRAD_INITIAL
 
@@ -360,8 +360,8 @@ def wire() -> str:
               "store + fetch": _common.best_us(lambda: (store.set(name, sealed), store.get(name))),
               "unseal": _common.best_us(lambda: unseal(sealed, reader, context)),
               "decode": _common.best_us(lambda: decode(opened))}
-        rows.append([case, idx.size, len(frame), *us.values(), sum(us.values())])
-        per_step.append([case, *((us["seal"] + (p - 1) * us["unseal"] + control_us) / 1e3 for p in (2, 4, 8))])
+        rows.append([case, idx.size, len(frame), *(f"{x:.1f}" for x in [*us.values(), sum(us.values())])])
+        per_step.append([case, *(f"{(us['seal'] + (p - 1) * us['unseal'] + control_us) / 1e3:.2f}" for p in (2, 4, 8))])
     store.delete(name)
     return "\n".join([
         f"#### An update on the wire (fastest of 7 samples; seal: {SEAL_BYTES} bytes a frame)", "",

@@ -134,7 +134,7 @@ def aggregation(args: argparse.Namespace, work: Path) -> str:
         for rule in AGGREGATIONS:
             seconds = base if rule == "sum" else rule_cost(kind, ds.dims(), updates, rule, args.repeats)
             rows.append((kind, f"{build_model(kind, ds.dims()).size:,}", f"{int(np.mean([len(i) for i, _ in updates])):,}",
-                         rule, seconds * 1e3, seconds / base))
+                         rule, f"{seconds * 1e3:.3f}", f"{seconds / base:.1f}x"))
     epochs = args.epochs if args.epochs is not None else (0.5 if args.quick else 2.0)
     jobs = []
     for rule in AGGREGATIONS if epochs else ():
@@ -152,7 +152,8 @@ def aggregation(args: argparse.Namespace, work: Path) -> str:
            "all-to-all, embedded, no attacker; read + apply is what the workers spent taking in a step's updates.", "",
            _common.table(["rule", "steps", "wall s per step", "x sum", "read + apply ms per step", "x sum",
                           "validation RMSE"],
-                         [(r, n, w, w / jobs[0][2], b, b / jobs[0][3], loss) for r, n, w, b, loss in jobs]), ""]
+                         [(r, n, f"{w:.3f}", f"{w / jobs[0][2]:.2f}x", f"{b:.1f}", f"{b / jobs[0][3]:.2f}x", loss)
+                          for r, n, w, b, loss in jobs]), ""]
           if jobs else [])])
 
 

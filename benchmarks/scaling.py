@@ -2,8 +2,8 @@
 
 For each data set (the 10M Zipf-skewed ratings and the 1M clicks; `--quick`: the 1M ratings and 200k clicks) and
 each protocol × exchange pair (default: every `sync.protocol` the importable mlless's schema has and accepts for the
-model, and every `sync.exchange`, which is all-to-all alone while the schema has no such field; `--protocols` /
-`--exchanges` name others as they appear),
+model, and every `sync.exchange`, which is all-to-all alone while the schema has no such field; `--quick`: the
+model's default pair and BSP; `--protocols` / `--exchanges` name others as they appear),
 at each P of `--workers` (default 1,2,3), one `mlless train` run with only `model.type`, the P, the pair and the
 stop rule set, and from it:
 
@@ -294,8 +294,9 @@ def tables(title: str, target: float, peers: list[_common.Curve], results: list[
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--datasets", help=f"comma list (default {','.join(DATASETS)}; --quick: {','.join(QUICK)}; "
                                       f"also: {','.join(OTHERS)})")
-    p.add_argument("--protocols", help="comma list (default: every sync.protocol the schema admits for the model)")
-    p.add_argument("--exchanges", help="comma list (default: every sync.exchange the schema has)")
+    p.add_argument("--protocols", help="comma list (default: every sync.protocol the schema admits for the model; "
+                                       "--quick: the model's default and bsp)")
+    p.add_argument("--exchanges", help="comma list (default: every sync.exchange the schema has; --quick: the default)")
     p.add_argument("--workers", default="1,2,3", help="comma list of P (default %(default)s)")
     p.add_argument("--sync", action="append", default=[], metavar="FIELD=VALUE",
                    help="a spec.sync field for every run, its value in JSON (e.g. localSteps=64); repeatable")
@@ -347,6 +348,8 @@ def run_dataset(key: str, kind: str, args: argparse.Namespace, base: Path, urls:
 
 
 def run(args: argparse.Namespace) -> str:
+    from mlless.spec.config import default_sync
+
     if args.reproject:
         return projection.project(json.loads(args.reproject.read_text()), args.gbit, args.wire_rtt_us)["markdown"]
     args.workers = [int(w) for w in args.workers.split(",")]
@@ -374,8 +377,12 @@ def run(args: argparse.Namespace) -> str:
         parts, refusals = [], []
         for key, kind in sets.items():
             data = _common.prepared(args.data_dir, key)
-            pairs, refused = pairs_for(kind, data, args.protocols and args.protocols.split(","),
-                                       args.exchanges and args.exchanges.split(","), transports, args.workers)
+            protocols, exchanges = args.protocols and args.protocols.split(","), args.exchanges and args.exchanges.split(",")
+            if args.quick:  # the model's default pair and BSP beside it
+                default = default_sync(kind)
+                protocols = protocols or list(dict.fromkeys([default.protocol, "bsp"]))
+                exchanges = exchanges or [default.exchange]
+            pairs, refused = pairs_for(kind, data, protocols, exchanges, transports, args.workers)
             refusals += refused
             for line in refused:
                 print("  " + line, flush=True)
