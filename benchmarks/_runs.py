@@ -197,6 +197,15 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def worker_pids(job_pid: int) -> dict[int, float]:
+    """The worker processes of the `mlless train` process `job_pid`, with their CPU seconds: its `mlless worker`
+    children, or forks of its zygote (runtime/zygote.py), which are the zygote's children and carry its command line."""
+    stats = {int(e.name): st for e in Path("/proc").iterdir() if e.name.isdigit() and (st := proc_stat(int(e.name)))}
+    zygotes = {pid for pid, st in stats.items() if st[0] == job_pid and " zygote" in _cmdline(pid)}
+    return {pid: st[1] for pid, st in stats.items()
+            if st[0] in zygotes or (st[0] == job_pid and " worker" in _cmdline(pid))}
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds every core of this machine has been busy since boot (/proc/stat: all but idle and iowait)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -247,14 +256,8 @@ class Watcher(threading.Thread):
         return self._step
 
     def _scan_children(self) -> None:
-        """The workers: `mlless worker` children of the job's process, or forks of its zygote (runtime/zygote.py),
-        which are the zygote's children and carry its command line."""
-        stats = {int(e.name): st for e in Path("/proc").iterdir() if e.name.isdigit() and (st := proc_stat(int(e.name)))}
-        zygotes = {pid for pid, st in stats.items() if st[0] == self.proc.pid and " zygote" in _cmdline(pid)}
-        for pid, st in stats.items():
-            if pid not in self.worker_cpu and (st[0] in zygotes or
-                                               (st[0] == self.proc.pid and " worker" in _cmdline(pid))):
-                self.worker_cpu[pid] = st[1]
+        for pid, cpu in worker_pids(self.proc.pid).items():
+            self.worker_cpu.setdefault(pid, cpu)
 
     def sample(self) -> None:
         now = time.perf_counter()

@@ -271,9 +271,7 @@ def faults(args: argparse.Namespace, work: Path) -> str:
                     time.sleep(down := 3.0)
                     rabbit.ctl("start_app")
                 elif case == "worker kill -9":
-                    pid = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
-                                         text=True).stdout.split()[0]
-                    os.kill(int(pid), signal.SIGKILL)
+                    os.kill(min(_runs.worker_pids(proc.pid)), signal.SIGKILL)
                 if case == "redis restart, no persistence":
                     subprocess.run(["redis-cli", "-u", urls[0], "shutdown", "nosave"], capture_output=True)
                     time.sleep(down := 2.0)

@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=18080, help="the images' worker server's port (default %(default)s)")
     p.add_argument("--repeats", type=int, help="timed runs per image / job pair (default 5, 3 and 2; --quick 1)")
     p.add_argument("--steps", type=int, help="the HTTP part's steps (default 3000; --quick 600)")
-    p.add_argument("--timeouts", type=float, nargs="+", help="the HTTP part's short timeouts (default 30 15; --quick 8)")
+    p.add_argument("--timeouts", type=float, nargs="+", help="the HTTP part's short timeouts (default 30 15; --quick 20)")
     p.add_argument("--slack", type=float, default=0.005, help="the warm start's target over the cold best (default 0.005)")
 
 
@@ -237,7 +237,7 @@ def http(args: argparse.Namespace, work: Path) -> str:
     workers, steps = 3, args.steps or (600 if args.quick else 3000)
     job = _runs.write_pmf_job(work / "invoke.yaml", name="bench-invoke", workers=workers,
                               data=_common.prepared(args.data_dir, "movielens"), protocol="isp", stop={"maxSteps": steps})
-    timeouts = args.timeouts or ([8.0] if args.quick else [30.0, 15.0])
+    timeouts = args.timeouts or ([20.0] if args.quick else [30.0, 15.0])
     results = [("processes", invoked(job, work, None, False)), ("http", invoked(job, work, None, True))]
     results += [(f"http, timeout {t:g} s", invoked(job, work, t, True)) for t in timeouts]
     baseline, rows = results[1][1], []
