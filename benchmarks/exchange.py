@@ -32,7 +32,6 @@ import multiprocessing as mp
 import os
 import queue
 import re
-import secrets
 import statistics
 import subprocess
 import time
@@ -58,8 +57,8 @@ OVERHEAD_TARGET = {"embedded": 0.001, "services": 0.002}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parts", default="patterns,sharding,wire,overhead", help="comma list (default %(default)s)")
     p.add_argument("--sizes", help="dense updates in float32 bytes (default 1KB,16KB,256KB,4MB,16MB,90MB; "
-                                   "--quick: 16KB,4MB)")
-    p.add_argument("--workers", help="P of the patterns (default 2,3,4; --quick: 2,3) and of the sharded and "
+                                   "--quick: 4MB)")
+    p.add_argument("--workers", help="P of the patterns (default 2,3,4; --quick: 3) and of the sharded and "
                                      "overhead jobs (default 2,3,4 and 4,2; --quick: 2)")
     p.add_argument("--exchanges", default=",".join(PATTERNS), help="comma list (default %(default)s)")
     p.add_argument("--rates", help="tbf rates of each shard's link (default 20mbit,1gbit; --quick: 20mbit)")
@@ -105,15 +104,17 @@ def update_of(rank: int, params: int, density: float) -> tuple[np.ndarray, np.nd
     return indices, values[:len(indices)]
 
 
-def worker(rank: int, workers: int, pattern: str, params: int, steps: int, job: str, key: bytes,
+def worker(rank: int, workers: int, pattern: str, params: int, steps: int, job: str, identity: str,
            barrier: Any, results: Any, density: float) -> None:
     import mlless.runtime.sync  # noqa: F401 - registers every pattern
+    from mlless.protocol.identity import parse_identity
     from mlless.protocol.messages import Close
     from mlless.runtime.sync.exchange import EXCHANGES
     from mlless.training.kernels import optim
     from mlless.transport import connect
 
-    transport = connect(job, role="worker", rank=rank, key=key, redis_url=_common.REDIS, amqp_url=_common.AMQP)
+    transport = connect(job, role="worker", rank=rank, identity=parse_identity(identity), redis_url=_common.REDIS,
+                        amqp_url=_common.AMQP)
     rejected: list[str] = []
     exchange = EXCHANGES[pattern](transport, rank, lambda r, s: f"update:{r}:{s % 2}", 2, 60.0, rejected.append,
                                   size=params, parts=workers)
@@ -156,13 +157,14 @@ def worker(rank: int, workers: int, pattern: str, params: int, steps: int, job: 
 
 def exchange_run(pattern: str, workers: int, params: int, steps: int, density: float = 1.0) -> dict[str, Any]:
     """One pattern at P = `workers` over Redis + RabbitMQ: the per worker-step medians and traffic of `worker`."""
+    from mlless.protocol.identity import SUPERVISOR, Issuer
     from mlless.transport import connect
 
     ctx = mp.get_context("spawn")
-    job, key = f"xsize-{uuid.uuid4().hex[:8]}", secrets.token_bytes(32)
+    job, issuer = f"xsize-{uuid.uuid4().hex[:8]}", Issuer()
     barrier, results = ctx.Barrier(workers), ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, workers, pattern, params, steps, job, key, barrier, results, density))
-             for r in range(workers)]
+    procs = [ctx.Process(target=worker, args=(r, workers, pattern, params, steps, job, issuer.issue(r).text(), barrier,
+                                              results, density)) for r in range(workers)]
     for p in procs:
         p.start()
     reports: list[dict] = []
@@ -176,7 +178,8 @@ def exchange_run(pattern: str, workers: int, params: int, steps: int, density: f
                 raise SystemExit(f"{pattern} P={workers}, {params} parameters: a worker failed (above)")
     for p in procs:
         p.join()
-    cleanup = connect(job, role="supervisor", key=key, redis_url=_common.REDIS, amqp_url=_common.AMQP)
+    cleanup = connect(job, role="supervisor", identity=issuer.issue(SUPERVISOR), redis_url=_common.REDIS,
+                      amqp_url=_common.AMQP)
     cleanup.delete_job()
     cleanup.close()
     phase = {p: statistics.median(statistics.median(r["times"][p]) for r in reports) for p in PHASES}
@@ -194,13 +197,14 @@ def label(params: int) -> str:
 def script_cost(entries: int, dense: bool) -> tuple[float, float]:
     """Seconds of the first (merging) and second (kept record) in-store script run of a step of three workers'
     updates of `entries` entries each. Kept small: Redis serves nothing else while it merges, and it may be shared."""
+    from mlless.protocol.identity import Issuer
     from mlless.runtime.sync.instore import InStore
     from mlless.transport import connect
 
-    job, key = f"instore-bench-{uuid.uuid4().hex[:8]}", secrets.token_bytes(32)
+    job, issuer = f"instore-bench-{uuid.uuid4().hex[:8]}", Issuer()
     size = 4 * entries if dense else 100 * entries
-    transports = [connect(job, role="worker", rank=r, key=key, redis_url=_common.REDIS, amqp_url=_common.AMQP)
-                  for r in range(3)]
+    transports = [connect(job, role="worker", rank=r, identity=issuer.issue(r), redis_url=_common.REDIS,
+                          amqp_url=_common.AMQP) for r in range(3)]
     try:
         rng = np.random.default_rng(0)
         exchanges = [InStore(t, t.rank, lambda r, s: f"update:{r}:{s % 2}", 2, 30.0, print, size=size, parts=3)
@@ -224,12 +228,12 @@ def script_cost(entries: int, dense: bool) -> tuple[float, float]:
 
 
 def patterns(args: argparse.Namespace) -> str:
-    sizes = (args.sizes or ("16KB,4MB" if args.quick else "1KB,16KB,256KB,4MB,16MB,90MB")).split(",")
+    sizes = (args.sizes or ("4MB" if args.quick else "1KB,16KB,256KB,4MB,16MB,90MB")).split(",")
     cases = [(label(parse_size(s)) + " dense", parse_size(s), 1.0) for s in sizes] + [("1 % of 4 MB", 1 << 20, 0.01)]
     rows = []
     for name, params, density in cases:
         steps = int(np.clip(2e7 // max(int(params * density), 1), 3, 20))  # fewer for the big ones
-        for workers in _ints(args.workers, args.quick, "2,3,4", "2,3"):
+        for workers in _ints(args.workers, args.quick, "2,3,4", "3"):
             for pattern in args.exchanges.split(","):
                 r = exchange_run(pattern, workers, params, steps, density)
                 rows.append([name, workers, pattern, r["publish"], r["wait"], r["gather"], r["apply"], r["exchange"],
