@@ -63,8 +63,7 @@ GRIDS = {
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parts", default="eta,replay,planner,cost,sweep", help="comma list (default %(default)s)")
     p.add_argument("--sets", help="comma list (default movielens,pmf1m-skew,lr200k; --quick: movielens,lr200k)")
-    p.add_argument("--workers", help="P of the eta part (default 1,2; --quick 1) and the replay (default 1,2,3; "
-                                     "--quick 1,2)")
+    p.add_argument("--workers", help="P of the eta part (default 1,2) and the replay (default 1,2,3); --quick 1")
     p.add_argument("--seeds", help="comma list (default 1,2,3; --quick 1)")
     p.add_argument("--record-patience", type=int, default=15, help="the recorded curves' patience (default 15)")
     p.add_argument("--min-deltas", default="0,0.0005,0.001,0.002,0.005", help="(default %(default)s)")
@@ -81,7 +80,7 @@ def run(args: argparse.Namespace) -> str:
         out.append(eta(args, sets, [int(w) for w in (args.workers or ("1" if args.quick else "1,2")).split(",")],
                        seeds, base))
     if "replay" in parts:
-        workers = [int(w) for w in (args.workers or ("1,2" if args.quick else "1,2,3")).split(",")]
+        workers = [int(w) for w in (args.workers or ("1" if args.quick else "1,2,3")).split(",")]
         out.append(replay(args, {(k, p, s): record(args.data_dir, base, k, p, s, args.record_patience)
                                  for k in sets for p in workers for s in seeds}))
     if "planner" in parts:
