@@ -13,7 +13,7 @@ LR (validation BCE):
     normalised, invariant updates, lr 0.5), one pass over a text file in VW's format, parsing included.
   * scikit-learn: `SGDClassifier(loss="log_loss")` `partial_fit` on the same CSR batches, and `LogisticRegression`
     (lbfgs, C=1) on the whole CSR matrix.
-The models of issue #23 (`model_peers`): svm, `LinearSVC` (C=1) and `SGDClassifier(loss="hinge")` (5 epochs of
+The models of issue #23 (`model_peers`, `split`): svm, `LinearSVC` (C=1) and `SGDClassifier(loss="hinge")` (5 epochs of
 `partial_fit`), VW `--loss_function hinge`; linear-regression, `Ridge` (alpha 1) and `SGDRegressor` (5 epochs), VW's
 squared loss; softmax, `LogisticRegression` (lbfgs, multinomial) and VW `--oaa K`; dense LR, `LogisticRegression`
 and VW logistic; k-means, `KMeans` and `MiniBatchKMeans` at their defaults (k = 8, k-means++), scored by the training

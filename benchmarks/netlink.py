@@ -344,7 +344,7 @@ def limited_link(rate: str | None, rabbitmq: bool = True) -> Iterator[Link]:
     ("1gbit", "200mbit"); None: loopback and the shared services. Raises LinkUnavailable before anything
     runs where the link cannot be made. Everything is removed on exit, including processes the caller
     started inside the namespace. `rabbitmq=False`: Redis only (a further Redis shard behind a link of its own,
-    benchmarks/sharding.py); the link's `amqp_url` is then empty."""
+    the exchange suite's sharding); the link's `amqp_url` is then empty."""
     if rate is None:
         yield Link(None, _common.REDIS, _common.AMQP, "loopback, shared services", "127.0.0.1", "127.0.0.1")
         return
