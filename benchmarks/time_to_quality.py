@@ -52,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parts", default="compare", help="comma list of compare, throughput, defaults (default %(default)s)")
     p.add_argument("--max-seconds", type=float, default=120, help="cap on each mlless run (default %(default)s)")
     p.add_argument("--surprise-epochs", type=int, default=5, help="Surprise epochs on the large sets (default 5)")
-    p.add_argument("--torch-epochs", type=int, default=10, help="PyTorch epochs at most (default %(default)s)")
+    p.add_argument("--torch-epochs", type=int, help="PyTorch epochs at most (default 10; --quick 5: it is past its best "
+                                                   "by then on the quick sets)")
     p.add_argument("--torch-seconds", type=float, default=120,
                    help="PyTorch stops after the epoch that passes this (default %(default)s)")
     p.add_argument("--lbfgs-iter", type=int, default=100, help="LogisticRegression max_iter (default 100, sklearn's)")
@@ -138,7 +139,7 @@ def pmf_comparison(key: str, ds: Any, data: Path, base: Path, args: argparse.Nam
     surprise = _peers.run_surprise(ds, [1, 2, 5, 10, 20] if ds.manifest.n_train < 2_000_000 else [args.surprise_epochs])
     curves.append(surprise)
     anchor, target = _peers.pmf_target(key, ds, curves[0], surprise)
-    curves.append(_peers.run_torch(ds, args.torch_epochs, args.torch_seconds))
+    curves.append(_peers.run_torch(ds, args.torch_epochs or (5 if args.quick else 10), args.torch_seconds))
     for run in mlless_runs("pmf", args.quick):
         curves.append(_runs.run_mlless(data, "pmf", run, target, args.max_seconds, base))
     return section(_common.ALL_SETS[key].title, anchor.system, target, curves)
