@@ -1,59 +1,40 @@
-"""Shared helpers for the benchmark scripts (not a test module; no asserts on wall time).
+"""What every suite shares: the machine's header, tables, timers, and the data sets prepared once under the data dir.
 
-- `machine_info()`: CPU model, cores, RAM, library versions, load average.
-- `table()`: a GitHub-markdown table from rows of values.
-- `update_results()`: replace (or append) one script's section of benchmarks/RESULTS.md,
-  delimited by ``<!-- BEGIN name -->`` / ``<!-- END name -->``.
-- `prepare()`: run ``mlless prepare`` into a data directory unless it is already there.
-- `write_pmf_job()` / `mlless_train()`: the PMF TrainingJob the runtime benchmarks run, and running it.
-- `mlless_report()`: `mlless report` of labelled run directories.
-- `vm_cost()`: the papers' VM price for peers that run on VMs.
+- `machine_info()` / `machine_line()` / `load_note()`: CPU, cores, RAM, library versions and path, load average;
+- `table()` / `fmt()`: GitHub-markdown tables;
+- `prepare()` / `prepared()`: `mlless prepare` into the data dir unless it is already there; `DATASETS`, `QUICK`,
+  `MODEL_SETS`: the sets the suites share, by key;
+- `Curve`: a system's validation loss after each unit of training, and when it first reached a target;
+- `rmse()` / `bce()` / `ratings()` / `all_batches()`: what the peers and mlless are scored with.
 """
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import platform
-import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-import yaml
+import numpy as np
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "RESULTS.md"
+ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA_DIR = Path(os.environ.get("MLLESS_BENCH_DATA", "/tmp/mlless-bench"))
 REDIS = "redis://127.0.0.1:6379/0"
 AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
-# The papers' IaaS price (MLLess, Middleware'21, Table 2 and setup): PyTorch ran on B1.4x8 VMs, 4 vCPUs at 0.2 $/h,
-# as many workers as vCPUs, billed per second ("conservative ... clearly favors PyTorch"). mlless's own prices are
-# `mlless.spec.config.PricingConfig`'s defaults (functions 3.4e-5 $/s, Redis 0.17 $/h, RabbitMQ 0.15 $/h).
-PAPERS_VM_PER_HOUR = 0.2
-PAPERS_VM_VCPUS = 4
+#: A 1-minute load average above this share of the cores counts as a busy machine in `load_note`.
+BUSY_LOAD = 0.5
 
 
-def best_us(fn: Callable[[], Any], budget: float = 0.02, samples: int = 7) -> float:
-    """Fastest of `samples` timings of `fn` in µs, each over as many calls as fill about `budget` seconds."""
-    start = time.perf_counter()
-    fn()
-    calls = max(1, int(budget / max(time.perf_counter() - start, 1e-7)))
-    fastest = float("inf")
-    for _ in range(samples):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        fastest = min(fastest, (time.perf_counter() - start) / calls)
-    return fastest * 1e6
+class Failed(RuntimeError):
+    """A suite that found a failure (a fuzz finding): its report, printed and written before the driver exits 1."""
 
 
-def single_thread_env() -> None:
-    """Pin BLAS/OpenMP pools to one thread (call before importing numpy-heavy libraries)."""
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
-        os.environ.setdefault(var, "1")
-
+# ---- the machine ------------------------------------------------------------------------------------------------
 
 def loadavg() -> str:
     try:
@@ -84,8 +65,7 @@ def ram_gb() -> float:
 
 def _version(mod: str) -> str:
     try:
-        m = __import__(mod)
-        return str(getattr(m, "__version__", "?"))
+        return str(getattr(__import__(mod), "__version__", "?"))
     except Exception:  # noqa: BLE001 - optional libraries
         return "not installed"
 
@@ -109,24 +89,19 @@ def library() -> str:
 
 def machine_info() -> dict[str, str]:
     return {
-        "library": library(),
-        "cpu": cpu_model(),
-        "cores": str(os.cpu_count()),
-        "ram": f"{ram_gb():.1f} GB",
-        "python": platform.python_version(),
-        "numpy": _version("numpy"),
-        "scipy": _version("scipy"),
-        "torch": _version("torch"),
-        "surprise": _version("surprise"),
-        "sklearn": _version("sklearn"),
-        "mlless": _version("mlless"),
-        "load": loadavg(),
+        "library": library(), "cpu": cpu_model(), "cores": str(os.cpu_count()), "ram": f"{ram_gb():.1f} GB",
+        "python": platform.python_version(), "numpy": _version("numpy"), "scipy": _version("scipy"),
+        "torch": _version("torch"), "surprise": _version("surprise"), "sklearn": _version("sklearn"),
+        "mlless": _version("mlless"), "load": loadavg(),
         "date": _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
     }
 
 
-#: A 1-minute load average above this share of the cores counts as a busy machine in `load_note`.
-BUSY_LOAD = 0.5
+def machine_line(info: dict[str, str] | None = None) -> str:
+    i = info or machine_info()
+    return (f"{i['date']}; {i['cpu']}, {i['cores']} cores, {i['ram']} RAM; Python {i['python']}, "
+            f"numpy {i['numpy']}, torch {i['torch']}, surprise {i['surprise']}, sklearn {i['sklearn']}; "
+            f"load average at start {i['load']}; mlless from {i['library']}")
 
 
 def load_note(start: str, end: str | None = None) -> str:
@@ -142,12 +117,12 @@ def load_note(start: str, end: str | None = None) -> str:
     return f"The machine was otherwise idle (1-minute load average {span} on {cores} cores)."
 
 
-def machine_line(info: dict[str, str] | None = None) -> str:
-    i = info or machine_info()
-    return (f"{i['date']}; {i['cpu']}, {i['cores']} cores, {i['ram']} RAM; Python {i['python']}, "
-            f"numpy {i['numpy']}, torch {i['torch']}, surprise {i['surprise']}, sklearn {i['sklearn']}; "
-            f"load average at start {i['load']}; mlless from {i['library']}")
+def command_line() -> str:
+    """This run's command, as a reader would type it from the repository's root."""
+    return "python -m benchmarks " + " ".join(sys.argv[1:])
 
+
+# ---- tables and timers ------------------------------------------------------------------------------------------
 
 def fmt(v: Any, digits: int = 4) -> str:
     if v is None:
@@ -172,22 +147,77 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def command_line() -> str:
-    return "python " + " ".join([os.path.relpath(sys.argv[0], HERE.parent)] + sys.argv[1:])
+def best_us(fn: Callable[[], Any], budget: float = 0.02, samples: int = 7) -> float:
+    """Fastest of `samples` timings of `fn` in µs, each over as many calls as fill about `budget` seconds."""
+    start = time.perf_counter()
+    fn()
+    calls = max(1, int(budget / max(time.perf_counter() - start, 1e-7)))
+    fastest = float("inf")
+    for _ in range(samples):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        fastest = min(fastest, (time.perf_counter() - start) / calls)
+    return fastest * 1e6
 
 
-def update_results(name: str, body: str, path: Path = RESULTS) -> None:
-    """Replace the section `name` of RESULTS.md with `body` (append it when absent)."""
-    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
-    block = f"{begin}\n{body.rstrip()}\n{end}"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text)
-    print(f"updated section '{name}' of {path}")
+class Stopwatch:
+    def __enter__(self) -> "Stopwatch":
+        self.start = time.perf_counter()
+        self.cpu_start = time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.start
+        self.cpu_seconds = time.process_time() - self.cpu_start
+
+
+def single_thread_env() -> None:
+    """Pin BLAS/OpenMP pools to one thread in this process's children (and in this one, before numpy is imported)."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+
+
+# ---- data ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DataSet:
+    key: str
+    title: str
+    prepare_args: tuple[str, ...]
+
+
+DATASETS = {
+    "movielens": DataSet("movielens", "MovieLens sample (100k ratings)", ("--sample", "movielens-small")),
+    "pmf10m": DataSet("pmf10m", "synthetic 10M ratings, uniform ids",
+                      ("--synthetic", "pmf", "--rows", "10000000", "--users", "70000", "--items", "10000", "--skew", "0")),
+    "pmf10m-skew": DataSet("pmf10m-skew", "synthetic 10M ratings, Zipf 0.8 ids",
+                           ("--synthetic", "pmf", "--rows", "10000000", "--users", "70000", "--items", "10000")),
+    "lr": DataSet("lr", "synthetic Criteo-layout clicks, 1M rows, 2^18 features", ("--synthetic", "lr", "--rows", "1000000")),
+    "higgs": DataSet("higgs", "synthetic Higgs-like dense set, 1M rows, 28 features",
+                     ("--synthetic", "higgs", "--rows", "1000000")),
+}
+#: The small sets every `--quick` run uses.
+QUICK = {
+    "movielens": DATASETS["movielens"],
+    "pmf1m-skew": DataSet("pmf1m-skew", "synthetic 1M ratings, Zipf 0.8 ids",
+                          ("--synthetic", "pmf", "--rows", "1000000", "--users", "20000", "--items", "4000")),
+    "lr200k": DataSet("lr200k", "synthetic Criteo-layout clicks, 200k rows", ("--synthetic", "lr", "--rows", "200000")),
+}
+#: The models of issue #23: (mlless model, `mlless prepare --synthetic` set, the quality compared).
+MODEL_CASES = {
+    "svm": ("svm", "lr", "accuracy"),
+    "linear-regression": ("linear-regression", "regression", "rmse"),
+    "softmax": ("softmax", "multiclass", "accuracy"),
+    "dense-lr": ("logistic-regression", "higgs", "accuracy"),
+    "kmeans": ("kmeans", "blobs", "inertia"),
+}
+MODEL_SETS = {case: DataSet(case, f"{case} on synthetic {synthetic}, 200k rows", ("--synthetic", synthetic, "--rows", "200000"))
+              for case, (_, synthetic, _) in MODEL_CASES.items()}
+ALL_SETS = {**DATASETS, **QUICK, **MODEL_SETS}
+#: The model type of each ratings or clicks set.
+KINDS = {"movielens": "pmf", "pmf1m-skew": "pmf", "pmf10m": "pmf", "pmf10m-skew": "pmf",
+         "lr200k": "logistic-regression", "lr": "logistic-regression", "higgs": "logistic-regression"}
 
 
 def prepare(out: Path, *args: str) -> Path:
@@ -203,121 +233,53 @@ def prepare(out: Path, *args: str) -> Path:
     return out
 
 
-def write_pmf_job(path: Path, *, name: str, workers: int, data: Path, protocol: str, stop: dict[str, Any],
-                  v: float | None = None, evaluate_every: int = 0, autoscaler: dict[str, Any] | None = None) -> Path:
-    """A PMF TrainingJob manifest with batches cached in the workers; `v` sets the ISP threshold."""
-    sync: dict[str, Any] = {"protocol": protocol}
-    if v is not None:
-        sync["significanceThreshold"] = v
-    spec: dict[str, Any] = {
-        "workers": workers,
-        "model": {"type": "pmf"},
-        "dataset": {"uri": str(data), "cacheBatches": True},
-        "sync": sync,
-        "stop": stop,
-        "evaluation": {"everySteps": evaluate_every},
-    }
-    if autoscaler is not None:
-        spec["autoscaler"] = autoscaler
-    doc = {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name}, "spec": spec}
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+def prepared(data_dir: Path, key: str) -> Path:
+    """Data set `key` prepared under `data_dir` (once), where every suite that shares these sets looks for it."""
+    return prepare(data_dir / f"ttq-{key}", *ALL_SETS[key].prepare_args)
 
 
-def mlless_train(job: Path, run: Path, services: bool, *, redis_url: str = REDIS, amqp_url: str = AMQP) -> Path:
-    """`mlless train JOB --out RUN -q`, over Redis + RabbitMQ (the local ones by default) or the embedded broker.
-
-    Runs `python -m mlless` with this interpreter and environment: export PYTHONPATH to train with a checkout's
-    library rather than the installed one (machine_line() names the one the benchmark imported). Returns RUN.
-    """
-    subprocess.run(mlless_train_command(job, run, services, redis_url=redis_url, amqp_url=amqp_url), check=True)
-    return run
+def all_batches(ds: Any) -> list:
+    return [ds.batch(i) for i in range(ds.n_batches)]
 
 
-def mlless_train_command(job: Path, run: Path, services: bool, *, redis_url: str = REDIS,
-                         amqp_url: str = AMQP) -> list[str]:
-    """The command `mlless_train` runs, for a caller that starts it itself (to watch its processes meanwhile)."""
-    cmd = [sys.executable, "-m", "mlless", "train", str(job), "--out", str(run), "-q"]
-    if services:
-        cmd += ["--redis-url", redis_url, "--amqp-url", amqp_url]
-    return cmd
+def ratings(ds: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    bs = all_batches(ds)
+    return (np.concatenate([b.users for b in bs]), np.concatenate([b.items for b in bs]),
+            np.concatenate([b.ratings for b in bs]).astype(np.float32))
 
 
-def sync_choices(field: str, fallback: Sequence[str] = ()) -> tuple[str, ...]:
-    """The values the importable mlless's schema admits for `sync.<field>` ("protocol", "exchange"); `fallback`
-    when the schema has no such field (an older library: e.g. only today's all-to-all exchange)."""
-    from mlless.spec import schema
-
-    try:
-        return schema.choices(f"sync.{field}")
-    except KeyError:
-        return tuple(fallback)
+def rmse(pred: np.ndarray, truth: np.ndarray, lo: float | None, hi: float | None) -> float:
+    if lo is not None:
+        pred = np.clip(pred, lo, hi)
+    return float(np.sqrt(np.mean((pred.astype(np.float64) - truth) ** 2)))
 
 
-def has_spec_field(path: str) -> bool:
-    """Whether the importable mlless's schema has the spec field at dotted `path` ("sync.exchange")."""
-    from mlless.spec import schema
-
-    node = schema.SPEC_SCHEMA
-    for name in path.split("."):
-        node = node.get("properties", {}).get(name)
-        if node is None:
-            return False
-    return True
+def bce(p: np.ndarray, y: np.ndarray) -> float:
+    p = np.clip(p.astype(np.float64), 1e-12, 1 - 1e-12)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p)))
 
 
-def refusal(doc: dict[str, Any]) -> str | None:
-    """None when the importable mlless accepts the TrainingJob `doc` (schema and every pairing rule it checks),
-    otherwise its error, on one line."""
-    from mlless.spec.job import from_manifest
+@dataclass
+class Curve:
+    """One system's validation loss after each unit of training (iteration / epoch / evaluation)."""
 
-    try:
-        from_manifest(doc)
-    except ValueError as e:  # SpecError is a ValueError
-        return " ".join(str(e).split())
-    return None
+    system: str
+    points: list[tuple[float, float, float]] = field(default_factory=list)  # (seconds, epochs, loss)
+    note: str = ""
+    startup: float | None = None  # mlless: seconds before the first step (process start, workers connecting)
+    summary: dict | None = None  # mlless: the run's summary.json (cost, bytes sent, final loss)
+    run_dir: Path | None = None  # mlless: where the run wrote metrics.jsonl and summary.json
 
+    def add(self, seconds: float, epochs: float, loss: float) -> None:
+        self.points.append((seconds, epochs, loss))
+        print(f"    {self.system:<34} {epochs:6.2f} ep {seconds:8.2f} s  loss {loss:.4f}", flush=True)
 
-def mlless_report(out: Path, runs: Sequence[tuple[str, Path | str]], title: str) -> None:
-    """`mlless report` of ``runs`` (label, run directory) into OUT, with this interpreter and environment."""
-    cmd = [sys.executable, "-m", "mlless", "report", "--out", str(out), "--title", title]
-    for label, _ in runs:
-        cmd += ["--label", label]
-    subprocess.run(cmd + [str(run) for _, run in runs], check=True)
+    def reached(self, target: float) -> tuple[float, float] | None:
+        for seconds, epochs, loss in self.points:
+            if loss <= target:
+                return seconds, epochs
+        return None
 
-
-def vm_cost(processes: int, seconds: float) -> float:
-    """Dollars for `processes` single-core processes running `seconds` at the papers' VM price per vCPU-second."""
-    return processes * seconds * PAPERS_VM_PER_HOUR / PAPERS_VM_VCPUS / 3600.0
-
-
-class Stopwatch:
-    def __enter__(self) -> "Stopwatch":
-        self.start = time.perf_counter()
-        self.cpu_start = time.process_time()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds = time.perf_counter() - self.start
-        self.cpu_seconds = time.process_time() - self.cpu_start
-
-
-def binary_label(y: float) -> str:
-    """A 0/1 label as Vowpal Wabbit's -1/+1."""
-    return "1" if y > 0.5 else "-1"
-
-
-def vw_file(batches: list, path: Path, label: Callable[[float], str] = binary_label) -> Path:
-    """The dataset in Vowpal Wabbit's text format (written once; VW's documented input), each row's label
-    written by `label`."""
-    if path.exists():
-        return path
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as fh:
-        for b in batches:
-            for row in range(len(b.labels)):
-                lo, hi = b.indptr[row], b.indptr[row + 1]
-                feats = " ".join(f"{j}:{v:.6g}" for j, v in zip(b.indices[lo:hi].tolist(), b.values[lo:hi].tolist()))
-                fh.write(f"{label(float(b.labels[row]))} | {feats}\n")
-    tmp.rename(path)
-    return path
+    @property
+    def best(self) -> float:
+        return min((p[2] for p in self.points), default=math.nan)

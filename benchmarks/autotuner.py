@@ -1,8 +1,7 @@
-#!/usr/bin/env python
-"""Scale-in auto-tuner: ISP vs ISP + tuner (and optionally BSP) on PMF, same stop rule (MLLess §6.2).
+"""The paper suite's claim 2: ISP vs ISP + the scale-in auto-tuner (and optionally BSP) on PMF, same stop rule.
 
-Every run is `mlless train JOB.yaml --redis-url ... --amqp-url ... --out RUNDIR` (`--embedded` for the
-embedded broker) with a TrainingJob written here: PMF, the default optimizer, P workers, and
+Every run is `mlless train JOB.yaml --redis-url ... --amqp-url ... --out RUNDIR` (both URLs None for the embedded
+broker) with a TrainingJob written here: PMF, the default optimizer, P workers, and
 
 - BSP:          `sync.protocol: bsp`
 - ISP:          `sync.protocol: isp`, `significanceThreshold: v` (PMF's default)
@@ -15,8 +14,8 @@ safety. The papers run "until convergence, defined as a threshold on the observe
 is used rather than the per-step training loss because the latter is measured on the P mini-batches of the
 step, so its noise grows as workers leave (one worker: 6,250 ratings a step), and it drops at every epoch
 boundary as the model meets ratings it has already fitted: a target on it rewards lucky mini-batches and
-epochs, not the model. T is `--target-loss`, or comes from an ISP pilot without a target: the smoothed
-validation RMSE once the pilot has made `--pilot-fraction` of the drop from its first evaluation to its best,
+epochs, not the model. T is `target_loss`, or comes from an ISP pilot without a target: the smoothed
+validation RMSE once the pilot has made `pilot_fraction` of the drop from its first evaluation to its best,
 i.e. near convergence, where the tuner can act (before the knee it removes nobody, by design).
 
 Per run, from summary.json / metrics.jsonl: time to target (`wall_seconds` when `stop_reason` is "target
@@ -29,29 +28,24 @@ Target (issue "Reproduce the papers' headline results on a network that costs wh
 tuner's Perf/$ ≥ 1.3x ISP's with time to target ≤ 1.05x and validation RMSE at most 0.005 above ISP's
 (papers: 1.4-1.6x). The verdict reads the whole bill; the workers-only ratio is reported beside it.
 
-`run_benchmark(BenchConfig(...))` is the entry point for other scripts (benchmarks/paper.py): it takes the
-service URLs, so the runs can go through a rate-limited link, and returns a `BenchResult`.
+`run_benchmark(BenchConfig(...))` is paper.py's entry point: it takes the service URLs, so the runs can go through
+a rate-limited link, and returns a `BenchResult`.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from mlless.contract import STOP_TARGET_LOSS
+from mlless.stopping.rules import SMOOTHING_SPAN
+from mlless.smoothing import ewma
+from mlless.spec.models import PMF_V
 
-from mlless.contract import STOP_TARGET_LOSS  # noqa: E402
-from mlless.smoothing import ewma  # noqa: E402
-from mlless.stopping.rules import SMOOTHING_SPAN  # noqa: E402
-from mlless.spec.models import PMF_V  # noqa: E402
-from mlless.telemetry.rows import evaluated  # noqa: E402
+from . import _common, _runs
 
 VARIANTS = ("BSP", "ISP", "ISP + tuner")
 SLUGS = {"BSP": "bsp", "ISP": "isp", "ISP + tuner": "tuner"}
@@ -163,15 +157,15 @@ def write_job(path: Path, name: str, cfg: BenchConfig, variant: str, target: flo
     autoscaler = None
     if variant == "ISP + tuner":
         autoscaler = {"enabled": True, "intervalSeconds": cfg.interval, "horizonSeconds": cfg.horizon, "minWorkers": 1}
-    _common.write_pmf_job(path, name=f"bench-tuner-{name}", workers=cfg.workers, data=cfg.data,
+    _runs.write_pmf_job(path, name=f"bench-tuner-{name}", workers=cfg.workers, data=cfg.data,
                           protocol="bsp" if variant == "BSP" else "isp", v=0.0 if variant == "BSP" else cfg.v,
                           stop=stop, evaluate_every=cfg.evaluate_every, autoscaler=autoscaler)
 
 
 def evaluations(rows: list[dict]) -> tuple[list[float], list[float]]:
     """(times, losses) of the validation evaluations in a run's metrics.jsonl (a row repeats the newest one)."""
-    points = [(r["time"], r["validation_loss"]) for r, new in zip(rows, evaluated(rows)) if new]
-    return [t for t, _ in points], [v for _, v in points]
+    points = _runs.evaluations(rows)
+    return [r["time"] for r in points], [r["validation_loss"] for r in points]
 
 
 def converged_target(rows: list[dict], fraction: float) -> float:
@@ -210,10 +204,9 @@ def _train(cfg: BenchConfig, variant: str, tag: str, target: float | None, max_s
     write_job(job, name, cfg, variant, target, max_seconds)
     load = _common.loadavg()  # other tenants of the machine take CPU from a small pool first: keep it with the run
     services = cfg.redis_url is not None
-    _common.mlless_train(job, run, services=services, redis_url=cfg.redis_url or _common.REDIS,
-                         amqp_url=cfg.amqp_url or _common.AMQP)
-    s = json.loads((run / "summary.json").read_text())
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    _runs.mlless_train(job, run, services=services, redis_url=cfg.redis_url or _common.REDIS,
+                       amqp_url=cfg.amqp_url or _common.AMQP)
+    s, rows = _runs.summary(run), _runs.rows(run)
     b = s["cost_breakdown_usd"]
     wall = s["wall_seconds"]
     row = {
@@ -355,99 +348,3 @@ def tables(result: BenchResult) -> str:
                         "Perf/$ (median)", "spread", "Perf/$ workers (median)", "spread", "val RMSE (median)", "spread",
                         "worker·s (median)"], rows2)
     return t1 + "\n\n" + t2
-
-
-def main(argv: list[str] | None = None) -> int:
-    d = BenchConfig(data=Path(), out=Path())
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR,
-                   help="prepared datasets and runs (default %(default)s)")
-    p.add_argument("--rows", type=int, default=2_000_000, help="synthetic PMF ratings (default 2M)")
-    p.add_argument("--users", type=int, default=20_000, help="synthetic users (default 20,000)")
-    p.add_argument("--items", type=int, default=5_000, help="synthetic items (default 5,000)")
-    p.add_argument("--batch-size", type=int, default=6250, help="mini-batch size (default 6250, the papers')")
-    p.add_argument("--workers", type=int, default=d.workers, help="P (default %(default)s)")
-    p.add_argument("--v", type=float, default=d.v, help="ISP significance threshold v (default %(default)s)")
-    p.add_argument("--target-loss", type=float, help="smoothed validation RMSE target; without it an ISP pilot chooses one")
-    p.add_argument("--target-steps", type=int, default=d.target_steps,
-                   help="steps the smoothed validation RMSE must stay at or below the target (default %(default)s)")
-    p.add_argument("--evaluate-every", type=int, default=d.evaluate_every, help="evaluation.everySteps (default %(default)s)")
-    p.add_argument("--pilot-seconds", type=float, default=d.pilot_seconds, help="pilot length (default %(default)s s)")
-    p.add_argument("--pilot-fraction", type=float, default=d.pilot_fraction,
-                   help="target = where the pilot has made this fraction of its validation drop (default %(default)s)")
-    p.add_argument("--max-seconds", type=float, default=d.max_seconds, help="maxSeconds safety stop (default %(default)s)")
-    p.add_argument("--interval", type=float, default=d.interval, help="autoscaler intervalSeconds (default %(default)s; papers 20)")
-    p.add_argument("--horizon", type=float, default=d.horizon, help="autoscaler horizonSeconds (default %(default)s; papers 10)")
-    p.add_argument("--repeats", type=int, default=d.repeats, help="runs per variant, interleaved (default %(default)s)")
-    p.add_argument("--variants", default=",".join(d.variants), help="comma list of variants (default %(default)s)")
-    p.add_argument("--redis-url", default=_common.REDIS, help="Redis (default %(default)s)")
-    p.add_argument("--amqp-url", default=_common.AMQP, help="RabbitMQ (default %(default)s)")
-    p.add_argument("--embedded", action="store_true", help="embedded broker instead of Redis + RabbitMQ")
-    p.add_argument("--report", type=Path, help="render the median run of each variant with `mlless report` here")
-    p.add_argument("--quick", action="store_true", help="MovieLens sample, 1 repeat, short pilot")
-    p.add_argument("--json", type=Path, help="write the result (runs, medians, verdict) as JSON here")
-    p.add_argument("--section", default="autotuner", help="RESULTS.md section to refresh (default autotuner)")
-    p.add_argument("--write-results", action="store_true", help="refresh this script's section of RESULTS.md")
-    args = p.parse_args(argv)
-    info = _common.machine_info()
-    print(_common.machine_line(info), flush=True)
-
-    if args.quick:
-        data = _common.prepare(args.data_dir / "movielens-small", "--sample", "movielens-small")
-        prep_cmd, label = "mlless prepare --sample movielens-small", "MovieLens sample (batch 1000)"
-        args.repeats, args.pilot_seconds, args.max_seconds = 1, 20, 60
-    else:
-        data = prepare_data(args.data_dir, args.rows, args.users, args.items, args.batch_size)
-        prep_cmd = (f"mlless prepare --synthetic pmf --rows {args.rows} --users {args.users} --items {args.items} "
-                    f"--batch-size {args.batch_size}")
-        label = (f"synthetic PMF {args.rows / 1e6:g}M ratings, {args.users:,} users x {args.items:,} items "
-                 f"(batch {args.batch_size})")
-    try:
-        cfg = BenchConfig(
-            data=data, out=args.data_dir / "autotuner",
-            redis_url=None if args.embedded else args.redis_url, amqp_url=None if args.embedded else args.amqp_url,
-            variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()), repeats=args.repeats,
-            workers=args.workers, v=args.v, target_loss=args.target_loss, target_steps=args.target_steps,
-            evaluate_every=args.evaluate_every, pilot_seconds=args.pilot_seconds, pilot_fraction=args.pilot_fraction,
-            max_seconds=args.max_seconds, interval=args.interval, horizon=args.horizon)
-    except ValueError as exc:
-        p.error(str(exc))
-    result = run_benchmark(cfg)
-    verdict = verdict_line(result)
-    body_tables = tables(result)
-    print("\n" + verdict + "\n\n" + body_tables, flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(result.as_dict(), indent=1))
-
-    report_note = ""
-    if args.report:
-        median = median_runs(result)
-        chosen = [run for _, run in median]
-        _common.mlless_report(args.report, median, f"ISP vs ISP + auto-tuner, PMF, P = {cfg.workers}")
-        report_note = ("Report (`mlless report`, the median-time run of each variant: "
-                       + ", ".join(f"`{c.rsplit('/', 1)[-1]}`" for c in chosen) + f") in `{args.report}`.")
-        print(report_note)
-
-    if args.write_results:
-        manifest = json.loads((data / "manifest.json").read_text())
-        transport = "embedded broker" if cfg.redis_url is None else f"Redis {cfg.redis_url} + RabbitMQ {cfg.amqp_url}"
-        body = [f"## 6b. Auto-tuner, current defaults: {', '.join(cfg.variants)} to smoothed validation RMSE "
-                f"{result.target_loss:.4f} (`benchmarks/autotuner.py`)", "",
-                f"Run: {_common.machine_line(info)}. Transport: {transport}.", "",
-                "```", _common.command_line(), prep_cmd, "```", "",
-                f"Data: {label}; {manifest.get('n_train', manifest.get('train_rows', '?'))} training ratings. "
-                f"P = {cfg.workers}, PMF, default optimizer, ISP v = {cfg.v:g}. Stop: smoothed validation RMSE ≤ "
-                f"**{result.target_loss:.4f}** for {cfg.target_steps} step(s), evaluated every {cfg.evaluate_every} "
-                f"steps; `maxSeconds: {cfg.max_seconds:g}` as safety. Tuner: `intervalSeconds: {cfg.interval:g}`, "
-                f"`horizonSeconds: {cfg.horizon:g}`, `minWorkers: 1`, default S and knee. {cfg.repeats} runs per "
-                f"variant, interleaved. Job YAMLs and run dirs under `{cfg.out}`.", "",
-                *([result.pilot_note, ""] if result.pilot_note else []),
-                "Per run (cost: the whole bill, and its split into the worker functions vs supervisor + Redis + "
-                "RabbitMQ; Perf/$ under both accountings; worker·s = ∫ workers dt from metrics.jsonl), then medians "
-                "and min–max spread:", "", body_tables, "", verdict, "", report_note, ""]
-        _common.update_results(args.section, "\n".join(body))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """A rate-limited link for the benchmarks: Redis and RabbitMQ in a network namespace of their own.
 
 On one machine every byte between a worker and Redis or RabbitMQ goes over loopback, which costs next to
@@ -25,9 +24,9 @@ Needs root, iproute2 (`ip`, `tc`), redis-server and rabbitmq-server. Everything 
 also on an exception or Ctrl-C; namespaces that a killed run left behind (`mlless-bench-PID-N` whose PID
 is gone) are removed by the next run, or by `--clean`.
 
-    python benchmarks/netlink.py --rate 200mbit --check     # measured Mbit/s both ways against the rate
-    python benchmarks/netlink.py --check                    # loopback, 1gbit and 200mbit in one table
-    python benchmarks/netlink.py --rate 1gbit               # keep a link up until Ctrl-C, for manual runs
+    python -m benchmarks.netlink --rate 200mbit --check     # measured Mbit/s both ways against the rate
+    python -m benchmarks.netlink --check                    # loopback, 1gbit and 200mbit in one table
+    python -m benchmarks.netlink --rate 1gbit               # keep a link up until Ctrl-C, for manual runs
 """
 from __future__ import annotations
 
@@ -56,8 +55,7 @@ from pathlib import Path
 
 import redis
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from . import _common
 
 PREFIX = "mlless-bench-"
 SBIN = "/usr/sbin"  # where rabbitmq-server lives, which is not on every user's PATH
@@ -215,7 +213,7 @@ def sweep_stale() -> list[str]:
             continue
         if pid != os.getpid() and Path(f"/proc/{pid}").exists():
             print(f"netlink: netns {name} belongs to running pid {pid}: left alone (if that is not a benchmark, "
-                  f"remove it with `python benchmarks/netlink.py --clean --force {name}`)", file=sys.stderr)
+                  f"remove it with `python -m benchmarks.netlink --clean --force {name}`)", file=sys.stderr)
             continue
         _remove(name)
         removed.append(name)
@@ -346,7 +344,7 @@ def limited_link(rate: str | None, rabbitmq: bool = True) -> Iterator[Link]:
     ("1gbit", "200mbit"); None: loopback and the shared services. Raises LinkUnavailable before anything
     runs where the link cannot be made. Everything is removed on exit, including processes the caller
     started inside the namespace. `rabbitmq=False`: Redis only (a further Redis shard behind a link of its own,
-    benchmarks/sharding.py); the link's `amqp_url` is then empty."""
+    the exchange suite's sharding); the link's `amqp_url` is then empty."""
     if rate is None:
         yield Link(None, _common.REDIS, _common.AMQP, "loopback, shared services", "127.0.0.1", "127.0.0.1")
         return
@@ -426,7 +424,7 @@ def _mbits(nbytes: int, seconds: float) -> float:
 
 def measure_tcp(link: Link, nbytes: int) -> tuple[float, float]:
     """Raw TCP payload Mbit/s (up, down) between the host and a peer placed where the services are."""
-    run_peer = f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import netlink; " \
+    run_peer = f"import sys; sys.path.insert(0, {str(_common.ROOT)!r}); from benchmarks import netlink; " \
                f"netlink.tcp_peer({link.netns_addr!r}, {nbytes})"
     peer = subprocess.Popen([*link.exec_prefix, sys.executable, "-c", run_peer], stdout=subprocess.PIPE, text=True)
     try:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """The papers' headline claims, reproduced side by side on loopback and behind a rate-limited link.
 
 The MLLess and MLES papers claim:
@@ -19,46 +18,30 @@ Every claim runs on each network setting (`--links`):
 
 mlless runs are `mlless train` with only `model.type` set (plus P, `sync.protocol` and the stop rule), over Redis +
 RabbitMQ; times are read from metrics.jsonl: the first validation RMSE at or below the target, from the job's first
-step. Targets are time_to_quality.py's: Surprise's 20-epoch RMSE on the MovieLens sample, LIBMF's 10-iteration RMSE
-(2 threads) + 0.01 on the synthetic ratings.
+step. Targets are `_peers.pmf_target`'s: Surprise's 20-epoch RMSE on the MovieLens sample, LIBMF's 10-iteration RMSE
+(2 threads) + 0.01 on the synthetic ratings. Claim 2 is `autotuner.py`; claim 3's PyTorch DDP is `_ddp.py`.
 
---quick (MovieLens sample and 1M skewed ratings, P = 2, loopback and 200 Mbit/s, one run per variant) finishes in
-under 10 minutes on a 2-core machine and prints the tables; without it, the MovieLens sample and the 10M skewed set,
+--quick: the MovieLens sample, P = 2, loopback and 200 Mbit/s, one run per variant, claim 1 and the curve fit;
+claim 2 on loopback only, claim 3 where torch is installed. Without it: the MovieLens sample and the 10M skewed set,
 P = 2 and 4, loopback and 200 Mbit/s, 90 s per run and 3 auto-tuner runs per variant (about 50 minutes here;
---links loopback,1gbit,200mbit and --workers 2,3,4 widen it). --write-results replaces the "paper" section of RESULTS.md and writes
-`mlless report` plots of each comparison under benchmarks/report-paper/.
+--links loopback,1gbit,200mbit and --workers 2,3,4 widen it). `--plots` writes `mlless report` plots of each
+comparison under --out.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
-import sys
-import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+import numpy as np
+from mlless.spec.models import PAPERS_V
 
-_common.single_thread_env()
+from . import _common, _ddp, _peers, _runs, autotuner
+from .netlink import Link, LinkUnavailable, limited_link
 
-import numpy as np  # noqa: E402
-
-import time_to_quality as ttq  # noqa: E402
-from netlink import Link, LinkUnavailable, limited_link  # noqa: E402
-
-from mlless.autotuner.curves import CurveFitError, fit_reference  # noqa: E402
-from mlless.autotuner.knee import make_knee_detector  # noqa: E402
-from mlless.smoothing import ewma  # noqa: E402
-from mlless.data.dataset import Dataset  # noqa: E402
-from mlless.spec.config import KneeConfig  # noqa: E402
-from mlless.spec.models import PAPERS_V  # noqa: E402
-
-REPORTS = _common.HERE / "report-paper"
 LIMITED = ("1gbit", "200mbit")
 #: ISP against BSP on a limited link, and the RMSE it may give up (the issue's target for claim 1).
 ISP_SPEEDUP, ISP_RMSE_SLACK = 2.0, 0.01
@@ -74,8 +57,8 @@ AHEAD, FIT_BOUND = (50, 100, 150, 200), 0.015
 
 
 def data_sets(quick: bool) -> list[str]:
-    """time_to_quality.py's keys of the data sets the claims run on."""
-    return ["movielens", "pmf1m-skew"] if quick else ["movielens", "pmf10m-skew"]
+    """The keys (`_common.ALL_SETS`) of the data sets the claims run on."""
+    return ["movielens"] if quick else ["movielens", "pmf10m-skew"]
 
 
 @dataclass
@@ -87,7 +70,7 @@ class SyncRun:
     workers: int
     protocol: str
     v: float | None
-    curve: ttq.Curve
+    curve: _common.Curve
     target: float
 
     @property
@@ -120,11 +103,10 @@ def claim_sync(link_name: str, link: Link, sets: list[tuple[str, Path, float]], 
                max_seconds: float, base: Path) -> list[SyncRun]:
     runs = []
     for key, data, target in sets:
-        ds = Dataset.open(str(data))
         for p in workers:
             for protocol, v in SYNC_VARIANTS:
-                curve = ttq.run_mlless(ds, data, "pmf", ttq.MllessRun(p, True, protocol, v), target, max_seconds, base,
-                                       urls=(link.redis_url, link.amqp_url))
+                curve = _runs.run_mlless(data, "pmf", _runs.MllessRun(p, True, protocol, v), target, max_seconds, base,
+                                         urls=(link.redis_url, link.amqp_url))
                 r = SyncRun(link_name, key, p, protocol, v, curve, target)
                 runs.append(r)
                 print(f"  [{link_name}] {key} P={p} {r.variant}: "
@@ -171,14 +153,18 @@ def sync_tables(runs: list[SyncRun], max_seconds: float) -> tuple[str, str, list
 
 def run_losses(run_dir: Path) -> np.ndarray:
     """The training loss of every step a run recorded (metrics.jsonl)."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return np.array([r["loss"] for r in rows if r.get("loss") is not None], dtype=np.float64)
+    return np.array([r["loss"] for r in _runs.rows(run_dir) if r.get("loss") is not None], dtype=np.float64)
 
 
 def fit_errors(loss: np.ndarray) -> tuple[int, list[float]] | None:
     """The papers' Fig. 2c check on a real run: fit L_P (the auto-tuner's reference curve) to the smoothed training
     loss the tuner has when it accepts the knee, and return that step with the fit's relative error 50-200 steps
     later against the smoothed loss the run then measured; None without a knee, enough steps after it, or a fit."""
+    from mlless.autotuner.curves import CurveFitError, fit_reference
+    from mlless.autotuner.knee import make_knee_detector
+    from mlless.smoothing import ewma
+    from mlless.spec.config import KneeConfig
+
     knee = KneeConfig()
     detector = make_knee_detector(knee)
     accepted = next((step for step, value in enumerate(loss, start=1) if detector.update(step, float(value))), None)
@@ -222,32 +208,29 @@ def fit_table(runs: list[SyncRun]) -> tuple[str, list[str]]:
 
 # ---- claim 2: the auto-tuner --------------------------------------------------------------------------------------
 
-def claim_tuner(link_name: str, link: Link, data_dir: Path, repeats: int, quick: bool,
-                plots: bool) -> list[tuple[str, str, list[str]]]:
+def claim_tuner(link_name: str, link: Link, args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
     """autotuner.py's comparison (ISP against ISP + tuner, P = 4) over this link, to each of TUNER_TARGETS of one ISP
-    pilot's drop: on the MovieLens sample with --quick, else its 2M-rating synthetic set. One part per target."""
-    import autotuner
-
-    if quick:
-        data = _common.prepare(data_dir / "movielens-small", "--sample", "movielens-small")
-        what = "MovieLens sample"
+    pilot's drop (--quick: the first): on the MovieLens sample with --quick, else its 2M-rating synthetic set. One
+    part per target."""
+    if args.quick:
+        data, what = _common.prepared(args.data_dir, "movielens"), "MovieLens sample"
         timing = {"pilot_seconds": 20.0, "max_seconds": 60.0}
     else:
-        data = autotuner.prepare_data(data_dir, 2_000_000, 20_000, 5_000, 6250)
-        what = "synthetic 2M ratings, 20k x 5k (batch 6,250)"
-        timing = {}
-    cfg = autotuner.BenchConfig(data=data, out=data_dir / "paper" / f"tuner-{link_name}", redis_url=link.redis_url,
-                                amqp_url=link.amqp_url, repeats=repeats, **timing)
+        data = autotuner.prepare_data(args.data_dir, 2_000_000, 20_000, 5_000, 6250)
+        what, timing = "synthetic 2M ratings, 20k x 5k (batch 6,250)", {}
+    repeats = args.tuner_repeats or (1 if args.quick else 3)
+    cfg = autotuner.BenchConfig(data=data, out=args.data_dir / "paper" / f"tuner-{link_name}",
+                                redis_url=link.redis_url, amqp_url=link.amqp_url, repeats=repeats, **timing)
     pilot = autotuner.run_pilot(cfg)
     parts = []
-    for fraction in TUNER_TARGETS:
+    for fraction in TUNER_TARGETS[:1] if args.quick else TUNER_TARGETS:
         result = autotuner.run_benchmark(dataclasses.replace(cfg, pilot_fraction=fraction), pilot)
         verdict = autotuner.verdict_line(result)
         body = [f"{what}, P = {cfg.workers}, {repeats} run(s) per variant; {result.pilot_note}", "",
                 autotuner.tables(result), "", verdict]
-        name = f"tuner-{link_name}-{round(fraction * 100)}"
-        if plots:
-            body += ["", "Plots: " + report(name, [(v, Path(r)) for v, r in autotuner.median_runs(result)],
+        if args.plots:
+            body += ["", "Plots: " + plots(args.out, f"tuner-{link_name}-{round(fraction * 100)}",
+                                           [(v, Path(r)) for v, r in autotuner.median_runs(result)],
                                            f"ISP vs ISP + auto-tuner, {link_name}, {fraction:g} of the drop")]
         line = f"claim 2 [{link_name}, {fraction:g} of the drop]: {verdict}"
         print(f"  {line}", flush=True)
@@ -263,8 +246,6 @@ def claim_ddp(link_name: str, link: Link, sets: list[tuple[str, Path, float]], w
 
     On a limited link rank 0 stays in this namespace, at the host end of the veth pair, and ranks >= 1 run in the
     services' namespace, so each step's all-reduce crosses the link as mlless's updates do."""
-    import torch_ddp
-
     rows, lines = [], []
     prefix = link.exec_prefix or None
     master = link.host_addr if link.exec_prefix else "127.0.0.1"
@@ -272,11 +253,11 @@ def claim_ddp(link_name: str, link: Link, sets: list[tuple[str, Path, float]], w
         for p in workers:
             isp = next(r for r in sync_runs
                        if (r.link, r.data, r.workers, r.protocol, r.v) == (link_name, key, p, "isp", None))
-            mine = torch_ddp.mlless_figures(isp.curve, p, target)
+            mine = _ddp.mlless_figures(isp.curve, p, target)
             found = [mine]
             for variant in ("sparse", "dense"):
-                found.append(torch_ddp.run_ddp(data_dir, key, p, variant, target, max_seconds,
-                                               exec_prefix=prefix, master_addr=master))
+                found.append(_ddp.run_ddp(data_dir, key, p, variant, target, max_seconds,
+                                          exec_prefix=prefix, master_addr=master))
             for f in found:
                 rows.append({**f, "link": link_name, "data": key})
             best = min((f for f in found[1:] if f["seconds_to_target"] is not None),
@@ -306,24 +287,24 @@ def ddp_table(rows: list[dict]) -> str:
           None if r["perf_per_dollar"] is None else f"{r['perf_per_dollar']:.4g}", r["note"]) for r in rows])
 
 
-# ---- the run --------------------------------------------------------------------------------------------------------
+# ---- the suite ------------------------------------------------------------------------------------------------------
 
 @dataclass
 class Section:
-    """What one run of this script found, in the order RESULTS.md shows it."""
+    """What one run of this suite found, in the order its report shows it."""
 
     parts: list[str] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
 
     def add(self, title: str, body: str, lines: list[str] = ()) -> None:
-        self.parts += [f"### {title}", "", body, ""]
+        self.parts += [f"#### {title}", "", body, ""]
         self.verdicts += list(lines)
 
 
-def report(name: str, runs: list[tuple[str, Path]], title: str) -> str:
-    """`mlless report` of ``runs`` (label, run dir) into report-paper/NAME; returns the link RESULTS.md shows."""
-    _common.mlless_report(REPORTS / name, runs, title)
-    return f"[`report-paper/{name}/index.html`](report-paper/{name}/index.html)"
+def plots(out: Path, name: str, runs: list[tuple[str, Path]], title: str) -> str:
+    """`mlless report` of ``runs`` (label, run dir) into OUT/NAME; returns where its page is."""
+    _runs.mlless_report(out / name, runs, title)
+    return f"`{out / name / 'index.html'}`"
 
 
 def links(names: list[str], stack: ExitStack) -> list[tuple[str, Link]]:
@@ -337,42 +318,44 @@ def links(names: list[str], stack: ExitStack) -> list[tuple[str, Link]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR,
-                   help="prepared datasets and runs (default %(default)s)")
-    p.add_argument("--quick", action="store_true", help="small data, P = 2, loopback and 200mbit: under 10 minutes")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--links", default="loopback,200mbit",
                    help="comma list of loopback, 1gbit, 200mbit or any tc rate (default %(default)s)")
     p.add_argument("--workers", help="comma list of P (default 2,4; --quick: 2)")
     p.add_argument("--claims", default="sync,tuner,ddp", help="comma list of sync,tuner,ddp (default %(default)s)")
     p.add_argument("--max-seconds", type=float, help="stop rule of each run (default 90; --quick: 40)")
     p.add_argument("--tuner-repeats", type=int, help="auto-tuner runs per variant (default 3; --quick: 1)")
-    p.add_argument("--write-results", action="store_true",
-                   help="replace the 'paper' section of RESULTS.md and write report-paper/")
-    args = p.parse_args(argv)
-    quick = args.quick
-    link_names = args.links.split(",")
-    workers = [int(w) for w in (args.workers or ("2" if quick else "2,4")).split(",")]
-    claims = set(args.claims.split(","))
-    max_seconds = args.max_seconds or (40.0 if quick else 90.0)
-    repeats = args.tuner_repeats or (1 if quick else 3)
-    info = _common.machine_info()
-    print(_common.machine_line(info), flush=True)
-    started = time.perf_counter()
+    p.add_argument("--plots", action="store_true", help="`mlless report` plots of each comparison under --out")
 
+
+def torch_missing() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
+def run(args: argparse.Namespace) -> str:
+    from mlless.data.dataset import Dataset
+
+    workers = [int(w) for w in (args.workers or ("2" if args.quick else "2,4")).split(",")]
+    claims = set(args.claims.split(","))
+    max_seconds = args.max_seconds or (40.0 if args.quick else 90.0)
+    out = Section()
+    if "ddp" in claims and torch_missing():
+        claims.discard("ddp")
+        out.verdicts.append("claim 3 not run: PyTorch is not installed")
     sets = []
-    for key in data_sets(quick):
-        data = ttq.prepared(args.data_dir, key)
-        _anchor, target = ttq.pmf_target(key, Dataset.open(str(data)))
+    for key in data_sets(args.quick):
+        data = _common.prepared(args.data_dir, key)
+        _anchor, target = _peers.pmf_target(key, Dataset.open(str(data)))
         print(f"{key}: target validation RMSE {target:.4f}", flush=True)
         sets.append((key, data, target))
     base = args.data_dir / "paper"
     base.mkdir(parents=True, exist_ok=True)
-
-    out = Section()
     with ExitStack() as stack:
-        made = links(link_names, stack)
+        made = links(args.links.split(","), stack)
         sync_runs: list[SyncRun] = []
         ddp_rows: list[dict] = []
         tuner_parts: list[tuple[str, str, list[str]]] = []
@@ -380,23 +363,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name}: {link.description}", flush=True)
             if "sync" in claims or "ddp" in claims:
                 sync_runs += claim_sync(name, link, sets, workers, max_seconds, base)
-            if "tuner" in claims:
-                tuner_parts += claim_tuner(name, link, args.data_dir, repeats, quick, args.write_results)
+            if "tuner" in claims and (name == "loopback" or not args.quick):
+                tuner_parts += claim_tuner(name, link, args)
             if "ddp" in claims:
                 rows, lines = claim_ddp(name, link, sets, workers, sync_runs, max_seconds, args.data_dir)
                 ddp_rows += rows
                 out.verdicts += lines
-
     if sync_runs:
         table, verdict, lines = sync_tables(sync_runs, max_seconds)
-        plots = []
-        if args.write_results:
+        pages = []
+        if args.plots:
             for (name, _), (key, _, _) in ((lk, s) for lk in made for s in sets):
-                runs = [(f"{r.variant} P={r.workers}", r.run_dir) for r in sync_runs
-                        if r.link == name and r.data == key]
-                plots.append(f"{key}, {name}: " + report(f"sync-{key}-{name}", runs,
-                                                            f"ISP vs BSP vs SSP, {key}, {name}"))
-        out.add("1. ISP vs BSP vs SSP", "\n".join([table, "", verdict, "", *(f"- {x}" for x in plots)]), lines)
+                runs = [(f"{r.variant} P={r.workers}", r.run_dir) for r in sync_runs if r.link == name and r.data == key]
+                pages.append(f"{key}, {name}: " + plots(args.out, f"sync-{key}-{name}", runs,
+                                                         f"ISP vs BSP vs SSP, {key}, {name}"))
+        out.add("1. ISP vs BSP vs SSP", "\n".join([table, "", verdict, "", *(f"- {x}" for x in pages)]), lines)
         fit, fit_lines = fit_table(sync_runs)
         out.add("The curve fit on these runs' training loss",
                 "As the auto-tuner does: L_P (`mlless.autotuner.curves.fit_reference`) fitted on the EWMA-smoothed "
@@ -406,20 +387,5 @@ def main(argv: list[str] | None = None) -> int:
         out.add(f"2. The auto-tuner, {title}", body, lines)
     if ddp_rows:
         out.add("3. mlless vs PyTorch DDP (gloo, CPU) at equal P", ddp_table(ddp_rows))
-
-    elapsed = time.perf_counter() - started
-    print("\n" + "\n".join(out.parts))
-    print("\n".join(out.verdicts))
-    print(f"\npaper.py took {elapsed / 60:.1f} min", flush=True)
-    if args.write_results:
-        body = ["## Reproducing the papers' claims (`benchmarks/paper.py`)", "",
-                f"Run: {_common.machine_line(info)}; {elapsed / 60:.1f} min.", "",
-                "```", _common.command_line(), "```", "",
-                "Links: " + "; ".join(f"{name}: {link.description}" for name, link in made) + ".", "",
-                *out.parts, "Verdicts:", "", *(f"- {v}" for v in out.verdicts), ""]
-        _common.update_results("paper", "\n".join(body))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return "\n".join(["Links: " + "; ".join(f"{name}: {link.description}" for name, link in made) + ".", "",
+                      *out.parts, "Verdicts:", "", *(f"- {v}" for v in out.verdicts)])

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
-"""From the runs of `scaling.py` to a cluster: time to target at P = 4 … 64 on dedicated cores, 10 Gbit/s.
+"""From the runs of the scaling suite to a cluster: time to target at P = 4 … 64 on dedicated cores, 10 Gbit/s.
 
-`scaling.py` calls `measure_hop()` before its runs and `project()` after them; this script alone re-projects a
-saved report (`python benchmarks/projection.py benchmarks/report-scaling/scaling.json --gbit 25 --wire-rtt-us 20`).
+`scaling.py` calls `measure_hop()` before its runs and `project()` after them; `python -m benchmarks scaling
+--reproject OUT/scaling.json --gbit 25 --wire-rtt-us 20` projects a saved report again.
 
 The model (one worker's step, all workers alike; s = bytes a worker sends per step, r(P) = bytes it reads) lives in
 `mlless.planning.steptime`, which `mlless plan` fits on a job's run directories too:
@@ -45,17 +44,13 @@ step's path on dedicated cores), and steps(P) beyond P = 3 is an extrapolation o
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from mlless.planning.steptime import fit_beta, fit_kappa, step_seconds
 
-from mlless.planning.steptime import fit_beta, fit_kappa, step_seconds  # noqa: E402
+from . import _common, netlink
 
 PROJECT_P = (4, 8, 16, 32, 64)
 
@@ -64,8 +59,6 @@ def measure_hop(link: Any, value_bytes: int = 1 << 20, nbytes: int = 32 << 20, t
     """One hop to where the services are (`netlink.Link`): the round trip of a Redis PING (a client request and its
     answer), and the wire's bandwidth, raw TCP each way (harmonic mean: an update is written once and read back).
     Redis SET/GET through redis-py are recorded too; their client's per-byte cost belongs to κ, not to the wire."""
-    import netlink
-
     put, got, ping_us = netlink.measure_redis(link, nbytes, value_bytes=value_bytes)
     up, down = netlink.measure_tcp(link, tcp_bytes)
     mbits = 2 / (1 / up + 1 / down)
@@ -161,11 +154,11 @@ def project(report: dict[str, Any], gbit: float = 10.0, wire_rtt_us: float = 50.
     """The model of every pair of every data set in a scaling report; returns the figures and their markdown."""
     hop = report["hop"]
     cores = int(report["machine"]["cores"])
-    parts = [f"### Projection (`benchmarks/projection.py`): {gbit:g} Gbit/s, hop = loopback "
+    parts = [f"### Projection: {gbit:g} Gbit/s, hop = loopback "
              f"{hop['rtt_seconds'] * 1e6:.0f} µs + {wire_rtt_us:g} µs wire, dedicated cores", "",
              f"Measured hop ({report.get('link', 'loopback')}): Redis PING {hop['rtt_seconds'] * 1e6:.0f} µs, "
              f"wire (TCP) {hop['bytes_per_second'] * 8 / 1e9:.1f} Gbit/s, redis-py SET {hop['set_mbits']:,.0f} / "
-             f"GET {hop['get_mbits']:,.0f} Mbit/s. Model and its limits: the script's "
+             f"GET {hop['get_mbits']:,.0f} Mbit/s. Model and its limits: benchmarks/projection.py's "
              "docstring. Validation on this machine: predicted / measured − 1 of the training time to target (from the "
              f"first step; then with the start-up, which both include), under a roofline for its {cores} shared cores "
              "less the cores other work kept busy during the run (/proc/stat; the quiet-machine column ignores it). "
@@ -213,26 +206,3 @@ def project(report: dict[str, Any], gbit: float = 10.0, wire_rtt_us: float = 50.
                                 f"{p['link'] * 1e3:.2f}", f"{p['read_bytes'] / 1e6:.2f}", p["seconds"],
                                 f"{p['speedup']:.2f}x", f"{p['efficiency']:.2f}") for p in proj]), ""]
     return {"gbit": gbit, "wire_rtt_us": wire_rtt_us, "figures": figures, "markdown": "\n".join(parts)}
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("report", type=Path, nargs="?", default=_common.HERE / "report-scaling" / "scaling.json",
-                   help="scaling.py's JSON (default %(default)s)")
-    p.add_argument("--gbit", type=float, default=10.0, help="link Gbit/s of the workers and the store (default 10)")
-    p.add_argument("--wire-rtt-us", type=float, default=50.0, help="round trip the wire adds to a loopback hop (default 50)")
-    p.add_argument("--measure-hop", action="store_true", help="measure the loopback hop now instead of the report's")
-    args = p.parse_args(argv)
-    report = json.loads(args.report.read_text())
-    if args.measure_hop:
-        import netlink
-
-        with netlink.limited_link(None) as link:
-            report["hop"] = measure_hop(link)
-    proj = project(report, args.gbit, args.wire_rtt_us)
-    print(proj["markdown"])
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

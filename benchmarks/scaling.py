@@ -1,16 +1,16 @@
-#!/usr/bin/env python
 """Scaling out: time to target and parallel efficiency at P = 1, 2, 3 for each sync protocol × exchange pattern.
 
-Issue #21's first benchmark. For each data set (the 10M Zipf-skewed ratings and the 1M clicks of
-`time_to_quality.py`; `--quick`: its 1M ratings and 200k clicks) and each protocol × exchange pair (default: every
-`sync.protocol` the importable mlless's schema has and accepts for the model, and every `sync.exchange`, which is
-all-to-all alone while the schema has no such field; `--protocols` / `--exchanges` name others as they appear),
+For each data set (the 10M Zipf-skewed ratings and the 1M clicks; `--quick`: the 1M ratings and 200k clicks) and
+each protocol × exchange pair (default: every `sync.protocol` the importable mlless's schema has and accepts for the
+model, and every `sync.exchange`, which is all-to-all alone while the schema has no such field; `--quick`: the
+model's default pair and BSP; `--protocols` / `--exchanges` name others as they appear),
 at each P of `--workers` (default 1,2,3), one `mlless train` run with only `model.type`, the P, the pair and the
 stop rule set, and from it:
 
 * **seconds to target**: the first evaluation in metrics.jsonl at or below the target, from the job's start, and
-  from its first step (the start-up subtracted): `time_to_quality.py`'s rule, and its targets (`pmf_target`:
-  LIBMF's 10-iteration RMSE with 2 threads + 0.01; `lr_target`: VW's one-pass BCE + 0.005), reused from it;
+  from its first step (the start-up subtracted): the time-to-quality suite's rule, and its targets
+  (`_peers.pmf_target`: LIBMF's 10-iteration RMSE with 2 threads + 0.01; `_peers.lr_target`: VW's one-pass BCE
+  + 0.005);
 * **worker CPU-seconds to target**: the workers' processes' user + system CPU (from /proc, sampled every 50 ms
   against the newest step in metrics.jsonl, so it is read at the target's step), summed over the workers;
   with their start-up (imports, loading the batches) and from the first step. Also the workers' *busy* seconds
@@ -28,14 +28,14 @@ stop rule set, and from it:
   median gap between step closes).
 
 In the same run: LIBMF with 1 and 2 threads on the ratings, Vowpal Wabbit one pass on the clicks, each timed
-to the same target (their `fit` / pass as `time_to_quality.py` times them).
+to the same target (their `fit` / pass as the time-to-quality suite times them).
 
 Then `projection.py` models the same runs (see its docstring): calibrated on them and on a loopback hop measured
 in this run, it predicts their time to target (its validation error is reported) and projects P = 4 … 64 on
-dedicated cores behind a 10 Gbit/s link.
+dedicated cores behind a `--gbit` link (10 Gbit/s); `--reproject JSON` projects a saved run again.
 
-Output: per data set, the markdown tables on stdout and in `--out` (default benchmarks/report-scaling/:
-scaling.md, and scaling.json with every raw figure and each run's directory), with the machine line.
+Output: per data set, the markdown tables, and in `--out` scaling.json with every raw figure and each run's
+directory.
 On this 2-core machine P = 2 and 3 share the cores with the supervisor and the broker: read the CPU-second
 figures before the wall-time ones.
 """
@@ -44,19 +44,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import subprocess
-import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-import time_to_quality as ttq  # noqa: E402
+from . import _common, _peers, _runs, netlink, projection
 
 PHASES = ("fetch", "compute", "filter", "write", "wait", "read", "apply")
 BUSY = tuple(p for p in PHASES if p != "wait")
@@ -66,7 +61,6 @@ QUICK = {"pmf1m-skew": "pmf", "lr200k": "logistic-regression"}
 #: Sets run only when named: the dense Higgs-like set of LambdaML's and MLES's dense LR.
 OTHERS = {"higgs": "logistic-regression"}
 TRANSPORTS = {"embedded": False, "services": True}
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # ---- configurations --------------------------------------------------------------------------------------------
@@ -92,7 +86,7 @@ def job_doc(name: str, kind: str, data: Path, pair: Pair, workers: int, stop: di
     """The TrainingJob: only model.type, P, the pair and the stop rule (and `--sync`'s fields); `sync.exchange` only
     where the schema has it."""
     sync: dict[str, Any] = {"protocol": pair.protocol, **SYNC_SETTINGS}
-    if _common.has_spec_field("sync.exchange"):
+    if _runs.has_spec_field("sync.exchange"):
         sync["exchange"] = pair.exchange
     elif pair.exchange != EXCHANGE_TODAY:
         raise ValueError(f"this mlless has no sync.exchange: only {EXCHANGE_TODAY} runs")
@@ -104,14 +98,14 @@ def job_doc(name: str, kind: str, data: Path, pair: Pair, workers: int, stop: di
 def pairs_for(kind: str, data: Path, protocols: list[str] | None, exchanges: list[str] | None,
               transports: list[str], workers: list[int]) -> tuple[list[Pair], list[str]]:
     """The pairs to run for `kind` and a line per pair the library refuses (at any of `workers`)."""
-    protocols = protocols or list(_common.sync_choices("protocol"))
-    exchanges = exchanges or list(_common.sync_choices("exchange", [EXCHANGE_TODAY]))
+    protocols = protocols or list(_runs.sync_choices("protocol"))
+    exchanges = exchanges or list(_runs.sync_choices("exchange", [EXCHANGE_TODAY]))
     pairs, refused = [], []
     for protocol in protocols:
         for exchange in exchanges:
             pair = Pair(protocol, exchange, transports[0])
             try:
-                why = next((w for w in (_common.refusal(job_doc("probe", kind, data, pair, p, {"maxSteps": 1}))
+                why = next((w for w in (_runs.refusal(job_doc("probe", kind, data, pair, p, {"maxSteps": 1}))
                                         for p in workers) if w), None)
             except ValueError as e:
                 why = str(e)
@@ -120,111 +114,6 @@ def pairs_for(kind: str, data: Path, protocols: list[str] | None, exchanges: lis
                 continue
             pairs += [Pair(protocol, exchange, t) for t in transports]
     return pairs, refused
-
-
-# ---- watching a run's processes --------------------------------------------------------------------------------
-
-def _stat(pid: int) -> tuple[int, float] | None:
-    """(ppid, user + system CPU seconds) of a process, None once it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds every core of this machine has been busy since boot (/proc/stat: all but idle and iowait)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / CLK_TCK
-
-
-def service_pids() -> dict[str, list[int]]:
-    """Redis and RabbitMQ server processes on this machine (their CPU includes every other user's traffic)."""
-    found: dict[str, list[int]] = {"redis": [], "rabbitmq": []}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                comm = (entry / "comm").read_text().strip()
-            except OSError:
-                continue
-            if comm == "redis-server":
-                found["redis"].append(int(entry.name))
-            elif comm == "beam.smp":
-                found["rabbitmq"].append(int(entry.name))
-    return found
-
-
-class Watcher(threading.Thread):
-    """Samples, every `period` s, the CPU seconds of `mlless train` (supervisor, embedded broker, evaluation) and
-    of its worker processes, against the newest step written to the run's metrics.jsonl."""
-
-    def __init__(self, proc: subprocess.Popen, run_dir: Path, workers: int, period: float = 0.05) -> None:
-        super().__init__(daemon=True)
-        self.proc, self.metrics, self.workers, self.period = proc, run_dir / "metrics.jsonl", workers, period
-        self.worker_cpu: dict[int, float] = {}  # pid -> last seen CPU seconds
-        self.samples: list[tuple[float, int, float, float]] = []  # (time, newest step, workers' CPU, supervisor's)
-        self.stopping = threading.Event()
-        self._offset, self._step, self._last_scan = 0, 0, 0.0
-
-    def _newest_step(self) -> int:
-        try:
-            with self.metrics.open("rb") as fh:
-                fh.seek(self._offset)
-                chunk = fh.read()
-        except OSError:
-            return self._step
-        end = chunk.rfind(b"\n")
-        if end >= 0:
-            lines = chunk[:end].splitlines()
-            self._offset += end + 1
-            if lines:
-                self._step = json.loads(lines[-1])["step"]
-        return self._step
-
-    def _scan_children(self) -> None:
-        """The workers: `mlless worker` children of the job's process, or forks of its zygote (launch/zygote.py),
-        which are the zygote's children and carry its command line."""
-        stats = {int(e.name): st for e in Path("/proc").iterdir() if e.name.isdigit() and (st := _stat(int(e.name)))}
-        zygotes = {pid for pid, st in stats.items() if st[0] == self.proc.pid and " zygote" in _cmdline(pid)}
-        for pid, st in stats.items():
-            if pid not in self.worker_cpu and (st[0] in zygotes or
-                                               (st[0] == self.proc.pid and " worker" in _cmdline(pid))):
-                self.worker_cpu[pid] = st[1]
-
-    def sample(self) -> None:
-        now = time.perf_counter()
-        if len(self.worker_cpu) < self.workers and now - self._last_scan > 0.2:
-            self._scan_children()
-            self._last_scan = now
-        for pid in self.worker_cpu:
-            st = _stat(pid)
-            if st is not None:
-                self.worker_cpu[pid] = st[1]
-        sup = _stat(self.proc.pid)
-        step = self._newest_step()
-        prev_sup = self.samples[-1][3] if self.samples else 0.0
-        self.samples.append((now, step, sum(self.worker_cpu.values()), sup[1] if sup else prev_sup))
-
-    def run(self) -> None:
-        while not self.stopping.is_set():
-            self.sample()
-            self.stopping.wait(self.period)
-
-    def cpu_at(self, step: int) -> tuple[float | None, float | None]:
-        """(workers', supervisor's) CPU seconds when the row of `step` was first seen (within one period)."""
-        for _, s, w, sup in self.samples:
-            if s >= step:
-                return w, sup
-        return None, None
 
 
 # ---- one run -----------------------------------------------------------------------------------------------------
@@ -237,20 +126,20 @@ def run_pair(kind: str, data: Path, pair: Pair, workers: int, target: float, max
     job.write_text(json.dumps(doc))  # JSON is YAML
     out = base / f"run-{name}-{int(time.time() * 1000) % 10**8}"
     services = TRANSPORTS[pair.transport]
-    svc = service_pids() if services else {}
-    svc_before = {k: sum((_stat(p) or (0, 0.0))[1] for p in v) for k, v in svc.items()}
+    svc = _runs.service_pids() if services else {}
+    svc_before = {k: sum((_runs.proc_stat(p) or (0, 0.0))[1] for p in v) for k, v in svc.items()}
     load = _common.loadavg()
-    busy_before = machine_busy_seconds()
+    busy_before = _runs.machine_busy_seconds()
     started = time.perf_counter()
-    proc = subprocess.Popen(_common.mlless_train_command(job, out, services, redis_url=urls[0], amqp_url=urls[1]))
-    watcher = Watcher(proc, out, workers)
+    proc = subprocess.Popen(_runs.train_command(job, out, services, redis_url=urls[0], amqp_url=urls[1]))
+    watcher = _runs.Watcher(proc, out, workers)
     watcher.start()
     rc = proc.wait()
     watcher.stopping.set()
     watcher.join()
     process_seconds = time.perf_counter() - started
-    machine_busy = machine_busy_seconds() - busy_before
-    svc_cpu = {k: sum((_stat(p) or (0, 0.0))[1] for p in v) - svc_before[k] for k, v in svc.items()}
+    machine_busy = _runs.machine_busy_seconds() - busy_before
+    svc_cpu = {k: sum((_runs.proc_stat(p) or (0, 0.0))[1] for p in v) - svc_before[k] for k, v in svc.items()}
     if rc != 0:
         raise subprocess.CalledProcessError(rc, f"mlless train {job}")
     summary = json.loads((out / "summary.json").read_text())
@@ -286,7 +175,7 @@ def billed_worker_seconds(row: dict[str, Any], pricing: dict[str, Any]) -> float
     return max(0.0, (row["cost_usd"] - supervisor - services) / gb_price)
 
 
-def analyse(rows: list[dict], summary: dict, watcher: Watcher | None, target: float, workers: int, exchange: str,
+def analyse(rows: list[dict], summary: dict, watcher: _runs.Watcher | None, target: float, workers: int, exchange: str,
             job: dict[str, Any]) -> dict[str, Any]:
     """The figures of one run (see the module docstring); pure but for the watcher's samples."""
     startup = summary["startup_seconds"]
@@ -368,7 +257,7 @@ def _x(v: float | None) -> str:
     return "–" if v is None else f"{v:.2f}"
 
 
-def tables(title: str, target: float, peers: list[ttq.Curve], results: list[dict[str, Any]]) -> str:
+def tables(title: str, target: float, peers: list[_common.Curve], results: list[dict[str, Any]]) -> str:
     rows = []
     single = next((c.reached(target) for c in peers if c.system.startswith("LIBMF, 1 ")), None)
     for c in peers:
@@ -400,22 +289,47 @@ def tables(title: str, target: float, peers: list[ttq.Curve], results: list[dict
             f"means over the workers):\n\n{t2}\n")
 
 
-# ---- main --------------------------------------------------------------------------------------------------------
+# ---- the suite ---------------------------------------------------------------------------------------------------
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--datasets", help=f"comma list (default {','.join(DATASETS)}; --quick: {','.join(QUICK)}; "
+                                      f"also: {','.join(OTHERS)})")
+    p.add_argument("--protocols", help="comma list (default: every sync.protocol the schema admits for the model; "
+                                       "--quick: the model's default and bsp)")
+    p.add_argument("--exchanges", help="comma list (default: every sync.exchange the schema has; --quick: the default)")
+    p.add_argument("--workers", default="1,2,3", help="comma list of P (default %(default)s)")
+    p.add_argument("--sync", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a spec.sync field for every run, its value in JSON (e.g. localSteps=64); repeatable")
+    p.add_argument("--optimizer", action="append", default=[], metavar="FIELD=VALUE",
+                   help='a spec.optimizer field for every run, its value in JSON (e.g. type=\'"normalized"\'); repeatable')
+    p.add_argument("--transports", help="comma list of embedded, services (Redis + RabbitMQ) (default: services; "
+                                        "--quick: embedded)")
+    p.add_argument("--link", help="a tbf rate (e.g. 200mbit): the services in a netns behind it (netlink.py); "
+                                  "implies --transports services")
+    p.add_argument("--max-seconds", type=float, help="cap on each mlless run (default 120; --quick: 30)")
+    p.add_argument("--target", type=float, help="the validation loss to reach instead of the anchor's (for a set whose "
+                                                 "anchor is within reach in a fraction of an epoch)")
+    p.add_argument("--no-projection", action="store_true", help="skip projection.py's model")
+    p.add_argument("--gbit", type=float, default=10.0, help="the projection's link, Gbit/s (default %(default)s)")
+    p.add_argument("--wire-rtt-us", type=float, default=50.0,
+                   help="round trip the projection's wire adds to the loopback hop (default %(default)s)")
+    p.add_argument("--reproject", type=Path, metavar="JSON", help="only project a saved scaling.json again")
+
 
 def run_dataset(key: str, kind: str, args: argparse.Namespace, base: Path, urls: tuple[str, str],
                 pairs: list[Pair]) -> dict[str, Any]:
     from mlless.data.dataset import Dataset
 
-    data = ttq.prepared(args.data_dir, key)
+    data = _common.prepared(args.data_dir, key)
     ds = Dataset.open(str(data))
     print(f"== {key} ({kind})", flush=True)
     if kind == "pmf":
-        libmf2 = ttq.run_libmf(ds, 2, 10)
-        libmf1 = ttq.run_libmf(ds, 1, 10)
-        _, target = ttq.pmf_target(key, ds, libmf2)
+        libmf2 = _peers.run_libmf(ds, 2, 10)
+        libmf1 = _peers.run_libmf(ds, 1, 10)
+        _, target = _peers.pmf_target(key, ds, libmf2)
         peers = [libmf2, libmf1]
     else:
-        vw, target = ttq.lr_target(ds, data)
+        vw, target = _peers.lr_target(ds, data)
         peers = [vw]
     target = args.target if args.target is not None else target
     results = []
@@ -426,37 +340,20 @@ def run_dataset(key: str, kind: str, args: argparse.Namespace, base: Path, urls:
             except subprocess.CalledProcessError as e:
                 print(f"    {pair.label} P={P}: run failed ({e}); skipped", flush=True)
     add_efficiency(results)
-    title = ttq.ALL_SETS[key].title
+    title = _common.ALL_SETS[key].title
     return {"key": key, "kind": kind, "title": title, "target": target, "data": str(data),
             "n_train": ds.manifest.n_train, "batch_size": ds.manifest.batch_size,
             "peers": [{"system": c.system, "points": c.points, "reached": c.reached(target)} for c in peers],
             "runs": results, "table": tables(title, target, peers, results)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR, help="prepared data and runs (default %(default)s)")
-    p.add_argument("--quick", action="store_true",
-                   help="time_to_quality's quick sets (1M skewed ratings, 200k clicks), the embedded transport; ~5 min")
-    p.add_argument("--datasets", help=f"comma list (default {','.join(DATASETS)}; --quick: {','.join(QUICK)}; "
-                                     f"also: {','.join(OTHERS)})")
-    p.add_argument("--protocols", help="comma list (default: every sync.protocol the schema admits for the model)")
-    p.add_argument("--exchanges", help="comma list (default: every sync.exchange the schema has; all-to-all before it exists)")
-    p.add_argument("--workers", default="1,2,3", help="comma list of P (default %(default)s)")
-    p.add_argument("--sync", action="append", default=[], metavar="FIELD=VALUE",
-                   help="a spec.sync field for every run, its value in JSON (e.g. localSteps=64); repeatable")
-    p.add_argument("--optimizer", action="append", default=[], metavar="FIELD=VALUE",
-                   help='a spec.optimizer field for every run, its value in JSON (e.g. type=\'"normalized"\'); repeatable')
-    p.add_argument("--transports", help="comma list of embedded, services (Redis + RabbitMQ) (default: services; --quick: embedded)")
-    p.add_argument("--link", help="a tbf rate (e.g. 200mbit): the services in a netns behind it (benchmarks/netlink.py); "
-                                  "implies --transports services")
-    p.add_argument("--max-seconds", type=float, default=120, help="cap on each mlless run (default 120)")
-    p.add_argument("--target", type=float, help="the validation loss to reach instead of the anchor's (for a set whose "
-                                                 "anchor is within reach in a fraction of an epoch)")
-    p.add_argument("--no-projection", action="store_true", help="skip projection.py's model")
-    p.add_argument("--out", type=Path, default=_common.HERE / "report-scaling", help="where scaling.md and scaling.json go")
-    args = p.parse_args(argv)
+def run(args: argparse.Namespace) -> str:
+    from mlless.spec.config import default_sync
+
+    if args.reproject:
+        return projection.project(json.loads(args.reproject.read_text()), args.gbit, args.wire_rtt_us)["markdown"]
     args.workers = [int(w) for w in args.workers.split(",")]
+    args.max_seconds = args.max_seconds or (30.0 if args.quick else 120.0)
     for settings, given in ((SYNC_SETTINGS, args.sync), (OPTIMIZER_SETTINGS, args.optimizer)):
         for setting in given:
             name, _, value = setting.partition("=")
@@ -467,54 +364,39 @@ def main(argv: list[str] | None = None) -> int:
     transports = (args.transports or ("embedded" if args.quick and not args.link else "services")).split(",")
     if args.link:
         transports = ["services"]
-    info = _common.machine_info()
-    print(_common.machine_line(info), flush=True)
     base = args.data_dir / "scaling"
     base.mkdir(parents=True, exist_ok=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-
-    import netlink
-
     with netlink.limited_link(args.link) as link:
         urls = (link.redis_url, link.amqp_url)
         hop = None
         if not args.no_projection:
-            import projection
             hop = projection.measure_hop(link)
             print(f"hop ({link.description}): {hop['rtt_seconds'] * 1e6:.0f} µs round trip, "
                   f"{hop['bytes_per_second'] * 8 / 1e9:.2f} Gbit/s TCP (redis-py SET {hop['set_mbits']:,.0f} / GET "
-                  f"{hop['get_mbits']:,.0f} Mbit/s)",
-                  flush=True)
+                  f"{hop['get_mbits']:,.0f} Mbit/s)", flush=True)
         parts, refusals = [], []
         for key, kind in sets.items():
-            data = ttq.prepared(args.data_dir, key)
-            pairs, refused = pairs_for(kind, data, args.protocols and args.protocols.split(","),
-                                       args.exchanges and args.exchanges.split(","), transports, args.workers)
+            data = _common.prepared(args.data_dir, key)
+            protocols, exchanges = args.protocols and args.protocols.split(","), args.exchanges and args.exchanges.split(",")
+            if args.quick:  # the model's default pair and BSP beside it
+                default = default_sync(kind)
+                protocols = protocols or list(dict.fromkeys([default.protocol, "bsp"]))
+                exchanges = exchanges or [default.exchange]
+            pairs, refused = pairs_for(kind, data, protocols, exchanges, transports, args.workers)
             refusals += refused
             for line in refused:
                 print("  " + line, flush=True)
             parts.append(run_dataset(key, kind, args, base, urls, pairs))
             print(parts[-1]["table"], flush=True)
-        report = {"machine": info, "machine_line": _common.machine_line(info), "command": _common.command_line(),
-                  "link": link.description, "hop": hop, "refused": refusals, "datasets": parts}
-        md = ["### Scaling out (`benchmarks/scaling.py`)", "",
-              f"Machine: {report['machine_line']}. Command: `{report['command']}`. Link: {link.description}.", "",
-              "Seconds from the job's start to the first evaluation at or below the target (and from the first step); "
-              "efficiency T₁/(P·T_P) in wall time and C₁/C_P in the workers' summed CPU-seconds, against the same "
-              "pair at P = 1. LIBMF / VW: their fit or pass as `time_to_quality.py` times it.", "",
-              *(f"- {line}" for line in refusals), "" if refusals else "",
+        report = {"machine": _common.machine_info(), "command": _common.command_line(), "link": link.description,
+                  "hop": hop, "refused": refusals, "datasets": parts}
+        md = [f"Link: {link.description}. Seconds from the job's start to the first evaluation at or below the target "
+              "(and from the first step); efficiency T₁/(P·T_P) in wall time and C₁/C_P in the workers' summed "
+              "CPU-seconds, against the same pair at P = 1. LIBMF / VW: their fit or pass as the time-to-quality "
+              "suite times it.", "", *(f"- {line}" for line in refusals), "" if refusals else "",
               *(d["table"] for d in parts)]
         if hop is not None:
-            import projection
-            proj = projection.project(report)
-            report["projection"] = proj
-            md += [proj["markdown"]]
-            print(proj["markdown"], flush=True)
+            report["projection"] = projection.project(report, args.gbit, args.wire_rtt_us)
+            md.append(report["projection"]["markdown"])
     (args.out / "scaling.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-    (args.out / "scaling.md").write_text("\n".join(md) + "\n")
-    print(f"wrote {args.out / 'scaling.md'} and {args.out / 'scaling.json'}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return "\n".join(md)

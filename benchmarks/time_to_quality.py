@@ -1,408 +1,131 @@
-#!/usr/bin/env python
 """Seconds (and epochs) to a target validation loss: mlless with its defaults against the best single-machine tools.
 
-Every system trains on the same prepared train/validation split (`mlless prepare`), on this machine, in one run:
+Every system trains on the same prepared train/validation split (`mlless prepare`), on this machine, in one run.
+The peers and the targets are `_peers.py`'s (LIBMF 2 and 1 threads, Surprise SVD and PyTorch SparseAdam on the
+ratings; Vowpal Wabbit one pass, scikit-learn SGDClassifier and LogisticRegression on the clicks; targets: LIBMF's
+10-iteration RMSE + 0.01, Surprise's 20-epoch RMSE on the MovieLens sample, VW's one-pass BCE + 0.005).
 
-PMF (validation RMSE; rank 20 everywhere)
-  * LIBMF (PyPI `libmf`), 2 and 1 threads, L2 0.05 on P and Q, no L1 (the binding's default L1 zeroes
-    every factor); fitted on ratings minus their mean, one fit per iteration count 1..10, timed whole
-    (its setup included). Predictions are computed from its P and Q: the binding's `predict` returns garbage.
-  * scikit-surprise `SVD` (its defaults: lr 0.005, reg 0.02, init std 0.1) for 1, 2, 5, 10, 20 epochs.
-  * PyTorch: biased MF with sparse embeddings and `SparseAdam` (lr 0.01, batch 1024), as its docs show
-    sparse embeddings trained; torch threads = the machine's cores; one evaluation per epoch. An optional peer:
-    without torch its row says "not installed".
-  * mlless: `mlless train` with only `model.type` (plus the P, transport and protocol under test): the model's
-    default protocol at P = 1, 2 and 3, and at P = 2 each other protocol the model pairs with (the evidence for the
-    default), on the embedded transport and (without --quick) over Redis + RabbitMQ. Its time is read from
-    metrics.jsonl: the first evaluation at or below the target, from the job's start and from its first step.
+mlless: `mlless train` with only `model.type` (plus the P, transport and protocol under test): the model's default
+protocol at P = 1, 2 and 3, and at P = 2 each other protocol the model pairs with (the evidence for the default), on
+the embedded transport and (without --quick) over Redis + RabbitMQ. Its time is read from metrics.jsonl: the first
+evaluation at or below the target, from the job's start and from its first step.
 
-LR (validation BCE)
-  * Vowpal Wabbit (PyPI `vowpalwabbit`): `--loss_function logistic --link logistic -b 18` (its defaults:
-    adaptive, normalised, invariant updates, lr 0.5), one pass over a text file in VW's format, parsing included.
-  * scikit-learn: `SGDClassifier(loss="log_loss")` `partial_fit` on the same CSR batches (epochs 1..5), and
-    `LogisticRegression` (lbfgs, C=1) on the whole CSR matrix.
-  * mlless as for PMF.
+The models of issue #23 (`--datasets models`, or any of svm, softmax, linear-regression, dense-lr, kmeans; 200k
+rows each): their peers at their documented good settings, then mlless with only `model.type` at each
+`--model-workers` P, trained from scratch for each `--model-epochs` limit until its validation accuracy (RMSE) is
+within 0.01 (2 %) of the best peer's, the issue's bar; k-means until its training inertia is within 3 % of
+scikit-learn's `KMeans`. Its seconds are the whole `mlless train` process's (start-up included).
 
-The models of issue #23 (`--datasets models`, or any of svm, softmax, linear-regression, dense-lr, kmeans; 200k rows
-each):
-  * the peers of `benchmarks/model_peers.py` at their documented good settings (scikit-learn and Vowpal Wabbit);
-  * mlless with only `model.type` at each `--model-workers` P, trained from scratch for each `--model-epochs` limit
-    until its validation accuracy (RMSE) is within 0.01 (2 %) of the best peer's, the issue's bar; k-means until its
-    training inertia is within 3 % of scikit-learn's `KMeans`. Its seconds
-    are the whole `mlless train` process's (start-up included): per-evaluation accuracy is not in metrics.jsonl.
+Further parts (`--parts`):
+  * throughput: samples per second on one core of the step a worker runs (`Replica.step`, alone and with the ISP
+    filter, v = 0.7), beside the peers' fits of one epoch (LIBMF 1 thread, Surprise; VW's pass, SGDClassifier);
+  * defaults: the evidence for the default optimizers: candidate settings x P (P replicas summing their updates in
+    this process with the worker's `Optimizer.update`) -> epochs and compute seconds to the same targets.
 
-Targets (the anchor's converged quality plus a margin): LIBMF's 10-iteration RMSE (2 threads) + 0.01 on the
-synthetic ratings; Surprise's 20-epoch RMSE on the MovieLens sample; VW's one-pass BCE + 0.005 on the clicks.
-
-Data (prepared under --data-dir on first use): the MovieLens sample; 10M synthetic ratings (70k x 10k),
-uniform and Zipf-skewed (`--skew 0.8`, the default); 1M synthetic Criteo-layout clicks (2^18 hashed features).
+Data (prepared under --data-dir on first use): the MovieLens sample; 10M synthetic ratings (70k x 10k), uniform
+and Zipf-skewed (0.8); 1M synthetic Criteo-layout clicks; a 1M-row Higgs-like dense set. --quick: the MovieLens
+sample, 1M skewed ratings and 200k clicks, mlless on the embedded transport.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import json
-import math
-import os
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
-from model_peers import CASES, time_to_peer_quality  # noqa: E402
-
-from mlless.data.batches import RatingsBatch, SparseBatch  # noqa: E402
-from mlless.data.dataset import Dataset  # noqa: E402
-from mlless.spec.config import default_sync  # noqa: E402
-from mlless.spec.schema import pairing_errors  # noqa: E402
-from mlless.telemetry.rows import evaluated  # noqa: E402
-
-RANK = 20
-CORES = os.cpu_count() or 1
-
-
-@dataclass
-class Curve:
-    """One system's validation loss after each unit of training (iteration / epoch / evaluation)."""
-
-    system: str
-    points: list[tuple[float, float, float]] = field(default_factory=list)  # (seconds, epochs, loss)
-    note: str = ""
-    startup: float | None = None  # mlless: seconds before the first step (process start, workers connecting)
-    summary: dict | None = None  # mlless: the run's summary.json (cost, bytes sent, final loss)
-    run_dir: Path | None = None  # mlless: where the run wrote metrics.jsonl and summary.json
-
-    def add(self, seconds: float, epochs: float, loss: float) -> None:
-        self.points.append((seconds, epochs, loss))
-        print(f"    {self.system:<34} {epochs:6.2f} ep {seconds:8.2f} s  loss {loss:.4f}", flush=True)
-
-    def reached(self, target: float) -> tuple[float, float] | None:
-        for seconds, epochs, loss in self.points:
-            if loss <= target:
-                return seconds, epochs
-        return None
-
-    @property
-    def best(self) -> float:
-        return min((p[2] for p in self.points), default=math.nan)
-
-
-# ---- data --------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class DataSet:
-    key: str
-    title: str
-    prepare_args: tuple[str, ...]
-
-
-DATASETS = {
-    "movielens": DataSet("movielens", "MovieLens sample (100k ratings)", ("--sample", "movielens-small")),
-    "pmf10m": DataSet("pmf10m", "synthetic 10M ratings, uniform ids",
-                      ("--synthetic", "pmf", "--rows", "10000000", "--users", "70000", "--items", "10000", "--skew", "0")),
-    "pmf10m-skew": DataSet("pmf10m-skew", "synthetic 10M ratings, Zipf 0.8 ids",
-                           ("--synthetic", "pmf", "--rows", "10000000", "--users", "70000", "--items", "10000")),
-    "lr": DataSet("lr", "synthetic Criteo-layout clicks, 1M rows, 2^18 features", ("--synthetic", "lr", "--rows", "1000000")),
-    "higgs": DataSet("higgs", "synthetic Higgs-like dense set, 1M rows, 28 features",
-                     ("--synthetic", "higgs", "--rows", "1000000")),
-}
-QUICK = {
-    "movielens": DATASETS["movielens"],
-    "pmf1m-skew": DataSet("pmf1m-skew", "synthetic 1M ratings, Zipf 0.8 ids",
-                          ("--synthetic", "pmf", "--rows", "1000000", "--users", "20000", "--items", "4000")),
-    "lr200k": DataSet("lr200k", "synthetic Criteo-layout clicks, 200k rows", ("--synthetic", "lr", "--rows", "200000")),
-}
-
-#: The models of issue #23, each on its `model_peers.CASES` synthetic set.
-MODEL_SETS = {case: DataSet(case, f"{case} on synthetic {synthetic}, 200k rows", ("--synthetic", synthetic, "--rows", "200000"))
-              for case, (_, synthetic, _) in CASES.items()}
-
-#: Every data set, quick or not, by key.
-ALL_SETS = {**DATASETS, **QUICK, **MODEL_SETS}
-
-
-def prepared(data_dir: Path, key: str) -> Path:
-    """Data set `key` prepared under `data_dir` (once), where every script that shares these sets looks for it."""
-    return _common.prepare(data_dir / f"ttq-{key}", *ALL_SETS[key].prepare_args)
-
-
-def all_batches(ds: Dataset) -> list[RatingsBatch | SparseBatch]:
-    return [ds.batch(i) for i in range(ds.n_batches)]
-
-
-def ratings(ds: Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    bs = all_batches(ds)
-    return (np.concatenate([b.users for b in bs]), np.concatenate([b.items for b in bs]),
-            np.concatenate([b.ratings for b in bs]).astype(np.float32))
-
-
-def rmse(pred: np.ndarray, truth: np.ndarray, lo: float | None, hi: float | None) -> float:
-    if lo is not None:
-        pred = np.clip(pred, lo, hi)
-    return float(np.sqrt(np.mean((pred.astype(np.float64) - truth) ** 2)))
-
-
-def bce(p: np.ndarray, y: np.ndarray) -> float:
-    p = np.clip(p.astype(np.float64), 1e-12, 1 - 1e-12)
-    return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p)))
-
-
-# ---- PMF peers -------------------------------------------------------------------------------------------------
-
-def run_libmf(ds: Dataset, threads: int, iters: int) -> Curve:
-    with contextlib.redirect_stdout(io.StringIO()):  # the binding prints where it found its .so
-        from libmf import mf
-    u, i, r = ratings(ds)
-    val = ds.validation()
-    mean = float(r.mean())
-    X = np.ascontiguousarray(np.stack([u, i, r - mean], 1).astype(np.float32))
-    lo, hi = ds.manifest.rating_min, ds.manifest.rating_max
-    curve = Curve(f"LIBMF, {threads} thread{'s' * (threads > 1)}")
-    for n in range(1, iters + 1):
-        model = mf.MF(k=RANK, nr_threads=threads, nr_iters=n, lambda_p1=0.0, lambda_q1=0.0,
-                      lambda_p2=0.05, lambda_q2=0.05, quiet=True)
-        started = time.perf_counter()
-        model.fit(X)
-        seconds = time.perf_counter() - started
-        P, Q = model.p_factors(), model.q_factors()
-        known = (val.users < len(P)) & (val.items < len(Q))
-        pred = np.full(len(val), mean, np.float32)
-        pred[known] += np.einsum("ij,ij->i", P[val.users[known]], Q[val.items[known]])
-        curve.add(seconds, n, rmse(pred, val.ratings, lo, hi))
-    return curve
-
-
-def run_surprise(ds: Dataset, epochs: list[int]) -> Curve:
-    import pandas as pd
-    from surprise import SVD, Dataset as SDataset, Reader
-
-    u, i, r = ratings(ds)
-    val = ds.validation()
-    lo, hi = ds.manifest.rating_min, ds.manifest.rating_max
-    data = SDataset.load_from_df(pd.DataFrame({"u": u, "i": i, "r": r}), Reader(rating_scale=(lo, hi)))
-    trainset = data.build_full_trainset()
-    curve = Curve("Surprise SVD")
-    for n in epochs:
-        algo = SVD(n_factors=RANK, n_epochs=n, random_state=0)
-        started = time.perf_counter()
-        algo.fit(trainset)
-        seconds = time.perf_counter() - started
-        pred = np.array([algo.predict(a, b).est for a, b in zip(val.users, val.items)], np.float32)
-        curve.add(seconds, n, rmse(pred, val.ratings, lo, hi))
-    return curve
-
-
-def run_torch(ds: Dataset, epochs: int, max_seconds: float) -> Curve:
-    try:
-        import torch
-    except ImportError:  # an optional peer: the other rows do not need it
-        print("    PyTorch is not installed: its row is left empty", flush=True)
-        return Curve("PyTorch SparseAdam", note="not installed")
-
-    torch.set_num_threads(CORES)
-    torch.manual_seed(0)
-    u, i, r = (torch.from_numpy(np.asarray(a, np.int64 if k < 2 else np.float32)) for k, a in enumerate(ratings(ds)))
-    val = ds.validation()
-    vu, vi = torch.from_numpy(val.users.astype(np.int64)), torch.from_numpy(val.items.astype(np.int64))
-    nu, ni = ds.manifest.n_users, ds.manifest.n_items
-    mean = float(r.mean())
-    P, Q = torch.nn.Embedding(nu, RANK, sparse=True), torch.nn.Embedding(ni, RANK, sparse=True)
-    bu, bi = torch.nn.Embedding(nu, 1, sparse=True), torch.nn.Embedding(ni, 1, sparse=True)
-    for emb in (P, Q):
-        torch.nn.init.normal_(emb.weight, 0, 0.1)
-    for emb in (bu, bi):
-        torch.nn.init.zeros_(emb.weight)
-    params = [*P.parameters(), *Q.parameters(), *bu.parameters(), *bi.parameters()]
-    opt = torch.optim.SparseAdam(params, lr=0.01)
-    lo, hi = ds.manifest.rating_min, ds.manifest.rating_max
-
-    def predict(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return (P(a) * Q(b)).sum(1) + bu(a).squeeze(1) + bi(b).squeeze(1) + mean
-
-    curve = Curve(f"PyTorch SparseAdam, {CORES} threads")
-    seconds = 0.0
-    for epoch in range(1, epochs + 1):
-        started = time.perf_counter()
-        for part in torch.randperm(len(r)).split(1024):
-            opt.zero_grad()
-            loss = torch.mean((predict(u[part], i[part]) - r[part]) ** 2)
-            loss.backward()
-            opt.step()
-        seconds += time.perf_counter() - started
-        with torch.no_grad():
-            curve.add(seconds, epoch, rmse(predict(vu, vi).numpy(), val.ratings, lo, hi))
-        if seconds > max_seconds:
-            curve.note = f"stopped after {max_seconds:g} s"
-            break
-    return curve
-
-
-def pmf_target(key: str, ds: Dataset, libmf2: Curve | None = None, surprise: Curve | None = None) -> tuple[Curve, float]:
-    """The anchor run and target validation RMSE of PMF set `key`: Surprise's 20-epoch RMSE on the MovieLens sample,
-    LIBMF's 10-iteration RMSE (2 threads) + 0.01 on the synthetic ratings. The anchor is run unless it is given."""
-    if key == "movielens":
-        anchor = surprise or run_surprise(ds, [20])
-        return anchor, anchor.points[-1][2]
-    anchor = libmf2 or run_libmf(ds, 2, 10)
-    return anchor, anchor.points[-1][2] + 0.01
-
-
-def lr_target(ds: Dataset, data_dir: Path, vw: Curve | None = None) -> tuple[Curve, float]:
-    """The anchor run and target validation BCE of an LR set: Vowpal Wabbit's one-pass BCE + 0.005 (run unless given)."""
-    anchor = vw or run_vw(ds, data_dir)
-    return anchor, anchor.points[0][2] + 0.005
-
-
-# ---- LR peers --------------------------------------------------------------------------------------------------
-
-def vw_pass(batches: list[SparseBatch], val: SparseBatch, out: Path) -> tuple[float, float]:
-    """(validation BCE, seconds) of Vowpal Wabbit's one pass, logistic loss, over `batches`; its files go in OUT."""
-    from vowpalwabbit import pyvw
-
-    out.mkdir(parents=True, exist_ok=True)
-    train, valid = _common.vw_file(batches, out / "train.vw"), _common.vw_file([val], out / "validation.vw")
-    model = out / "vw.model"
-    started = time.perf_counter()
-    vw = pyvw.Workspace(f"--data {train} --loss_function logistic --link logistic -b 18 --quiet -f {model}")
-    vw.run_parser()
-    vw.finish()
-    seconds = time.perf_counter() - started
-    test = pyvw.Workspace(f"-t -i {model} --quiet --link logistic")
-    probs = np.array([test.predict(line) for line in valid.read_text().splitlines()], np.float64)
-    test.finish()
-    return bce(probs, val.labels), seconds
-
-
-def run_vw(ds: Dataset, data_dir: Path) -> Curve:
-    loss, seconds = vw_pass(all_batches(ds), ds.validation(), data_dir)
-    curve = Curve("Vowpal Wabbit, 1 pass")
-    curve.add(seconds, 1, loss)
-    return curve
-
-
-def csr(batches: list[SparseBatch], n_features: int):
-    import scipy.sparse as sp
-
-    return [sp.csr_matrix((b.values, b.indices, b.indptr), shape=(len(b.labels), n_features)) for b in batches]
-
-
-def run_sgd_classifier(ds: Dataset, epochs: int) -> Curve:
-    from sklearn.linear_model import SGDClassifier
-
-    batches = all_batches(ds)
-    n = ds.manifest.n_features
-    X = csr(batches, n)
-    val = ds.validation()
-    Xv = csr([val], n)[0]
-    clf = SGDClassifier(loss="log_loss", random_state=0)
-    curve = Curve("sklearn SGDClassifier.partial_fit")
-    seconds = 0.0
-    for epoch in range(1, epochs + 1):
-        started = time.perf_counter()
-        for x, b in zip(X, batches):
-            clf.partial_fit(x, b.labels, classes=np.array([0.0, 1.0]))
-        seconds += time.perf_counter() - started
-        curve.add(seconds, epoch, bce(clf.predict_proba(Xv)[:, 1], val.labels))
-    return curve
-
-
-def run_logistic_regression(ds: Dataset, max_iter: int) -> Curve:
-    import scipy.sparse as sp
-    from sklearn.linear_model import LogisticRegression
-
-    batches = all_batches(ds)
-    n = ds.manifest.n_features
-    X = sp.vstack(csr(batches, n)).tocsr()
-    y = np.concatenate([b.labels for b in batches])
-    val = ds.validation()
-    clf = LogisticRegression(max_iter=max_iter)
-    started = time.perf_counter()
-    clf.fit(X, y)
-    seconds = time.perf_counter() - started
-    curve = Curve(f"sklearn LogisticRegression (lbfgs, max_iter {max_iter})")
-    curve.add(seconds, float(clf.n_iter_[0]), bce(clf.predict_proba(csr([val], n)[0])[:, 1], val.labels))
-    curve.note = "epochs column: lbfgs iterations"
-    return curve
-
-
-# ---- mlless ----------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class MllessRun:
-    workers: int
-    services: bool
-    protocol: str | None  # None: the model's default, as a user would get it
-    v: float | None = None  # ISP's significance threshold; None keeps the default, as a user would
-
-    def label(self, kind: str) -> str:
-        v = "" if self.v is None else f" v={self.v:g}"
-        protocol = f"default ({default_sync(kind).protocol})" if self.protocol is None else self.protocol.upper()
-        return f"mlless P={self.workers} {'Redis+RabbitMQ' if self.services else 'embedded'} {protocol}{v}"
-
-
-def run_mlless(ds: Dataset, data: Path, kind: str, run: MllessRun, target: float, max_seconds: float, base: Path,
-               urls: tuple[str, str] = (_common.REDIS, _common.AMQP)) -> Curve:
-    """`mlless train` with only model.type set (over Redis + RabbitMQ at ``urls`` when ``run.services``); the curve is
-    every evaluation in metrics.jsonl, timed from the job's start."""
-    import yaml
-
-    name = f"ttq-{kind[:3]}-{run.workers}-{'svc' if run.services else 'emb'}-{run.protocol or 'default'}"
-    sync: dict[str, Any] = {} if run.protocol is None else {"protocol": run.protocol}
-    if run.v is not None:
-        name += f"-v{run.v:g}".replace(".", "-")
-        sync["significanceThreshold"] = run.v
-    job = base / f"{name}.yaml"
-    spec = {"workers": run.workers, "model": {"type": kind}, "dataset": {"uri": str(data), "cacheBatches": True},
-            **({"sync": sync} if sync else {}), "stop": {"targetLoss": float(target), "maxSeconds": float(max_seconds)}}
-    job.write_text(yaml.safe_dump({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob",
-                                   "metadata": {"name": name}, "spec": spec}, sort_keys=False))
-    out = base / f"run-{name}-{int(time.time() * 1000) % 10**8}"
-    started = time.perf_counter()
-    _common.mlless_train(job, out, run.services, redis_url=urls[0], amqp_url=urls[1])
-    process_seconds = time.perf_counter() - started
-    summary = json.loads((out / "summary.json").read_text())
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    curve = Curve(run.label(kind), startup=summary["startup_seconds"], summary=summary, run_dir=out)
-    for row, new in zip(rows, evaluated(rows)):
-        if new:
-            curve.add(row["time"], row["epoch"], row["validation_loss"])
-    curve.note = (f"stop: {summary['stop_reason']}; start-up {summary['startup_seconds']:.2f} s; "
-                  f"whole process {process_seconds:.1f} s")
-    return curve
-
+from . import _common, _peers, _runs
+from ._common import Curve
 
 #: The protocols tried beside a model's default, at P = 2: the evidence for the default (RESULTS.md).
 ALTERNATIVES = ("isp", "bsp", "averaging", "blocked", "async")
+#: The issue's bar (#23): accuracy within 0.01 of the peer's; RMSE within 2 % of it, k-means inertia within 3 %.
+ACCURACY_MARGIN = 0.01
+LOWER_IS_BETTER = {"rmse": 1.02, "inertia": 1.03}
 
 
-def mlless_runs(kind: str, quick: bool) -> list[MllessRun]:
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--datasets", help=f"comma list of {', '.join(_common.DATASETS)}, {', '.join(_common.MODEL_SETS)}, "
+                                      "or 'models' for the last five (default: the first five; --quick: "
+                                      f"{', '.join(_common.QUICK)})")
+    p.add_argument("--parts", default="compare", help="comma list of compare, throughput, defaults (default %(default)s)")
+    p.add_argument("--max-seconds", type=float, default=120, help="cap on each mlless run (default %(default)s)")
+    p.add_argument("--surprise-epochs", type=int, default=5, help="Surprise epochs on the large sets (default 5)")
+    p.add_argument("--torch-epochs", type=int, help="PyTorch epochs at most (default 10; --quick 5: it is past its best "
+                                                   "by then on the quick sets)")
+    p.add_argument("--torch-seconds", type=float, default=120,
+                   help="PyTorch stops after the epoch that passes this (default %(default)s)")
+    p.add_argument("--lbfgs-iter", type=int, default=100, help="LogisticRegression max_iter (default 100, sklearn's)")
+    p.add_argument("--model-workers", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2],
+                   help="the models' sets: mlless's P values (default 1,2)")
+    p.add_argument("--model-epochs", type=lambda v: [float(x) for x in v.split(",")], default=[1, 2, 3, 5],
+                   help="the models' sets: mlless's epoch limits, tried in turn until one reaches the peer's quality "
+                        "(default 1,2,3,5)")
+    p.add_argument("--defaults-workers", default="1,2,4", help="the defaults part's P (default %(default)s; --quick 1,2)")
+    p.add_argument("--defaults-epochs", type=float, default=6, help="the defaults part's epochs at most (default 6)")
+
+
+def sets_of(args: argparse.Namespace) -> dict[str, _common.DataSet]:
+    if args.datasets is None:
+        return _common.QUICK if args.quick else _common.DATASETS
+    keys = [k for name in args.datasets.split(",") for k in (_common.MODEL_SETS if name == "models" else [name])]
+    return {k: _common.ALL_SETS[k] for k in keys}
+
+
+def run(args: argparse.Namespace) -> str:
+    from mlless.data.dataset import Dataset
+
+    base = args.data_dir / "time-to-quality"
+    base.mkdir(parents=True, exist_ok=True)
+    parts = args.parts.split(",")
+    out = ["Seconds are training time as each tool reports it in this run: LIBMF's and Surprise's whole `fit` for that "
+           "many iterations, PyTorch's and sklearn's training loops, VW's one pass over its text file, and for mlless "
+           "the time from the job's start (supervisor up, workers being started) to the first evaluation at or below "
+           "the target; 'from first step' subtracts mlless's start-up. mlless is given only `model.type`.", ""]
+    for key in sets_of(args):
+        data = _common.prepared(args.data_dir, key)
+        ds = Dataset.open(str(data))
+        print(f"== {key}", flush=True)
+        if "compare" in parts:
+            if key in _common.MODEL_SETS:
+                out.append(time_to_peer_quality(key, ds, data, base / key, args.model_workers, args.model_epochs))
+            elif ds.kind == "ratings":
+                out.append(pmf_comparison(key, ds, data, base, args))
+            else:
+                out.append(lr_comparison(key, ds, data, base, args))
+            print(out[-1], flush=True)
+        if key in _common.MODEL_SETS:
+            continue
+        if "throughput" in parts:
+            out.append(throughput(key, ds, data))
+        if "defaults" in parts:
+            out.append(defaults(key, ds, data, args))
+    return "\n".join(out)
+
+
+# ---- ratings and clicks -------------------------------------------------------------------------------------------
+
+def mlless_runs(kind: str, quick: bool) -> list[_runs.MllessRun]:
     """The default protocol at P = 1, 2 and 3, and at P = 2 every other one the model pairs with; on the embedded
     transport, and (unless `quick`) over Redis + RabbitMQ."""
+    from mlless.spec.config import default_sync
+    from mlless.spec.schema import pairing_errors
+
     default = default_sync(kind).protocol
     others = [p for p in ALTERNATIVES if p != default and not any(pairing_errors({"model": {"type": kind},
                                                                                    "sync": {"protocol": p}}))]
-    return [MllessRun(workers, services, protocol)
+    return [_runs.MllessRun(workers, services, protocol)
             for services in ([False] if quick else [False, True])
             for workers, protocol in [(1, None), (2, None), (3, None)] + [(2, p) for p in others]]
 
 
-# ---- the comparison --------------------------------------------------------------------------------------------
-
 def section(title: str, anchor: str, target: float, curves: list[Curve]) -> str:
     rows = []
-    anchor_curve = next(c for c in curves if c.system == anchor)
-    anchor_time = anchor_curve.reached(target)
+    anchor_time = next(c for c in curves if c.system == anchor).reached(target)
     for c in curves:
         hit = c.reached(target)
-        first_step = None
-        if hit is not None and c.startup is not None:
-            first_step = hit[0] - c.startup
+        first_step = hit[0] - c.startup if hit is not None and c.startup is not None else None
         ratio = (hit[0] / anchor_time[0]) if hit is not None and anchor_time else None
         rows.append((c.system, None if hit is None else hit[0], first_step, None if hit is None else hit[1],
                      None if ratio is None else f"{ratio:.2f}x", c.best, c.note))
@@ -411,83 +134,202 @@ def section(title: str, anchor: str, target: float, curves: list[Curve]) -> str:
     return f"#### {title}: target {target:.4f}\n\n{table}\n"
 
 
-def pmf_comparison(key: str, ds: Dataset, data: Path, base: Path, args: argparse.Namespace) -> str:
-    print(f"== {key}", flush=True)
-    curves = [run_libmf(ds, 2, 10), run_libmf(ds, 1, 10)]
-    surprise = run_surprise(ds, [1, 2, 5, 10, 20] if ds.manifest.n_train < 2_000_000 else [args.surprise_epochs])
+def pmf_comparison(key: str, ds: Any, data: Path, base: Path, args: argparse.Namespace) -> str:
+    curves = [_peers.run_libmf(ds, 2, 10), _peers.run_libmf(ds, 1, 10)]
+    surprise = _peers.run_surprise(ds, [1, 2, 5, 10, 20] if ds.manifest.n_train < 2_000_000 else [args.surprise_epochs])
     curves.append(surprise)
-    anchor, target = pmf_target(key, ds, curves[0], surprise)
-    curves.append(run_torch(ds, args.torch_epochs, args.torch_seconds))
+    anchor, target = _peers.pmf_target(key, ds, curves[0], surprise)
+    curves.append(_peers.run_torch(ds, args.torch_epochs or (5 if args.quick else 10), args.torch_seconds))
     for run in mlless_runs("pmf", args.quick):
-        curves.append(run_mlless(ds, data, "pmf", run, target, args.max_seconds, base))
-    return section(ALL_SETS[key].title, anchor.system, target, curves)
+        curves.append(_runs.run_mlless(data, "pmf", run, target, args.max_seconds, base))
+    return section(_common.ALL_SETS[key].title, anchor.system, target, curves)
 
 
-def models_comparison(key: str, ds: Dataset, data: Path, base: Path, args: argparse.Namespace) -> str:
-    print(f"== {key}", flush=True)
-    return time_to_peer_quality(key, ds, data, base / key, args.model_workers, args.model_epochs)
-
-
-def lr_comparison(key: str, ds: Dataset, data: Path, base: Path, args: argparse.Namespace) -> str:
-    print(f"== {key}", flush=True)
-    vw, target = lr_target(ds, data)
-    curves = [vw, run_sgd_classifier(ds, 5), run_logistic_regression(ds, args.lbfgs_iter)]
+def lr_comparison(key: str, ds: Any, data: Path, base: Path, args: argparse.Namespace) -> str:
+    vw, target = _peers.lr_target(ds, data)
+    curves = [vw, _peers.run_sgd_classifier(ds, 5), _peers.run_logistic_regression(ds, args.lbfgs_iter)]
     for run in mlless_runs("logistic-regression", args.quick):
-        curves.append(run_mlless(ds, data, "logistic-regression", run, target, args.max_seconds, base))
-    return section(ALL_SETS[key].title, vw.system, target, curves)
+        curves.append(_runs.run_mlless(data, "logistic-regression", run, target, args.max_seconds, base))
+    return section(_common.ALL_SETS[key].title, vw.system, target, curves)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", type=Path, default=_common.DEFAULT_DATA_DIR, help="prepared datasets and runs (default %(default)s)")
-    p.add_argument("--datasets", default=",".join(DATASETS),
-                   help=f"comma list of %(default)s, {', '.join(MODEL_SETS)}, or 'models' for the last {len(MODEL_SETS)}")
-    p.add_argument("--quick", action="store_true",
-                   help="small data (MovieLens, 1M skewed ratings, 200k clicks) and mlless on the embedded transport only; ~3 min")
-    p.add_argument("--max-seconds", type=float, default=120, help="cap on each mlless run (default 120)")
-    p.add_argument("--surprise-epochs", type=int, default=5, help="Surprise epochs on the large sets (default 5; ~10 s each)")
-    p.add_argument("--torch-epochs", type=int, default=10, help="PyTorch epochs at most (default 10)")
-    p.add_argument("--torch-seconds", type=float, default=120, help="PyTorch stops after the epoch that passes this (default 120)")
-    p.add_argument("--lbfgs-iter", type=int, default=100, help="LogisticRegression max_iter (default 100, sklearn's)")
-    p.add_argument("--model-workers", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2],
-                   help="the models' sets: mlless's P values, a comma list (default 1,2)")
-    p.add_argument("--model-epochs", type=lambda v: [float(x) for x in v.split(",")], default=[1, 2, 3, 5],
-                   help="the models' sets: mlless's epoch limits, tried in turn until one reaches the peer's quality "
-                        "(default 1,2,3,5)")
-    p.add_argument("--write-results", action="store_true", help="refresh this script's section of RESULTS.md")
-    args = p.parse_args(argv)
-    keys = [k for name in args.datasets.split(",") for k in (MODEL_SETS if name == "models" else [name])]
-    sets = QUICK if args.quick else {k: ALL_SETS[k] for k in keys}
-    info = _common.machine_info()
-    print(_common.machine_line(info), flush=True)
-    base = args.data_dir / "time-to-quality"
-    base.mkdir(parents=True, exist_ok=True)
-    parts = []
-    for key, spec in sets.items():
-        data = prepared(args.data_dir, key)
-        ds = Dataset.open(str(data))
-        compare: Callable[..., str] = (models_comparison if key in MODEL_SETS else
-                                       pmf_comparison if ds.kind == "ratings" else lr_comparison)
-        part = compare(key, ds, data, base, args)
-        print(part, flush=True)
-        parts.append(part)
-    body = "\n".join([
-        "### Time to quality (`benchmarks/time_to_quality.py`)",
-        "",
-        f"Machine: {_common.machine_line(info)}. Command: `{_common.command_line()}`.",
-        "",
-        "Seconds are training time as each tool reports it in this run: LIBMF's and Surprise's whole `fit` for that "
-        "many iterations, PyTorch's and sklearn's training loops, VW's one pass over its text file, and for mlless the "
-        "time from the job's start (supervisor up, workers being started) to the first evaluation at or below the target; "
-        "'from first step' subtracts mlless's start-up. mlless is given only `model.type`.",
-        "",
-        *parts,
-    ])
-    if args.write_results:
-        # The models' sets alone are a section of their own, and leave the other sets' figures as they are.
-        _common.update_results("time_to_quality" if set(sets) - set(MODEL_SETS) else "time_to_quality_models", body)
-    return 0
+# ---- the models of issue #23 ----------------------------------------------------------------------------------------
+
+def mlless_model(model_type: str, data: Path, workers: int, epochs: float, work: Path) -> tuple[Any, float, dict]:
+    """`mlless train` of `model_type` with only P for at most `epochs` epochs on the embedded broker: the handed-back
+    model, the process's wall seconds, and summary.json."""
+    from mlless.training.models import load_model
+
+    name = f"{model_type}-{workers}-{epochs:g}ep".replace(".", "-")
+    job = _runs.write_job(work / f"{name}.yaml", name, {"workers": workers, "model": {"type": model_type},
+                                                         "dataset": {"uri": str(data)}, "stop": {"maxEpochs": epochs}})
+    run = work / f"run-{name}-{int(time.time() * 1000) % 10**8}"
+    started = time.perf_counter()
+    _runs.mlless_train(job, run, services=False)
+    seconds = time.perf_counter() - started
+    return load_model(run / "model.npz"), seconds, _runs.summary(run)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def model_quality(model: Any, metric: str, parts: tuple) -> float:
+    """An mlless model's quality as its peers' is measured: k-means on the training rows, the others on the
+    validation split."""
+    _, X, _, _, val = parts
+    if metric == "inertia":
+        return _peers.mean_inertia(model.centroids, X)
+    out = model.predict(val)
+    if metric != "rmse":
+        out = (model.classes[out.argmax(axis=1)] if out.ndim == 2  # softmax: class probabilities
+               else (out > (0.5 if model.kind == "logistic-regression" else 0.0)).astype(np.float32))
+    return _peers.quality(metric, out, val.labels)
+
+
+def met(metric: str, value: float, target: float) -> bool:
+    return value <= target if metric in LOWER_IS_BETTER else value >= target
+
+
+def time_to_peer_quality(case: str, ds: Any, data: Path, work: Path, workers: list[int], ladder: list[float]) -> str:
+    """The peers of `case`, then mlless at each P for each epoch limit of `ladder` (each run from scratch) until one
+    reaches the best peer's quality within the issue's margin: a markdown section."""
+    model_type, synthetic, metric = _common.MODEL_CASES[case]
+    work.mkdir(parents=True, exist_ok=True)
+    parts = _peers.split(ds)
+    peers = _peers.model_peers(case, parts, work)
+    pick = min if metric in LOWER_IS_BETTER else max
+    anchor, _, best = pick(peers, key=lambda r: r[2])
+    target = best * LOWER_IS_BETTER[metric] if metric in LOWER_IS_BETTER else best - ACCURACY_MARGIN
+    rows: list[tuple] = [(name, "–", "–", seconds, value, "yes" if met(metric, value, target) else "no", "")
+                         for name, seconds, value in peers]
+    verdicts = []
+    for p in workers:
+        reached = None
+        for epochs in ladder:
+            model, seconds, summary = mlless_model(model_type, data, p, epochs, work)
+            value = model_quality(model, metric, parts)
+            hit = met(metric, value, target)
+            rows.append((f"mlless {model_type} defaults", p, f"{summary['epochs']:.2f}", seconds, value,
+                         "yes" if hit else "no", f"stop: {summary['stop_reason']}"))
+            print(f"    mlless P={p} {epochs:g} epochs {seconds:8.2f} s  {metric} {value:.4f}", flush=True)
+            if hit:
+                reached = (seconds, epochs, value)
+                break
+        verdicts.append(f"P = {p}: " + (f"**met** in {reached[1]:g} epoch(s), {reached[0]:.1f} s ({metric} "
+                                        f"{reached[2]:.4f})" if reached else
+                                        f"**missed**: best of {', '.join(f'{e:g}' for e in ladder)} epochs "
+                                        f"{pick(r[4] for r in rows if r[1] == p):.4f}"))
+    bar = (f"≤ {target:.4f} ({(LOWER_IS_BETTER[metric] - 1) * 100:.0f} % above)" if metric in LOWER_IS_BETTER else
+           f"≥ {target:.4f} (0.01 below)")
+    table = _common.table(["system", "P", "epochs", "seconds", metric, "at the peer's level", "note"], rows)
+    return (f"#### {case}: `mlless prepare --synthetic {synthetic}`, {len(parts[2]):,} training rows; best peer "
+            f"{anchor}, {metric} {best:.4f}; target {bar}\n\n{table}\n\n" + "; ".join(verdicts) + ".\n")
+
+
+# ---- throughput on one core -------------------------------------------------------------------------------------------
+
+def replica_epoch(ds: Any, kind: str, share: bool) -> tuple[float, float, int]:
+    """(seconds, validation loss, samples) of one epoch of `Replica.step`, the step a worker runs (the default
+    optimizer at P = 2; with `share`, the ISP filter at v = 0.7 too), the batches loaded beforehand."""
+    from mlless.spec.config import default_optimizer
+    from mlless.training.models import build_model
+    from mlless.training.replica import Replica
+
+    batches = _common.all_batches(ds)
+    dims = {**ds.dims(), **({"rating_min": ds.manifest.rating_min, "rating_max": ds.manifest.rating_max}
+                            if kind == "pmf" else {})}
+    model = build_model(kind, dims, seed=0)
+    replica = Replica(model, default_optimizer(kind, workers=2), 0.7)
+    samples = 0
+    with _common.Stopwatch() as sw:
+        for step, b in enumerate(np.random.default_rng(0).permutation(len(batches)), start=1):
+            samples += replica.step(batches[b], 1, step, share=share).samples
+    return sw.seconds, model.loss(*model.evaluate(ds.validation())), samples
+
+
+def throughput(key: str, ds: Any, data: Path) -> str:
+    kind = _common.KINDS[key]
+    n = ds.manifest.n_train
+    rows = []
+    for label, share in (("mlless Replica.step", False), ("mlless Replica.step + ISP filter", True)):
+        seconds, loss, samples = replica_epoch(ds, kind, share)
+        rows.append((label, seconds, samples / seconds, loss))
+    peers = ([_peers.run_libmf(ds, 1, 1), _peers.run_surprise(ds, [1])] if kind == "pmf" else
+             [_peers.run_vw(ds, data), _peers.run_sgd_classifier(ds, 1)])
+    rows += [(c.system, c.points[-1][0], n / c.points[-1][0], c.points[-1][2]) for c in peers]
+    return (f"#### Throughput, one epoch of {_common.ALL_SETS[key].title} ({n:,} training samples)\n\n"
+            + _common.table(["system", "seconds", "samples/s", "validation loss"], rows) + "\n")
+
+
+# ---- the defaults' evidence ---------------------------------------------------------------------------------------------
+
+def candidates(kind: str) -> list[tuple[str, Any, float | None]]:
+    """(label, optimizer, l2 or None for the model's default) of the settings tried against the default."""
+    from mlless.spec.config import OptimizerConfig as O, default_optimizer
+
+    if kind == "pmf":  # the default: adagrad at lr 0.2 for P <= 2 and 0.4/P above
+        return [("adagrad lr 0.2", O(type="adagrad", learning_rate=0.2), None),
+                ("adagrad lr 0.1", O(type="adagrad", learning_rate=0.1), None),
+                ("adagrad lr 0.05", O(type="adagrad", learning_rate=0.05), None),
+                ("adagrad lr 0.2, l2 0.01", O(type="adagrad", learning_rate=0.2), 0.01),
+                ("adagrad lr 0.2, l2 0.1", O(type="adagrad", learning_rate=0.2), 0.1),
+                ("adam lr 0.01", O(type="adam", learning_rate=0.01), None),
+                ("nesterov lr 4, μ 0.8 (papers)", O(type="nesterov", learning_rate=4.0, momentum=0.8), 0.1)]
+    return [("adam lr 0.01, lr/√epoch (default)", default_optimizer(kind), None),
+            ("adam lr 0.005, lr/√epoch", O(type="adam", learning_rate=0.005, lr_decay="sqrt-epoch"), None),
+            ("adam lr 0.03, lr/√epoch", O(type="adam", learning_rate=0.03, lr_decay="sqrt-epoch"), None),
+            ("adagrad lr 0.1", O(type="adagrad", learning_rate=0.1), None),
+            ("adagrad lr 0.05", O(type="adagrad", learning_rate=0.05), None)]
+
+
+def simulate(ds: Any, batches: list, kind: str, optimizer: Any, l2: float | None, workers: int, epochs: float,
+             target: float, evals_per_epoch: int = 4) -> tuple[float | None, float | None, float]:
+    """(epochs to target, seconds to target, best loss) of `workers` replicas in lockstep, as BSP: each starts a step
+    from the same parameters, trains on its own mini-batch with its own optimizer state, and the sum of the applied
+    updates (each whole, as BSP's filter sends it) is the next step's model. Replica 0 is evaluated
+    `evals_per_epoch` times an epoch."""
+    from mlless.spec.config import ModelConfig
+    from mlless.training.models import build_model
+    from mlless.training.optim import Optimizer
+
+    models = [build_model(kind, ds.dims(), ModelConfig(kind, l2=l2), seed=0) for _ in range(workers)]
+    cfg = optimizer.replace(weight_decay=models[0].weight_decay)
+    optimizers = [Optimizer(m.size, cfg, m.accumulator_size) for m in models]
+    val = ds.validation()
+    rng = np.random.default_rng(0)
+    per_epoch = -(-len(batches) // workers)
+    every = max(1, per_epoch // evals_per_epoch)
+    order = np.concatenate([rng.permutation(len(batches)) for _ in range(int(np.ceil(epochs)) + 1)])
+    seconds, best = 0.0, np.inf
+    for step in range(int(epochs * per_epoch)):
+        lr = cfg.lr_at(step * workers // len(batches) + 1)
+        started = time.perf_counter()
+        sent = [opt.update(model, batches[b], lr, workers)[:2]
+                for model, opt, b in zip(models, optimizers, order[step * workers:(step + 1) * workers])]
+        for p, model in enumerate(models):
+            for q, (idx, delta) in enumerate(sent):
+                if q != p and len(idx):
+                    model.params[idx] += delta
+        seconds += time.perf_counter() - started
+        if (step + 1) % every == 0:
+            loss = models[0].loss(*models[0].evaluate(val))
+            best = min(best, loss)
+            if loss <= target:
+                return (step + 1) / per_epoch, seconds, best
+            if not np.isfinite(loss) or loss > 10:
+                break
+    return None, None, best
+
+
+def defaults(key: str, ds: Any, data: Path, args: argparse.Namespace) -> str:
+    kind = _common.KINDS[key]
+    target = _peers.pmf_target(key, ds)[1] if kind == "pmf" else _peers.lr_target(ds, data)[1]
+    batches = _common.all_batches(ds)
+    rows = []
+    for label, optimizer, l2 in candidates(kind):
+        for w in [1, 2] if args.quick else [int(x) for x in args.defaults_workers.split(",")]:
+            ep, sec, best = simulate(ds, batches, kind, optimizer, l2, w, args.defaults_epochs, target)
+            print(f"  {key:<12} {label:<34} P={w}: epochs {ep}, seconds {sec}, best {best:.4f}", flush=True)
+            rows.append((label, w, ep, sec, best))
+    return (f"#### Choosing the defaults, {_common.ALL_SETS[key].title}: target {target:.4f}\n\nP replicas in "
+            f"lockstep in one process (each step: P mini-batches from the same model, the sum of the P applied "
+            f"updates), {args.defaults_epochs:g} epochs at most, 4 evaluations per epoch; seconds are the optimizer's "
+            "compute time only; '–' = not reached.\n\n"
+            + _common.table(["setting", "P", "epochs to target", "seconds to target", "best loss"], rows) + "\n")

@@ -1,5 +1,5 @@
-"""The pure parts of benchmarks/scaling.py and benchmarks/projection.py: which pairs run, what a run's records
-give, and the model's arithmetic. No runs, no timings asserted (the benchmark's business)."""
+"""The pure parts of the scaling suite (benchmarks/scaling.py, benchmarks/projection.py): which pairs run, what a
+run's records give, and the model's arithmetic. No runs, no timings asserted (the benchmark's business)."""
 from __future__ import annotations
 
 import math
@@ -8,13 +8,10 @@ from pathlib import Path
 
 import pytest
 
-# Benchmark scripts import each other from their folder (as `_common`); so does this test, from there only.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import _common  # noqa: E402
-import projection  # noqa: E402
-from mlless.contract import STOP_TARGET_LOSS  # noqa: E402
+# The benchmarks are a package at the repository's root (`python -m benchmarks`).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import _runs, projection, scaling  # noqa: E402
 from mlless.planning import steptime  # noqa: E402
-import scaling  # noqa: E402
 
 PRICING = {"function_memory_gb": 2.0, "price_per_gb_second": 1.7e-05, "billing_granularity_seconds": 0.1,
            "redis_per_hour": 0.17, "rabbitmq_per_hour": 0.15}
@@ -23,8 +20,8 @@ PHASES = {"fetch": 0.0, "compute": 0.004, "filter": 0.001, "write": 0.002, "wait
 
 def test_default_pairs_are_what_the_schema_admits(tmp_path):
     pairs, refused = scaling.pairs_for("pmf", tmp_path, None, None, ["embedded"], [1, 2, 3])
-    assert {p.protocol for p in pairs} | {line.split()[1] for line in refused} == set(_common.sync_choices("protocol"))
-    assert {p.exchange for p in pairs} <= set(_common.sync_choices("exchange", [scaling.EXCHANGE_TODAY]))
+    assert {p.protocol for p in pairs} | {line.split()[1] for line in refused} == set(_runs.sync_choices("protocol"))
+    assert {p.exchange for p in pairs} <= set(_runs.sync_choices("exchange", [scaling.EXCHANGE_TODAY]))
     assert all(p.transport == "embedded" for p in pairs)
 
 
@@ -37,8 +34,8 @@ def test_the_job_carries_only_the_pair_and_what_it_must(tmp_path):
     doc = scaling.job_doc("j", "pmf", tmp_path, scaling.Pair("bsp", "all-to-all", "embedded"), 2, {"maxSteps": 3})
     assert set(doc["spec"]) == {"workers", "model", "dataset", "sync", "stop"}
     assert doc["spec"]["model"] == {"type": "pmf"}
-    assert _common.refusal(doc) is None
-    if not _common.has_spec_field("sync.exchange"):
+    assert _runs.refusal(doc) is None
+    if not _runs.has_spec_field("sync.exchange"):
         assert doc["spec"]["sync"] == {"protocol": "bsp"}
         with pytest.raises(ValueError):
             scaling.job_doc("j", "pmf", tmp_path, scaling.Pair("bsp", "allreduce", "embedded"), 2, {})
@@ -51,7 +48,7 @@ def _row(step, t, val=None, workers=2, cost=0.0, **phases):
 
 def test_analyse_reads_the_target_step_bytes_and_phases():
     rows = [_row(1, 1.0), _row(2, 1.1, 0.9), _row(3, 1.2, 0.5), _row(4, 1.3, 0.4, wait=None, read=None, apply=None)]
-    out = scaling.analyse(rows, {"startup_seconds": 0.9, "stop_reason": STOP_TARGET_LOSS}, None, 0.6, 2,
+    out = scaling.analyse(rows, {"startup_seconds": 0.9, "stop_reason": "target loss reached"}, None, 0.6, 2,
                           "all-to-all", {"pricing": PRICING})
     assert out["reached"] and out["steps_to_target"] == 3 and out["seconds_to_target"] == 1.2
     assert out["from_first_step"] == pytest.approx(0.3)

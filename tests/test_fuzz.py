@@ -1,8 +1,8 @@
 """Property-based fuzzing of every parser that reads what crossed a process or trust boundary (#22): each input
 either parses or raises the parser's one error type, with a message; nothing else escapes, nothing hangs.
 
-Bounded for the default suite (a few hundred examples each); `benchmarks/fuzz.py` runs the same targets under
-atheris, coverage-guided, for longer. The frame codec and the control messages are fuzzed in tests/test_wire.py.
+Bounded for the default suite (a few hundred examples each); the fuzz suite (`python -m benchmarks fuzz`) runs the
+same targets under atheris, coverage-guided, for longer. The frame codec and the control messages are fuzzed in tests/test_wire.py.
 """
 from __future__ import annotations
 
@@ -76,11 +76,13 @@ def test_past_findings_parse_or_raise_the_parsers_error(name, data):
     TARGETS[name](data)
 
 
-def test_the_coverage_guided_harness_runs_every_target():
-    """benchmarks/fuzz.py (atheris) for a second per target: each starts from its valid inputs and past findings and
-    finds nothing. The seed is fixed, so that a run here repeats; exploring is the benchmark's job, for longer."""
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "fuzz.py"
-    run = subprocess.run([sys.executable, str(script), "--seconds", "1", "--seed", "1"], capture_output=True, text=True, timeout=300)
+def test_the_coverage_guided_harness_runs_every_target(tmp_path):
+    """The fuzz suite (benchmarks/fuzz.py, atheris) for a second per target: each starts from its valid inputs and
+    past findings and finds nothing. The seed is fixed, so that a run here repeats; exploring is the benchmark's job,
+    for longer."""
+    run = subprocess.run([sys.executable, "-m", "benchmarks", "fuzz", "--seconds", "1", "--seed", "1", "--out",
+                          str(tmp_path)], cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [line for line in run.stdout.splitlines() if line.startswith("| ") and not line.startswith("| target")]
     assert sorted(row.split(" | ")[0][2:] for row in rows) == sorted(TARGETS)

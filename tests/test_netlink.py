@@ -14,9 +14,9 @@ import pika
 import pytest
 import redis
 
-# Benchmark scripts import each other from their folder (as `_common`); so does this test, from there only.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import netlink  # noqa: E402
+# The benchmarks are a package at the repository's root (`python -m benchmarks`).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import netlink  # noqa: E402
 
 
 def _sent(link: netlink.Link) -> tuple[int, int]:
