@@ -63,7 +63,7 @@ def test_a_target_loss_stop_is_projected_from_the_first_half_of_the_curve(sigma,
 def test_a_patience_stop_is_projected_from_the_first_half_of_the_curve(sigma):
     errors = errors_at_half(sigma, StopConfig(patience=5, min_delta=0.001), "patience", 8)
     # A patience stop is where noise happens to hold the best for `patience` evaluations: single runs scatter
-    # (benchmarks/eta.py measures real ones).
+    # (benchmarks/forecast.py measures real ones).
     assert np.median(errors) <= 0.5, errors
 
 
@@ -216,7 +216,7 @@ def test_a_local_job_shows_its_progress_eta_and_cost_in_status_json(movielens_di
 
 
 def test_before_a_fit_a_patience_already_counting_is_projected_to_run_out():
-    # the clicks overfit after 4 evaluations and stop after 9, before a curve of 8 can be fitted (benchmarks/eta.py)
+    # the clicks overfit after 4 evaluations and stop after 9, before a curve of 8 can be fitted (benchmarks/forecast.py)
     losses = [0.5955, 0.5785, 0.5751, 0.57485, 0.5769, 0.5772]
     steps = [25 * (k + 1) for k in range(len(losses))]
     stop = StopConfig(patience=5, min_delta=0.001)

@@ -17,7 +17,7 @@ step of the window, so τ ∈ (0, 1]) and y = loss/y_scale (y_scale = the mean l
 trust-region reflective, analytic Jacobian) polishes it. For L_P the search is a grid narrowed three times, every
 exponent and asymptote at once in closed form (`_reference_starts`), where a bounded scalar search per exponent,
 a hundred small solves, had taken two thirds of the fit; the ETA refits its curve as often as its fits' cost
-allows (runtime/supervisor/eta.py), so their cost is how fresh it is (benchmarks/projection_cost.py).
+allows (runtime/supervisor/eta.py), so their cost is how fresh it is (benchmarks/forecast.py).
 """
 
 from __future__ import annotations

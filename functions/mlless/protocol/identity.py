@@ -16,7 +16,7 @@ worker and never as the supervisor.
 
 Ed25519 rather than one MAC key per pair of processes: a frame in the store is read by processes that do not exist
 when it is written (a snapshot by a joiner, a checkpoint by the next invocation, a final replica by a successor
-supervisor), which no per-pair key can serve; benchmarks/identity.py measures what the signatures cost.
+supervisor), which no per-pair key can serve; benchmarks/exchange.py measures what the signatures cost.
 """
 from __future__ import annotations
 

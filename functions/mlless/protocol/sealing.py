@@ -20,7 +20,7 @@ The frame is hashed once with SHA-256 and the 32-byte digest signed, rather than
 the frame itself: Ed25519 hashes what it signs with SHA-512 twice (once to
 verify), which has no CPU extension, while OpenSSL's SHA-256 runs on the CPU's
 SHA extensions.  Signing the digest then adds a fixed cost per frame, and
-verifying it another (benchmarks/identity.py measures both).
+verifying it another (benchmarks/exchange.py measures both).
 
 A verified seal already proves what the checksum does, so ``decode`` skips the
 checksum of a frame that ``unseal`` verified, and a sender that knows its frame

@@ -31,7 +31,7 @@ from mlless.telemetry.record import RunRecord
 
 #: How often the sweep reads its trials' records and judges them when no trial wakes it. A trial wakes it with the
 #: row that reaches a rung (`TrialRun.row_written`) and as it ends, because a loser trains, and is billed, until the
-#: sweep looks: polled every 50 ms alone, a MovieLens trial of benchmarks/sweep.py (a millisecond a step) trained
+#: sweep looks: polled every 50 ms alone, a MovieLens trial of benchmarks/forecast.py (a millisecond a step) trained
 #: 0.05-0.4 epochs past its rung.
 POLL_SECONDS = 0.05
 #: How often status.json is rewritten while the sweep runs.

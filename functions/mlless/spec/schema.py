@@ -29,7 +29,7 @@ LOCAL_STEPS = 16
 RHO = 0.1
 #: Without a step, epoch or seconds limit, stop after this many evaluations without improvement...
 DEFAULT_PATIENCE = 5
-#: ...of more than this fraction of the best. On 12 recorded default runs (benchmarks/stopping.py: the quick sets and
+#: ...of more than this fraction of the best. On 12 recorded default runs (benchmarks/forecast.py: the quick sets and
 #: the quickstart at P = 1-3), 0.001 handed back the same model as 0 in all 12 and stopped up to 18 % sooner.
 MIN_DELTA = 0.001
 #: ...or, should the validation loss keep creeping down (or evaluation be off), after this many epochs.

@@ -6,7 +6,7 @@ curve, converted from samples to steps (`planning/stoprule.py`). It replays the 
 supervisor's own `ValidationWatch` (if the rule fired among them, there it fired), fits the curve the auto-tuner
 fits (`mlless.autotuner.curves.fit_reference`, 1/(θ0·t^θ1 + θ2) + θ3) to the raw validation losses, extends it one
 evaluation at a time, and counts the projected evaluations with the same rules, which smooth them as they do live:
-the projection stops where the rule would, by the same code. `benchmarks/eta_replay.py` compares ways of doing
+the projection stops where the rule would, by the same code. `benchmarks/forecast.py` compares ways of doing
 this on recorded curves; three choices come from it:
 - the raw losses are fitted, not the smoothed ones the rules read: their lag behind a falling curve made every
   projected evaluation too high, so the futures stopped improving, and the projection stopping, too early;
@@ -32,7 +32,7 @@ real patience stops. With 9 futures the median itself moved by evaluations from 
 it, and the fits stay within the supervisor's `eta.REFIT_SHARE` of its time.
 
 The futures' spread is the projection's band (`BAND`): where the median stop cannot be known closely, at half-way
-through a job whose curve has yet to turn, the band says by how much (`benchmarks/eta_replay.py` counts how often
+through a job whose curve has yet to turn, the band says by how much (`benchmarks/forecast.py` counts how often
 it holds the real stop of a recorded job).
 """
 from __future__ import annotations
@@ -54,11 +54,11 @@ MIN_EVALUATIONS, SLOW_POINTS = 8, 4
 #: The share of the evaluations, the newest, that the curve is fitted to when patience is the only loss rule.
 RECENT_SHARE = 0.8
 #: The projected evaluations' spacing is the median of the newest this many gaps between evaluations (0: every
-#: `evaluation.everySteps` steps, as `benchmarks/eta_replay.py` compares).
+#: `evaluation.everySteps` steps, as `benchmarks/forecast.py` compares).
 SPACING_GAPS = 5
 #: Before a curve can be fitted, a patience is projected to run out once this many evaluations in a row made no new
 #: best. One is often noise while the curve still falls (a new best comes at the next evaluation, and the ETA comes
-#: early); more than two were no more accurate on `benchmarks/eta_replay.py`'s curves, and two projects soonest.
+#: early); more than two were no more accurate on `benchmarks/forecast.py`'s curves, and two projects soonest.
 STALE_BEFORE_FIT = 2
 #: The projection gives up this many evaluations past the newest one: a rule that far away is no forecast.
 HORIZON_EVALUATIONS = 500
@@ -135,7 +135,7 @@ def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConf
         if watch.stale < STALE_BEFORE_FIT or watch.patience_left is None:
             return None
         # The evaluations since the best are taken to go on not improving (a model that overfits early, as the
-        # clicks of benchmarks/eta.py do, stops before a curve can be fitted).
+        # clicks of benchmarks/forecast.py do, stops before a curve can be fitted).
         step = first + watch.patience_left * spacing
         return StopProjection(step, "patience", None, 0.0) if until_step is None or step <= until_step else None
     noise = _noise(t, raw, curve)

@@ -4,7 +4,7 @@ Rung k sits at `minResource × reductionFactor^k` steps or epochs. When a runnin
 there (its best validation loss up to the rung) is compared with the values of every trial that reached the rung so
 far: if it is not within the best 1/η of them (above their (1 - 1/η) quantile), the trial is stopped. A rung
 judges only once it holds η values (`min_peers`): the best 1/η of fewer is one comparison with one other trial
-(on the MovieLens sweep of benchmarks/sweep.py that cut the grid's best configuration, 0.0004 behind the first trial
+(on the MovieLens sweep of benchmarks/forecast.py that cut the grid's best configuration, 0.0004 behind the first trial
 at 0.67 epochs), so the first η - 1 trials at a rung go on. This is the stopping form of ASHA (Li et al. 2020) that
 Ray Tune's AsyncHyperBandScheduler runs (Ray judges from a rung's second value): no trial waits for others, so
 `maxConcurrentTrials` slots stay busy.

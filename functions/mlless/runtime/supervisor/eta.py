@@ -12,7 +12,7 @@ futures' early and late stops (`forecast.BAND`), the late ones ended by the near
 fitted again only when an evaluation came since, and the fits keep to `REFIT_SHARE` of the supervisor's time
 with a burst of `REFIT_BURST`: a bucket of that many seconds, refilled at the share. The burst is for short jobs,
 whose evaluations come faster than the share alone refits, so that their status does not keep showing a projection
-made before the curve turned (benchmarks/projection_cost.py measures a fit's cost).
+made before the curve turned (benchmarks/forecast.py measures a fit's cost).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from mlless.stopping.rules import Standing
 from mlless.spec.job import StopConfig
 
 #: The pace is measured from standings kept this often, at most `KEPT` of them (thinned to half when full), over the
-#: newest `PACE_SHARE` of the training so far (a quarter, tried on the PMF sets of benchmarks/eta.py, put 4 of 18
+#: newest `PACE_SHARE` of the training so far (a quarter, tried on the PMF sets of benchmarks/forecast.py, put 4 of 18
 #: short jobs within 20 % at half-way, a half 6 in the run before it; one run each).
 SAMPLE_SECONDS = 0.05
 KEPT = 2000
