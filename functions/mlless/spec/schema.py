@@ -455,7 +455,8 @@ def manifest_schema(strict: bool) -> Schema:
     """Schema of a whole TrainingJob document; `strict` forbids unknown fields (CLI use)."""
     spec = copy.deepcopy(SPEC_SCHEMA)
     for path, registry in REGISTRIES.items():  # the names registered in this process, a plugin's too
-        schema_field(path, spec)["enum"] = [*choices(path), *(n for n in registry if n not in choices(path))]
+        built_in = choices(path)
+        schema_field(path, spec)["enum"] = [*built_in, *(n for n in registry if n not in built_in)]
     schema_field("model", spec)["properties"] |= model_fields(models.MODEL_TYPES.values())
     if strict:
         forbid_unknown(spec)
