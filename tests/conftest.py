@@ -51,6 +51,15 @@ def movielens_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """scikit-learn's digits (1,797 8×8 images), prepared once per session as `mlless prepare --sample digits`."""
+    pytest.importorskip("sklearn")
+    out = tmp_path_factory.mktemp("data") / "digits"
+    assert mlless_main(["prepare", "--sample", "digits", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
 def synthetic_lr_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("data") / "lr"
     assert mlless_main(["prepare", "--synthetic", "lr", "--rows", "40000", "--vocabulary", "300", "--batch-size", "1000", "--out", str(out)]) == 0

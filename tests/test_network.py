@@ -203,8 +203,8 @@ def test_a_worker_takes_its_share_of_the_cores():
 
 def test_the_digits_example_trains_a_cnn_on_two_workers(tmp_path, capsys):
     """The quickstart: `mlless prepare --sample digits` and `mlless train examples/digits-cnn.yaml` at P = 2 over the
-    embedded transport; 200 held-out images. The example reached 96.5-97 % for seeds 0-2 (issue 46's target is
-    97 %: not 3 of 3 with a margin, so the bound stays lower), in 9-11 s wall on a shared 2-core machine."""
+    embedded transport; 200 held-out images. With its defaults (cnn, Adam at 0.001, gradient averaging) the example
+    ended at 97-97.5 % for seeds 0-2 (issue 46's target is 97 %: met, without a margin, so the bound stays lower)."""
     pytest.importorskip("sklearn")
     example = Path(__file__).resolve().parent.parent / "examples" / "digits-cnn.yaml"
     (tmp_path / "examples").mkdir()

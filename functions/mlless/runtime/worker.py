@@ -343,7 +343,8 @@ class Worker:
         senders = [r for r in close.live if r in before] or list(close.live)
         if senders[0] == self.rank:
             joiners = set(close.live) - set(before)
-            self.transport.put(keys.snapshot(), self._replica_frame(unshared, pending=bool(joiners)))
+            self.transport.put(keys.snapshot(), self._replica_frame(unshared, pending=bool(joiners),
+                                                                    optimizer=bool(joiners) and self.sync.share_optimizer))
         elif self.sync.keeps_home:
             self.transport.put(keys.snapshot_pending(self.rank), self._replica_frame(unshared, params=False))
 
@@ -354,10 +355,11 @@ class Worker:
         on a replica frame it could not encode."""
         return max(self.view.closed, 0)
 
-    def _replica_frame(self, unshared: Sequence[Published] = (), params: bool = True, pending: bool = True) -> bytes:
+    def _replica_frame(self, unshared: Sequence[Published] = (), params: bool = True, pending: bool = True,
+                       optimizer: bool = False) -> bytes:
         """The replica: its `params` and its `pending` entries, with `unshared` published updates counted among
-        them."""
-        arrays = self.replica.snapshot()
+        them, and with `optimizer` its optimizer's state."""
+        arrays = self.replica.snapshot(optimizer=optimizer)
         if unshared:
             indices, values = layouts.pending(arrays)
             entries, sums, _ = sparse_sum([indices, *(p.indices for p in unshared)], [values, *(p.values for p in unshared)])

@@ -84,7 +84,7 @@ class ModelType:
     #: ISP's v for it when the job names none.
     significance_threshold: float = PAPERS_V
     #: What protocols need of a model (`mlless.spec.schema.NEEDS`): "blocks" (rows of users and items to split),
-    #: "convex" (a convex loss).
+    #: "convex" (a convex loss), "gradients" (a mini-batch gradient trains it).
     traits: frozenset[str] = field(default_factory=frozenset)
     #: The kinds of labels it fits (`mlless prepare --labels`, `mlless.data.manifest.LABEL_KINDS`); a ratings
     #: data set's reads as binary.
@@ -122,7 +122,7 @@ class ModelType:
 
 
 #: The neural-net model type's built-in architectures (`spec.model.network`; training/networks.py builds them).
-NETWORKS = ("mlp", "lenet", "mobilenet_v3_small", "resnet18")
+NETWORKS = ("mlp", "lenet", "cnn", "mobilenet_v3_small", "resnet18")
 
 #: The linear family's optimizer (the comment in `BUILT_IN` says why).
 LINEAR_OPTIMIZER = OptimizerDefaults("normalized", TYPE_LEARNING_RATES["normalized"])
@@ -134,7 +134,7 @@ BUILT_IN = (
     # P >= 2, where ISP took about twice as long, and the lowest validation RMSE.
     ModelType("pmf", "biased matrix factorisation", "ratings", "rmse",
               OptimizerDefaults("adagrad", 0.2, full_rate_workers=2),
-              protocol="blocked", significance_threshold=PMF_V, traits=frozenset({"blocks"}),
+              protocol="blocked", significance_threshold=PMF_V, traits=frozenset({"blocks", "gradients"}),
               fields={"rank": integer("Latent factors per user and item (pmf).", 1, 1024, default=20)}),
     # The linear family learns by Vowpal Wabbit's rule: per-coordinate normalized adaptive updates with the
     # importance-invariant step (kernels/linear.pyx, `normalized_step`), at VW's 0.5. It is scale-free: a column
@@ -144,15 +144,15 @@ BUILT_IN = (
     # at P = 1 and 2, and the SVM met VW's hinge accuracy in one epoch at P = 1 and 2, which Adam missed; linear
     # regression ended closer to Ridge than per-sample AdaGrad at 0.3.
     ModelType("logistic-regression", "sparse logistic regression on hashed features", "sparse", "bce",
-              LINEAR_OPTIMIZER, traits=frozenset({"convex"})),
+              LINEAR_OPTIMIZER, traits=frozenset({"convex", "gradients"})),
     ModelType("svm", "linear SVM, hinge loss, on hashed features, labels 0/1", "sparse", "hinge",
-              LINEAR_OPTIMIZER, traits=frozenset({"convex"})),
+              LINEAR_OPTIMIZER, traits=frozenset({"convex", "gradients"})),
     ModelType("linear-regression", "linear regression, squared loss, on hashed features", "sparse", "rmse",
-              LINEAR_OPTIMIZER, traits=frozenset({"convex"}), labels=frozenset({"binary", "real"})),
+              LINEAR_OPTIMIZER, traits=frozenset({"convex", "gradients"}), labels=frozenset({"binary", "real"})),
     # Cirrus's softmax: K weights a feature. Adam at 0.01 with lr/√epoch met scikit-learn's multinomial accuracy in
     # 2 epochs at P = 1 and 2; the normalized rule has no softmax kernel.
     ModelType("softmax", "multinomial logistic regression on hashed features, one class a distinct label", "sparse",
-              "cross-entropy", OptimizerDefaults("adam", 0.01, lr_decay="sqrt-epoch"), traits=frozenset({"convex"}),
+              "cross-entropy", OptimizerDefaults("adam", 0.01, lr_decay="sqrt-epoch"), traits=frozenset({"convex", "gradients"}),
               labels=frozenset({"binary", "classes"})),
     # Sculley's mini-batch k-means (training/models/kmeans.py): each centroid moves by its own rate, 1 / (its rows
     # so far), which the learning rate scales (1: Sculley's). Labels of any kind are ignored. Neither convex nor
@@ -162,13 +162,15 @@ BUILT_IN = (
               fields={"clusters": integer("Clusters k (kmeans); at most the training rows.", 1, 4096, default=8)},
               per_row=("clusters",), optimizers=frozenset({"sgd"})),
     # A PyTorch network over images (training/models/network.py, architectures in training/networks.py): Adam at
-    # Kingma and Ba's 0.001, the rate the papers' networks train with; BSP, gradient averaging each step, the way
-    # LambdaML found steady for MobileNet. Not convex and not made of blocks: admm and blocked do not apply.
+    # Kingma and Ba's 0.001, the rate the papers' networks train with; gradient averaging each step, the way
+    # LambdaML found steady for MobileNet (sync/protocols/gradients.py says what bsp cost). Not convex and not made
+    # of blocks: admm and blocked do not apply.
     ModelType("neural-net", "a PyTorch network over images, one class a label", "images", "cross-entropy",
-              OptimizerDefaults("adam", TYPE_LEARNING_RATES["adam"]), protocol="bsp", labels=frozenset({"classes"}),
-              fields={"network": choice("Built-in architecture (neural-net): mlp, a LeNet-style CNN, or torchvision's "
+              OptimizerDefaults("adam", TYPE_LEARNING_RATES["adam"]), protocol="gradient-averaging",
+              traits=frozenset({"gradients"}), labels=frozenset({"classes"}),
+              fields={"network": choice("Built-in architecture (neural-net): mlp, a LeNet-5 CNN, a small 3×3 CNN (cnn), or torchvision's "
                                         "mobilenet_v3_small or resnet18 (no pretrained weights; GroupNorm for "
-                                        "BatchNorm).", list(NETWORKS), default="lenet"),
+                                        "BatchNorm).", list(NETWORKS), default="cnn"),
                       "hiddenSizes": integers("Hidden layer widths of the mlp network (neural-net).", 1, 65536,
                                               default=[128]),
                       "module": {**string("The user's own network instead of a built-in one (neural-net): "

@@ -1,7 +1,7 @@
 """What the Byzantine-robust aggregation rules (`spec.sync.aggregation`, sync/aggregation.py) need of a job.
 
 A robust rule combines the updates of one step, so it needs a protocol whose workers add their peers' updates of
-each step (BSP, ISP, SSP): averaging's rounds divide by the carriers of each entry, blocked's rows stay at home and
+each step (BSP, ISP, SSP), or their gradients (gradient averaging): averaging's rounds divide by the carriers of each entry, blocked's rows stay at home and
 async and ADMM combine models, not a step's updates. A median of two updates is their mean, so it needs three
 workers. An exchange that sums in Redis also needs the job's Redis to be one instance (`one_redis_error`). This
 module imports nothing of mlless, so that the schema can read it.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 #: The protocols a robust rule applies under.
-PROTOCOLS = ("bsp", "isp", "ssp")
+PROTOCOLS = ("bsp", "gradient-averaging", "isp", "ssp")
 #: The fewest workers a robust rule is admitted with.
 MIN_WORKERS = 3
 #: `spec.sync.trim`'s default: one update of four is assumed Byzantine.

@@ -44,7 +44,15 @@ NEEDS: dict[str, str] = {
     "blocked": "blocks",
     # Consensus ADMM needs a convex loss; PMF's is not (sync/protocols/admm.py).
     "admm": "convex",
+    # Gradient averaging needs a model a mini-batch gradient trains; k-means moves by its own rule.
+    "gradient-averaging": "gradients",
 }
+#: The protocols that publish a mini-batch gradient rather than an update (sync/protocols/gradients.py): the
+#: optimizers that update per sample inside the batch (`PER_SAMPLE_OPTIMIZERS`) have none to publish.
+MINI_BATCH_PROTOCOLS = ("gradient-averaging",)
+#: The `spec.optimizer.type`s that update the replica after every sample of a mini-batch, with a kernel of the
+#: model's (training/optim.py).
+PER_SAMPLE_OPTIMIZERS = ("adagrad", "normalized")
 
 
 #: `spec.optimizer.type`'s values; a model type may admit fewer (`ModelType.optimizers`).
@@ -133,7 +141,10 @@ SPEC_SCHEMA: Schema = obj(
         "sync": obj(
             "Synchronisation protocol between replicas.",
             {
-                "protocol": choice("bsp: every update every step; isp: significance filter; ssp: stale-synchronous "
+                "protocol": choice("bsp: every update every step; gradient-averaging (" + _admitting("gradient-averaging")
+                                   + " only): every step the workers average their mini-batch gradients and each "
+                                   "replica takes one optimizer step by the mean (LambdaML's GA-SGD, as PyTorch DDP); "
+                                   "isp: significance filter; ssp: stale-synchronous "
                                    "with `slack`; averaging: model averaging, each worker runs `localSteps` steps "
                                    "alone, then the replicas exchange what they changed; blocked (" + _admitting("blocked") + " only): "
                                    "averaging's rounds over disjoint blocks of users and items (DSGD), so no "
@@ -143,7 +154,7 @@ SPEC_SCHEMA: Schema = obj(
                                    "averaging's rounds with each worker's local steps pulled towards the consensus "
                                    "by `rho` and its dual variables. Default: "
                                    + ", ".join(f"{t.name} {t.protocol}" for t in models.BUILT_IN) + ".",
-                                   ["bsp", "isp", "ssp", "averaging", "blocked", "async", "admm"]),
+                                   ["bsp", "gradient-averaging", "isp", "ssp", "averaging", "blocked", "async", "admm"]),
                 "significanceThreshold": number("ISP threshold v; an entry is sent when |delta/x| > v/sqrt(step). "
                                                 "Default: " + ", ".join(f"{t.name} {shown(t.significance_threshold)}"
                                                                         for t in models.BUILT_IN) + ".", 0),
@@ -429,6 +440,12 @@ def pairing_errors(spec: Any) -> Iterator[str]:
         if given(field) == value and given(other) not in admitted:
             yield f"{_pairing_message(field, value, other, admitted)}, not {given(other)}"
     kind = given("model.type")
+    known = models.model_type(kind) if kind in models.MODEL_TYPES else None
+    protocol = given("sync.protocol") or (known and known.protocol)
+    optimizer = given("optimizer.type") or (known and known.optimizer.type)
+    if protocol in MINI_BATCH_PROTOCOLS and optimizer in PER_SAMPLE_OPTIMIZERS:
+        yield (f"spec.optimizer.type: {optimizer} updates per sample, and spec.sync.protocol {protocol} averages "
+               f"mini-batch gradients: choose one of {', '.join(t for t in OPTIMIZER_TYPES if t not in PER_SAMPLE_OPTIMIZERS)}")
     yield from robust.errors(spec, models.model_type(kind).protocol if kind in models.MODEL_TYPES else "",
                              default("workers"))
     shards = given("redis.shards")

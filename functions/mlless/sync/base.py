@@ -96,6 +96,9 @@ class SyncStrategy(ABC):
     #: steps move the shared state P-fold, or averaged (`averaging.py` and its rounds): `Replica.workers`, which the
     #: models' steps that share a move among summed replicas read (normalized updates, k-means's rates), is then 1.
     sums_updates: ClassVar[bool] = True
+    #: Whether every replica steps its own optimizer by the same shared gradient (gradients.py), so that replicas stay
+    #: equal only with equal optimizer states: a joiner then starts from its donor's optimizer state too.
+    share_optimizer: ClassVar[bool] = False
 
     @property
     @abstractmethod

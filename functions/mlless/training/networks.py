@@ -9,6 +9,10 @@ buffers outside that vector (and which every replica would gather from its own b
 - `lenet`: LeNet-5's shape (two 5×5 convolutions of 6 and 16 channels, each with ReLU and 2×2 max-pooling, then
   120, 84 and the classes), padded to keep each side, and pooling only while a side stays `MIN_SIDE` or more: an
   8×8 image is pooled once, to 4×4, where pooling twice would leave the dense layers 2×2 maps of 16 values;
+- `cnn`: Keras's small CNN for MNIST (two 3×3 'same' convolutions of 32 and 64 channels with ReLU, one 2×2
+  max-pooling, a dense layer of 128): on the digits' 8×8 images (examples/digits-cnn.yaml), plain PyTorch with Adam
+  on batches of 128 ended at 97-99 % validation accuracy for seeds 0-2, where `lenet`, whose 5×5 kernels see mostly
+  padding there, ended at 94-97.5 %;
 - `mobilenet_v3_small` and `resnet18`: torchvision's builders, with no pretrained weights (nothing is downloaded) and
   GroupNorm (Wu and He 2018: batch-independent, its affine weights are parameters) in place of BatchNorm, with 32
   groups or fewer so that a group keeps at least 4 channels. Their stem takes the data's channels, and on images
@@ -68,6 +72,13 @@ def lenet(shape: Shape, classes: int) -> nn.Module:
                          nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, classes))
 
 
+def cnn(shape: Shape, classes: int) -> nn.Module:
+    channels, height, width = shape
+    return nn.Sequential(nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * (height // 2) * (width // 2), 128), nn.ReLU(),
+                         nn.Linear(128, classes))
+
+
 def _stem(conv: nn.Conv2d, channels: int, small: bool) -> nn.Conv2d:
     """`conv` taking `channels` input channels, at stride 1 and with a 3×3 kernel for a small image."""
     kernel, stride, padding = ((3, 3), 1, 1) if small else (conv.kernel_size, conv.stride, conv.padding)
@@ -120,6 +131,7 @@ def build(network: str, hidden: Sequence[int], module: str | None, shape: Shape,
         net, name = user_network(module, shape, classes), f"spec.model.module {module!r}"
     else:
         built = {"mlp": lambda: mlp(shape, classes, hidden), "lenet": lambda: lenet(shape, classes),
+                 "cnn": lambda: cnn(shape, classes),
                  "mobilenet_v3_small": lambda: mobilenet_v3_small(shape, classes),
                  "resnet18": lambda: resnet18(shape, classes)}
         if network not in built:

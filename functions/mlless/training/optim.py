@@ -29,14 +29,13 @@ from typing import TYPE_CHECKING, Mapping
 import numpy as np
 
 from mlless.spec.config import OptimizerConfig
+from mlless.spec.schema import PER_SAMPLE_OPTIMIZERS
 from mlless.training.kernels import optim as _k
 
 if TYPE_CHECKING:  # only for annotations: models do not depend on optimizers, nor these on them at run time
     from mlless.data.batches import Batch
     from mlless.training.models.base import Model
 
-#: The rules that update after every sample of a mini-batch, with a kernel of the model's.
-PER_SAMPLE = ("adagrad", "normalized")
 #: AdaGrad's accumulators start here, as LIBMF's do: the first steps are at most lr, not lr/√(g²) = lr/|g|.
 ADAGRAD_INITIAL = 1.0
 
@@ -103,7 +102,7 @@ class Optimizer:
         grad = np.ascontiguousarray(grad, dtype=np.float32)
         delta = np.empty(idx.shape[0], dtype=np.float32)
         self.t += 1
-        if c.type in PER_SAMPLE:
+        if c.type in PER_SAMPLE_OPTIMIZERS:
             raise ValueError(f"{c.type} updates per sample: use Optimizer.update(model, batch, lr)")
         if c.type == "sgd":
             _k.sgd_step(x, idx, grad, delta, lr_, c.weight_decay)

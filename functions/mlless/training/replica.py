@@ -112,6 +112,27 @@ class Replica:
                 raise TrainingDiverged(f"{exc} at step {t}; {self._advice(epoch)}") from None
         return StepResult(*selected, float(loss_sum), int(samples), computed - started, time.perf_counter() - computed)
 
+    def gradient(self, batch: Batch, t: int) -> StepResult:
+        """The mean gradient of ``batch`` at the replica, not applied (gradient averaging publishes it, and every
+        replica then `descend`s by the workers' mean, sync/protocols/gradients.py)."""
+        started = time.perf_counter()
+        idx, grad, loss_sum, samples = self.model.gradient(batch)
+        if not math.isfinite(loss_sum):
+            raise TrainingDiverged(f"loss is {loss_sum} at step {t}; lower spec.optimizer.learningRate")
+        try:
+            check_bounded("the gradient's values", grad)
+        except FrameError as exc:
+            raise TrainingDiverged(f"{exc} at step {t}; lower spec.optimizer.learningRate") from None
+        return StepResult(idx, grad, float(loss_sum), int(samples), time.perf_counter() - started, 0.0)
+
+    def descend(self, indices: np.ndarray, gradient: np.ndarray, epoch: int, appliers: int = 1) -> None:
+        """One optimizer step by ``gradient`` (the workers' mean), in place. Each of the ``appliers`` replicas takes
+        the same step, which moves the shared state once: each counts its share of it as its contribution
+        (MLLESS_AUDIT)."""
+        delta = self.optimizer.step(self.params, indices, gradient, self.config.lr_at(epoch))
+        if self.contribution is not None:
+            self.contribution[indices] += delta / appliers
+
     def _advice(self, epoch: int) -> str:
         """What to change after a diverging step: the L2 penalty when it overshoots by itself (its gradient moves a
         parameter by learning rate x l2 of itself, so at 1 or more it overshoots zero) and is beyond any sensible
@@ -163,3 +184,5 @@ class Replica:
         self.filter.restore(*layouts.no_pending())
         indices, values = layouts.pending(donor)
         self.apply(indices, -values)
+        if state := layouts.optimizer_state(donor):  # replicas that step one optimizer together (`share_optimizer`)
+            self.optimizer.load_state(state)
