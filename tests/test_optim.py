@@ -40,7 +40,7 @@ class Reference:
         return delta
 
 
-@pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam"])
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam", "adamw"])
 @pytest.mark.parametrize("wd", [0.0, 0.1])
 def test_steps_match_reference(kind, wd):
     rng = np.random.default_rng(0)

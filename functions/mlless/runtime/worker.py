@@ -205,7 +205,7 @@ class Worker:
         timer.lap("fetch")
 
         self.replica.workers = len(self.view.live) if self.sync.sums_updates else 1
-        result = self.half.train(batch, self.feed.schedule.epoch(position) + 1, self.step,
+        result = self.half.train(batch, self.feed.schedule.progress(position), self.step,
                                  alone=self.view.live == (self.rank,))
         if self.attack is not None:
             result = self.attack.corrupt(result, self.replica, self.attack_rng)

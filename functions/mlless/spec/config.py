@@ -15,7 +15,7 @@ from typing import Any, Literal, Mapping
 from jsonschema import Draft4Validator
 from jsonschema.exceptions import best_match
 
-from mlless.spec.models import PAPERS_V, TYPE_LEARNING_RATES, model_type
+from mlless.spec.models import ADAMW_WEIGHT_DECAY, PAPERS_V, TYPE_LEARNING_RATES, model_type
 from mlless.spec.schema import choices, default
 
 OPTIMIZERS = choices("optimizer.type")
@@ -64,10 +64,13 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """Hyper-parameters of one optimizer; validated on construction.
+    """Hyper-parameters of one optimizer and its learning-rate schedule; validated on construction.
 
     `type` and `learning_rate` have no schema default: a job's come from `default_optimizer`. The values
-    here serve a bare `OptimizerConfig(...)` in library use.
+    here serve a bare `OptimizerConfig(...)` in library use. `weight_decay` is derived, not a manifest field: a
+    replica sets it to its model's (`Model.weight_decay`, from spec.model.l2, whose default adamw changes:
+    `default_l2`). So is `horizon_epochs`: cosine's horizon, spec.stop.maxEpochs, which `from_manifest` copies here
+    because the workers' replicas see the optimizer's config and not the stop rule.
     """
 
     type: str = "sgd"
@@ -78,6 +81,10 @@ class OptimizerConfig:
     epsilon: float = default("optimizer.epsilon")
     weight_decay: float = 0.0
     lr_decay: str = "none"
+    warmup_epochs: float = default("optimizer.warmupEpochs")
+    decay_epochs: float | None = None
+    gamma: float = default("optimizer.gamma")
+    horizon_epochs: float | None = None
 
     def __post_init__(self) -> None:
         if self.type not in OPTIMIZERS:
@@ -94,15 +101,45 @@ class OptimizerConfig:
             raise ValueError("epsilon must be positive")
         if not self.weight_decay >= 0:
             raise ValueError("weight_decay must be >= 0")
+        if not (self.warmup_epochs >= 0 and math.isfinite(self.warmup_epochs)):
+            raise ValueError(f"warmup_epochs must be a finite value >= 0, got {self.warmup_epochs}")
+        if not 0 < self.gamma < 1:
+            raise ValueError(f"gamma must be in (0, 1), got {self.gamma}")
+        if self.lr_decay == "step" and not (self.decay_epochs is not None and self.decay_epochs > 0):
+            raise ValueError(f"lr_decay step needs decay_epochs > 0, got {self.decay_epochs}")
+        if self.lr_decay == "cosine" and not (self.horizon_epochs is not None
+                                              and self.warmup_epochs < self.horizon_epochs < math.inf):
+            raise ValueError(f"lr_decay cosine needs horizon_epochs (spec.stop.maxEpochs) finite and above "
+                             f"warmup_epochs {self.warmup_epochs:g}, got {self.horizon_epochs}")
 
     def replace(self, **changes: Any) -> OptimizerConfig:
         return OptimizerConfig(**{**asdict(self), **changes})
 
-    def lr_at(self, epoch: int) -> float:
-        """Learning rate for a 1-based epoch: constant, or lr/√epoch (the paper's LR schedule)."""
+    def lr_at(self, epoch: float) -> float:
+        """The learning rate at a 1-based, fractional `epoch`: 1 is the start of training, 2.5 halfway through the
+        second pass over the training batches. A worker passes the job's progress halfway through the step's
+        mini-batch (`mlless.data.feed.Schedule.progress`), so the rate follows the step, and its integer part is
+        the epoch the batch belongs to.
+
+        The rate rises linearly from 0 over `warmup_epochs`, times the decay: none; lr/√⌊epoch⌋ (the papers' LR
+        schedule); cosine, ½(1 + cos(π·s)) with s the fraction of the epochs from the warm-up's end to
+        `horizon_epochs` behind (0 from the horizon on); step, gamma^⌊(epochs since the warm-up's end) /
+        decay_epochs⌋. The one place the rate is computed.
+        """
+        done = max(0.0, float(epoch) - 1.0)  # passes over the training batches before this point
+        after = max(0.0, done - self.warmup_epochs)
+        rate = self.learning_rate
         if self.lr_decay == "sqrt-epoch":
-            return self.learning_rate / math.sqrt(max(1, epoch))
-        return self.learning_rate
+            rate /= math.sqrt(max(1, math.floor(epoch)))
+        elif self.lr_decay == "cosine":
+            assert self.horizon_epochs is not None  # __post_init__
+            rate *= 0.5 * (1.0 + math.cos(math.pi * min(1.0, after / (self.horizon_epochs - self.warmup_epochs))))
+        elif self.lr_decay == "step":
+            assert self.decay_epochs is not None  # __post_init__
+            rate *= self.gamma ** math.floor(after / self.decay_epochs)
+        if done < self.warmup_epochs:
+            rate *= done / self.warmup_epochs
+        return rate
 
 
 def default_optimizer(model: str, workers: int = 1, kind: str | None = None) -> OptimizerConfig:
@@ -113,6 +150,12 @@ def default_optimizer(model: str, workers: int = 1, kind: str | None = None) -> 
     if kind is None or kind == defaults.type:
         return OptimizerConfig(**defaults.fields(workers))
     return OptimizerConfig(type=kind, learning_rate=TYPE_LEARNING_RATES[kind])
+
+
+def default_l2(model: str, optimizer: str) -> float | None:
+    """spec.model.l2 of a job that sets none: `ADAMW_WEIGHT_DECAY` under adamw, for a model whose l2 is decoupled
+    weight decay (`ModelType.l2_in_loss`); else None, the model's own default (`Model.weight_decay`)."""
+    return ADAMW_WEIGHT_DECAY if optimizer == "adamw" and not model_type(model).l2_in_loss else None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from mlless.spec.config import (
     StopConfig,
     SyncConfig,
     TunerConfig,
+    default_l2,
     default_optimizer,
     default_sync,
 )
@@ -172,11 +173,17 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
     validate_manifest(doc, source)
     spec = doc["spec"]
     section = spec["model"]
-    init_from = section.get("initFrom")
-    model = ModelConfig(section["type"], section.get("l2"), init_from and resolve_uri(init_from, base_dir),
-                        {k: v for k, v in section.items() if k not in ("type", "l2", "initFrom")})
     workers = spec.get("workers", default("workers"))
     stop = StopConfig(**_arguments(StopConfig, spec.get("stop", {})))
+    given = _arguments(OptimizerConfig, spec.get("optimizer", {}))
+    optimizer = default_optimizer(section["type"], workers, given.get("type"))
+    # cosine's horizon is the epoch limit the manifest sets (validate_manifest refused cosine without one).
+    cosine = given.get("lr_decay", optimizer.lr_decay) == "cosine"
+    optimizer = dataclasses.replace(optimizer, **given, horizon_epochs=stop.max_epochs if cosine else None)
+    init_from = section.get("initFrom")
+    l2 = section.get("l2", default_l2(section["type"], optimizer.type))
+    model = ModelConfig(section["type"], l2, init_from and resolve_uri(init_from, base_dir),
+                        {k: v for k, v in section.items() if k not in ("type", "l2", "initFrom")})
     if not stop.has_length_limit():
         stop = dataclasses.replace(stop, max_epochs=DEFAULT_MAX_EPOCHS,
                                    patience=DEFAULT_PATIENCE if stop.patience is None else stop.patience)
@@ -186,8 +193,7 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
         workers=workers,
         model=model,
         dataset_uri=resolve_uri(spec["dataset"]["uri"], base_dir),
-        optimizer=dataclasses.replace(default_optimizer(model.type, workers, spec.get("optimizer", {}).get("type")),
-                                      **_arguments(OptimizerConfig, spec.get("optimizer", {}))),
+        optimizer=optimizer,
         sync=dataclasses.replace(default_sync(model.type), **_arguments(SyncConfig, spec.get("sync", {}))),
         stop=stop,
         pricing=PricingConfig(**_arguments(PricingConfig, spec.get("pricing", {}))),

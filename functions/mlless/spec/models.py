@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 from mlless.spec.nodes import Schema, choice, integer, integers, string
 from mlless.spec.registry import Registry
 
-__all__ = ["BUILT_IN", "LOSS_METRICS", "MODEL_TYPES", "ModelType", "OptimizerDefaults", "model_type", "register"]
+__all__ = ["ADAMW_WEIGHT_DECAY", "BUILT_IN", "LOSS_METRICS", "MODEL_TYPES", "ModelType", "OptimizerDefaults", "model_type", "register"]
 
 #: How a loss sum over n samples is reported, by the metric's name: RMSE is √(sse/n), the others are means.
 LOSS_METRICS: dict[str, Callable[[float, int], float]] = {
@@ -39,8 +39,12 @@ LOSS_METRICS: dict[str, Callable[[float, int], float]] = {
 #: starts from (Vowpal Wabbit's 0.5 for its normalized updates, LIBMF's 0.1 for AdaGrad, Kingma and Ba's 0.001 for
 #: Adam), with no decay. A model's own rate and decay belong to its own type: another type's rate left normalized
 #: updates short of VW's loss.
-TYPE_LEARNING_RATES = {"normalized": 0.5, "adagrad": 0.1, "adam": 0.001, "sgd": 0.01, "momentum": 0.01,
-                       "nesterov": 0.01}
+TYPE_LEARNING_RATES = {"normalized": 0.5, "adagrad": 0.1, "adam": 0.001, "adamw": 0.001, "sgd": 0.01,
+                       "momentum": 0.01, "nesterov": 0.01}
+#: spec.model.l2 under optimizer adamw when the manifest sets none, for a model whose l2 is decoupled weight decay
+#: (`ModelType.l2_in_loss` False): PyTorch's AdamW default. adam and adamw run one kernel (kernels/optim.pyx, whose
+#: decay is decoupled already); adamw is the name under which a job gets this decay without asking for it.
+ADAMW_WEIGHT_DECAY = 0.01
 
 
 def type_rates() -> str:
@@ -97,6 +101,9 @@ class ModelType:
     #: The `spec.optimizer.type`s it trains with; None: every one. A model with an update rule of its own
     #: (`Model.own_step`) admits the one whose learning rate scales it.
     optimizers: frozenset[str] | None = None
+    #: Its spec.model.l2 is a penalty inside its loss (pmf's, kernels/pmf.pyx), not decoupled weight decay the
+    #: optimizer applies (`Model.weight_decay`): adamw's default decay (`ADAMW_WEIGHT_DECAY`) does not set it.
+    l2_in_loss: bool = False
 
     def __post_init__(self) -> None:
         if self.loss_metric not in LOSS_METRICS:
@@ -134,7 +141,7 @@ BUILT_IN = (
     # P >= 2, where ISP took about twice as long, and the lowest validation RMSE.
     ModelType("pmf", "biased matrix factorisation", "ratings", "rmse",
               OptimizerDefaults("adagrad", 0.2, full_rate_workers=2),
-              protocol="blocked", significance_threshold=PMF_V, traits=frozenset({"blocks", "gradients"}),
+              protocol="blocked", significance_threshold=PMF_V, traits=frozenset({"blocks", "gradients"}), l2_in_loss=True,
               fields={"rank": integer("Latent factors per user and item (pmf).", 1, 1024, default=20)}),
     # The linear family learns by Vowpal Wabbit's rule: per-coordinate normalized adaptive updates with the
     # importance-invariant step (kernels/linear.pyx, `normalized_step`), at VW's 0.5. It is scale-free: a column

@@ -31,6 +31,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("`spec.sync.rho`", "{sync.rho} (admm's penalty)"),
     ("`spec.sync.exchange`", "`{sync.exchange}`: each worker reads every peer's update"),
     ("`spec.sync.aggregation`", "`{sync.aggregation}`: every update is added"),
+    ("`spec.optimizer.warmupEpochs` / `gamma`", "{optimizer.warmupEpochs}: no warm-up / {optimizer.gamma} (`lrDecay: step`)"),
     ("`spec.stop.patience` / `maxEpochs`",
      "{stop.patience} evaluations / {stop.maxEpochs} epochs, when no step, epoch or seconds limit is set"),
     ("`spec.stop.minDelta`", "{stop.minDelta}: a smaller relative improvement does not reset patience"),

@@ -16,7 +16,7 @@ import copy
 from typing import Any, Iterable, Iterator
 
 from mlless.contract import API_VERSION, KIND
-from mlless.spec import models, robust
+from mlless.spec import models, robust, schedule
 from mlless.spec.registry import REGISTRIES
 from mlless.spec.nodes import Schema, boolean, choice, integer, number, obj, shown, string
 
@@ -56,7 +56,7 @@ PER_SAMPLE_OPTIMIZERS = ("adagrad", "normalized")
 
 
 #: `spec.optimizer.type`'s values; a model type may admit fewer (`ModelType.optimizers`).
-OPTIMIZER_TYPES = ["adagrad", "normalized", "sgd", "momentum", "nesterov", "adam"]
+OPTIMIZER_TYPES = ["adagrad", "normalized", "sgd", "momentum", "nesterov", "adam", "adamw"]
 
 
 def pairings(types: Iterable[models.ModelType]) -> Iterator[tuple[str, str, str, tuple[str, ...]]]:
@@ -98,7 +98,8 @@ SPEC_SCHEMA: Schema = obj(
                 "type": choice("; ".join(f"{t.name}: {t.summary} ({t.loss_metric.upper()})" for t in models.BUILT_IN)
                                + ".", [t.name for t in models.BUILT_IN]),
                 **model_fields(models.BUILT_IN),
-                "l2": number("Weight decay applied to the parameters a mini-batch touches. Default per model.", 0),
+                "l2": number("Weight decay applied to the parameters a mini-batch touches (pmf: a penalty in its "
+                             f"loss). Default per model; under optimizer adamw {models.ADAMW_WEIGHT_DECAY:g}, pmf's its own.", 0),
                 "initFrom": {**string("Warm start: a model.npz written by an earlier job (its output.uri or run directory, "
                                    "or the file; a path or fsspec URL, relative paths resolve like dataset.uri). Every "
                                    "replica starts from it instead of the seed; its type and dimensions must be the "
@@ -124,7 +125,9 @@ SPEC_SCHEMA: Schema = obj(
                 "type": choice("Update rule. adagrad updates per sample inside the mini-batch (LIBMF, Vowpal Wabbit); "
                                "normalized too, with each feature's step scaled by the largest value it has taken "
                                "(Vowpal Wabbit's default; the linear models only); the others take one step per "
-                               "mini-batch."
+                               "mini-batch. adam and adamw are one rule, Adam with decoupled weight decay "
+                               "(spec.model.l2, as AdamW applies it); adamw's decay defaults to "
+                               f"{models.ADAMW_WEIGHT_DECAY:g} (PyTorch's AdamW) instead of the model's l2."
                                + "".join(f" {t.name} trains with {' or '.join(sorted(t.optimizers))} only, whose "
                                          "learning rate scales its own rule." for t in models.BUILT_IN if t.optimizers),
                                OPTIMIZER_TYPES),
@@ -134,8 +137,7 @@ SPEC_SCHEMA: Schema = obj(
                 "beta1": number("Adam first-moment decay.", 0, below=1, default=0.9),
                 "beta2": number("Adam second-moment decay.", 0, below=1, default=0.999),
                 "epsilon": number("Adam denominator guard.", 0, exclusive=True, default=1e-8),
-                "lrDecay": choice("Learning-rate schedule: constant, or lr/sqrt(epoch) as the papers do for LR.",
-                                  ["none", "sqrt-epoch"]),
+                **schedule.FIELDS,
             },
         ),
         "sync": obj(
@@ -448,6 +450,7 @@ def pairing_errors(spec: Any) -> Iterator[str]:
                f"mini-batch gradients: choose one of {', '.join(t for t in OPTIMIZER_TYPES if t not in PER_SAMPLE_OPTIMIZERS)}")
     yield from robust.errors(spec, models.model_type(kind).protocol if kind in models.MODEL_TYPES else "",
                              default("workers"))
+    yield from schedule.errors(spec)
     shards = given("redis.shards")
     if isinstance(shards, int) and (line := robust.one_redis_error(given("sync.exchange"), shards,
                                                                     f"spec.redis.shards is {shards}")):
@@ -455,14 +458,15 @@ def pairing_errors(spec: Any) -> Iterator[str]:
 
 
 def cel_rules() -> list[Schema]:
-    """The built-in models' pairings as the CRD's `x-kubernetes-validations` on the spec (CEL; Kubernetes 1.25+)."""
+    """The built-in models' pairings and the schedule's needs (`schedule.errors`) as the CRD's
+    `x-kubernetes-validations` on the spec (CEL; Kubernetes 1.25+)."""
     rules = []
     for field, value, other, admitted in pairings(models.BUILT_IN):
         section, name = field.split(".")
         absent = f"!has(self.{section}) || !has(self.{field})"
         rules.append({"rule": f"{absent} || self.{field} != '{value}' || self.{other} in {list(admitted)}",
                       "message": _pairing_message(field, value, other, admitted)})
-    return rules
+    return rules + schedule.cel_rules()
 
 
 SPEC_SCHEMA["x-kubernetes-validations"] = cel_rules()

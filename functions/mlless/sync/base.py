@@ -49,7 +49,7 @@ class WorkerHalf:
         self.exchange = exchange
         self.feed = feed
 
-    def train(self, batch: Batch, epoch: int, step: int, alone: bool) -> StepResult:
+    def train(self, batch: Batch, epoch: float, step: int, alone: bool) -> StepResult:
         """Train `step` on `batch`, selecting what the protocol shares after it.
 
         Alone in the job, nobody needs this update, so it is not shared.

@@ -12,6 +12,16 @@ Weight decay is decoupled: each touched entry additionally moves by
 ``−lr·weight_decay·x_old``.  For Adam this is real regularisation, which
 multiplying the gradient (what the original code did) is not.
 
+``adam`` and ``adamw`` are therefore one rule, Loshchilov and Hutter's AdamW
+(decay decoupled from the adaptive step, scaled by the learning rate as
+PyTorch's AdamW scales it), run by one kernel (`kernels/optim.pyx`,
+``adam_step``).  They differ only in the decay a job gets when
+``spec.model.l2`` is unset: under ``adam`` the model's default (0 for a
+network, 1e-6 for the linear models), under ``adamw`` 0.01, PyTorch's AdamW
+default (`mlless.spec.config.default_l2`; pmf keeps its l2 in its loss, and
+gets no decoupled decay from either).  Both take ``weight_decay`` from the
+config; a bare ``OptimizerConfig(type="adamw")`` has 0, as ``adam``'s.
+
 `adagrad` differs in kind: it updates the replica after every sample of the
 mini-batch, with per-row (PMF, as LIBMF) or per-coordinate (LR, as Vowpal
 Wabbit's adaptive updates) AdaGrad step sizes, so one mini-batch is B updates
@@ -36,6 +46,8 @@ if TYPE_CHECKING:  # only for annotations: models do not depend on optimizers, n
     from mlless.data.batches import Batch
     from mlless.training.models.base import Model
 
+#: The rules `adam_step` runs: one rule, two default decays (the module's docstring).
+ADAM = ("adam", "adamw")
 #: AdaGrad's accumulators start here, as LIBMF's do: the first steps are at most lr, not lr/√(g²) = lr/|g|.
 ADAGRAD_INITIAL = 1.0
 
@@ -61,7 +73,7 @@ class Optimizer:
             self._buffers["norm"] = np.zeros(2, dtype=np.float64)
         elif config.type in ("momentum", "nesterov"):
             self._buffers["velocity"] = np.zeros(self.size, dtype=np.float32)
-        elif config.type == "adam":
+        elif config.type in ADAM:
             self._buffers["m"] = np.zeros(self.size, dtype=np.float32)
             self._buffers["v"] = np.zeros(self.size, dtype=np.float32)
 
@@ -109,7 +121,7 @@ class Optimizer:
         elif c.type in ("momentum", "nesterov"):
             _k.momentum_step(x, idx, grad, delta, self._buffers["velocity"], lr_, c.momentum,
                              c.weight_decay, c.type == "nesterov")
-        else:
+        else:  # ADAM
             _k.adam_step(x, idx, grad, delta, self._buffers["m"], self._buffers["v"], lr_, c.beta1,
                          c.beta2, c.epsilon, c.weight_decay, self.t)
         return delta

@@ -78,8 +78,10 @@ class Replica:
     def params(self) -> np.ndarray:
         return self.model.params
 
-    def step(self, batch: Batch, epoch: int, t: int, share: bool = True, select: bool = True) -> StepResult:
-        """Train on ``batch`` (``epoch`` counts from 1 and sets the learning rate) and select what to send at step ``t``.
+    def step(self, batch: Batch, epoch: float, t: int, share: bool = True, select: bool = True) -> StepResult:
+        """Train on ``batch`` and select what to send at step ``t``. ``epoch`` sets the learning rate
+        (`OptimizerConfig.lr_at`): 1-based and fractional, the job's progress halfway through ``batch``
+        (`mlless.data.feed.Schedule.progress`); an integer is the start of that epoch.
 
         Without ``share`` (a worker alone in its job) the update stays in the
         replica and out of the accumulator, and nothing is selected: a worker
@@ -125,7 +127,7 @@ class Replica:
             raise TrainingDiverged(f"{exc} at step {t}; lower spec.optimizer.learningRate") from None
         return StepResult(idx, grad, float(loss_sum), int(samples), time.perf_counter() - started, 0.0)
 
-    def descend(self, indices: np.ndarray, gradient: np.ndarray, epoch: int, appliers: int = 1) -> None:
+    def descend(self, indices: np.ndarray, gradient: np.ndarray, epoch: float, appliers: int = 1) -> None:
         """One optimizer step by ``gradient`` (the workers' mean), in place. Each of the ``appliers`` replicas takes
         the same step, which moves the shared state once: each counts its share of it as its contribution
         (MLLESS_AUDIT)."""
@@ -133,7 +135,7 @@ class Replica:
         if self.contribution is not None:
             self.contribution[indices] += delta / appliers
 
-    def _advice(self, epoch: int) -> str:
+    def _advice(self, epoch: float) -> str:
         """What to change after a diverging step: the L2 penalty when it overshoots by itself (its gradient moves a
         parameter by learning rate x l2 of itself, so at 1 or more it overshoots zero) and is beyond any sensible
         penalty (1 or more: the defaults are below 0.1), else the learning rate."""

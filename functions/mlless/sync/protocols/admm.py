@@ -57,7 +57,7 @@ class AdmmHalf(WorkerHalf):
         x[idx] += move
         return move
 
-    def train(self, batch: Batch, epoch: int, step: int, alone: bool) -> StepResult:
+    def train(self, batch: Batch, epoch: float, step: int, alone: bool) -> StepResult:
         if alone:
             self.dual[:] = 0.0  # alone, x = z: the dual of a one-worker consensus is zero
         result = super().train(batch, epoch, step, alone)

@@ -51,7 +51,7 @@ class BlockedHalf(WorkerHalf):
         super().__init__(*args, **kwargs)
         self.held_for: tuple[int, int] | None = None  # the feed's layout the held rows were set for
 
-    def train(self, batch: Batch, epoch: int, step: int, alone: bool) -> StepResult:
+    def train(self, batch: Batch, epoch: float, step: int, alone: bool) -> StepResult:
         if self.feed.layout != self.held_for:  # the feed re-split its strata for this step: new home users
             home = self.feed.home if self.feed.home is not None else np.zeros(0, dtype=bool)
             self.replica.filter.hold(self.replica.model.entries_of_users(home))

@@ -40,9 +40,9 @@ class GradientHalf(WorkerHalf):
         #: This worker's published gradients by step.
         self.own: dict[int, StepResult] = {}
         #: The epoch of the newest step trained, whose learning rate applies that step's mean.
-        self.epoch = 1
+        self.epoch = 1.0
 
-    def train(self, batch: Batch, epoch: int, step: int, alone: bool) -> StepResult:
+    def train(self, batch: Batch, epoch: float, step: int, alone: bool) -> StepResult:
         result = self.replica.gradient(batch, step)
         self.epoch = epoch
         if alone:  # no peer to average with: step now, share nothing
