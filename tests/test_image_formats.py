@@ -21,11 +21,11 @@ from test_prepare_images import noise, prepare, read_back, rows_of
 # --------------------------------------------------------------------------------------------------- CIFAR
 
 
-def cifar_batch(path: Path, images: np.ndarray, labels: np.ndarray, key: str = "labels") -> Path:
+def cifar_batch(path: Path, images: np.ndarray, labels: np.ndarray, protocol: int = pickle.DEFAULT_PROTOCOL) -> Path:
     """A batch as CIFAR's python version holds one: `data`, one row of 3 × side × side pixels an image."""
     with open(path, "wb") as fh:
-        pickle.dump({"batch_label": "a batch", key: labels.tolist(), "data": images.reshape(len(images), -1),
-                     "filenames": [f"{i}.png" for i in range(len(images))]}, fh)
+        pickle.dump({"batch_label": "a batch", "labels": labels.tolist(), "data": images.reshape(len(images), -1),
+                     "filenames": [f"{i}.png" for i in range(len(images))]}, fh, protocol=protocol)
     return path
 
 
@@ -129,7 +129,7 @@ def test_cifar100_batches_as_python2_wrote_them_give_the_fine_labels(tmp_path):
 def test_one_batch_file_of_smaller_square_images_is_an_input(tmp_path):
     images, labels = noise(30, 3, 8, 8), np.arange(30) % 3
     src = cifar_batch(tmp_path / "data_batch_1", images, labels)
-    test = cifar_batch(tmp_path / "mine", noise(6, 3, 8, 8, seed=9), np.arange(6) % 3)
+    test = cifar_batch(tmp_path / "mine", noise(6, 3, 8, 8, seed=9), np.arange(6) % 3, protocol=2)  # bytes as text
     assert prepare("--format", "cifar", str(src), "--validation", str(test), "--out", str(tmp_path / "ds")) == 0
     ds, train_x, train_y, val_x, _ = read_back(tmp_path / "ds")
     assert rows_of(train_x, train_y) == rows_of(images, labels) and train_x.shape[1:] == (3, 8, 8)
@@ -176,6 +176,25 @@ def cifar_cases(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "truncated archive": (cut(archive, 0.5), "not a readable tar archive"),
         "not a square": (cifar_batch(tmp_path / "odd", noise(4, 3, 4, 5), np.arange(4) % 2), "not 3 channels of a "),
     }
+
+
+def test_the_restricted_unpickler_reads_plain_data_and_integer_arrays_alone():
+    import collections
+
+    from mlless.data import safe_pickle
+
+    value = {"a": [1, 2.5, "x", b"y", None, (True, -3)], "pixels": np.arange(6, dtype=np.int16).reshape(2, 3)}
+    got = safe_pickle.load(pickle.dumps(value))
+    assert got["a"] == value["a"] and np.array_equal(got["pixels"], value["pixels"])
+    assert got["pixels"].dtype == np.int16
+    for refused, says in ((np.array([{}, 1], dtype=object), "an array of object"),
+                          (np.zeros(3), "an array of float64"),
+                          (collections.OrderedDict(a=1), "names collections.OrderedDict"),
+                          (np.ma.masked_array([1, 2]), "names numpy.ma.core"),
+                          (Shell("true"), "names posix.system")):
+        for protocol in (2, pickle.DEFAULT_PROTOCOL):
+            with pytest.raises(pickle.UnpicklingError, match=says):
+                safe_pickle.load(pickle.dumps(refused, protocol=protocol))
 
 
 def test_a_damaged_cifar_input_is_refused_in_one_line_and_a_pickle_runs_nothing(tmp_path, capsys):

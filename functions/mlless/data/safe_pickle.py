@@ -7,7 +7,8 @@ arrays of integers. CIFAR's batches need the arrays: their `data` is a numpy uin
 `__reduce__`: `_reconstruct(ndarray, (0,), b"b")`, then `ndarray.__setstate__` with a `dtype` and the raw bytes),
 not plain bytes, so `_reconstruct`, `ndarray` and `dtype` are admitted, with the dtype held to plain integers: an
 object dtype would let the file's own objects into an array (harmless here, since those are plain data too, but no
-batch needs one), and no other global is reachable from those three.
+batch needs one), and no other global is reachable from those three. Python 3 writes bytes at protocol 2 as
+`_codecs.encode(text, "latin1")`, admitted for latin1 alone.
 """
 from __future__ import annotations
 
@@ -45,12 +46,21 @@ def _reconstruct(subtype: Any, shape: Any, typecode: Any) -> np.ndarray:
     return _multiarray.multiarray._reconstruct(np.ndarray, shape, typecode)
 
 
+def _latin1(text: Any, encoding: Any) -> bytes:
+    """`_codecs.encode(text, "latin1")`: how Python 3 writes bytes at protocol 2 (which Python 2, which has no
+    bytes, reads too), as a batch re-pickled for both versions holds its pixels; no other codec."""
+    if not isinstance(text, str) or encoding != "latin1":
+        raise pickle.UnpicklingError(f"it encodes {type(text).__name__} with {encoding!r}; only latin1 text is read")
+    return text.encode("latin1")
+
+
 #: (module, name) -> what the file gets for it. Python 2 files and numpy 1 name numpy.core, numpy 2 numpy._core.
 _ALLOWED: dict[tuple[str, str], Callable[..., Any] | type] = {
     ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy", "ndarray"): np.ndarray,
     ("numpy", "dtype"): _dtype,
+    ("_codecs", "encode"): _latin1,
 }
 
 
