@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import pickle
 import struct
