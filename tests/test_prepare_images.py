@@ -178,13 +178,30 @@ def test_a_truncated_npz_and_a_missing_one_are_refused_by_name(tmp_path, capsys)
         assert err.count("\n") == 1 and str(path) in err, err
 
 
-def test_the_help_describes_the_images_and_validation_files_are_for_other_formats(tmp_path, capsys):
+def test_the_help_describes_the_images_and_a_validation_file_goes_with_a_format(tmp_path, capsys):
     with pytest.raises(SystemExit):
         prepare_main(["prepare", "--help"])
     help_text = capsys.readouterr().out
     assert "npz" in help_text and "digits" in help_text and "channels-last" in help_text
-    src = write_npz(tmp_path / "a.npz", X=noise(20, 4, 4), y=np.arange(20) % 2)
-    assert prepare("--format", "npz", str(src), "--validation", str(src), "--out", str(tmp_path / "d")) == EXIT_USAGE
+    for fmt in ("cifar", "mnist", "image-folder", "--image-size"):
+        assert fmt in help_text
+    assert prepare("--sample", "digits", "--validation", "x.npz", "--out", str(tmp_path / "d")) == EXIT_USAGE
+
+
+def test_an_npz_validation_file_is_the_validation_split_numbered_by_the_training_classes(tmp_path):
+    train = write_npz(tmp_path / "train.npz", X=noise(60, 4, 4), y=np.array(["b", "c", "d"])[np.arange(60) % 3])
+    held_x = noise(9, 4, 4, seed=7)
+    held = write_npz(tmp_path / "val.npz", X=held_x, y=np.array(["d", "a", "b"])[np.arange(9) % 3])
+    assert prepare("--format", "npz", str(train), "--validation", str(held), "--out", str(tmp_path / "ds")) == 0
+    ds, train_x, _, val_x, val_y = read_back(tmp_path / "ds")
+    assert len(train_x) == 60 and ds.manifest.feature_stats["label_values"] == ["b", "c", "d"]
+    # "a" is none of the training classes: its 3 images are dropped and counted.
+    np.testing.assert_array_equal(val_x[:, 0], held_x[np.arange(9) % 3 != 1])
+    assert val_y.tolist() == [2, 0] * 3 and ds.manifest.n_validation_dropped == 3
+    assert ds.manifest.source["validation"] == str(held)
+    other = write_npz(tmp_path / "other.npz", X=noise(9, 5, 4), y=np.arange(9) % 3)
+    assert prepare("--format", "npz", str(train), "--validation", str(other), "--out", str(tmp_path / "x")) \
+        == EXIT_FAILED
 
 
 # --------------------------------------------------------------------- the prepared files

@@ -7,7 +7,7 @@ import sys
 from mlless.contract import EXIT_FAILED, EXIT_USAGE
 from mlless.data.csvfile import CsvOptions
 from mlless.data.formats import LibsvmOptions
-from mlless.data.manifest import LABEL_KINDS, MAX_CLASSES, DatasetError
+from mlless.data.manifest import LABEL_KINDS, MAX_CLASSES, MAX_IMAGE_SIDE, DatasetError
 from mlless.data.prepare import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_HASH_BITS,
@@ -17,7 +17,7 @@ from mlless.data.prepare import (
     prepare,
     prepare_file,
 )
-from mlless.data.images import read_npz
+from mlless.data.image_formats import IMAGE_FORMATS, read_images
 from mlless.data.prepare_images import DEFAULT_IMAGE_BATCH_SIZE, prepare_images
 from mlless.data.errors import PrepareError
 from mlless.data.sources import (
@@ -42,12 +42,25 @@ Layout written under --out (a directory or fsspec URL such as s3://bucket/x):
 Ratings: users/items are re-indexed 0..n-1 from the training split; validation
 ratings with a user or item unseen in training are dropped and counted.
 
-Images (--format npz, --sample digits): batches of uint8 pixels, channels
-first, with class ids 0..K-1 (the input's labels in sorted order); the manifest
-holds the image shape, the classes, and each channel's pixel mean and standard
-deviation over the training images (0-255 scale). An npz input holds X, of
-shape (n, H, W) or channels-last (n, H, W, C), uint8 or integers in [0, 255]
-or floats in [0, 1] (scaled by 255), and y, one label (integer or word) an image.
+Images (--format npz, cifar, mnist, image-folder; --sample digits): batches of
+uint8 pixels, channels first, with class ids 0..K-1 (the input's labels in
+sorted order); the manifest holds the image shape, the classes, and each
+channel's pixel mean and standard deviation over the training images (0-255
+scale). Image inputs are read whole into memory.
+  npz           X, of shape (n, H, W) or channels-last (n, H, W, C), uint8 or
+                integers in [0, 255] or floats in [0, 1] (scaled by 255), and
+                y, one label (integer or word) an image
+  cifar         CIFAR-10/100's python batches: their directory, the .tar.gz as
+                distributed (read without extracting), or one batch file;
+                the training part is data_batch_1..5 (CIFAR-100: train)
+  mnist         idx files, gzipped or not (MNIST, Fashion-MNIST): their
+                directory (train-images-idx3-ubyte, train-labels-idx1-ubyte)
+                or the images file, its labels file beside it
+  image-folder  one sub-folder of PNG/JPEG images per class (needs Pillow);
+                --image-size resizes them; RGB, or 1 channel if all are gray
+With --validation, a second input of the same format is the validation split;
+of a cifar or mnist one its test part is read (test_batch, t10k-*), so naming
+INPUT again validates on the distribution's test set.
 """
 
 EPILOG = f"""\
@@ -55,6 +68,9 @@ examples:
   mlless prepare --sample {MOVIELENS_SMALL.name} --out data/ml-small
   mlless prepare --sample {DIGITS.name} --out data/digits
   mlless prepare --format npz images.npz --out data/images
+  mlless prepare --format cifar cifar-10-python.tar.gz --validation cifar-10-python.tar.gz --out data/cifar10
+  mlless prepare --format mnist fashion-mnist/ --out data/fashion
+  mlless prepare --format image-folder photos/ --image-size 64 --out data/photos
   mlless prepare --format movielens ml-10M100K/ratings.dat --out s3://bucket/ml10m
   mlless prepare --format criteo train.txt --out data/criteo --hash-bits 20 --on-error skip
   mlless prepare --format csv flights.csv --label delayed --out data/flights
@@ -73,8 +89,8 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     src = p.add_argument_group("input (choose one)")
     src.add_argument("input", nargs="?", help="input file (local path or fsspec URL; .gz/.bz2/.xz are decompressed)")
-    src.add_argument("--format", choices=["movielens", "criteo", "libsvm", "csv", "npz"],
-                     help="format of INPUT (npz: images X and labels y, see above)")
+    src.add_argument("--format", choices=["movielens", "criteo", "libsvm", "csv", *IMAGE_FORMATS],
+                     help=f"format of INPUT ({', '.join(IMAGE_FORMATS)}: images, see above)")
     src.add_argument("--sample", choices=list(SAMPLES), help="a bundled sample: "
                      + "; ".join(f"{sample.name}, {sample.description} (needs: {sample.needs})"
                                  for sample in SAMPLES.values()))
@@ -100,7 +116,11 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     o.add_argument("--validation", metavar="FILE", default=None,
                    help="with --format: a file of the same format that is the validation split (a fixed split, as "
-                        "Criteo's day 23 or MovieLens's given ones); INPUT then trains whole")
+                        "Criteo's day 23 or MovieLens's given ones); INPUT then trains whole. cifar and mnist: "
+                        "the test part of this input (test_batch, t10k-*)")
+    o.add_argument("--image-size", metavar="SIZE", type=image_size, default=None,
+                   help="image-folder: resize every image to SIZE, one side (32) or WIDTHxHEIGHT (64x48), "
+                        "bilinear; without it every image must have the first one's size")
     o.add_argument("--max-validation-rows", type=int, default=None, help="cap the validation split (memory); extra rows train")
     o.add_argument("--seed", type=int, default=0, help="seed of the split and the shuffle (default 0)")
     o.add_argument("--on-error", choices=["fail", "skip"], default="fail", help="malformed lines: fail naming file:line (default) or skip and count")
@@ -144,6 +164,18 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_prepare)
 
 
+def image_size(text: str) -> tuple[int, int]:
+    """`--image-size`: one side, or WIDTHxHEIGHT, as (width, height)."""
+    sides = text.lower().split("x")
+    try:
+        width, height = (int(sides[0]),) * 2 if len(sides) == 1 else map(int, sides) if len(sides) == 2 else (0, 0)
+    except ValueError:
+        width = height = 0
+    if not (1 <= width <= MAX_IMAGE_SIDE and 1 <= height <= MAX_IMAGE_SIDE):
+        raise argparse.ArgumentTypeError(f"{text!r} is not one side or WIDTHxHEIGHT, each 1 to {MAX_IMAGE_SIDE} pixels")
+    return width, height
+
+
 def run_prepare(args: argparse.Namespace) -> int:
     """Handler for `mlless prepare`; returns the process exit code."""
     chosen = [x for x in (args.format, args.sample, args.synthetic) if x]
@@ -153,8 +185,11 @@ def run_prepare(args: argparse.Namespace) -> int:
     if args.format and not args.input:
         print(f"mlless prepare: --format {args.format} needs an INPUT file", file=sys.stderr)
         return EXIT_USAGE
-    if args.validation and (not args.format or args.format == "npz"):
-        print("mlless prepare: --validation FILE goes with --format and INPUT (not npz)", file=sys.stderr)
+    if args.validation and not args.format:
+        print("mlless prepare: --validation FILE goes with --format and INPUT", file=sys.stderr)
+        return EXIT_USAGE
+    if args.image_size and args.format != "image-folder":
+        print("mlless prepare: --image-size goes with --format image-folder", file=sys.stderr)
         return EXIT_USAGE
     if (args.format == "csv") != (args.label is not None):
         print("mlless prepare: --format csv needs --label COL, and --label goes with --format csv only", file=sys.stderr)
@@ -173,7 +208,7 @@ def run_prepare(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     sample = SAMPLES.get(args.sample) if args.sample else None
-    images = args.format == "npz" or isinstance(sample, ImageSample)
+    images = args.format in IMAGE_FORMATS or isinstance(sample, ImageSample)
     batch_size = args.batch_size or (DEFAULT_IMAGE_BATCH_SIZE if images else
                                      DEFAULT_SAMPLE_BATCH_SIZE if args.sample else DEFAULT_BATCH_SIZE)
     options = PrepareOptions(
@@ -189,8 +224,8 @@ def run_prepare(args: argparse.Namespace) -> int:
         rating_range=None if args.rating_range is None else tuple(args.rating_range),
     )
     try:
-        if args.format == "npz":
-            prepare_images(read_npz(args.input), args.out, options)
+        if args.format in IMAGE_FORMATS:
+            prepare_images(read_images(args.format, args.input, args.validation, args.image_size), args.out, options)
         elif isinstance(sample, ImageSample):
             prepare_images(sample.load(), args.out, options)
         elif args.format:

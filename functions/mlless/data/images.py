@@ -1,10 +1,13 @@
-"""Image inputs of `mlless prepare` (`--format npz`, `--sample digits`), read into one checked `ImageSet`.
+"""Image inputs of `mlless prepare` (`--format npz`, `--sample digits`; the other formats' readers are in
+`mlless.data.image_formats`), read into one checked `ImageSet`.
 
 Pixels become uint8, channels first, as `ImageBatch` holds them: uint8 or any integers in [0, 255] as they are,
 floats in [0, 1] scaled by 255 and rounded. Floats are not read on the 0-255 scale as well, since a set whose
 largest value is below 1 would then be ambiguous. Labels become classes 0 … K − 1 in the sorted order of the
 input's labels (integers, or words), which the manifest lists (`feature_stats.label_values`), as
-`--labels classes` numbers a CSV's (`mlless.data.classes`).
+`--labels classes` numbers a CSV's (`mlless.data.classes`). A validation input (`--validation`) is numbered by the
+training input's classes; its images of a label the training input lacks are dropped and counted, as a ratings
+validation split's unseen users are.
 An image input is read whole into memory: CIFAR-10's 50,000 32×32 colour images are 150 MB as uint8.
 """
 from __future__ import annotations
@@ -32,30 +35,66 @@ class ImageSet:
     labels: np.ndarray  # int32 classes 0 … K − 1
     label_values: list[int | str]  # the input's label of each class, in class order
     description: dict[str, Any]
+    #: The last this many images are the input's own validation split (`--validation`); None: none is given, and
+    #: `prepare_images` holds out a seeded fraction.
+    given_validation: int | None = None
+    #: Images of the given validation split left out: their label is none of the training images'.
+    dropped_validation: int = 0
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
 
-def image_set(x: np.ndarray, y: np.ndarray, description: dict[str, Any], where: str) -> ImageSet:
-    """`x` of shape (rows, height, width), grayscale, or (rows, height, width, channels), and one label a row in
-    `y`, checked and converted; PrepareError naming `where` and the problem otherwise."""
+Labelled = tuple[np.ndarray, np.ndarray, str]
+"""Images, their labels, and where they were read (for messages), as `image_set` takes a validation input."""
+
+
+def image_set(x: np.ndarray, y: np.ndarray, description: dict[str, Any], where: str,
+              validation: Labelled | None = None, channels_first: bool = False) -> ImageSet:
+    """`x` of shape (rows, height, width), grayscale, or (rows, height, width, channels) (with `channels_first`,
+    (rows, channels, height, width)), and one label a row in `y`, checked and converted; with `validation`, images of
+    the same shape and their labels that are the validation split. PrepareError naming `where` (or the validation
+    input's) and the problem otherwise."""
+    images = _images(x, where, channels_first)
+    train_y = _label_array(y, len(images), where)
+    labels, values = _classes(train_y, where)
+    if validation is None:
+        return ImageSet(images, labels, values, description)
+    vx, vy, vwhere = validation
+    held = _images(vx, vwhere, channels_first)
+    if held.shape[1:] != images.shape[1:]:
+        raise PrepareError(f"{vwhere}: images of {_shape(held)}, and the training images of {where} are "
+                           f"{_shape(images)}")
+    held_y = _label_array(vy, len(held), vwhere)
+    if (held_y.dtype.kind == "U") != (train_y.dtype.kind == "U"):
+        raise PrepareError(f"{vwhere}: its labels are {'words' if held_y.dtype.kind == 'U' else 'numbers'}, and "
+                           f"those of {where} are not")
+    known = np.unique(train_y)  # the classes, in order
+    at = np.minimum(np.searchsorted(known, held_y), len(known) - 1)
+    seen = known[at] == held_y
+    return ImageSet(np.concatenate([images, held[seen]]), np.concatenate([labels, at[seen].astype(np.int32)]),
+                    values, description, given_validation=int(seen.sum()), dropped_validation=int((~seen).sum()))
+
+
+def _shape(images: np.ndarray) -> str:
+    return "×".join(map(str, images.shape[1:]))
+
+
+def _images(x: np.ndarray, where: str, channels_first: bool) -> np.ndarray:
+    """`x` as uint8 (rows, channels, height, width), checked."""
     if x.ndim not in (3, 4):
         raise PrepareError(f"{where}: X must have shape (n, height, width) or (n, height, width, channels), got {x.shape}")
-    if x.ndim == 4 and x.shape[1] in _COMMON_CHANNELS and x.shape[3] not in _COMMON_CHANNELS:
+    if not channels_first and x.ndim == 4 and x.shape[1] in _COMMON_CHANNELS and x.shape[3] not in _COMMON_CHANNELS:
         raise PrepareError(f"{where}: X of shape {x.shape} looks channels-first; give it channels-last, "
                            f"(n, height, width, channels)")
-    images = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)
+    images = x[:, None] if x.ndim == 3 else x if channels_first else x.transpose(0, 3, 1, 2)
     rows, channels, height, width = images.shape
     if rows == 0:
         raise PrepareError(f"{where}: X holds no images")
     if not (1 <= channels <= MAX_CHANNELS and 1 <= height <= MAX_IMAGE_SIDE and 1 <= width <= MAX_IMAGE_SIDE):
         raise PrepareError(f"{where}: images of {channels} channels of {height}×{width} are beyond the bounds "
                            f"({MAX_CHANNELS} channels, sides of {MAX_IMAGE_SIDE})")
-    if y.shape != (rows,):
-        raise PrepareError(f"{where}: y must hold one label per image, shape ({rows},), got {y.shape}")
-    labels, values = _classes(y, where)
-    return ImageSet(np.ascontiguousarray(_pixels(images, where)), labels, values, description)
+    return np.ascontiguousarray(_pixels(images, where))
 
 
 def _pixels(images: np.ndarray, where: str) -> np.ndarray:
@@ -77,32 +116,47 @@ def _pixels(images: np.ndarray, where: str) -> np.ndarray:
     raise PrepareError(f"{where}: X must be uint8, integers in [0, {MAX_PIXEL}] or floats in [0, 1], got {images.dtype}")
 
 
-def _classes(y: np.ndarray, where: str) -> tuple[np.ndarray, list[int | str]]:
-    """Each label's class, and the labels in class order."""
+def _label_array(y: np.ndarray, rows: int, where: str) -> np.ndarray:
+    """`y` as integers or words, one a row; PrepareError otherwise."""
+    if y.shape != (rows,):
+        raise PrepareError(f"{where}: y must hold one label per image, shape ({rows},), got {y.shape}")
     if y.dtype.kind == "b":
-        y = y.astype(np.int64)
-    elif y.dtype.kind == "f":
+        return y.astype(np.int64)
+    if y.dtype.kind == "f":
         if not np.all(np.isfinite(y) & (y == np.round(y))):
             raise PrepareError(f"{where}: y must hold class labels, integers or words; it holds a fractional number")
-        y = y.astype(np.int64)
-    elif y.dtype.kind not in "iuUS":
+        return y.astype(np.int64)
+    if y.dtype.kind == "S":
+        return np.char.decode(y, "utf-8", "replace")
+    if y.dtype.kind not in "iuU":
         raise PrepareError(f"{where}: y must hold class labels, integers or words, got {y.dtype}")
+    return y
+
+
+def _classes(y: np.ndarray, where: str) -> tuple[np.ndarray, list[int | str]]:
+    """Each label's class, and the labels in class order."""
     values, labels = np.unique(y, return_inverse=True)
     if not 2 <= len(values) <= MAX_CLASSES:
         raise PrepareError(f"{where}: y holds {len(values)} distinct labels; a set of classes has 2 to {MAX_CLASSES}")
-    named = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in values.tolist()]  # JSON's types
-    return labels.reshape(-1).astype(np.int32), named
+    return labels.reshape(-1).astype(np.int32), values.tolist()  # JSON's types
 
 
-def read_npz(path: str) -> ImageSet:
-    """The images of an npz file with arrays `X` and `y` (`image_set` says what they may hold)."""
+def read_bytes(path: str) -> bytes:
+    """The whole file at `path` (a local path or fsspec URL); PrepareError naming it if it cannot be read."""
     try:
         fs, local = fsspec.core.url_to_fs(path)
-        data = fs.cat_file(local)
+        return fs.cat_file(local)
     except FileNotFoundError:
         raise PrepareError(f"input file not found: {path}") from None
+    except IsADirectoryError:
+        raise PrepareError(f"{path}: a directory, not a file") from None
     except (OSError, ValueError) as exc:
         raise PrepareError(f"{path}: cannot read ({exc})") from None
+
+
+def npz_images(path: str) -> Labelled:
+    """The arrays `X` and `y` of an npz file (`image_set` says what they may hold)."""
+    data = read_bytes(path)
     try:
         arrays = load_npz_bytes(data, path)
     except ValueError as exc:
@@ -111,4 +165,4 @@ def read_npz(path: str) -> ImageSet:
     if missing:
         raise PrepareError(f"{path}: no array {' or '.join(map(repr, missing))}; --format npz reads X (the images) "
                            f"and y (their labels), it holds {', '.join(sorted(arrays)) or 'none'}")
-    return image_set(arrays["X"], arrays["y"], {"format": "npz", "path": path}, path)
+    return arrays["X"], arrays["y"], path

@@ -1,6 +1,7 @@
 """`mlless prepare` for images: an `ImageSet` (`mlless.data.images`) written as shuffled `ImageBatch` files.
 
-The split is the other kinds' (`held_out`: a seeded hash of each image's position in the input), the training
+The split is the other kinds' (`held_out`: a seeded hash of each image's position in the input, or the input's
+own validation images, `ImageSet.given_validation`, capped by `max_validation_rows` alike), the training
 images are shuffled by a seeded permutation and cut into batches of `batch_size`, and the manifest records the
 image shape, the classes and each channel's pixel mean and standard deviation over the training images, which a
 network normalises its input by. The set is in memory already, so there is no spilling to disk.
@@ -36,7 +37,7 @@ def prepare_images(data: ImageSet, out: str, options: PrepareOptions,
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True) if options.progress else None)
     progress = Progress("prepare", options.progress)
     where = str(data.description.get("path") or data.description.get("sample"))
-    is_val = held_out(np.arange(len(data), dtype=np.int64), options)
+    is_val = split(data, options)
     train = np.flatnonzero(~is_val)
     if not len(train):
         raise PrepareError(f"no training images in {where} (all {len(data)} went to validation)")
@@ -61,7 +62,7 @@ def prepare_images(data: ImageSet, out: str, options: PrepareOptions,
     manifest = Manifest(
         format_version=FORMAT_VERSION, kind=ImageBatch.kind, source=data.description, seed=options.seed,
         batch_size=B, n_batches=n_batches, n_train=len(train), n_validation=len(validation),
-        validation_fraction=options.validation_fraction, n_validation_dropped=0,
+        validation_fraction=options.validation_fraction, n_validation_dropped=data.dropped_validation,
         n_users=None, n_items=None, mean_rating=None, rating_min=None, rating_max=None, n_features=None, hash_bits=None,
         # As a sparse set of classes records them (`mlless.data.classes`), so `Dataset.label_set` names them alike.
         feature_stats={"label_classes": list(range(len(data.label_values))), "label_values": data.label_values},
@@ -71,9 +72,23 @@ def prepare_images(data: ImageSet, out: str, options: PrepareOptions,
     )
     output.put(MANIFEST_NAME, manifest.to_json().encode(), checksum=False)
     log(f"prepared {where} -> {out}: {len(train):,} training images of {channels}×{height}×{width} in {n_batches:,} "
-        f"batches of {B:,}, {len(validation):,} validation images, {manifest.n_classes} classes; "
+        f"batches of {B:,}, {len(validation):,} validation images"
+        + (f" ({data.dropped_validation:,} dropped: a class the training images lack)" if data.dropped_validation
+           else "") + f", {manifest.n_classes} classes; "
         f"total {progress.elapsed():.1f} s")
     return manifest
+
+
+def split(data: ImageSet, options: PrepareOptions) -> np.ndarray:
+    """Which images validate: a seeded fraction, or the input's own validation images, at most
+    `max_validation_rows` either way (the rest train, as with the other kinds)."""
+    positions = np.arange(len(data), dtype=np.int64)
+    if data.given_validation is None:
+        return held_out(positions, options)
+    first = len(data) - data.given_validation
+    is_val = np.zeros(len(data), bool)
+    is_val[first:] = held_out(positions[first:], options, to_validation=True)
+    return is_val
 
 
 def channel_moments(images: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

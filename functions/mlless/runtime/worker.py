@@ -25,6 +25,7 @@ from mlless.protocol.messages import (
     CLOSE_FINAL, CLOSE_SNAPSHOT, Close, Done, Failed, Finish, Hello, Leave, Left, Report, Takeover, Tensors, Update,
 )
 from mlless.smoothing import OnlineEwma
+from mlless.data.augment import Augment
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys, layouts
 from mlless.runtime.attack import from_env
@@ -94,6 +95,8 @@ class Worker:
         # This worker's half of the protocol; a peer's frame the store lost is waited for half the worker timeout.
         self.half = self.sync.worker(rank, self.replica, transport, job.worker_timeout_seconds / 2, self._reject,
                                      self.feed, workers=job.workers)
+        # spec.model.augment (neural-net): training batches only; the supervisor evaluates the images as prepared.
+        self.augment = Augment(**job.model.options.get("augment", {}))
         self.attack = from_env(os.environ, rank)  # mlless train --attack: a robustness test's Byzantine worker
         self.attack_rng = np.random.default_rng([job.seed, rank])
         self.view = _View()
@@ -201,7 +204,8 @@ class Worker:
         timer = PhaseTimer()
         ahead = self.step - self.view.closed - 1
         position = self.feed.schedule.position(self.view.cursor, self.view.live, self.rank, ahead)
-        batch = self.feed.take(position, self.step, self.view.live, self.rank)
+        batch = self.augment.step(self.feed.take(position, self.step, self.view.live, self.rank), self.job.seed,
+                                  self.rank, self.step)
         timer.lap("fetch")
 
         self.replica.workers = len(self.view.live) if self.sync.sums_updates else 1

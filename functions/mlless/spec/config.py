@@ -47,7 +47,7 @@ class ModelConfig:
         declared = model_type(self.type).fields  # a ValueError naming the known types
         if not isinstance(self.options, Mapping):  # a resolved job from another process (TrainingJob.from_json)
             raise ValueError(f"model options must be an object, got {type(self.options).__name__}")
-        given = {name: self.options.get(name, node.get("default")) for name, node in declared.items()}
+        given = {name: _filled(self.options.get(name, node.get("default")), node) for name, node in declared.items()}
         options = {name: value for name, value in given.items() if value is not None}  # unset, with no default
         for name, value in options.items():
             if (error := best_match(Draft4Validator(declared[name]).iter_errors(value))) is not None:
@@ -60,6 +60,14 @@ class ModelConfig:
     def of(cls, type: str, l2: float | None = None, init_from: str | None = None, **options: Any) -> ModelConfig:
         """A config with the type's fields as keywords: ``ModelConfig.of("pmf", rank=8)``."""
         return cls(type, l2, init_from, options)
+
+
+def _filled(value: Any, node: Mapping[str, Any]) -> Any:
+    """An object field's value with the defaults of the fields it leaves out (`spec.model.augment`'s crop, flip)."""
+    if isinstance(value, Mapping) and "properties" in node:
+        return {**{name: child["default"] for name, child in node["properties"].items() if "default" in child},
+                **value}
+    return value
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from mlless.spec.nodes import Schema, choice, integer, integers, string
+from mlless.spec.nodes import Schema, boolean, choice, integer, integers, obj, string
 from mlless.spec.registry import Registry
 
 __all__ = ["ADAMW_WEIGHT_DECAY", "BUILT_IN", "LOSS_METRICS", "MODEL_TYPES", "ModelType", "OptimizerDefaults", "model_type", "register"]
@@ -180,6 +180,14 @@ BUILT_IN = (
                                         "BatchNorm).", list(NETWORKS), default="cnn"),
                       "hiddenSizes": integers("Hidden layer widths of the mlp network (neural-net).", 1, 65536,
                                               default=[128]),
+                      # The usual CIFAR recipe is crop 4 and flip; the crop's bound only keeps a typo (400) out.
+                      "augment": obj("Augmentation of the training images (neural-net), drawn anew each step from the "
+                                     "job's seed, the worker's rank and the step; validation images are never "
+                                     "augmented. Unset: no augmentation.",
+                                     {"crop": integer("Pixels of zero padding on each side, then a random crop back "
+                                                      "to the image's size; 0: no crop.", 0, 64, default=0),
+                                      "flip": boolean("Mirror each image left to right with probability 1/2.",
+                                                      False)}),
                       "module": {**string("The user's own network instead of a built-in one (neural-net): "
                                           "\"package.module:build\", a callable importable in every worker, taking "
                                           "the input shape (channels, height, width) and the number of classes and "

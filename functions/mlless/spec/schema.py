@@ -478,7 +478,8 @@ def manifest_schema(strict: bool) -> Schema:
     for path, registry in REGISTRIES.items():  # the names registered in this process, a plugin's too
         built_in = choices(path)
         schema_field(path, spec)["enum"] = [*built_in, *(n for n in registry if n not in built_in)]
-    schema_field("model", spec)["properties"] |= model_fields(models.MODEL_TYPES.values())
+    # A copy: `forbid_unknown` below must not mark an object field (model.augment) in its ModelType.
+    schema_field("model", spec)["properties"] |= copy.deepcopy(model_fields(models.MODEL_TYPES.values()))
     if strict:
         forbid_unknown(spec)
     return {
