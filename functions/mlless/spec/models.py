@@ -87,7 +87,7 @@ class ModelType:
     protocol: str = "isp"
     #: ISP's v for it when the job names none.
     significance_threshold: float = PAPERS_V
-    #: What protocols need of a model (`mlless.spec.schema.NEEDS`): "blocks" (rows of users and items to split),
+    #: What protocols need of a model (`mlless.spec.pairings.NEEDS`): "blocks" (rows of users and items to split),
     #: "convex" (a convex loss), "gradients" (a mini-batch gradient trains it).
     traits: frozenset[str] = field(default_factory=frozenset)
     #: The kinds of labels it fits (`mlless prepare --labels`, `mlless.data.manifest.LABEL_KINDS`); a ratings

@@ -17,6 +17,9 @@ from typing import Any, Iterable, Iterator
 
 from mlless.contract import API_VERSION, KIND
 from mlless.spec import models, robust, schedule
+from mlless.spec.pairings import (
+    MINI_BATCH_PROTOCOLS, NEEDS, OPTIMIZER_TYPES, PER_SAMPLE_OPTIMIZERS, cel_rules, pairing_message, pairings,
+)
 from mlless.spec.registry import REGISTRIES
 from mlless.spec.nodes import Schema, boolean, choice, integer, number, obj, shown, string
 
@@ -34,41 +37,6 @@ DEFAULT_PATIENCE = 5
 MIN_DELTA = 0.001
 #: ...or, should the validation loss keep creeping down (or evaluation be off), after this many epochs.
 DEFAULT_MAX_EPOCHS = 50.0
-
-
-#: What a protocol needs of a model, as one of `ModelType.traits` (mlless.spec.models). `mlless validate` and
-#: `mlless train` refuse a model without it (`pairing_errors`), and so does the API server, by the CEL rules
-#: `cel_rules` puts in the spec's schema (CEL, which the CLI's JSON Schema validator ignores).
-NEEDS: dict[str, str] = {
-    # Blocks of users and items exist only in ratings data (sync/protocols/blocked.py).
-    "blocked": "blocks",
-    # Consensus ADMM needs a convex loss; PMF's is not (sync/protocols/admm.py).
-    "admm": "convex",
-    # Gradient averaging needs a model a mini-batch gradient trains; k-means moves by its own rule.
-    "gradient-averaging": "gradients",
-}
-#: The protocols that publish a mini-batch gradient rather than an update (sync/protocols/gradients.py): the
-#: optimizers that update per sample inside the batch (`PER_SAMPLE_OPTIMIZERS`) have none to publish.
-MINI_BATCH_PROTOCOLS = ("gradient-averaging",)
-#: The `spec.optimizer.type`s that update the replica after every sample of a mini-batch, with a kernel of the
-#: model's (training/optim.py).
-PER_SAMPLE_OPTIMIZERS = ("adagrad", "normalized")
-
-
-#: `spec.optimizer.type`'s values; a model type may admit fewer (`ModelType.optimizers`).
-OPTIMIZER_TYPES = ["adagrad", "normalized", "sgd", "momentum", "nesterov", "adam", "adamw"]
-
-
-def pairings(types: Iterable[models.ModelType]) -> Iterator[tuple[str, str, str, tuple[str, ...]]]:
-    """(field, value, other field, its admitted values): each protocol of `NEEDS`, and the `types` it admits; each
-    optimizer type some of the `types` do not train with, and those that do."""
-    types = tuple(types)
-    for protocol, trait in NEEDS.items():
-        yield "sync.protocol", protocol, "model.type", tuple(t.name for t in types if trait in t.traits)
-    for kind in OPTIMIZER_TYPES:
-        admitted = tuple(t.name for t in types if t.optimizers is None or kind in t.optimizers)
-        if len(admitted) < len(types):
-            yield "optimizer.type", kind, "model.type", admitted
 
 
 def model_fields(types: Iterable[models.ModelType]) -> Schema:
@@ -427,10 +395,6 @@ STATUS_SCHEMA: Schema = obj(
 )
 
 
-def _pairing_message(field: str, value: str, other: str, admitted: tuple[str, ...]) -> str:
-    return f"spec.{field}: {value} needs spec.{other} {' or '.join(admitted)}"
-
-
 def pairing_errors(spec: Any) -> Iterator[str]:
     """One line per pairing a parsed manifest's `spec` breaks, naming the field."""
     def given(path: str) -> Any:
@@ -440,7 +404,7 @@ def pairing_errors(spec: Any) -> Iterator[str]:
         return node
     for field, value, other, admitted in pairings(models.MODEL_TYPES.values()):
         if given(field) == value and given(other) not in admitted:
-            yield f"{_pairing_message(field, value, other, admitted)}, not {given(other)}"
+            yield f"{pairing_message(field, value, other, admitted)}, not {given(other)}"
     kind = given("model.type")
     known = models.model_type(kind) if kind in models.MODEL_TYPES else None
     protocol = given("sync.protocol") or (known and known.protocol)
@@ -455,18 +419,6 @@ def pairing_errors(spec: Any) -> Iterator[str]:
     if isinstance(shards, int) and (line := robust.one_redis_error(given("sync.exchange"), shards,
                                                                     f"spec.redis.shards is {shards}")):
         yield line
-
-
-def cel_rules() -> list[Schema]:
-    """The built-in models' pairings and the schedule's needs (`schedule.errors`) as the CRD's
-    `x-kubernetes-validations` on the spec (CEL; Kubernetes 1.25+)."""
-    rules = []
-    for field, value, other, admitted in pairings(models.BUILT_IN):
-        section, name = field.split(".")
-        absent = f"!has(self.{section}) || !has(self.{field})"
-        rules.append({"rule": f"{absent} || self.{field} != '{value}' || self.{other} in {list(admitted)}",
-                      "message": _pairing_message(field, value, other, admitted)})
-    return rules + schedule.cel_rules()
 
 
 SPEC_SCHEMA["x-kubernetes-validations"] = cel_rules()

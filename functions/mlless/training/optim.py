@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Mapping
 import numpy as np
 
 from mlless.spec.config import OptimizerConfig
-from mlless.spec.schema import PER_SAMPLE_OPTIMIZERS
+from mlless.spec.pairings import PER_SAMPLE_OPTIMIZERS
 from mlless.training.kernels import optim as _k
 
 if TYPE_CHECKING:  # only for annotations: models do not depend on optimizers, nor these on them at run time

@@ -24,7 +24,7 @@ state. When the blocks change, rows a worker no longer owns are published at its
 owner trains them one round stale, once.
 
 Which ratings a worker reads and trains at each step is `mlless.data.strata`'s. Only ratings data can be blocked:
-`spec.sync.protocol: blocked` is refused for other models (`mlless.spec.schema.NEEDS`).
+`spec.sync.protocol: blocked` is refused for other models (`mlless.spec.pairings.NEEDS`).
 """
 from __future__ import annotations
 

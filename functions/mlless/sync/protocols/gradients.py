@@ -17,7 +17,7 @@ Nothing is ever pending: a replica is the shared state. A leaver hands on nothin
 no one closed is dropped (its gradient was never applied). A joiner starts from a donor's parameters and its
 optimizer's state (`SyncStrategy.share_optimizer`); a worker's checkpoint carries its optimizer's state as under
 every protocol. The per-sample rules (adagrad, normalized) and a model's own rule update inside the batch and
-publish no gradient: the schema refuses them with this protocol (`mlless.spec.schema.MINI_BATCH_PROTOCOLS`).
+publish no gradient: the schema refuses them with this protocol (`mlless.spec.pairings.MINI_BATCH_PROTOCOLS`).
 """
 from __future__ import annotations
 
