@@ -91,6 +91,19 @@ def test_forked_workers_train_a_job_each_with_its_own_environment_and_leave_noth
     assert zygote.proc.returncode == 0 and gone(zygote.proc.pid)
 
 
+def test_a_networks_workers_are_forked_with_torch_imported(digits_dir, tmp_path):
+    pytest.importorskip("torch")
+    network = {"type": "neural-net", "network": "mlp", "hiddenSizes": [8]}
+    summary = train_local(job_for(digits_dir, workers=2, model=network, stop={"maxSteps": 3}), tmp_path / "net",
+                          Services(), QUIET)
+    assert summary["steps"] == 3
+    assert [w["preloaded"] for w in worker_env.recorded(tmp_path / "net")] == [["torch", "torchvision.models"]] * 2
+    with Zygote() as bare:  # a zygote for a model type without slow imports leaves them to the worker
+        train_local(job_for(digits_dir, workers=1, model=network, stop={"maxSteps": 1}), tmp_path / "bare",
+                    Services(), QUIET, zygote=bare)
+    assert [w["preloaded"] for w in worker_env.recorded(tmp_path / "bare")] == [[]]
+
+
 @pytest.fixture
 def idle_job(movielens_dir, tmp_path):
     """A job file and the environment of workers that connect to a broker and wait for a supervisor that never

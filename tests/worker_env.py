@@ -3,14 +3,19 @@
 A worker forked from a zygote (launch/zygote.py) holds its environment in its memory only: its /proc/PID/environ
 shows the zygote's start environment. Loaded in every worker (plugins load in the worker, from its own environment),
 this writes what the worker holds, with its pid, parent, session and directory, to RUNDIR.env/PID.json (beside the run
-directory, whose files must not hold an identity), readable by its owner only, as /proc/PID/environ is. The
+directory, whose files must not hold an identity), readable by its owner only, as /proc/PID/environ is, and which
+slow imports it found done (a zygote's, for its model type). The
 supervisor, which loads plugins too, has no rank and records nothing.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
+
+#: Modules a zygote may have imported for a worker before it forked it (`ModelType.imports`).
+PRELOADABLE = ("torch", "torchvision.models")
 
 def folder(run_dir: Path) -> Path:
     return run_dir.with_name(f"{run_dir.name}.env")
@@ -21,7 +26,8 @@ def record() -> None:
     into.mkdir(exist_ok=True)
     pid = os.getpid()
     entry = {"pid": pid, "ppid": os.getppid(), "sid": os.getsid(0), "cwd": os.getcwd(), "environ": dict(os.environ),
-             "proc_environ": Path("/proc/self/environ").read_text()}
+             "proc_environ": Path("/proc/self/environ").read_text(),
+             "preloaded": [name for name in PRELOADABLE if name in sys.modules]}  # the worker imports its model later
     tmp = into / f".{pid}.json"
     with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
         json.dump(entry, fh)

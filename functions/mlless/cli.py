@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import logging
 import os
@@ -223,6 +225,10 @@ def cmd_zygote(args: argparse.Namespace) -> int:
     import mlless.runtime.worker  # noqa: F401  what `cmd_worker` imports, once for every fork
     from mlless.launch.zygote import serve
 
+    for name in filter(None, args.imports.split(",")):
+        with contextlib.suppress(ImportError):  # a worker that needs it says so itself, in one line
+            importlib.import_module(name)
+
     return serve(args.fd, lambda: main(["worker"]))
 
 
@@ -352,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Unlisted (no help): started by `mlless train` and `mlless sweep` with the socket they talk to it over.
     p = sub.add_parser("zygote")
     p.add_argument("fd", type=int)
+    p.add_argument("--import", dest="imports", default="")
     p.set_defaults(func=cmd_zygote)
 
     p = sub.add_parser(

@@ -28,7 +28,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from mlless.contract import ENV_IDENTITY
 
@@ -53,13 +53,15 @@ def _send(channel: socket.socket, message: dict[str, Any], fds: list[int] | None
 class Zygote:
     """A zygote process and its socket; thread-safe (a sweep's trials start workers from their own threads)."""
 
-    def __init__(self) -> None:
+    def __init__(self, imports: Sequence[str] = ()) -> None:
+        """`imports`: modules the zygote imports besides a worker's own, once for every fork (`ModelType.imports`)."""
         self.env = _start_env(os.environ)
         self.launched = time.monotonic()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             # Its own session, as each worker's: a terminal's Ctrl-C reaches only the supervisor, which ends the job.
-            self.proc = subprocess.Popen([sys.executable, "-m", "mlless", "zygote", str(theirs.fileno())],
+            self.proc = subprocess.Popen([sys.executable, "-m", "mlless", "zygote", str(theirs.fileno()),
+                                          *(["--import", ",".join(imports)] if imports else [])],
                                          env=self.env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, start_new_session=True)
         self._channel = ours

@@ -30,6 +30,7 @@ from mlless.runtime.supervisor.failover import STATE_FILE, JobState, ResumeError
 from mlless.runtime.supervisor.loop import Supervisor
 from mlless.runtime.supervisor.membership import JobFailed
 from mlless.spec import SpecError, TrainingJob
+from mlless.spec.models import model_type
 from mlless.spec.robust import STORE_EXCHANGES, one_redis_error
 from mlless.transport import Transport, connect
 from mlless.transport.embedded_broker import EmbeddedBroker
@@ -102,14 +103,14 @@ def train_local(
     if job.sync.exchange in STORE_EXCHANGES and not services.external:
         raise SpecError(f"spec.sync.exchange: {job.sync.exchange} runs a script in Redis, which the embedded transport "
                         "has not: give --redis-url and --amqp-url")
-    with job_zygote() if zygote is None else contextlib.nullcontext(zygote) as forks:
+    with job_zygote(job.model.type) if zygote is None else contextlib.nullcontext(zygote) as forks:
         return _train(job, run_dir, services, progress, metrics_port, job_id, on_start, attack, forks)
 
 
-def job_zygote() -> contextlib.AbstractContextManager[Zygote | None]:
-    """A zygote for a job's (or a sweep's) workers, ended with it; none with MLLESS_ZYGOTE=0. Started first, so that
-    its imports run beside the supervisor's own start."""
-    return contextlib.nullcontext() if os.environ.get(ENV_ZYGOTE) == "0" else Zygote()
+def job_zygote(model: str) -> contextlib.AbstractContextManager[Zygote | None]:
+    """A zygote for the workers of a job (or a sweep) on `model`, ended with it; none with MLLESS_ZYGOTE=0. Started
+    first, so that its imports, the model type's slow ones too, run beside the supervisor's own start."""
+    return contextlib.nullcontext() if os.environ.get(ENV_ZYGOTE) == "0" else Zygote(model_type(model).imports)
 
 
 def _train(

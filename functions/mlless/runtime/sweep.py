@@ -138,7 +138,7 @@ class LocalSweep:
             {"name": self.sweep.name, "earlyStopping": asdict(self.rule), "budgetUSD": self.sweep.budget_usd,
              "parameters": [p.field for p in self.sweep.parameters],
              "trials": {t.name: t.parameters for t in self.trials}}, indent=2) + "\n")
-        with job_zygote() as self.zygote:
+        with job_zygote(self.sweep.template["model"]["type"]) as self.zygote:
             return self._run()
 
     def _run(self) -> dict[str, Any]:

@@ -104,6 +104,9 @@ class ModelType:
     #: Its spec.model.l2 is a penalty inside its loss (pmf's, kernels/pmf.pyx), not decoupled weight decay the
     #: optimizer applies (`Model.weight_decay`): adamw's default decay (`ADAMW_WEIGHT_DECAY`) does not set it.
     l2_in_loss: bool = False
+    #: Modules its workers import that take seconds (torch and torchvision: 3-8 s on this 2-core machine), which a
+    #: local job's zygote imports once before it forks the workers (launch/zygote.py), instead of each worker.
+    imports: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.loss_metric not in LOSS_METRICS:
@@ -174,7 +177,7 @@ BUILT_IN = (
     # of blocks: admm and blocked do not apply.
     ModelType("neural-net", "a PyTorch network over images, one class a label", "images", "cross-entropy",
               OptimizerDefaults("adam", TYPE_LEARNING_RATES["adam"]), protocol="gradient-averaging",
-              traits=frozenset({"gradients"}), labels=frozenset({"classes"}),
+              traits=frozenset({"gradients"}), labels=frozenset({"classes"}), imports=("torch", "torchvision.models"),
               fields={"network": choice("Built-in architecture (neural-net): mlp, a LeNet-5 CNN, a small 3×3 CNN (cnn), or torchvision's "
                                         "mobilenet_v3_small or resnet18 (no pretrained weights; GroupNorm for "
                                         "BatchNorm).", list(NETWORKS), default="cnn"),
