@@ -154,8 +154,8 @@ class NeuralNet(Model):
         return self._indices, grad, float(loss.detach()), len(b)
 
     def logits(self, batch: Batch) -> np.ndarray:
-        """The network's (rows, outputs): logits, one a class; in evaluation mode (no dropout), `EVAL_ROWS` at a
-        time."""
+        """The network's (rows, outputs): logits, one a class (a regression's one output); in evaluation mode (no
+        dropout), `EVAL_ROWS` at a time."""
         import torch
 
         x, _ = self._inputs(expect_batch(batch, ImageBatch, self.kind))
