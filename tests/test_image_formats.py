@@ -105,7 +105,8 @@ def test_the_distributed_archive_is_read_without_extracting_and_validates_on_its
     # The test batch is the validation split, whole and in its order.
     np.testing.assert_array_equal(val_x, held["test_batch"][0])
     np.testing.assert_array_equal(val_y, held["test_batch"][1])
-    assert ds.manifest.source == {"format": "cifar", "path": str(archive), "validation": str(archive)}
+    assert ds.manifest.source == {"format": "cifar", "path": str(archive), "validation": str(archive),
+                                  "labels": "classes"}
 
 
 def test_cifar100_batches_as_python2_wrote_them_give_the_fine_labels(tmp_path):

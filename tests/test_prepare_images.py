@@ -99,7 +99,7 @@ def test_float_pixels_are_scaled_and_word_labels_become_sorted_classes(tmp_path)
     expected = np.rint(x * 255).astype(np.uint8)[:, None]
     assert rows_of(train_x, train_y) | rows_of(val_x, val_y) == rows_of(expected, [classes[w] for w in words])
     assert ds.manifest.feature_stats["label_values"] == ["apple", "fig", "pear"] and ds.dims()["n_classes"] == 3
-    assert ds.manifest.source == {"format": "npz", "path": str(src)} and ds.manifest.seed == 5
+    assert ds.manifest.source == {"format": "npz", "path": str(src), "labels": "classes"} and ds.manifest.seed == 5
 
 
 def test_the_split_follows_the_seed_and_the_validation_cap(tmp_path):

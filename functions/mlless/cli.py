@@ -165,6 +165,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     dataset = Dataset.open(args.dataset)
     if dataset.kind != model.dataset_kind:
         raise UsageError(f"{args.dataset}: a {dataset.kind} dataset cannot evaluate a {model.kind} model")
+    if not dataset.fits(model.type.labels):
+        raise UsageError(f"{args.dataset}: it holds {dataset.label_set()}, and a {model.kind} model fits "
+                         f"{' or '.join(sorted(model.type.labels))} labels")
     shape = {k: v for k, v in model.dims().items() if k in model.shape_dims}
     theirs = {k: dataset.dims().get(k) for k in shape}
     if shape != theirs:

@@ -108,10 +108,11 @@ class SparseBatch:
 
 @dataclass(frozen=True)
 class ImageBatch:
-    """Labelled images for a network: uint8 pixels, channels first, and each image's class."""
+    """Labelled images for a network: uint8 pixels, channels first, and each image's class, or its real target in a
+    data set of real labels (`Dataset.labels`)."""
 
     images: np.ndarray  # uint8, shape (rows, channels, height, width)
-    labels: np.ndarray  # int32 class ids, 0 .. classes - 1
+    labels: np.ndarray  # int32 class ids, 0 .. classes - 1; or float32 real targets, each finite
 
     kind = "images"
 
@@ -133,10 +134,16 @@ class ImageBatch:
         if images.ndim != 4 or images.dtype != np.uint8:
             raise BatchError(f"{source}: array 'images' must be uint8 of shape (rows, channels, height, width), got "
                              f"{images.dtype} {images.shape}")
-        labels = _array(arrays, "labels", np.int32, source)
+        real = "labels" in arrays and np.asarray(arrays["labels"]).dtype == np.float32
+        if "labels" in arrays and not real and np.asarray(arrays["labels"]).dtype != np.int32:
+            raise BatchError(f"{source}: array 'labels' must be int32 class ids or float32 real targets, got "
+                             f"{np.asarray(arrays['labels']).dtype}")
+        labels = _array(arrays, "labels", np.float32 if real else np.int32, source)
         if len(labels) != len(images):
             raise BatchError(f"{source}: images and labels differ in length")
-        if len(labels) and labels.min() < 0:
+        if real and not np.all(np.isfinite(labels)):
+            raise BatchError(f"{source}: non-finite label")
+        if not real and len(labels) and labels.min() < 0:
             raise BatchError(f"{source}: negative class id")
         return cls(np.ascontiguousarray(images), labels)
 

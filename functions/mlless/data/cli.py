@@ -17,7 +17,8 @@ from mlless.data.prepare import (
     prepare,
     prepare_file,
 )
-from mlless.data.image_formats import IMAGE_FORMATS, read_images
+from mlless.data.image_formats import IMAGE_FORMATS, REAL_LABEL_FORMATS, read_images
+from mlless.data.images import CLASSES, REAL
 from mlless.data.prepare_images import DEFAULT_IMAGE_BATCH_SIZE, prepare_images
 from mlless.data.errors import PrepareError
 from mlless.data.sources import (
@@ -49,7 +50,10 @@ channel's pixel mean and standard deviation over the training images (0-255
 scale). Image inputs are read whole into memory.
   npz           X, of shape (n, H, W) or channels-last (n, H, W, C), uint8 or
                 integers in [0, 255] or floats in [0, 1] (scaled by 255), and
-                y, one label (integer or word) an image
+                y, one label (integer or word) an image; with --labels real,
+                one real target an image, kept as float32 (for
+                neural-net-regression; the manifest holds their mean and
+                standard deviation instead of classes)
   cifar         CIFAR-10/100's python batches: their directory, the .tar.gz as
                 distributed (read without extracting), or one batch file;
                 the training part is data_batch_1..5 (CIFAR-100: train)
@@ -68,6 +72,7 @@ examples:
   mlless prepare --sample {MOVIELENS_SMALL.name} --out data/ml-small
   mlless prepare --sample {DIGITS.name} --out data/digits
   mlless prepare --format npz images.npz --out data/images
+  mlless prepare --format npz images.npz --labels real --out data/targets
   mlless prepare --format cifar cifar-10-python.tar.gz --validation cifar-10-python.tar.gz --out data/cifar10
   mlless prepare --format mnist fashion-mnist/ --out data/fashion
   mlless prepare --format image-folder photos/ --image-size 64 --out data/photos
@@ -138,12 +143,13 @@ def add_prepare_parser(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument("--label", metavar="COL", help="csv: the label column, by its header name or 0-based position; "
                    "the other columns are features: numeric ones as their values, the others hashed into 2**K")
     f.add_argument("--delimiter", default=",", help="csv: the field separator (default ',')")
-    f.add_argument("--labels", choices=LABEL_KINDS, default=LABEL_KINDS[0],
+    f.add_argument("--labels", choices=LABEL_KINDS, default=None,
                    help="libsvm and csv labels: binary (-1/0 and +1/1, for logistic-regression and svm), real (any number, "
                         f"for linear-regression) or classes (up to {MAX_CLASSES} distinct integers or words, numbered 0..K-1 "
                         "in sorted order, the manifest's feature_stats.label_values; for softmax, and with two for "
                         "svm and logistic-regression); "
-                        "default binary")
+                        f"default binary. Images: {CLASSES} (the default, for neural-net) or, with "
+                        f"--format {' or '.join(REAL_LABEL_FORMATS)}, {REAL} (any finite number, for neural-net-regression)")
 
     s = p.add_argument_group("synthetic data")
     s.add_argument("--rows", type=int, default=None, help="rows to generate (default 1,000,000)")
@@ -209,6 +215,14 @@ def run_prepare(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     sample = SAMPLES.get(args.sample) if args.sample else None
     images = args.format in IMAGE_FORMATS or isinstance(sample, ImageSample)
+    if images and args.labels not in (None, CLASSES) and not (args.labels == REAL and args.format in REAL_LABEL_FORMATS):
+        print(f"mlless prepare: --labels {args.labels} does not go with "
+              + (f"--format {args.format}" if args.format else f"--sample {args.sample}")
+              + f": its images' labels are {CLASSES}"
+              + (f"; {REAL} targets come in --format {' or '.join(REAL_LABEL_FORMATS)}" if args.labels == REAL else ""),
+              file=sys.stderr)
+        return EXIT_USAGE
+    labels = args.labels or (CLASSES if images else LABEL_KINDS[0])
     batch_size = args.batch_size or (DEFAULT_IMAGE_BATCH_SIZE if images else
                                      DEFAULT_SAMPLE_BATCH_SIZE if args.sample else DEFAULT_BATCH_SIZE)
     options = PrepareOptions(
@@ -225,14 +239,15 @@ def run_prepare(args: argparse.Namespace) -> int:
     )
     try:
         if args.format in IMAGE_FORMATS:
-            prepare_images(read_images(args.format, args.input, args.validation, args.image_size), args.out, options)
+            prepare_images(read_images(args.format, args.input, args.validation, args.image_size, labels), args.out,
+                           options)
         elif isinstance(sample, ImageSample):
             prepare_images(sample.load(), args.out, options)
         elif args.format:
             prepare_file(args.format, args.input, args.out, options,
-                         LibsvmOptions(base=args.libsvm_base, indices=args.libsvm_indices, labels=args.labels),
+                         LibsvmOptions(base=args.libsvm_base, indices=args.libsvm_indices, labels=labels),
                          args.validation,
-                         CsvOptions(args.label, labels=args.labels, delimiter=args.delimiter) if args.label else None)
+                         CsvOptions(args.label, labels=labels, delimiter=args.delimiter) if args.label else None)
         elif args.sample:
             prepare(sample_source(args.sample), args.out, options)
         elif args.synthetic == "pmf":

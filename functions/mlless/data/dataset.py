@@ -22,7 +22,7 @@ from fsspec import AbstractFileSystem
 
 from mlless.data.batches import BATCH_TYPES, Batch, BatchError, ImageBatch, RatingsBatch
 from mlless.data.manifest import (
-    LABEL_KINDS, MANIFEST_NAME, USER_COUNTS_NAME, VALIDATION_NAME, DatasetError, Manifest, batch_name,
+    IMAGE_LABEL_KINDS, LABEL_KINDS, MANIFEST_NAME, USER_COUNTS_NAME, VALIDATION_NAME, DatasetError, Manifest, batch_name,
     user_shard_name,
 )
 from mlless.data.npz import load_npz_bytes, sha256
@@ -78,11 +78,10 @@ class Dataset:
 
     @property
     def labels(self) -> str:
-        """What a sparse data set's labels are, one of `LABEL_KINDS` (`mlless prepare --labels`; binary before it);
-        an image's label is always a class."""
-        if self.kind == ImageBatch.kind:
-            return "classes"
-        return str(self.manifest.source.get("labels", LABEL_KINDS[0]))
+        """What the data set's labels are, one of `LABEL_KINDS` (`mlless prepare --labels`): a sparse set's binary
+        before it was recorded, an image set's classes (or real: `IMAGE_LABEL_KINDS`)."""
+        unrecorded = IMAGE_LABEL_KINDS[0] if self.kind == ImageBatch.kind else LABEL_KINDS[0]
+        return str(self.manifest.source.get("labels", unrecorded))
 
     def fits(self, kinds: frozenset[str]) -> bool:
         """Whether a model that fits labels of `kinds` (`ModelType.labels`) can train on these: a set of two classes
@@ -103,11 +102,15 @@ class Dataset:
         """Model dimensions: n_users, n_items, mean_rating and the rating range (ratings), or n_features, the
         training labels' mean (data sets prepared before it was recorded have none) and the classes, the sorted
         distinct labels (sparse; [0, 1] for binary labels, none for real ones), or an image's channels, height and
-        width, n_classes and each channel's pixel_mean and pixel_std on the 0-255 scale (images)."""
+        width, each channel's pixel_mean and pixel_std on the 0-255 scale, and n_classes, or of real labels the
+        training targets' label_mean and label_std (images)."""
         m = self.manifest
         if m.kind == ImageBatch.kind:
             assert m.pixel_mean is not None and m.pixel_std is not None
-            return {"channels": m.channels, "height": m.height, "width": m.width, "n_classes": m.n_classes,
+            labels = ({"label_mean": float(m.feature_stats["label_mean"]),
+                       "label_std": float(m.feature_stats["label_std"])} if self.labels == "real"
+                      else {"n_classes": m.n_classes})
+            return {"channels": m.channels, "height": m.height, "width": m.width, **labels,
                     "pixel_mean": [float(v) for v in m.pixel_mean], "pixel_std": [float(v) for v in m.pixel_std]}
         if m.kind == "ratings":
             assert m.n_users is not None and m.n_items is not None and m.mean_rating is not None
@@ -247,8 +250,10 @@ class Dataset:
             if batch.images.shape[1:] != shape:
                 raise DatasetError(f"{where}: images of shape {batch.images.shape[1:]}, the manifest says {shape} "
                                    f"(channels, height, width)")
-            assert m.n_classes is not None
-            if len(batch) and int(batch.labels.max()) >= m.n_classes:
+            if (batch.labels.dtype == np.float32) != (self.labels == "real"):
+                raise DatasetError(f"{where}: labels of {batch.labels.dtype}, and the manifest's source says "
+                                   f"{self.labels} labels (" + ("float32" if self.labels == "real" else "int32") + ")")
+            if m.n_classes is not None and len(batch) and int(batch.labels.max()) >= m.n_classes:
                 raise DatasetError(f"{where}: class id {int(batch.labels.max())} >= n_classes {m.n_classes}")
         elif isinstance(batch, RatingsBatch):
             if len(batch):

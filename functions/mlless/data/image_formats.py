@@ -12,6 +12,9 @@
   dependency of torchvision, imported only here), each resized to `--image-size` if given; RGB, or one channel when
   every image is grayscale.
 
+Labels are classes; `--labels real` reads an npz's `y` as real targets to regress on (`REAL_LABEL_FORMATS`: the
+others' labels are class ids or folder names by nature).
+
 INPUT's training part trains; with `--validation`, a second input of the same format is the validation split, and
 of a cifar or mnist one its test part is read (test_batch, t10k-…): `--validation` naming INPUT again validates on
 the distribution's test set. Without it `prepare_images` holds out a seeded fraction, as for the other kinds.
@@ -35,10 +38,12 @@ from fsspec import AbstractFileSystem
 
 from mlless.data import safe_pickle
 from mlless.data.errors import PrepareError
-from mlless.data.images import ImageSet, image_set, npz_images, read_bytes
+from mlless.data.images import CLASSES, REAL, ImageSet, image_set, npz_images, read_bytes
 
 #: The `--format` choices that make a data set of images.
 IMAGE_FORMATS = ("npz", "cifar", "mnist", "image-folder")
+#: Those of them whose labels may be real targets (`--labels real`).
+REAL_LABEL_FORMATS = ("npz",)
 #: What a training input and a validation input are read for (a cifar or mnist input holds both).
 TRAIN, TEST = "train", "test"
 
@@ -55,9 +60,13 @@ class _Part:
 
 
 def read_images(fmt: str, path: str, validation: str | None = None,
-                size: tuple[int, int] | None = None) -> ImageSet:
+                size: tuple[int, int] | None = None, labels: str = CLASSES) -> ImageSet:
     """The images of `path` in format `fmt` (one of `IMAGE_FORMATS`), with `validation`'s as the validation split;
-    an image folder's resized to `size`, (width, height). PrepareError naming the file and the problem otherwise."""
+    an image folder's resized to `size`, (width, height); their labels read as `labels` (classes, or real in
+    `REAL_LABEL_FORMATS`). PrepareError naming the file and the problem otherwise."""
+    if labels == REAL and fmt not in REAL_LABEL_FORMATS:
+        raise PrepareError(f"--format {fmt} reads class labels; real targets come in "
+                           f"{' or '.join(REAL_LABEL_FORMATS)} (--labels real)")
     train = _read(fmt, path, TRAIN, size, None)
     held = None if validation is None else _read(fmt, validation, TEST, size, train.mode)
     description: dict[str, Any] = {"format": fmt, "path": path}
@@ -66,7 +75,7 @@ def read_images(fmt: str, path: str, validation: str | None = None,
     if validation is not None:
         description["validation"] = validation
     return image_set(train.x, train.y, description, train.where, held and (held.x, held.y, held.where),
-                     channels_first=train.channels_first)
+                     channels_first=train.channels_first, labels=labels)
 
 
 def _read(fmt: str, path: str, part: str, size: tuple[int, int] | None, mode: str | None) -> _Part:

@@ -7,7 +7,8 @@ largest value is below 1 would then be ambiguous. Labels become classes 0 … K 
 input's labels (integers, or words), which the manifest lists (`feature_stats.label_values`), as
 `--labels classes` numbers a CSV's (`mlless.data.classes`). A validation input (`--validation`) is numbered by the
 training input's classes; its images of a label the training input lacks are dropped and counted, as a ratings
-validation split's unseen users are.
+validation split's unseen users are. With `--labels real` (`REAL`) a label is a number to regress on instead, kept
+as float32, as `--labels real` keeps a CSV's: any finite number, none dropped.
 An image input is read whole into memory: CIFAR-10's 50,000 32×32 colour images are 150 MB as uint8.
 """
 from __future__ import annotations
@@ -18,13 +19,15 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from mlless.data.manifest import MAX_CHANNELS, MAX_CLASSES, MAX_IMAGE_SIDE, MAX_PIXEL
+from mlless.data.manifest import IMAGE_LABEL_KINDS, MAX_CHANNELS, MAX_CLASSES, MAX_IMAGE_SIDE, MAX_PIXEL
 from mlless.data.npz import load_npz_bytes
 from mlless.data.errors import PrepareError
 
 #: Channel counts of ordinary images (gray, gray and alpha, RGB, RGBA): an array whose second axis is one of these
 #: and whose last is not is taken for channels-first and refused, not read as images of many channels.
 _COMMON_CHANNELS = (1, 2, 3, 4)
+#: An image set's label kinds (`IMAGE_LABEL_KINDS`): classes, or real numbers to regress on.
+CLASSES, REAL = IMAGE_LABEL_KINDS
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,8 @@ class ImageSet:
     """Labelled images ready to split and batch; `description` is the manifest's `source`."""
 
     images: np.ndarray  # uint8, (rows, channels, height, width)
-    labels: np.ndarray  # int32 classes 0 … K − 1
-    label_values: list[int | str]  # the input's label of each class, in class order
+    labels: np.ndarray  # int32 classes 0 … K − 1, or float32 real targets (`REAL`)
+    label_values: list[int | str]  # the input's label of each class, in class order; none for real targets
     description: dict[str, Any]
     #: The last this many images are the input's own validation split (`--validation`); None: none is given, and
     #: `prepare_images` holds out a seeded fraction.
@@ -44,27 +47,43 @@ class ImageSet:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
+    @property
+    def label_kind(self) -> str:
+        """`CLASSES` or `REAL`, as the manifest's `source.labels` records it."""
+        return REAL if self.labels.dtype.kind == "f" else CLASSES
+
 
 Labelled = tuple[np.ndarray, np.ndarray, str]
 """Images, their labels, and where they were read (for messages), as `image_set` takes a validation input."""
 
 
 def image_set(x: np.ndarray, y: np.ndarray, description: dict[str, Any], where: str,
-              validation: Labelled | None = None, channels_first: bool = False) -> ImageSet:
+              validation: Labelled | None = None, channels_first: bool = False, labels: str = CLASSES) -> ImageSet:
     """`x` of shape (rows, height, width), grayscale, or (rows, height, width, channels) (with `channels_first`,
-    (rows, channels, height, width)), and one label a row in `y`, checked and converted; with `validation`, images of
-    the same shape and their labels that are the validation split. PrepareError naming `where` (or the validation
-    input's) and the problem otherwise."""
+    (rows, channels, height, width)), and one label a row in `y`, checked and converted, read as `labels` (one of
+    `IMAGE_LABEL_KINDS`, which the description records); with `validation`, images of the same shape and their labels
+    that are the validation split. PrepareError naming `where` (or the validation input's) and the problem otherwise."""
+    if labels not in IMAGE_LABEL_KINDS:
+        raise PrepareError(f"{where}: images take labels {' or '.join(IMAGE_LABEL_KINDS)}, not {labels!r}")
+    description = {**description, "labels": labels}
     images = _images(x, where, channels_first)
+    held = None
+    if validation is not None:
+        vx, vy, vwhere = validation
+        held = _images(vx, vwhere, channels_first)
+        if held.shape[1:] != images.shape[1:]:
+            raise PrepareError(f"{vwhere}: images of {_shape(held)}, and the training images of {where} are "
+                               f"{_shape(images)}")
+    if labels == REAL:
+        targets = _targets(y, len(images), where)
+        if held is None:
+            return ImageSet(images, targets, [], description)
+        return ImageSet(np.concatenate([images, held]), np.concatenate([targets, _targets(vy, len(held), vwhere)]),
+                        [], description, given_validation=len(held))
     train_y = _label_array(y, len(images), where)
-    labels, values = _classes(train_y, where)
-    if validation is None:
-        return ImageSet(images, labels, values, description)
-    vx, vy, vwhere = validation
-    held = _images(vx, vwhere, channels_first)
-    if held.shape[1:] != images.shape[1:]:
-        raise PrepareError(f"{vwhere}: images of {_shape(held)}, and the training images of {where} are "
-                           f"{_shape(images)}")
+    classes, values = _classes(train_y, where)
+    if held is None:
+        return ImageSet(images, classes, values, description)
     held_y = _label_array(vy, len(held), vwhere)
     if (held_y.dtype.kind == "U") != (train_y.dtype.kind == "U"):
         raise PrepareError(f"{vwhere}: its labels are {'words' if held_y.dtype.kind == 'U' else 'numbers'}, and "
@@ -72,7 +91,7 @@ def image_set(x: np.ndarray, y: np.ndarray, description: dict[str, Any], where: 
     known = np.unique(train_y)  # the classes, in order
     at = np.minimum(np.searchsorted(known, held_y), len(known) - 1)
     seen = known[at] == held_y
-    return ImageSet(np.concatenate([images, held[seen]]), np.concatenate([labels, at[seen].astype(np.int32)]),
+    return ImageSet(np.concatenate([images, held[seen]]), np.concatenate([classes, at[seen].astype(np.int32)]),
                     values, description, given_validation=int(seen.sum()), dropped_validation=int((~seen).sum()))
 
 
@@ -118,19 +137,39 @@ def _pixels(images: np.ndarray, where: str) -> np.ndarray:
 
 def _label_array(y: np.ndarray, rows: int, where: str) -> np.ndarray:
     """`y` as integers or words, one a row; PrepareError otherwise."""
-    if y.shape != (rows,):
-        raise PrepareError(f"{where}: y must hold one label per image, shape ({rows},), got {y.shape}")
+    _one_a_row(y, rows, where)
     if y.dtype.kind == "b":
         return y.astype(np.int64)
     if y.dtype.kind == "f":
         if not np.all(np.isfinite(y) & (y == np.round(y))):
-            raise PrepareError(f"{where}: y must hold class labels, integers or words; it holds a fractional number")
+            raise PrepareError(f"{where}: y must hold class labels, integers or words; it holds a fractional number "
+                               "(real targets to regress on: --labels real)")
         return y.astype(np.int64)
     if y.dtype.kind == "S":
         return np.char.decode(y, "utf-8", "replace")
     if y.dtype.kind not in "iuU":
         raise PrepareError(f"{where}: y must hold class labels, integers or words, got {y.dtype}")
     return y
+
+
+def _one_a_row(y: np.ndarray, rows: int, where: str) -> None:
+    if y.shape != (rows,):
+        raise PrepareError(f"{where}: y must hold one label per image, shape ({rows},), got {y.shape}")
+
+
+def _targets(y: np.ndarray, rows: int, where: str) -> np.ndarray:
+    """`y` as float32 real targets, one a row: numbers, each finite (as float32 too); PrepareError otherwise."""
+    _one_a_row(y, rows, where)
+    if y.dtype.kind not in "iuf":
+        raise PrepareError(f"{where}: y must hold real targets, numbers, got {y.dtype} (class labels: --labels "
+                           f"{CLASSES})")
+    with np.errstate(over="ignore"):  # a number beyond float32's range becomes inf, refused below
+        targets = y.astype(np.float32)
+    bad = np.flatnonzero(~np.isfinite(targets))
+    if len(bad):
+        raise PrepareError(f"{where}: y[{int(bad[0])}] is {float(y[bad[0]])}, not a finite float32 number; every "
+                           f"target must be one ({len(bad):,} are not)")
+    return targets
 
 
 def _classes(y: np.ndarray, where: str) -> tuple[np.ndarray, list[int | str]]:

@@ -17,8 +17,9 @@ FORMAT_VERSION = 1
 MAX_ROWS = 2**40
 MAX_FEATURES = 2**31 - 1
 KINDS = ("ratings", "sparse", "images")
-#: What a sparse data set's labels are (`mlless prepare --labels`, the manifest's `source.labels`): 0/1, real
-#: numbers (regression), or a few distinct values, each a class (`feature_stats.label_classes`, sorted).
+#: What a data set's labels are (`mlless prepare --labels`, the manifest's `source.labels`): 0/1, real
+#: numbers (regression), or a few distinct values, each a class (`feature_stats.label_classes`, sorted). An image set's
+#: are classes or real (`IMAGE_LABEL_KINDS`).
 LABEL_KINDS = ("binary", "real", "classes")
 #: A data set of classes has at most this many distinct labels: beyond, they are values to regress on.
 MAX_CLASSES = 1000
@@ -49,8 +50,10 @@ IDS_NAME = "ids.npz"
 MANIFEST_NAME = "manifest.json"
 
 
-#: The manifest's fields an image data set has and others have not (`Manifest`).
+#: The manifest's fields an image data set has and others have not (`Manifest`); n_classes is null for real labels.
 IMAGE_FIELDS = ("channels", "height", "width", "n_classes", "pixel_mean", "pixel_std")
+#: The label kinds of an image set (`source.labels`; absent: classes, as before it was recorded).
+IMAGE_LABEL_KINDS = ("classes", "real")
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,9 @@ class Manifest:
     #: data sets prepared before there were any (the field may be absent), and for sparse data.
     user_shards: int = 0
     #: Images only (None for other kinds, and absent from their manifests): the shape of an image, channels first,
-    #: its number of classes, and each channel's pixel mean and standard deviation over the training images, on the
-    #: 0-255 scale of the stored uint8 pixels.
+    #: its number of classes (None for real labels, whose training mean and standard deviation are
+    #: `feature_stats.label_mean` and `label_std`), and each channel's pixel mean and standard deviation over the
+    #: training images, on the 0-255 scale of the stored uint8 pixels.
     channels: int | None = None
     height: int | None = None
     width: int | None = None
@@ -117,11 +121,28 @@ class Manifest:
 
     def _check_images(self, source: str) -> None:
         """An image's shape and classes within bounds, and a mean and a positive deviation per channel on the
-        pixels' scale (a network divides by the deviation)."""
+        pixels' scale (a network divides by the deviation); of real labels, no classes but their mean and a positive
+        deviation (a network's output is scaled by it)."""
         assert self.channels is not None and self.height is not None and self.width is not None \
-            and self.n_classes is not None and self.pixel_mean is not None and self.pixel_std is not None
-        for name, top in (("channels", MAX_CHANNELS), ("height", MAX_IMAGE_SIDE), ("width", MAX_IMAGE_SIDE),
-                          ("n_classes", MAX_CLASSES)):
+            and self.pixel_mean is not None and self.pixel_std is not None
+        labels = self.source.get("labels", IMAGE_LABEL_KINDS[0])
+        if labels not in IMAGE_LABEL_KINDS:
+            raise DatasetError(f"{source}: field 'source.labels' of images is {labels!r}, not one of {IMAGE_LABEL_KINDS}")
+        counts = [("channels", MAX_CHANNELS), ("height", MAX_IMAGE_SIDE), ("width", MAX_IMAGE_SIDE)]
+        if labels == "real":
+            if self.n_classes is not None:
+                raise DatasetError(f"{source}: field 'n_classes' is {self.n_classes}, and the labels are real")
+            for name in ("label_mean", "label_std"):
+                v = self.feature_stats.get(name)
+                if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                        and (name == "label_mean" or v > 0)):
+                    raise DatasetError(f"{source}: field 'feature_stats.{name}' of real labels is {v!r}, not a "
+                                       + ("finite number" if name == "label_mean" else "positive finite number"))
+        elif self.n_classes is None:
+            raise DatasetError(f"{source}: field 'n_classes' must not be null")
+        else:
+            counts.append(("n_classes", MAX_CLASSES))
+        for name, top in counts:
             if not 1 <= getattr(self, name) <= top:
                 raise DatasetError(f"{source}: field '{name}' is {getattr(self, name)}, not in [1, {top}]")
         for name, positive in (("pixel_mean", False), ("pixel_std", True)):
@@ -165,7 +186,7 @@ class Manifest:
         per_kind_required = {
             "ratings": {"n_users", "n_items", "mean_rating", "rating_min", "rating_max"},
             "sparse": {"n_features"},
-            "images": set(IMAGE_FIELDS),
+            "images": set(IMAGE_FIELDS) - {"n_classes"},  # `_check_images`: null for real labels
         }[kind]
         values: dict[str, Any] = {}
         for f in fields(cls):

@@ -3,18 +3,19 @@
 The split is the other kinds' (`held_out`: a seeded hash of each image's position in the input, or the input's
 own validation images, `ImageSet.given_validation`, capped by `max_validation_rows` alike), the training
 images are shuffled by a seeded permutation and cut into batches of `batch_size`, and the manifest records the
-image shape, the classes and each channel's pixel mean and standard deviation over the training images, which a
+image shape, the classes (or of real labels, the training targets' mean and standard deviation, which a regression
+network scales its output by) and each channel's pixel mean and standard deviation over the training images, which a
 network normalises its input by. The set is in memory already, so there is no spilling to disk.
 """
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from mlless.data.batches import ImageBatch
-from mlless.data.images import ImageSet
+from mlless.data.images import REAL, ImageSet
 from mlless.data.manifest import FORMAT_VERSION, MANIFEST_NAME, VALIDATION_NAME, Manifest, batch_name
 from mlless.data.npz import npz_bytes
 from mlless.data.output import OutputDir
@@ -45,6 +46,19 @@ def prepare_images(data: ImageSet, out: str, options: PrepareOptions,
     if not np.all(std > 0):
         c = int(np.flatnonzero(std == 0)[0])
         raise PrepareError(f"{where}: every training pixel of channel {c} is {mean[c]:g}: no image differs from another")
+    real = data.label_kind == REAL
+    label_stats: dict[str, Any]
+    if real:
+        targets = data.labels[train].astype(np.float64)
+        label_stats = {"label_mean": float(targets.mean()), "label_std": float(targets.std())}
+        labels = f"real targets of mean {label_stats['label_mean']:g} and deviation {label_stats['label_std']:g}"
+        if not label_stats["label_std"] > 0:
+            raise PrepareError(f"{where}: every training target is {label_stats['label_mean']:g}: there is nothing to "
+                               "learn")
+    else:
+        labels = f"{len(data.label_values)} classes"
+        # As a sparse set of classes records them (`mlless.data.classes`), so `Dataset.label_set` names them alike.
+        label_stats = {"label_classes": list(range(len(data.label_values))), "label_values": data.label_values}
 
     output = OutputDir(out)
     output.clear_stale()
@@ -64,18 +78,15 @@ def prepare_images(data: ImageSet, out: str, options: PrepareOptions,
         batch_size=B, n_batches=n_batches, n_train=len(train), n_validation=len(validation),
         validation_fraction=options.validation_fraction, n_validation_dropped=data.dropped_validation,
         n_users=None, n_items=None, mean_rating=None, rating_min=None, rating_max=None, n_features=None, hash_bits=None,
-        # As a sparse set of classes records them (`mlless.data.classes`), so `Dataset.label_set` names them alike.
-        feature_stats={"label_classes": list(range(len(data.label_values))), "label_values": data.label_values},
-        skipped_lines=0, skipped_examples=[], checksums=dict(sorted(output.checksums.items())),
-        channels=channels, height=height, width=width, n_classes=len(data.label_values),
+        feature_stats=label_stats, skipped_lines=0, skipped_examples=[], checksums=dict(sorted(output.checksums.items())),
+        channels=channels, height=height, width=width, n_classes=None if real else len(data.label_values),
         pixel_mean=[float(m) for m in mean], pixel_std=[float(s) for s in std],
     )
     output.put(MANIFEST_NAME, manifest.to_json().encode(), checksum=False)
     log(f"prepared {where} -> {out}: {len(train):,} training images of {channels}×{height}×{width} in {n_batches:,} "
         f"batches of {B:,}, {len(validation):,} validation images"
         + (f" ({data.dropped_validation:,} dropped: a class the training images lack)" if data.dropped_validation
-           else "") + f", {manifest.n_classes} classes; "
-        f"total {progress.elapsed():.1f} s")
+           else "") + f", {labels}; total {progress.elapsed():.1f} s")
     return manifest
 
 

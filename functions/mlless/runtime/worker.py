@@ -95,7 +95,7 @@ class Worker:
         # This worker's half of the protocol; a peer's frame the store lost is waited for half the worker timeout.
         self.half = self.sync.worker(rank, self.replica, transport, job.worker_timeout_seconds / 2, self._reject,
                                      self.feed, workers=job.workers)
-        # spec.model.augment (neural-net): training batches only; the supervisor evaluates the images as prepared.
+        # spec.model.augment (the networks): training batches only; the supervisor evaluates the images as prepared.
         self.augment = Augment(**job.model.options.get("augment", {}))
         self.attack = from_env(os.environ, rank)  # mlless train --attack: a robustness test's Byzantine worker
         self.attack_rng = np.random.default_rng([job.seed, rank])

@@ -131,8 +131,33 @@ class ModelType:
                          for name in self.per_row if values[name] > rows]
 
 
-#: The neural-net model type's built-in architectures (`spec.model.network`; training/networks.py builds them).
+#: The network model types' built-in architectures (`spec.model.network`; training/networks.py builds them).
 NETWORKS = ("mlp", "lenet", "cnn", "mobilenet_v3_small", "resnet18")
+#: The network model types, as their fields' descriptions name them.
+_NETS = "neural-net and neural-net-regression"
+#: The `spec.model` fields both network types read: one schema a name (`mlless.spec.schema.model_fields`).
+NETWORK_FIELDS: Mapping[str, Schema] = {
+    "network": choice(f"Built-in architecture ({_NETS}): mlp, a LeNet-5 CNN, a small 3×3 CNN (cnn), or torchvision's "
+                      "mobilenet_v3_small or resnet18 (no pretrained weights; GroupNorm for BatchNorm).",
+                      list(NETWORKS), default="cnn"),
+    "hiddenSizes": integers(f"Hidden layer widths of the mlp network ({_NETS}).", 1, 65536, default=[128]),
+    # The usual CIFAR recipe is crop 4 and flip; the crop's bound only keeps a typo (400) out.
+    "augment": obj(f"Augmentation of the training images ({_NETS}), drawn anew each step from the job's seed, the "
+                   "worker's rank and the step; validation images are never augmented. Unset: no augmentation. Under "
+                   "neural-net-regression a target must hold for the augmented image too (a flip moves a band on the "
+                   "left to the right).",
+                   {"crop": integer("Pixels of zero padding on each side, then a random crop back to the image's "
+                                    "size; 0: no crop.", 0, 64, default=0),
+                    "flip": boolean("Mirror each image left to right with probability 1/2.", False)}),
+    "module": {**string(f"The user's own network instead of a built-in one ({_NETS}): \"package.module:build\", a "
+                        "callable importable in every worker, taking the input shape (channels, height, width) and "
+                        "the number of outputs (the classes; 1 for neural-net-regression) and returning a "
+                        "torch.nn.Module."), "minLength": 3},
+}
+#: The network types' optimizer (the comment in `BUILT_IN` says why).
+NETWORK_OPTIMIZER = OptimizerDefaults("adam", TYPE_LEARNING_RATES["adam"])
+#: What the network types' workers import (`ModelType.imports`).
+NETWORK_IMPORTS = ("torch", "torchvision.models")
 
 #: The linear family's optimizer (the comment in `BUILT_IN` says why).
 LINEAR_OPTIMIZER = OptimizerDefaults("normalized", TYPE_LEARNING_RATES["normalized"])
@@ -176,25 +201,13 @@ BUILT_IN = (
     # LambdaML found steady for MobileNet (sync/protocols/gradients.py says what bsp cost). Not convex and not made
     # of blocks: admm and blocked do not apply.
     ModelType("neural-net", "a PyTorch network over images, one class a label", "images", "cross-entropy",
-              OptimizerDefaults("adam", TYPE_LEARNING_RATES["adam"]), protocol="gradient-averaging",
-              traits=frozenset({"gradients"}), labels=frozenset({"classes"}), imports=("torch", "torchvision.models"),
-              fields={"network": choice("Built-in architecture (neural-net): mlp, a LeNet-5 CNN, a small 3×3 CNN (cnn), or torchvision's "
-                                        "mobilenet_v3_small or resnet18 (no pretrained weights; GroupNorm for "
-                                        "BatchNorm).", list(NETWORKS), default="cnn"),
-                      "hiddenSizes": integers("Hidden layer widths of the mlp network (neural-net).", 1, 65536,
-                                              default=[128]),
-                      # The usual CIFAR recipe is crop 4 and flip; the crop's bound only keeps a typo (400) out.
-                      "augment": obj("Augmentation of the training images (neural-net), drawn anew each step from the "
-                                     "job's seed, the worker's rank and the step; validation images are never "
-                                     "augmented. Unset: no augmentation.",
-                                     {"crop": integer("Pixels of zero padding on each side, then a random crop back "
-                                                      "to the image's size; 0: no crop.", 0, 64, default=0),
-                                      "flip": boolean("Mirror each image left to right with probability 1/2.",
-                                                      False)}),
-                      "module": {**string("The user's own network instead of a built-in one (neural-net): "
-                                          "\"package.module:build\", a callable importable in every worker, taking "
-                                          "the input shape (channels, height, width) and the number of classes and "
-                                          "returning a torch.nn.Module."), "minLength": 3}}),
+              NETWORK_OPTIMIZER, protocol="gradient-averaging", traits=frozenset({"gradients"}),
+              labels=frozenset({"classes"}), fields=NETWORK_FIELDS, imports=NETWORK_IMPORTS),
+    # The same networks with one output and the squared error, as linear-regression is to logistic-regression
+    # (training/models/network.py, `NeuralNetRegression`): its own type, since a type reports one loss metric.
+    ModelType("neural-net-regression", "a PyTorch network over images, one real target a label", "images", "rmse",
+              NETWORK_OPTIMIZER, protocol="gradient-averaging", traits=frozenset({"gradients"}),
+              labels=frozenset({"real"}), fields=NETWORK_FIELDS, imports=NETWORK_IMPORTS),
 )
 
 #: Every registered model type by name: the built-ins, and those registered outside the package.

@@ -1,9 +1,11 @@
-"""The networks a `neural-net` job trains (`spec.model.network`, `spec.model.module`), as `torch.nn.Module`s.
+"""The networks a `neural-net` or `neural-net-regression` job trains (`spec.model.network`, `spec.model.module`), as
+`torch.nn.Module`s.
 
-Every one maps a float batch of shape (rows, channels, height, width) to (rows, classes) logits, and keeps all its
-state in its parameters: the replica is one flat vector of them (training/models/network.py), which the optimizer
-steps, the workers exchange and `Model.save` writes. So there are no BatchNorm layers, whose running statistics are
-buffers outside that vector (and which every replica would gather from its own batches alone):
+Every one maps a float batch of shape (rows, channels, height, width) to (rows, classes) logits (a regression's one
+output: `classes` is 1), and keeps all its state in its parameters: the replica is one flat vector of them
+(training/models/network.py), which the optimizer steps, the workers exchange and `Model.save` writes. So there are
+no BatchNorm layers, whose running statistics are buffers outside that vector (and which every replica would gather
+from its own batches alone):
 
 - `mlp`: flattened pixels, hidden ReLU layers of `hiddenSizes`;
 - `lenet`: LeNet-5's shape (two 5×5 convolutions of 6 and 16 channels, each with ReLU and 2×2 max-pooling, then
@@ -125,8 +127,8 @@ def user_network(path: str, shape: Shape, classes: int) -> nn.Module:
 
 
 def build(network: str, hidden: Sequence[int], module: str | None, shape: Shape, classes: int) -> nn.Module:
-    """The network for images of `shape` and `classes` classes, checked to give one logit per class and to keep
-    its whole state in its parameters; `NetworkError` otherwise."""
+    """The network for images of `shape` and `classes` classes (1: a regression's one output), checked to give one
+    output per class and to keep its whole state in its parameters; `NetworkError` otherwise."""
     if module:
         net, name = user_network(module, shape, classes), f"spec.model.module {module!r}"
     else:
@@ -156,4 +158,5 @@ def fits(net: nn.Module, name: str, shape: Shape, classes: int) -> None:
         net.train()
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, classes):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise NetworkError(f"{name} gives {got} for 2 images, not (2, {classes}) logits, one per class")
+        raise NetworkError(f"{name} gives {got} for 2 images, not (2, {classes}) "
+                           + ("logits, one per class" if classes > 1 else "outputs, one a target"))
