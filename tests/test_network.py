@@ -208,12 +208,18 @@ def test_the_digits_example_trains_a_cnn_on_two_workers(tmp_path, capsys):
     pytest.importorskip("sklearn")
     example = Path(__file__).resolve().parent.parent / "examples" / "digits-cnn.yaml"
     (tmp_path / "examples").mkdir()
-    (tmp_path / "examples" / example.name).write_text(example.read_text())
+    # With an output.uri, as on Kubernetes, where the run directory dies with the supervisor pod.
+    (tmp_path / "examples" / example.name).write_text(example.read_text() + "  output:\n    uri: ../exported\n")
     assert main(["prepare", "--sample", "digits", "--out", str(tmp_path / "data" / "digits")]) == 0
     assert main(["train", str(tmp_path / "examples" / example.name), "--out", str(tmp_path / "run"), "-q"]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["workers_final"] == 2 and summary["rejected_frames"] == 0
     assert (tmp_path / "run" / "model.pt").is_file()  # the state_dict beside model.npz
+    # The state_dict goes to output.uri with the model and the record (telemetry/record.py, NATIVE_FILES).
+    assert summary["native_model_files"] == ["model.pt"]
+    assert sorted(p.name for p in (tmp_path / "exported").iterdir()) == [
+        "metrics.jsonl", "model.npz", "model.pt", "summary.json"]
+    assert (tmp_path / "exported" / "model.pt").read_bytes() == (tmp_path / "run" / "model.pt").read_bytes()
     assert summary["validation_scores"]["accuracy"] >= 0.95, summary["validation_scores"]
     capsys.readouterr()
     assert main(["evaluate", str(tmp_path / "run" / "model.npz"), str(tmp_path / "data" / "digits")]) == 0

@@ -179,7 +179,7 @@ SPEC_SCHEMA: Schema = obj(
                 "uri": {
                     "type": "string",
                     "minLength": 1,
-                    "description": "Directory or fsspec URL (s3://...) the supervisor copies model.npz, summary.json and metrics.jsonl to; relative paths resolve like dataset.uri. Default: the run directory only (inside the supervisor pod on Kubernetes).",
+                    "description": "Directory or fsspec URL (s3://...) the supervisor copies model.npz, summary.json and metrics.jsonl to, and the model in its own library's format (a neural-net's model.pt); relative paths resolve like dataset.uri. Default: the run directory only (inside the supervisor pod on Kubernetes).",
                 },
             },
         ),
