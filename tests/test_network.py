@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -14,14 +15,18 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from mlless.cli import main  # noqa: E402
+from mlless.contract import ENV_CPU_CORES  # noqa: E402
 from mlless.data.batches import ImageBatch  # noqa: E402
 from mlless.spec.config import ModelConfig, OptimizerConfig  # noqa: E402
-from mlless.spec.models import NETWORKS  # noqa: E402
+from mlless.spec.models import BUILT_IN, FUNCTION_MEMORY, NETWORKS, model_type  # noqa: E402
 from mlless.spec.schema import pairing_errors  # noqa: E402
 from mlless.training import networks  # noqa: E402
 from mlless.training.models import build_model, load_model  # noqa: E402
 from mlless.training.models.network import torch_threads  # noqa: E402
 from mlless.training.optim import Optimizer  # noqa: E402
+
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def dims(channels: int = 1, side: int = 8, classes: int = 4) -> dict:
@@ -191,14 +196,34 @@ def test_blocked_and_admm_refuse_a_network():
 
 def test_a_worker_takes_its_share_of_the_cores():
     cores = len(os.sched_getaffinity(0))
-    assert torch_threads(1) == cores and torch_threads(cores * 4) == 1
-    assert all(1 <= torch_threads(p) <= cores for p in range(1, 9))
+    assert torch_threads(1, {}) == cores and torch_threads(cores * 4, {}) == 1
+    assert all(1 <= torch_threads(p, {}) <= cores for p in range(1, 9))
     before = torch.get_num_threads()
     try:
         net().share_cores(cores)
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_function_computes_on_the_cores_it_was_given_whatever_the_workers():
+    """On Kubernetes each worker is its own function: its CPU request (MLLESS_CPU_CORES, set by the operator), not
+    the node's cores over the job's workers."""
+    cores = len(os.sched_getaffinity(0))
+    assert torch_threads(8, {ENV_CPU_CORES: "3"}) == 3 and torch_threads(1, {ENV_CPU_CORES: str(cores + 5)}) == cores + 5
+    assert torch_threads(cores * 4, {ENV_CPU_CORES: "0"}) == 1
+    assert torch_threads(cores * 4, {ENV_CPU_CORES: " "}) == 1  # unset: the local share
+    with pytest.raises(ValueError, match=f"^{ENV_CPU_CORES}: '1.5' is not a whole number of cores$"):
+        torch_threads(1, {ENV_CPU_CORES: "1.5"})
+
+
+def test_a_network_asks_for_larger_functions_and_the_torch_extra():
+    """What the operator reads of the model type (mlless.spec.models): no part of it names the model."""
+    kind = model_type("neural-net")
+    assert kind.function_memory == "3Gi" and kind.extra == "torch"
+    assert kind.extra in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {t.function_memory for t in BUILT_IN if t.name != "neural-net"} == {FUNCTION_MEMORY}
+    assert {t.extra for t in BUILT_IN if t.name != "neural-net"} == {None}
 
 
 def test_the_digits_example_trains_a_cnn_on_two_workers(tmp_path, capsys):

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 from mlless.spec.nodes import Schema, choice, integer, integers, string
 from mlless.spec.registry import Registry
 
-__all__ = ["BUILT_IN", "LOSS_METRICS", "MODEL_TYPES", "ModelType", "OptimizerDefaults", "model_type", "register"]
+__all__ = ["BUILT_IN", "FUNCTION_MEMORY", "LOSS_METRICS", "MODEL_TYPES", "ModelType", "OptimizerDefaults", "model_type", "register"]
 
 #: How a loss sum over n samples is reported, by the metric's name: RMSE is √(sse/n), the others are means.
 LOSS_METRICS: dict[str, Callable[[float, int], float]] = {
@@ -49,6 +49,9 @@ def type_rates() -> str:
 
 PAPERS_V = 0.7
 PMF_V = 3.0
+#: Memory per worker function on Kubernetes when neither spec.function.memory nor the model type says otherwise:
+#: the papers' 2 GB functions.
+FUNCTION_MEMORY = "2Gi"
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,13 @@ class ModelType:
     #: The `spec.optimizer.type`s it trains with; None: every one. A model with an update rule of its own
     #: (`Model.own_step`) admits the one whose learning rate scales it.
     optimizers: frozenset[str] | None = None
+    #: Memory per worker function on Kubernetes when spec.function.memory is unset (a Kubernetes quantity): the
+    #: operator reads it here, so that no part of it branches on the model's name.
+    function_memory: str = FUNCTION_MEMORY
+    #: The package extra its processes import (`pip install 'mlless[EXTRA]'`, pyproject.toml); None: the core
+    #: install. On Kubernetes the job's supervisor and workers run on the image given for that extra, if any
+    #: (the operator's MLLESS_OPERATOR_EXTRA_IMAGES, the chart's operator.extraImages).
+    extra: str | None = None
 
     def __post_init__(self) -> None:
         if self.loss_metric not in LOSS_METRICS:
@@ -164,8 +174,10 @@ BUILT_IN = (
     # A PyTorch network over images (training/models/network.py, architectures in training/networks.py): Adam at
     # Kingma and Ba's 0.001, the rate the papers' networks train with; BSP, gradient averaging each step, the way
     # LambdaML found steady for MobileNet. Not convex and not made of blocks: admm and blocked do not apply.
+    # Its functions get 3 GB, what LambdaML trained MobileNet in (torch alone takes a few hundred MB of it).
     ModelType("neural-net", "a PyTorch network over images, one class a label", "images", "cross-entropy",
               OptimizerDefaults("adam", TYPE_LEARNING_RATES["adam"]), protocol="bsp", labels=frozenset({"classes"}),
+              function_memory="3Gi", extra="torch",
               fields={"network": choice("Built-in architecture (neural-net): mlp, a LeNet-style CNN, or torchvision's "
                                         "mobilenet_v3_small or resnet18 (no pretrained weights; GroupNorm for "
                                         "BatchNorm).", list(NETWORKS), default="lenet"),
@@ -190,3 +202,10 @@ register = MODEL_TYPES.register
 def model_type(name: str) -> ModelType:
     """The registered model type `name`; ValueError naming the known ones otherwise."""
     return MODEL_TYPES.named(name)
+
+
+def function_memory_defaults() -> str:
+    """spec.function.memory's default as its description gives it: `FUNCTION_MEMORY`, and the built-in types that
+    default to another."""
+    others = [f"{t.name} {t.function_memory}" for t in BUILT_IN if t.function_memory != FUNCTION_MEMORY]
+    return FUNCTION_MEMORY + (f" ({', '.join(others)})" if others else "")
