@@ -12,8 +12,13 @@
 # virtualenv, and each target copies only its virtualenv onto the slim base and runs as uid 10001. See images/README.md.
 
 # Optional extras every target adds to its own (comma-separated). `s3` (s3fs) lets pods read s3:// datasets;
-# build with --build-arg EXTRAS= for images without it.
+# build with --build-arg EXTRAS= for images without it, and with EXTRAS=s3,torch for the images that run
+# spec.model.type neural-net (the operator's extraImages).
 ARG EXTRAS=s3
+# Where the `torch` extra's torch and torchvision come from when EXTRAS holds it: empty, PyPI, whose Linux wheels are
+# built for CUDA and bring the nvidia-* libraries (a 5.5 GB virtualenv); https://download.pytorch.org/whl/cpu, the
+# CPU-only wheels (about 1 GB). See images/README.md.
+ARG TORCH_INDEX=
 
 FROM python:3.11 AS wheel
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
@@ -23,19 +28,22 @@ COPY functions ./functions
 COPY operator ./operator
 # The build isolation fetches Cython and numpy (pyproject [build-system]) and compiles the kernels.
 RUN python3 -m pip wheel --no-deps --wheel-dir /wheels .
-COPY images/install-venv.sh images/import-extensions.py /images/
+COPY images/install-venv.sh images/import-extensions.py images/extra-requirements.py /images/
 
 FROM wheel AS venv-worker
 ARG EXTRAS
-RUN /images/install-venv.sh "$EXTRAS"
+ARG TORCH_INDEX
+RUN /images/install-venv.sh "$EXTRAS" "$TORCH_INDEX"
 
 FROM wheel AS venv-operator
 ARG EXTRAS
-RUN /images/install-venv.sh "supervisor,operator,$EXTRAS"
+ARG TORCH_INDEX
+RUN /images/install-venv.sh "supervisor,operator,$EXTRAS" "$TORCH_INDEX"
 
 FROM wheel AS venv-full
 ARG EXTRAS
-RUN /images/install-venv.sh "supervisor,operator,report,$EXTRAS"
+ARG TORCH_INDEX
+RUN /images/install-venv.sh "supervisor,operator,report,$EXTRAS" "$TORCH_INDEX"
 
 FROM python:3.11-slim AS runtime
 LABEL org.opencontainers.image.title="mlless" \

@@ -68,7 +68,9 @@ VARIATIONS: dict[str, dict[str, Any]] = {
     "everything": {
         "fullnameOverride": "ml",
         "operator": {"extraEnv": [{"name": "MLLESS_OPERATOR_STATUS_INTERVAL", "value": "5"}],
-                     "defaultBackend": "pod", "workerImage": "registry.example.com/ml/mlless:0.1.1-worker", "openfaas": {"namespace": "functions", "gateway": "http://gw.openfaas:8080"},
+                     "defaultBackend": "pod", "workerImage": "registry.example.com/ml/mlless:0.1.1-worker",
+                     "extraImages": {"torch": "registry.example.com/ml/mlless:0.1.1-torch", "other": "registry.example.com:5000/x:1"},
+                     "openfaas": {"namespace": "functions", "gateway": "http://gw.openfaas:8080"},
                      "podAnnotations": {"a": "b"}, "podLabels": {"team": "ml"}, "nodeSelector": {"kubernetes.io/os": "linux"},
                      "tolerations": [{"key": "ml", "operator": "Exists", "effect": "NoSchedule"}],
                      "affinity": {"nodeAffinity": {}}, "priorityClassName": "system-cluster-critical"},
@@ -336,6 +338,8 @@ class TestValues:
             ({"fullnameOverride": "Not_A_Name"}, "/fullnameOverride"),
             ({"networkPolicy": {"enabled": "no"}}, "/networkPolicy/enabled"),
             ({"rbac": {"aggregateToDefaultRoles": "yes"}}, "/rbac/aggregateToDefaultRoles"),
+            ({"operator": {"extraImages": {"torch": "mlless:latest"}}}, "/operator/extraImages/torch"),
+            ({"operator": {"extraImages": {"torch": ""}}}, "/operator/extraImages/torch"),
         ],
         ids=lambda v: json.dumps(v) if isinstance(v, dict) else None,
     )
@@ -478,6 +482,14 @@ class TestDeployment:
         assert env["MLLESS_OPERATOR_STATUS_INTERVAL"] == "5"  # extraEnv
         assert all(name.startswith("MLLESS_OPERATOR_") for name in env)
         assert "MLLESS_OPERATOR_NAMESPACES" not in env  # all namespaces
+
+    def test_extra_images_reach_the_operator_as_it_reads_them(self, render):
+        from mlless_operator import config as operator_config
+
+        cfg = operator_config.load({e["name"]: e["value"] for e in container(render(VARIATIONS["everything"]))["env"]})
+        assert dict(cfg.extra_images) == {"torch": "registry.example.com/ml/mlless:0.1.1-torch",
+                                          "other": "registry.example.com:5000/x:1"}
+        assert "MLLESS_OPERATOR_EXTRA_IMAGES" not in {e["name"] for e in container(render())["env"]}
 
     def test_network_policy_setting_and_the_pod_it_lets_in(self, render):
         """networkPolicy.enabled reaches the operator, and so do the namespace and labels its own pod has."""

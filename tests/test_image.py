@@ -11,6 +11,8 @@ import re
 import subprocess
 import sys
 import sysconfig
+import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -148,3 +150,61 @@ def test_the_build_fails_on_a_package_without_kernels(tmp_path):
     (tmp_path / "plain_pkg" / "__init__.py").write_text("")
     result = _import_extensions("plain_pkg", path=tmp_path)
     assert result.returncode != 0 and "ships no compiled extension module" in result.stderr
+
+
+# ---- the torch variant: EXTRAS=s3,torch and TORCH_INDEX ----------------------------------------------------------
+
+EXTRA_REQUIREMENTS = IMAGES / "extra-requirements.py"
+
+
+def _build_args() -> dict[str, str]:
+    """The Dockerfile's global ARGs (before the first FROM) and their defaults."""
+    text = (ROOT / "Dockerfile").read_text()
+    head = text[:text.index("\nFROM ")]
+    return dict(re.findall(r"^ARG (\w+)=(.*)$", head, re.M))
+
+
+def test_every_venv_stage_hands_the_torch_index_to_install_venv():
+    """TORCH_INDEX is a global ARG (empty: PyPI), redeclared in each stage that runs install-venv.sh, and passed to it."""
+    assert _build_args() == {"EXTRAS": "s3", "TORCH_INDEX": ""}
+    stages = re.split(r"^FROM ", (ROOT / "Dockerfile").read_text(), flags=re.M)[1:]
+    installing = [stage for stage in stages if "install-venv.sh \"" in stage]
+    assert [stage.split()[2] for stage in installing] == ["venv-worker", "venv-operator", "venv-full"]
+    for stage in installing:
+        assert "ARG TORCH_INDEX\n" in stage and re.search(r'install-venv\.sh "[^"]*\$EXTRAS" "\$TORCH_INDEX"', stage), stage
+
+
+def test_the_images_readme_says_how_to_build_the_torch_variant():
+    readme = (IMAGES / "README.md").read_text()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "torch" in extras and "--build-arg EXTRAS=s3,torch" in readme
+    assert "--build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu" in readme
+    assert "extraImages" in readme  # how the operator finds it
+
+
+def _wheel(tmp_path: Path, extras: dict[str, list[str]]) -> Path:
+    """A wheel whose METADATA declares `extras` as setuptools writes them (`Requires-Dist: X; extra == "E"`)."""
+    lines = ["Metadata-Version: 2.1", "Name: mlless", "Version: 0.1.0", "Requires-Dist: numpy>=1.26"]
+    for extra, requirements in extras.items():
+        lines.append(f"Provides-Extra: {extra}")
+        lines += [f'Requires-Dist: {requirement}; extra == "{extra}"' for requirement in requirements]
+    path = tmp_path / "mlless-0.1.0-cp311-cp311-linux_x86_64.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("mlless-0.1.0.dist-info/METADATA", "\n".join(lines) + "\n")
+    return path
+
+
+def _extra_requirements(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(EXTRA_REQUIREMENTS), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_the_torch_index_serves_exactly_the_torch_extras_requirements(tmp_path):
+    """What install-venv.sh installs from TORCH_INDEX: pyproject.toml's torch extra, read from the wheel, nothing else."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    wheel = _wheel(tmp_path, {name: extras[name] for name in ("s3", "torch", "report")})
+    result = _extra_requirements(str(wheel), "torch")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [r.replace(" ", "") for r in extras["torch"]] and len(extras["torch"]) == 2
+    missing = _extra_requirements(str(wheel), "gpu")
+    assert missing.returncode != 0 and missing.stderr.strip().endswith("the wheel has no extra 'gpu' (it has: s3, torch, report)")
+    assert len(missing.stderr.strip().splitlines()) == 1

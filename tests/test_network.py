@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -14,14 +15,18 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from mlless.cli import main  # noqa: E402
+from mlless.contract import ENV_CPU_CORES  # noqa: E402
 from mlless.data.batches import ImageBatch  # noqa: E402
 from mlless.spec.config import ModelConfig, OptimizerConfig  # noqa: E402
-from mlless.spec.models import NETWORKS  # noqa: E402
+from mlless.spec.models import BUILT_IN, FUNCTION_MEMORY, NETWORKS, model_type  # noqa: E402
 from mlless.spec.schema import pairing_errors  # noqa: E402
 from mlless.training import networks  # noqa: E402
 from mlless.training.models import build_model, load_model  # noqa: E402
 from mlless.training.models.network import torch_threads  # noqa: E402
 from mlless.training.optim import Optimizer  # noqa: E402
+
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def dims(channels: int = 1, side: int = 8, classes: int = 4) -> dict:
@@ -197,14 +202,34 @@ def test_blocked_and_admm_refuse_a_network():
 
 def test_a_worker_takes_its_share_of_the_cores():
     cores = len(os.sched_getaffinity(0))
-    assert torch_threads(1) == cores and torch_threads(cores * 4) == 1
-    assert all(1 <= torch_threads(p) <= cores for p in range(1, 9))
+    assert torch_threads(1, {}) == cores and torch_threads(cores * 4, {}) == 1
+    assert all(1 <= torch_threads(p, {}) <= cores for p in range(1, 9))
     before = torch.get_num_threads()
     try:
         net().share_cores(cores)
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_function_computes_on_the_cores_it_was_given_whatever_the_workers():
+    """On Kubernetes each worker is its own function: its CPU request (MLLESS_CPU_CORES, set by the operator), not
+    the node's cores over the job's workers."""
+    cores = len(os.sched_getaffinity(0))
+    assert torch_threads(8, {ENV_CPU_CORES: "3"}) == 3 and torch_threads(1, {ENV_CPU_CORES: str(cores + 5)}) == cores + 5
+    assert torch_threads(cores * 4, {ENV_CPU_CORES: "0"}) == 1
+    assert torch_threads(cores * 4, {ENV_CPU_CORES: " "}) == 1  # unset: the local share
+    with pytest.raises(ValueError, match=f"^{ENV_CPU_CORES}: '1.5' is not a whole number of cores$"):
+        torch_threads(1, {ENV_CPU_CORES: "1.5"})
+
+
+def test_a_network_asks_for_larger_functions_and_the_torch_extra():
+    """What the operator reads of the model type (mlless.spec.models): no part of it names the model."""
+    kind = model_type("neural-net")
+    assert kind.function_memory == "3Gi" and kind.extra == "torch"
+    assert kind.extra in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {t.function_memory for t in BUILT_IN if t.name != "neural-net"} == {FUNCTION_MEMORY}
+    assert {t.extra for t in BUILT_IN if t.name != "neural-net"} == {None}
 
 
 def test_the_digits_example_trains_a_cnn_on_two_workers(tmp_path, capsys):
@@ -214,12 +239,18 @@ def test_the_digits_example_trains_a_cnn_on_two_workers(tmp_path, capsys):
     pytest.importorskip("sklearn")
     example = Path(__file__).resolve().parent.parent / "examples" / "digits-cnn.yaml"
     (tmp_path / "examples").mkdir()
-    (tmp_path / "examples" / example.name).write_text(example.read_text())
+    # With an output.uri, as on Kubernetes, where the run directory dies with the supervisor pod.
+    (tmp_path / "examples" / example.name).write_text(example.read_text() + "  output:\n    uri: ../exported\n")
     assert main(["prepare", "--sample", "digits", "--out", str(tmp_path / "data" / "digits")]) == 0
     assert main(["train", str(tmp_path / "examples" / example.name), "--out", str(tmp_path / "run"), "-q"]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["workers_final"] == 2 and summary["rejected_frames"] == 0
     assert (tmp_path / "run" / "model.pt").is_file()  # the state_dict beside model.npz
+    # The state_dict goes to output.uri with the model and the record (telemetry/record.py, NATIVE_FILES).
+    assert summary["native_model_files"] == ["model.pt"]
+    assert sorted(p.name for p in (tmp_path / "exported").iterdir()) == [
+        "metrics.jsonl", "model.npz", "model.pt", "summary.json"]
+    assert (tmp_path / "exported" / "model.pt").read_bytes() == (tmp_path / "run" / "model.pt").read_bytes()
     assert summary["validation_scores"]["accuracy"] >= 0.95, summary["validation_scores"]
     capsys.readouterr()
     assert main(["evaluate", str(tmp_path / "run" / "model.npz"), str(tmp_path / "data" / "digits")]) == 0

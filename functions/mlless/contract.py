@@ -89,6 +89,10 @@ ENV_PLUGINS = "MLLESS_PLUGINS"
 #: Debugging: 0 starts each local worker as a new `python -m mlless worker`, not as a fork of a warm zygote
 #: (functions/mlless/launch/zygote.py).
 ENV_ZYGOTE = "MLLESS_ZYGOTE"
+#: The cores a worker function may compute on: its CPU request, rounded up to whole cores. The operator sets it on
+#: every backend's workers (a pod's affinity shows the node's cores, not its share); a network's worker runs as many
+#: torch threads (functions/mlless/training/models/network.py, `torch_threads`).
+ENV_CPU_CORES = "MLLESS_CPU_CORES"
 #: The operator's settings are the fields of `mlless_operator.config.Config`, upper-cased, after this prefix.
 ENV_OPERATOR_PREFIX = "MLLESS_OPERATOR_"
 

@@ -23,6 +23,11 @@ class Config:
     #: Image of the workers alone when `spec.function.image` is not set; empty means `image`. The Dockerfile's
     #: `worker` target fits here: it lacks only what the supervisor and the operator need (the kubernetes client).
     worker_image: str = ""
+    #: Images of the supervisor and the workers of a job whose model type needs a package extra
+    #: (`mlless.spec.models.ModelType.extra`: neural-net's torch), by extra (`extra=image,extra=image`), when
+    #: `spec.function.image` is not set: the Dockerfile's targets built with that extra in EXTRAS. An extra not
+    #: listed runs on `image` and `worker_image`, which must then hold it.
+    extra_images: tuple[tuple[str, str], ...] = ()
     #: Image of a managed Redis when `spec.redis.image` is not set.
     redis_image: str = "redis:7.2-alpine"
     #: Image of a managed RabbitMQ when `spec.rabbitmq.image` is not set.
@@ -87,7 +92,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         try:
             if f.name == "namespaces":
                 values[f.name] = tuple(ns.strip() for ns in raw.split(",") if ns.strip())
-            elif f.name == "pod_labels":
+            elif f.name in ("pod_labels", "extra_images"):
                 values[f.name] = _labels(raw)
             elif f.type in ("bool", bool):
                 values[f.name] = _BOOLS[raw.strip().lower()]

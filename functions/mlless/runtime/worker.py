@@ -88,7 +88,7 @@ class Worker:
         self.sync = sync_strategy(job.sync)
         # MLLESS_AUDIT: the replica sums every update it computed, for the supervisor's conservation check.
         model = initial_model(job, dataset)
-        model.share_cores(job.workers)  # locally the job's workers share this machine
+        model.share_cores(job.workers)  # locally the job's workers share this machine; a function has its own cores
         self.replica = Replica(model, job.optimizer, self.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)),
                                accumulator=self.sync.accumulator(model.params))
         self.feed = self.sync.feed(dataset, job.seed, job.workers, rank)

@@ -19,7 +19,8 @@ from typing import Any, Callable, Mapping
 from mlless.spec.nodes import Schema, boolean, choice, integer, integers, obj, string
 from mlless.spec.registry import Registry
 
-__all__ = ["ADAMW_WEIGHT_DECAY", "BUILT_IN", "LOSS_METRICS", "MODEL_TYPES", "ModelType", "OptimizerDefaults", "model_type", "register"]
+__all__ = ["ADAMW_WEIGHT_DECAY", "BUILT_IN", "FUNCTION_MEMORY", "LOSS_METRICS", "MODEL_TYPES", "ModelType", "OptimizerDefaults",
+           "model_type", "register"]
 
 #: How a loss sum over n samples is reported, by the metric's name: RMSE is √(sse/n), the others are means.
 LOSS_METRICS: dict[str, Callable[[float, int], float]] = {
@@ -53,6 +54,9 @@ def type_rates() -> str:
 
 PAPERS_V = 0.7
 PMF_V = 3.0
+#: Memory per worker function on Kubernetes when neither spec.function.memory nor the model type says otherwise:
+#: the papers' 2 GB functions.
+FUNCTION_MEMORY = "2Gi"
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,13 @@ class ModelType:
     #: Modules its workers import that take seconds (torch and torchvision: 3-8 s on this 2-core machine), which a
     #: local job's zygote imports once before it forks the workers (launch/zygote.py), instead of each worker.
     imports: tuple[str, ...] = ()
+    #: Memory per worker function on Kubernetes when spec.function.memory is unset (a Kubernetes quantity): the
+    #: operator reads it here, so that no part of it branches on the model's name.
+    function_memory: str = FUNCTION_MEMORY
+    #: The package extra its processes import (`pip install 'mlless[EXTRA]'`, pyproject.toml); None: the core
+    #: install. On Kubernetes the job's supervisor and workers run on the image given for that extra, if any
+    #: (the operator's MLLESS_OPERATOR_EXTRA_IMAGES, the chart's operator.extraImages).
+    extra: str | None = None
 
     def __post_init__(self) -> None:
         if self.loss_metric not in LOSS_METRICS:
@@ -156,6 +167,8 @@ NETWORK_FIELDS: Mapping[str, Schema] = {
 }
 #: The network types' optimizer (the comment in `BUILT_IN` says why).
 NETWORK_OPTIMIZER = OptimizerDefaults("adam", TYPE_LEARNING_RATES["adam"])
+#: The network types' functions get 3 GB, what LambdaML trained MobileNet in (torch alone takes a few hundred MB).
+NETWORK_MEMORY = "3Gi"
 #: What the network types' workers import (`ModelType.imports`).
 NETWORK_IMPORTS = ("torch", "torchvision.models")
 
@@ -202,12 +215,14 @@ BUILT_IN = (
     # of blocks: admm and blocked do not apply.
     ModelType("neural-net", "a PyTorch network over images, one class a label", "images", "cross-entropy",
               NETWORK_OPTIMIZER, protocol="gradient-averaging", traits=frozenset({"gradients"}),
-              labels=frozenset({"classes"}), fields=NETWORK_FIELDS, imports=NETWORK_IMPORTS),
+              labels=frozenset({"classes"}), fields=NETWORK_FIELDS, imports=NETWORK_IMPORTS,
+              function_memory=NETWORK_MEMORY, extra="torch"),
     # The same networks with one output and the squared error, as linear-regression is to logistic-regression
     # (training/models/network.py, `NeuralNetRegression`): its own type, since a type reports one loss metric.
     ModelType("neural-net-regression", "a PyTorch network over images, one real target a label", "images", "rmse",
               NETWORK_OPTIMIZER, protocol="gradient-averaging", traits=frozenset({"gradients"}),
-              labels=frozenset({"real"}), fields=NETWORK_FIELDS, imports=NETWORK_IMPORTS),
+              labels=frozenset({"real"}), fields=NETWORK_FIELDS, imports=NETWORK_IMPORTS,
+              function_memory=NETWORK_MEMORY, extra="torch"),
 )
 
 #: Every registered model type by name: the built-ins, and those registered outside the package.
@@ -223,3 +238,10 @@ register = MODEL_TYPES.register
 def model_type(name: str) -> ModelType:
     """The registered model type `name`; ValueError naming the known ones otherwise."""
     return MODEL_TYPES.named(name)
+
+
+def function_memory_defaults() -> str:
+    """spec.function.memory's default as its description gives it: `FUNCTION_MEMORY`, and the built-in types that
+    default to another."""
+    others = [f"{t.name} {t.function_memory}" for t in BUILT_IN if t.function_memory != FUNCTION_MEMORY]
+    return FUNCTION_MEMORY + (f" ({', '.join(others)})" if others else "")

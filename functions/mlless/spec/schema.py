@@ -160,7 +160,7 @@ SPEC_SCHEMA: Schema = obj(
                 "uri": {
                     "type": "string",
                     "minLength": 1,
-                    "description": "Directory or fsspec URL (s3://...) the supervisor copies model.npz, summary.json and metrics.jsonl to; relative paths resolve like dataset.uri. Default: the run directory only (inside the supervisor pod on Kubernetes).",
+                    "description": "Directory or fsspec URL (s3://...) the supervisor copies model.npz, summary.json and metrics.jsonl to, and the model in its own library's format (a neural-net's model.pt); relative paths resolve like dataset.uri. Default: the run directory only (inside the supervisor pod on Kubernetes).",
                 },
             },
         ),
@@ -307,9 +307,13 @@ CLUSTER_SPEC: dict[str, Schema] = {
         {
             "backend": string("Function platform; the operator falls back to pod when the chosen CRD is not served.",
                               ["knative", "openfaas", "pod"]),
-            "image": string("Worker image (default: the chart's image)."),
-            "memory": string("Memory per function, e.g. 2Gi."),
-            "cpu": string("CPU per function, e.g. 1."),
+            "image": string("Image of the workers and the supervisor. Default: the chart's image, or its "
+                            "operator.extraImages entry for the package extra the model type needs ("
+                            + ", ".join(f"{t.name} {t.extra}" for t in models.BUILT_IN if t.extra) + ")."),
+            "memory": string(f"Memory per function, e.g. 2Gi. Default: the model type's, "
+                             f"{models.function_memory_defaults()}."),
+            "cpu": string("CPU per function, e.g. 1 (the request; a network's worker computes on as many "
+                          "torch threads, rounded up)."),
             "timeoutSeconds": integer("Invocation time limit; a worker checkpoints and is re-invoked before it.", 1),
             "env": {
                 "type": "array",

@@ -16,6 +16,9 @@ from mlless.telemetry.rows import StepRow
 
 #: What `export` copies: everything `mlless report` and `mlless evaluate` need.
 EXPORTED = ("model.npz", "summary.json", "metrics.jsonl")
+#: The summary's list of the files the model was also saved as in its own library's format, beside model.npz
+#: (`Model.save_native`: a network's model.pt); `export` copies them too.
+NATIVE_FILES = "native_model_files"
 #: The job's newest status in the run directory (`RunRecord.status`).
 STATUS_FILE = "status.json"
 
@@ -73,8 +76,20 @@ class RunRecord:
         temporary.write_text(json.dumps(status, indent=2, allow_nan=False) + "\n")
         os.replace(temporary, path)
 
+    def exported(self) -> list[str]:
+        """The names `export` copies that the run directory holds: `EXPORTED`, and the model's native files that
+        summary.json lists (`NATIVE_FILES`)."""
+        names = list(EXPORTED)
+        summary = self.run_dir / "summary.json"
+        if summary.exists():
+            native = json.loads(summary.read_text()).get(NATIVE_FILES) or []
+            # A name is a file beside model.npz, never a path out of the run directory.
+            names += [name for name in native if name == Path(name).name and name not in names]
+        return [name for name in names if (self.run_dir / name).is_file()]
+
     def export(self, uri: str) -> str:
-        """Copy the model and the record to `uri` (a directory or fsspec URL); returns the model's URI there.
+        """Copy the model, in every format it was saved in, and the record to `uri` (a directory or fsspec URL);
+        returns the model's URI there.
 
         On Kubernetes the run directory dies with the supervisor pod; this is what outlives it.
         """
@@ -82,9 +97,8 @@ class RunRecord:
             self._metrics.flush()
         fs, root = fsspec.core.url_to_fs(uri)
         fs.makedirs(root, exist_ok=True)
-        for name in EXPORTED:
-            if (self.run_dir / name).exists():
-                fs.put_file(str(self.run_dir / name), f"{root.rstrip('/')}/{name}")
+        for name in self.exported():
+            fs.put_file(str(self.run_dir / name), f"{root.rstrip('/')}/{name}")
         return f"{uri.rstrip('/')}/model.npz"
 
     def close(self) -> None:

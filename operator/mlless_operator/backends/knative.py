@@ -9,7 +9,7 @@ from mlless_operator.builders.credentials import WORKERS_IDENTITY_KEY, ca_mounts
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import child_name, labels, metadata
 from mlless_operator.builders.podspec import container_security_context, pod_security_context
-from mlless_operator.builders.runtime import TMP_VOLUME, common_env, function_resources, identity_env, invoke_token_env, user_env
+from mlless_operator.builders.runtime import TMP_VOLUME, common_env, cores_env, function_resources, identity_env, invoke_token_env, user_env
 from mlless_operator.kubeapi import KubeAPI
 
 API_VERSION = "serving.knative.dev/v1"
@@ -37,6 +37,7 @@ def build_knative_service(job: JobRef) -> Manifest:
     env = [
         *common_env(job),
         {"name": ENV_FUNCTION_TIMEOUT_SECONDS, "value": str(job.timeout_seconds)},
+        cores_env(job),
         invoke_token_env(job),
         identity_env(job, WORKERS_IDENTITY_KEY),  # any replica serves any rank: docs/kubernetes.md, "Security"
         *service_env(job),

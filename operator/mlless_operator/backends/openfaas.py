@@ -11,6 +11,7 @@ from mlless.contract import (
     ANNOTATION_OWNER,
     ANNOTATION_OWNER_UID,
     CA_FILE_VARS,
+    ENV_CPU_CORES,
     ENV_FUNCTION_TIMEOUT_SECONDS,
     ENV_JOB_ID,
     ENV_SECRETS_DIR,
@@ -20,7 +21,7 @@ from mlless_operator.backends.base import Backend, PodSelector, Session, ensure_
 from mlless_operator.builders.credentials import AMQP_URL_KEY, INVOKE_TOKEN_KEY, REDIS_URL_KEY, WORKERS_IDENTITY_KEY, b64, ca_refs
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import dns_name, labels, secret_name, selector_labels
-from mlless_operator.builders.runtime import function_resources, user_env
+from mlless_operator.builders.runtime import function_cores, function_resources, user_env
 from mlless_operator.kubeapi import KubeAPI
 from mlless_operator.reconcile.service_urls import external_url, referenced, secret_value
 
@@ -80,6 +81,7 @@ def build_openfaas_function(job: JobRef) -> Manifest:
             "environment": {
                 ENV_JOB_ID: job.job_id,
                 ENV_FUNCTION_TIMEOUT_SECONDS: str(job.timeout_seconds),
+                ENV_CPU_CORES: str(function_cores(job)),
                 # OpenFaaS has no secretKeyRef: the service URLs, and CA bundles, are files under this directory.
                 ENV_SECRETS_DIR: OPENFAAS_SECRETS_DIR,
                 **{CA_FILE_VARS[service]: f"{OPENFAAS_SECRETS_DIR}/{CA_KEYS[service]}" for service, _ in ca_refs(job)},

@@ -16,7 +16,7 @@ from mlless_operator.builders.jobfile import JOB_FILE
 from mlless_operator.builders.jobref import JobRef, Manifest
 from mlless_operator.builders.names import dns_name, metadata, selector_labels
 from mlless_operator.builders.podspec import container_security_context, pod_security_context
-from mlless_operator.builders.runtime import JOB_VOLUME, TMP_VOLUME, common_env, function_resources, identity_env, runtime_volumes, user_env
+from mlless_operator.builders.runtime import JOB_VOLUME, TMP_VOLUME, common_env, cores_env, function_resources, identity_env, runtime_volumes, user_env
 from mlless_operator.kubeapi import KubeAPI
 from mlless_operator.ranks import plan_pod_scale, pod_rank, removed_ranks
 from mlless_operator.reconcile import identities
@@ -32,6 +32,7 @@ def build_worker_pod(job: JobRef, rank: int) -> Manifest:
         {"name": ENV_JOB_FILE, "value": JOB_FILE},
         *common_env(job),
         {"name": ENV_RANK, "value": str(rank)},
+        cores_env(job),
         identity_env(job, rank_identity_key(rank)),  # its own, and no other rank's
         *service_env(job),
         *user_env(job),

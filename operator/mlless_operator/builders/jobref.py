@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from mlless.spec.models import MODEL_TYPES, ModelType
 from mlless.spec.schema import default
 from mlless_operator.config import Config
 
@@ -51,13 +52,26 @@ class JobRef:
         return self.spec.get("function") or {}
 
     @property
+    def model_type(self) -> ModelType | None:
+        """spec.model.type's registered type; None for a name this process has not registered (the CRD admits only
+        the built-in ones, and the operator loads no plugins): the defaults of every model apply to it."""
+        name = (self.spec.get("model") or {}).get("type")
+        return MODEL_TYPES.named(name) if name in MODEL_TYPES else None
+
+    @property
+    def extra_image(self) -> str:
+        """The operator's image for the package extra the model type needs (Config.extra_images); "" if none."""
+        extra = self.model_type.extra if self.model_type is not None else None
+        return dict(self.config.extra_images).get(extra, "") if extra else ""
+
+    @property
     def image(self) -> str:
-        """The supervisor's image."""
-        return self.function.get("image") or self.config.image
+        """The supervisor's image: it builds the model too (to evaluate it), so it needs the model's extra."""
+        return self.function.get("image") or self.extra_image or self.config.image
 
     @property
     def worker_image(self) -> str:
-        return self.function.get("image") or self.config.worker_image or self.config.image
+        return self.function.get("image") or self.extra_image or self.config.worker_image or self.config.image
 
     @property
     def timeout_seconds(self) -> int:

@@ -17,6 +17,7 @@ from mlless_operator import metrics
 from mlless_operator.backends import choose_backend, known, served_backends
 from mlless_operator.builders.jobref import JobRef
 from mlless_operator.builders.names import worker_selector
+from mlless_operator.builders.runtime import quantity_errors
 from mlless_operator.conditions import is_invalid, now, set_condition
 from mlless_operator.config import Config
 from mlless_operator.kubeapi import KubeAPI
@@ -35,6 +36,9 @@ def spec_error(body: Mapping[str, Any]) -> str | None:
         lines = [line.strip() for line in str(exc).splitlines()[1:] if line.strip()]
         return "; ".join(lines) or str(exc)
     spec = manifest["spec"]
+    errors = quantity_errors(spec.get("function") or {})
+    if errors:
+        return "; ".join(errors)
     for field_path, uri in (("spec.dataset.uri", (spec.get("dataset") or {}).get("uri")), ("spec.output.uri", (spec.get("output") or {}).get("uri"))):
         # `mlless train` resolves these against the manifest's folder; a pod has no such folder.
         if uri and "://" not in uri and not uri.startswith("/"):

@@ -15,7 +15,7 @@ from mlless.spec import TrainingJob
 from mlless.telemetry.cost import CostBreakdown, job_cost, perf_per_dollar
 from mlless.training.warm_start import started_from
 from mlless.telemetry.metrics import SupervisorMetrics
-from mlless.telemetry.record import RunRecord
+from mlless.telemetry.record import NATIVE_FILES, RunRecord
 from mlless.telemetry.rows import StepRow
 
 
@@ -241,4 +241,5 @@ class Accounting:
             "autoscaler": autoscaler,
             "scaling_events": scaling_events,
             "model_path": str(final.model_path) if final.model_path else None,
+            NATIVE_FILES: list(final.native_files),
         }

@@ -46,6 +46,8 @@ class FinalModel:
     model_path: Path | None
     #: The handed-back model's figures on the validation split besides its loss (`Model.scores`).
     scores: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: The files `Model.save_native` wrote beside model_path (a network's model.pt).
+    native_files: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -213,10 +215,11 @@ class Evaluation:
         if best is not None and not (final_loss is not None and final_loss <= best.loss):
             self.model.params[:] = best.params
             validation_loss, model_step = best.loss, best.step
-        scores = {}
+        scores: dict[str, float] = {}
+        native: list[str] = []
         if validation_loss is not None:
             model_path = run_dir / "model.npz"
             self.model.save(model_path, {"job": self.job.name, "job_id": job_id, "steps": model_step})
-            self.model.save_native(run_dir)
+            native = self.model.save_native(run_dir)
             scores = self.model.scores(self.validation_batch)
-        return FinalModel(validation_loss, final_loss, model_step, best, spread, model_path, scores)
+        return FinalModel(validation_loss, final_loss, model_step, best, spread, model_path, scores, native)

@@ -71,8 +71,9 @@ class Model(ABC):
         on every worker and the supervisor for one `seed`. Nothing by default."""
 
     def share_cores(self, workers: int) -> None:
-        """Compute on this process's share of the machine's cores, `workers` replicas training on it at once (a
-        network's torch threads); nothing by default."""
+        """Compute on this process's share of the machine's cores, `workers` replicas training on it at once, or on
+        the cores its function was given (`mlless.contract.ENV_CPU_CORES`) (a network's torch threads); nothing by
+        default."""
 
     @property
     def weight_decay(self) -> float:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 import numpy as np
 
+from mlless.contract import ENV_CPU_CORES
 from mlless.data.batches import Batch, ImageBatch
 from mlless.spec.config import ModelConfig
 from mlless.spec.models import model_type
@@ -43,8 +44,18 @@ DIMS = ("channels", "height", "width", "n_classes", "pixel_mean", "pixel_std")
 REGRESSION_DIMS = ("channels", "height", "width", "label_mean", "label_std", "pixel_mean", "pixel_std")
 
 
-def torch_threads(workers: int) -> int:
-    """A worker's torch threads when `workers` replicas share this machine's cores: its share, at least 1."""
+def torch_threads(workers: int, env: Mapping[str, str] | None = None) -> int:
+    """A worker's torch threads: the cores its function was given (`ENV_CPU_CORES`, set by the operator from the
+    CPU request), else, when `workers` replicas share this machine's cores, its share; at least 1.
+
+    In a pod the affinity lists the node's cores, which the pods on it share by their requests: the request is the
+    share (more threads than that would contend with the neighbours, or be throttled under a CPU limit)."""
+    given = (os.environ if env is None else env).get(ENV_CPU_CORES, "").strip()
+    if given:
+        try:
+            return max(1, int(given))
+        except ValueError:
+            raise ValueError(f"{ENV_CPU_CORES}: {given!r} is not a whole number of cores") from None
     return max(1, len(os.sched_getaffinity(0)) // max(1, workers))
 
 
@@ -67,7 +78,7 @@ class NeuralNet(Model):
             import torch
         except ImportError:
             raise ImportError(f"spec.model.type {self.kind} needs torch and torchvision: "
-                              "pip install 'mlless[torch]'") from None
+                              f"pip install 'mlless[{self.type.extra}]'") from None
 
         from mlless.training import networks
 
