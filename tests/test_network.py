@@ -225,11 +225,12 @@ def test_a_function_computes_on_the_cores_it_was_given_whatever_the_workers():
 
 def test_a_network_asks_for_larger_functions_and_the_torch_extra():
     """What the operator reads of the model type (mlless.spec.models): no part of it names the model."""
-    kind = model_type("neural-net")
-    assert kind.function_memory == "3Gi" and kind.extra == "torch"
-    assert kind.extra in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert {t.function_memory for t in BUILT_IN if t.name != "neural-net"} == {FUNCTION_MEMORY}
-    assert {t.extra for t in BUILT_IN if t.name != "neural-net"} == {None}
+    networks = ("neural-net", "neural-net-regression")
+    for kind in map(model_type, networks):
+        assert kind.function_memory == "3Gi" and kind.extra == "torch"
+        assert kind.extra in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {t.function_memory for t in BUILT_IN if t.name not in networks} == {FUNCTION_MEMORY}
+    assert {t.extra for t in BUILT_IN if t.name not in networks} == {None}
 
 
 def test_the_digits_example_trains_a_cnn_on_two_workers(tmp_path, capsys):
