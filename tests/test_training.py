@@ -167,7 +167,10 @@ NETWORK = {"type": "neural-net", "network": "mlp", "hiddenSizes": [32]}
 
 @pytest.mark.parametrize("model", ["pmf", "network"])
 def test_killed_worker_is_dropped_and_job_completes(request, tmp_path, redis_url, amqp_url, model):
+    seen = []
+
     def kill_worker_1(supervisor, launcher):
+        seen.append(supervisor)
         _when_step(supervisor, 10)
         os.kill(launcher.pid(1), signal.SIGKILL)
 
@@ -199,6 +202,11 @@ def test_killed_worker_is_dropped_and_job_completes(request, tmp_path, redis_url
     at_kill = [r["validation_loss"] for r in rows if r["step"] <= 10 and r["validation_loss"] is not None]
     assert at_kill and summary["final_validation_loss"] < at_kill[-1] - 0.2, (at_kill, summary["final_validation_loss"])
     assert summary["validation_scores"]["accuracy"] > 0.6  # chance is 0.1
+    # What a suspend or a Ctrl-C would have the job resume from: the final replicas' model, and the Adam state they
+    # share, which took one step per step closed.
+    [supervisor] = seen
+    checkpoint = supervisor.evaluation.final_checkpoint(summary["steps"], supervisor.cursor)
+    assert checkpoint.optimizer is not None and int(checkpoint.optimizer["t"][0]) == summary["steps"]
 
 
 def test_stalled_worker_is_dropped_after_timeout(movielens_dir, tmp_path, redis_url, amqp_url):
