@@ -171,8 +171,10 @@ class Worker:
             raise RuntimeError("the job's suspend checkpoint is not a valid model")
         try:  # with the optimizer state the job's replicas share, if they share one (`SyncStrategy.share_optimizer`)
             self.replica.restore(checkpoint.arrays)
-        except ValueError as exc:
-            raise RuntimeError(f"the job's checkpoint: {exc}") from None
+        except ValueError as exc:  # another optimizer's (a suspended job's spec changed): every worker starts afresh
+            log.warning("worker %d: the job's checkpoint: %s; the optimizer starts afresh", self.rank, exc)
+            plain = {k: v for k, v in checkpoint.arrays.items() if not k.startswith(layouts.OPTIMIZER_PREFIX)}
+            self.replica.restore(plain)
 
     def resume(self) -> None:
         """Continue from the checkpoint the previous invocation of this rank wrote."""
