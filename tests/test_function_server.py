@@ -17,17 +17,19 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import NamedTuple
 
 import pytest
 
 from mlless.launch.launcher import HttpLauncher
-from mlless.runtime.local import new_job_id
+from mlless.runtime.local import Services, new_job_id, train_local
 from mlless.progress import Progress
 from mlless.runtime.supervisor.loop import Supervisor
+from mlless.spec import TrainingJob
 from mlless.transport import TransportError, connect
 from mlless.transport.credentials import invoke_token, service_urls
 
-from test_training import read_metrics, job_for
+from test_training import NETWORK, QUIET, read_metrics, job_for
 
 pytestmark = pytest.mark.slow
 
@@ -85,31 +87,60 @@ def server_address(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-@pytest.mark.parametrize("protocol", ["bsp", "isp"])
-def test_invocations_checkpoint_at_their_deadline_and_resume_exactly(function_server, movielens_dir, tmp_path, redis_url, amqp_url, monkeypatch, protocol):
+class DeadlineCase(NamedTuple):
+    """A job whose invocations reach their deadline: its dataset (a fixture's name) and other fields, the function
+    timeout, the invocations each rank gets, and the steps the job trains, before the test stops it."""
+
+    dataset: str
+    spec: dict
+    timeout: float
+    invocations: int
+    steps: int = 0
+
+
+DEADLINE_CASES = {
+    "bsp": DeadlineCase("movielens_dir", {}, 8, 4),
+    "isp": DeadlineCase("movielens_dir", {}, 8, 4),
+    # A network's worker imports PyTorch at every invocation: seconds of its deadline, most of it on a loaded machine.
+    "gradient-averaging": DeadlineCase("digits_dir", {"workers": 2, "model": NETWORK}, 20, 2, steps=60),
+}
+
+
+@pytest.mark.parametrize("protocol", list(DEADLINE_CASES))
+def test_invocations_checkpoint_at_their_deadline_and_resume_exactly(function_server, request, tmp_path, redis_url, amqp_url, monkeypatch, protocol):
     url, job_id, _ = function_server
     monkeypatch.setenv("MLLESS_AUDIT", "1")
-    job = job_for(movielens_dir, sync={"protocol": protocol}, stop={"maxEpochs": 1000})
-    # An 8 s function timeout leaves each invocation a 3 s deadline: every rank is invoked again and again.
-    launcher = HttpLauncher(url, job, job_id, timeout_seconds=8, token=TOKEN)
+    case = DEADLINE_CASES[protocol]
+    if protocol == "gradient-averaging":
+        pytest.importorskip("torch")
+
+    def job_until(stop: dict) -> TrainingJob:
+        return job_for(request.getfixturevalue(case.dataset), sync={"protocol": protocol}, stop=stop, **case.spec)
+
+    job = job_until({"maxEpochs": 1000})
+    # An 8 s function timeout leaves each invocation a 3 s deadline (20 s, 15 s): every rank is invoked again and again.
+    launcher = HttpLauncher(url, job, job_id, timeout_seconds=case.timeout, token=TOKEN)
     transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)
     supervisor = Supervisor(job, job_id, transport, launcher, tmp_path, Progress(enabled=False))
 
-    def stop_after_three_invocations_each() -> None:
+    def stop_once_every_rank_was_invoked_again() -> None:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not (len(launcher.invocations) == 3 and min(launcher.invocations.values()) >= 3):
+        while time.monotonic() < deadline and not (len(launcher.invocations) == job.workers
+                                                   and min(launcher.invocations.values()) >= case.invocations - 1
+                                                   and supervisor.closed >= case.steps):
             time.sleep(0.1)
         supervisor.request_stop("test done")
 
-    threading.Thread(target=stop_after_three_invocations_each, daemon=True).start()
+    threading.Thread(target=stop_once_every_rank_was_invoked_again, daemon=True).start()
     try:
         summary = supervisor.run()
     finally:
         transport.close()
 
     assert summary["stop_reason"] == "test done", summary
-    assert summary["dropped_workers"] == [] and summary["workers_final"] == 3
-    assert all(n >= 4 for n in launcher.invocations.values()), launcher.invocations  # 3 checkpoints, then the end
+    assert summary["dropped_workers"] == [] and summary["workers_final"] == job.workers
+    # Checkpointed at each deadline, then the end.
+    assert all(n >= case.invocations for n in launcher.invocations.values()), launcher.invocations
     assert {r["status"] for r in launcher.results.values()} == {"finished"}
     assert summary["audit"]["checked"] and summary["audit"]["max_error"] < 1e-4, summary["audit"]
     if protocol == "bsp":
@@ -118,6 +149,14 @@ def test_invocations_checkpoint_at_their_deadline_and_resume_exactly(function_se
     # 9 an isp run ended at 0.971 against the 0.95 this once asked), so the bound is its own first evaluation.
     scored = [row["validation_loss"] for row in read_metrics(tmp_path) if row["validation_loss"] is not None]
     assert len(scored) >= 2 and summary["validation_loss"] < scored[0] - 0.01, scored
+    if protocol == "gradient-averaging":
+        # Each checkpoint held the worker's Adam moments and step count, and each resumed worker the batches at its
+        # place: the replicas equal to the last bit, and the very model an uninterrupted run of as many steps ends on.
+        assert summary["replica_spread"] == 0.0
+        uninterrupted = train_local(job_until({"maxSteps": summary["steps"]}), tmp_path / "uninterrupted",
+                                    Services(redis_url, amqp_url), QUIET)
+        assert uninterrupted["steps"] == summary["steps"]
+        assert summary["final_validation_loss"] == uninterrupted["final_validation_loss"]
 
 
 def test_malformed_invocations_get_an_error_naming_the_field(function_server, movielens_dir):

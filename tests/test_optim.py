@@ -112,6 +112,12 @@ def test_state_roundtrip_continues_identically():
     np.testing.assert_array_equal(a.step(xa, idx, g), b.step(xb, idx, g))
     with pytest.raises(ValueError):
         b.load_state({"m": np.zeros(3, np.float32), "v": np.zeros(SIZE, np.float32), "t": np.array([1])})
+    # All or nothing: a state that does not fit changes nothing (a worker then starts the optimizer afresh from a job
+    # checkpoint another optimizer's replicas left, `Worker.start_from_job_checkpoint`).
+    before = b.state()
+    with pytest.raises(ValueError, match="'v'"):
+        b.load_state({"m": np.ones(SIZE, np.float32), "v": np.ones(3, np.float32), "t": np.array([9])})
+    assert b.t == int(before["t"][0]) and all(np.array_equal(b.state()[k], before[k]) for k in ("m", "v"))
 
 
 def test_bad_inputs_and_configs():

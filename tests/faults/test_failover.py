@@ -22,6 +22,7 @@ import yaml
 
 from mlless.contract import STOP_INTERRUPTED, STOP_MAX_STEPS
 from mlless.protocol import keys, layouts
+from mlless.protocol.framing import decode
 from mlless.runtime.local import new_job_id
 from mlless.runtime.supervisor.failover import (
     CHECKPOINT_FILE, STATE_FILE, Checkpoint, JobState,
@@ -39,10 +40,11 @@ STEPS = 400
 KILL_AT = 150
 
 
-def manifest(tmp_path: Path, dataset: Path, name: str, steps: int = STEPS) -> Path:
+def manifest(tmp_path: Path, dataset: Path, name: str, steps: int = STEPS, **spec: object) -> Path:
+    """A two-worker PMF job under BSP, or what `spec` sets instead."""
     spec = {"workers": 2, "model": {"type": "pmf"}, "sync": {"protocol": "bsp"},
             "dataset": {"uri": str(dataset), "cacheBatches": True}, "stop": {"maxSteps": steps},
-            "evaluation": {"everySteps": 10}}
+            "evaluation": {"everySteps": 10}, **spec}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob",
                                     "metadata": {"name": name}, "spec": spec}))
@@ -84,15 +86,16 @@ def summary_of(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def assert_whole_job(run_dir: Path, reference: dict, gaps_allowed: int) -> dict:
-    """The resumed job's record covers every step once, and its model is as good as the uninterrupted one's."""
+def assert_whole_job(run_dir: Path, reference: dict, gaps_allowed: int, total: int = STEPS) -> dict:
+    """The resumed job's record covers every one of its `total` steps once, and its model is as good as the
+    uninterrupted one's."""
     summary = summary_of(run_dir)
-    assert summary["stop_reason"] == STOP_MAX_STEPS and summary["steps"] == STEPS
+    assert summary["stop_reason"] == STOP_MAX_STEPS and summary["steps"] == total
     steps = [r["step"] for r in read_metrics(run_dir)]
-    assert steps == sorted(set(steps)) and steps[-1] == STEPS
+    assert steps == sorted(set(steps)) and steps[-1] == total
     # Resumed from survivors, the rows of the steps closed since the last row written are missing (a row waits for
     # the next step's barrier timings, so the newest one or two rows die with a killed supervisor).
-    assert len(steps) >= STEPS - gaps_allowed
+    assert len(steps) >= total - gaps_allowed
     assert abs(summary["validation_loss"] - reference["validation_loss"]) < 0.01
     assert summary["replica_spread"] < 1e-4  # BSP: the replicas agree, as in an undisturbed run
     for name in (STATE_FILE, CHECKPOINT_FILE, "issuer"):  # nothing is left to resume
@@ -128,6 +131,56 @@ def test_a_killed_supervisor_is_resumed_from_its_surviving_workers(movielens_dir
     queues = subprocess.run(["rabbitmqctl", "list_queues", "--quiet", "--no-table-headers", "name"],
                             capture_output=True, text=True).stdout
     assert summary["job_id"] not in queues
+
+
+NETWORK_STEPS = 150
+
+
+def network_manifest(tmp_path: Path, dataset: Path, name: str) -> Path:
+    """A small network on the digits, under gradient averaging with Adam (the neural-net defaults)."""
+    return manifest(tmp_path, dataset, name, NETWORK_STEPS, sync={"protocol": "gradient-averaging"},
+                    model={"type": "neural-net", "network": "mlp", "hiddenSizes": [32]})
+
+
+@pytest.fixture(scope="module")
+def network_reference(digits_dir, tmp_path_factory) -> dict:
+    """The network's job, uninterrupted."""
+    pytest.importorskip("torch")
+    tmp = tmp_path_factory.mktemp("network-reference")
+    finish(train(network_manifest(tmp, digits_dir, "reference"), tmp / "run"))
+    return summary_of(tmp / "run")
+
+
+def test_a_killed_supervisor_of_a_network_resumes_exactly_from_its_surviving_workers(
+        digits_dir, tmp_path, network_reference, redis_url, amqp_url, audit):
+    """Gradient averaging's replicas step one Adam state: the job checkpoint carries it (its moments and step count),
+    and the resumed job's first step trains the batches at its cursor, so the job ends on the very parameters an
+    uninterrupted run ends on. Before, the resumed workers started Adam afresh, and their first step trained the
+    job's first batches again."""
+    services = ("--redis-url", redis_url, "--amqp-url", amqp_url)
+    job, run_dir = network_manifest(tmp_path, digits_dir, "killed"), tmp_path / "run"
+    workers = kill_at(train(job, run_dir, *services), run_dir, 50)
+    before = read_metrics(run_dir)
+    # The killed supervisor's newest checkpoint (of an evaluated snapshot) holds the optimizer's state at its step:
+    # Adam took one step per closed step.
+    checkpoint = decode((run_dir / CHECKPOINT_FILE).read_bytes())
+    state, params = layouts.optimizer_state(checkpoint.arrays), checkpoint.arrays[layouts.PARAMS]
+    assert sorted(state) == ["m", "t", "v"] and int(state["t"][0]) == checkpoint.step > 0
+    assert state["m"].shape == state["v"].shape == params.shape and np.all(state["v"] >= 0) and state["v"].max() > 0
+    finish(train(job, run_dir, "--resume", *services))
+    assert not any(alive(w) for w in workers)
+    summary = assert_whole_job(run_dir, network_reference, gaps_allowed=2, total=NETWORK_STEPS)
+    [takeover] = summary["takeovers"]
+    assert takeover["from"] == "replicas of 2 surviving workers" and 50 <= takeover["step"] < NETWORK_STEPS
+    assert summary["replica_spread"] == 0.0
+    # Exactly the uninterrupted run's model: the final replicas' loss to the last bit.
+    assert summary["final_validation_loss"] == network_reference["final_validation_loss"]
+    # MLLESS_AUDIT: the final replicas are the model the resumed workers started from plus every step since, once.
+    assert summary["audit"]["checked"] and summary["audit"]["max_error"] < 1e-5, summary["audit"]
+    # It kept learning after the kill.
+    at_kill = [r["validation_loss"] for r in before if r["validation_loss"] is not None][-1]
+    assert summary["final_validation_loss"] < at_kill - 0.1, (at_kill, summary["final_validation_loss"])
+    assert job_keys(redis_url, summary["job_id"]) == []
 
 
 def test_a_killed_supervisor_is_resumed_from_its_checkpoint_on_the_embedded_transport(movielens_dir, tmp_path, reference):
@@ -234,12 +287,20 @@ def test_job_state_round_trips_and_rejects_what_it_did_not_write():
             JobState.from_json(json.dumps(raw | {name: value}).encode())
 
 
-def test_a_checkpoint_carries_the_position_and_the_best_snapshot():
+def test_a_checkpoint_carries_the_position_the_best_snapshot_and_a_shared_optimizer_state():
     params, best = np.arange(6, dtype=np.float32), np.ones(6, np.float32)
     checkpoint = Checkpoint(12, 30, params, Best(8, 0.5, best))
     read = Checkpoint.read(checkpoint.frame(), params)
     assert (read.steps, read.cursor, read.best.step, read.best.loss) == (12, 30, 8, 0.5)
     assert np.array_equal(read.params, params) and np.array_equal(read.best.params, best)
+    assert read.optimizer is None
+    # Gradient averaging's replicas share one Adam state: a worker of the resumed job starts from it.
+    adam = {"m": np.full(6, 0.25, np.float32), "v": np.full(6, 0.5, np.float32), "t": np.array([12], np.int64)}
+    frame = Checkpoint(12, 30, params, optimizer=adam).frame()
+    read = Checkpoint.read(frame, params)
+    assert sorted(read.optimizer) == ["m", "t", "v"] and all(np.array_equal(read.optimizer[k], adam[k]) for k in adam)
+    # What a worker restores (`Replica.restore`): the frame read as any replica's, its optimizer state under its names.
+    assert layouts.optimizer_state(decode(frame).arrays).keys() == adam.keys()
     with pytest.raises(ValueError, match="replica is float32"):
         Checkpoint.read(checkpoint.frame(), np.zeros(7, np.float32))  # another model's
 

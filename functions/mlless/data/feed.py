@@ -34,11 +34,12 @@ class Schedule:
     def epoch(self, position: int) -> int:
         return position // self.n_batches
 
-    def progress(self, position: int) -> float:
-        """The 1-based, fractional epoch halfway through the batch at `position`: what the learning-rate schedule
-        reads (`OptimizerConfig.lr_at`). Its integer part is `epoch(position) + 1`; the midpoint, rather than the
-        batch's start, keeps a warm-up's first step from a rate of 0 and a cosine's last from 0 too."""
-        return 1.0 + (position + 0.5) / self.n_batches
+    def progress(self, position: int, batches: int = 1) -> float:
+        """The 1-based, fractional epoch halfway through the batch at `position` (through the `batches` from it: a
+        step's union batch under gradient averaging): what the learning-rate schedule reads (`OptimizerConfig.lr_at`).
+        Its integer part is `epoch(position) + 1`; the midpoint, rather than the batch's start, keeps a warm-up's
+        first step from a rate of 0 and a cosine's last from 0 too."""
+        return 1.0 + (position + batches / 2) / self.n_batches
 
     def batch_index(self, position: int) -> int:
         epoch, offset = divmod(position, self.n_batches)

@@ -10,7 +10,9 @@ the pending entries always travel beside the parameters.
 A worker checkpoint adds the optimizer's state and where the worker stands
 in the job; the job checkpoint a suspended job, or a supervisor's successor,
 resumes from is a replica frame with no pending entries and the job's
-position (a successor's also holds the best snapshot so far). Every producer and
+position (a successor's also holds the best snapshot so far), and under a
+protocol whose replicas step one optimizer state (`SyncStrategy.share_optimizer`)
+that state too. Every producer and
 reader of these frames goes through this module, so a name is written once.
 """
 from __future__ import annotations
@@ -140,9 +142,11 @@ class JobPosition:
     steps: int
     cursor: int
 
-    def checkpoint_arrays(self, params: np.ndarray) -> dict[str, np.ndarray]:
-        """The job checkpoint: the merged model, read by a worker like any replica (it has no unsent entries)."""
-        return replica_arrays(params, no_pending()) | {POSITION: np.array([self.steps, self.cursor], np.int64)}
+    def checkpoint_arrays(self, params: np.ndarray, optimizer_state: Arrays | None = None) -> dict[str, np.ndarray]:
+        """The job checkpoint: the merged model, read by a worker like any replica (it has no unsent entries), with
+        the `optimizer_state` its replicas share, if they share one."""
+        return replica_arrays(params, no_pending(), optimizer_state=optimizer_state) | {
+            POSITION: np.array([self.steps, self.cursor], np.int64)}
 
     @classmethod
     def read(cls, arrays: Arrays) -> JobPosition:

@@ -169,7 +169,12 @@ class Worker:
         checkpoint = self._decode_replica(frame, None, "job checkpoint")
         if checkpoint is None:
             raise RuntimeError("the job's suspend checkpoint is not a valid model")
-        self.replica.restore(checkpoint.arrays)
+        try:  # with the optimizer state the job's replicas share, if they share one (`SyncStrategy.share_optimizer`)
+            self.replica.restore(checkpoint.arrays)
+        except ValueError as exc:  # another optimizer's (a suspended job's spec changed): every worker starts afresh
+            log.warning("worker %d: the job's checkpoint: %s; the optimizer starts afresh", self.rank, exc)
+            plain = {k: v for k, v in checkpoint.arrays.items() if not k.startswith(layouts.OPTIMIZER_PREFIX)}
+            self.replica.restore(plain)
 
     def resume(self) -> None:
         """Continue from the checkpoint the previous invocation of this rank wrote."""
@@ -347,8 +352,10 @@ class Worker:
         senders = [r for r in close.live if r in before] or list(close.live)
         if senders[0] == self.rank:
             joiners = set(close.live) - set(before)
+            # Replicas that step one optimizer state hand it on with the snapshot, to a joiner and to the job
+            # checkpoint the supervisor makes of it (`Checkpoint.optimizer`).
             self.transport.put(keys.snapshot(), self._replica_frame(unshared, pending=bool(joiners),
-                                                                    optimizer=bool(joiners) and self.sync.share_optimizer))
+                                                                    optimizer=self.sync.share_optimizer))
         elif self.sync.keeps_home:
             self.transport.put(keys.snapshot_pending(self.rank), self._replica_frame(unshared, params=False))
 
@@ -371,7 +378,8 @@ class Worker:
         if not params:
             arrays = {name: arrays[name] for name in (layouts.PENDING_INDICES, layouts.PENDING_VALUES)}
         if not pending:
-            arrays = {layouts.PARAMS: arrays[layouts.PARAMS]}
+            arrays = {name: value for name, value in arrays.items()
+                      if name == layouts.PARAMS or name.startswith(layouts.OPTIMIZER_PREFIX)}
         # only ever put through the transport, which seals it: the MAC stands for the checksum
         return encode(Tensors(sender=self.rank, step=self._stands_at, arrays=arrays), sealed=True)
 
@@ -437,7 +445,8 @@ class Worker:
     def _publish_final_replica(self) -> None:
         """Publish the replica as final, and tell the supervisor."""
         self._post_reports()
-        self.transport.put(keys.final_replica(self.rank), self._replica_frame())
+        # With the optimizer state the replicas share, if they do: a job resumed from final replicas continues it.
+        self.transport.put(keys.final_replica(self.rank), self._replica_frame(optimizer=self.sync.share_optimizer))
         seconds = time.monotonic() - self.started
         done = Done(sender=self.rank, step=self._stands_at, seconds=seconds, rejected_frames=self.rejected_frames,
                     repaired_frames=self.repaired_frames)
@@ -449,7 +458,8 @@ class Worker:
         self._post_reports()
         if after is not None:
             self.half.withdraw_unread(after)
-        self.transport.put(keys.leaver_replica(self.rank), self._replica_frame())
+        # A leaver's replica is a final one when it leaves after the job's last close: with the shared optimizer state.
+        self.transport.put(keys.leaver_replica(self.rank), self._replica_frame(optimizer=self.sync.share_optimizer))
         self.transport.send_to_supervisor(encode(Left(sender=self.rank, step=self._stands_at, has_replica=True)))
         raise WorkerExit
 

@@ -133,15 +133,17 @@ class Optimizer:
         return out
 
     def load_state(self, state: Mapping[str, np.ndarray]) -> None:
-        """Restore from `state`; shapes and dtypes must match this optimizer."""
+        """Restore from `state`, all or nothing; shapes and dtypes must match this optimizer."""
+        arrays = {}
         for name, buf in self._buffers.items():
             if name not in state:
                 raise ValueError(f"optimizer state lacks '{name}' for a {self.config.type} optimizer")
-            arr = np.asarray(state[name])
+            arrays[name] = arr = np.asarray(state[name])
             if arr.shape != buf.shape or arr.dtype != buf.dtype:
                 raise ValueError(f"optimizer state '{name}' has {arr.dtype}{arr.shape}, expected {buf.dtype}{buf.shape}")
-            buf[:] = arr
         t = np.asarray(state.get("t", np.array([0])))
         if t.size != 1 or int(t.reshape(-1)[0]) < 0:
             raise ValueError("optimizer state 't' must be one non-negative count")
+        for name, arr in arrays.items():
+            self._buffers[name][:] = arr
         self.t = int(t.reshape(-1)[0])

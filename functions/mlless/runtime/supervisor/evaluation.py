@@ -17,6 +17,7 @@ from mlless.protocol import keys, layouts
 from mlless.protocol.framing import FrameError, decode
 from mlless.protocol.messages import Tensors, Update
 from mlless.stopping.rules import Best, ValidationWatch
+from mlless.runtime.supervisor.failover import Checkpoint
 from mlless.runtime.supervisor.membership import JobFailed
 from mlless.sync import sync_strategy
 from mlless.spec import TrainingJob
@@ -52,11 +53,17 @@ class FinalModel:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """An evaluated snapshot: the model after `steps` steps (of every run) and `cursor` mini-batches."""
+    """An evaluated snapshot: the model after `steps` steps (of every run) and `cursor` mini-batches, with the
+    optimizer state its replicas share, if they share one (`SyncStrategy.share_optimizer`)."""
 
     steps: int
     cursor: int
     params: np.ndarray
+    optimizer: dict[str, np.ndarray] | None = None
+
+    def checkpoint(self, best: Best | None) -> Checkpoint:
+        """This snapshot as a model to resume from, beside the `best` one so far."""
+        return Checkpoint(self.steps, self.cursor, self.params, best, self.optimizer)
 
 
 class Evaluation:
@@ -87,6 +94,7 @@ class Evaluation:
         self.last_evaluated = 0  # step of the newest snapshot asked for
         self.evaluation_seconds = OnlineEwma(span=5)  # the supervisor's CPU-seconds to evaluate a snapshot
         self.final_params: np.ndarray | None = None  # the final replicas' model, which a suspended job resumes from
+        self.final_optimizer: dict[str, np.ndarray] | None = None  # ... and the optimizer state they share, if they do
 
     @property
     def validation_loss(self) -> float | None:
@@ -137,7 +145,8 @@ class Evaluation:
         self.evaluation_seconds.update(time.thread_time() - started)
         self.on_validation(self.validation[1])
         self.pending_snapshot = None
-        return Snapshot(self.validation[0], self.snapshot_cursor, params)
+        return Snapshot(self.validation[0], self.snapshot_cursor, params,
+                        layouts.optimizer_state(self.donor.arrays) or None)
 
     def _with_peers(self, donor: Tensors) -> np.ndarray | None:
         """The donor's replica plus its peers' pending entries of the same step; None until every one arrived (a
@@ -186,6 +195,14 @@ class Evaluation:
             replicas.append(tensors)
         return replicas
 
+    def final_checkpoint(self, steps: int, cursor: int) -> Checkpoint | None:
+        """What a suspended or interrupted job resumes from: the final replicas' model after `steps` steps and `cursor`
+        mini-batches, with the optimizer state they share; None if no replica survived (a best snapshot alone is
+        not one)."""
+        if self.final_params is None:
+            return None
+        return Checkpoint(steps, cursor, self.final_params, optimizer=self.final_optimizer)
+
     def evaluate(self, params: np.ndarray, batch: Batch) -> float:
         """Loss of a replica (its shape was checked when it was decoded) on `batch`."""
         self.model.params[:] = params
@@ -195,7 +212,8 @@ class Evaluation:
     def final_model(self, replicas: list[layouts.Arrays], step: int, run_dir: Path, job_id: str) -> FinalModel:
         """Merge the final replicas of `step` (`SyncStrategy.merge_final_replicas`), pick the model to hand back and
         save it to run_dir/model.npz, and in its library's format beside it (`Model.save_native`); `final_params`,
-        what a suspended job resumes from, is their `layouts.model_of`."""
+        what a suspended job resumes from, is their `layouts.model_of`, and `final_optimizer` the optimizer state
+        they share (`SyncStrategy.share_optimizer`; None if they carry none)."""
         validation_loss = final_loss = None
         spread = None
         model_path = None
@@ -205,6 +223,7 @@ class Evaluation:
             best = dataclasses.replace(best, loss=self.evaluate(best.params, self.validation_batch))
         if replicas:
             self.final_params = layouts.model_of(replicas)
+            self.final_optimizer = next((state for r in replicas if (state := layouts.optimizer_state(r))), None)
             spread = max(float(np.max(np.abs(r[layouts.PARAMS] - self.final_params))) for r in replicas)
             merged = self.merge_final_replicas(replicas)
             validation_loss = final_loss = self.evaluate(merged, self.validation_batch)

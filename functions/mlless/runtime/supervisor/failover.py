@@ -142,16 +142,20 @@ def _checked(name: str, value: Any, annotation: str) -> Any:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A model to resume from, its parameters at `steps` and `cursor`, and the best snapshot so far."""
+    """A model to resume from, its parameters at `steps` and `cursor`, and the best snapshot so far. Under a protocol
+    whose replicas step one optimizer state (`SyncStrategy.share_optimizer`: gradient averaging's Adam moments and
+    step count), `optimizer` is that state, which every worker of the resumed job starts from: without it they would
+    start Adam afresh, its first steps a jolt of the full learning rate on every weight."""
 
     steps: int
     cursor: int
     params: np.ndarray
     best: Best | None = None
+    optimizer: dict[str, np.ndarray] | None = None
 
     def frame(self) -> bytes:
         """What workers start from (a job checkpoint, `layouts.JobPosition`), the best snapshot beside it."""
-        arrays = layouts.JobPosition(self.steps, self.cursor).checkpoint_arrays(self.params)
+        arrays = layouts.JobPosition(self.steps, self.cursor).checkpoint_arrays(self.params, self.optimizer)
         if self.best is not None:
             arrays |= layouts.best_arrays(self.best.step, self.best.loss, self.best.params)
         return encode(Tensors(sender=0, step=self.steps, arrays=arrays))
@@ -165,7 +169,8 @@ class Checkpoint:
         params = layouts.check_params(msg.arrays, like)
         position = layouts.JobPosition.read(msg.arrays)
         best = layouts.read_best(msg.arrays, like)
-        return cls(position.steps, position.cursor, params, None if best is None else Best(*best))
+        return cls(position.steps, position.cursor, params, None if best is None else Best(*best),
+                   layouts.optimizer_state(msg.arrays) or None)
 
 
 @dataclass
@@ -276,8 +281,10 @@ class Failover:
             # checkpoint then, by the timing of the kill).
             if survivors and (checkpoint is None or state.steps + ahead >= checkpoint.steps):
                 params = layouts.model_of([t.arrays for t in survivors])
+                # Replicas that share one optimizer state each hand it in (`Worker._publish_final_replica`): one does.
                 checkpoint = Checkpoint(state.steps + ahead, state.cursor + ahead * state.live, params,
-                                        None if checkpoint is None else checkpoint.best)
+                                        None if checkpoint is None else checkpoint.best,
+                                        layouts.optimizer_state(survivors[0].arrays) or None)
                 source = f"replicas of {len(survivors)} surviving workers"
         steps = 0 if checkpoint is None else checkpoint.steps
         if checkpoint is not None:

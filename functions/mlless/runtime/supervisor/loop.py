@@ -41,7 +41,7 @@ from mlless.launch.launcher import Launcher
 from mlless.launch.platform import Platform
 from mlless.runtime.supervisor.accounting import Accounting, StepTotals
 from mlless.runtime.supervisor.evaluation import Evaluation, Snapshot
-from mlless.runtime.supervisor.failover import Checkpoint, Failover, JobState, resumable
+from mlless.runtime.supervisor.failover import Failover, JobState, resumable
 from mlless.runtime.supervisor.membership import JobFailed, Membership, WorkerRecord, WorkerState
 from mlless.runtime.supervisor.scaling import Scaling
 from mlless.runtime.supervisor.status import StatusBoard
@@ -220,6 +220,7 @@ class Supervisor:
         if resumed.checkpoint is not None:
             self.steps_before, self.cursor = resumed.checkpoint.steps, resumed.checkpoint.cursor
             self.stopping.watch.best = resumed.checkpoint.best
+            self.x0 = None if self.x0 is None else resumed.checkpoint.params.copy()  # what the workers start from
         self.accounting.resume(resumed.state)
         self.members.dropped = list(resumed.state.dropped_workers)
         self.scaling.resume(resumed.state)
@@ -243,7 +244,8 @@ class Supervisor:
             # How long the takeover kept the job from training: the survivors' hand-in and the new workers' start.
             self.takeovers[-1]["seconds"] = round(self.training_started - self.started, 3)
         self.announced_live = self.live
-        self.transport.broadcast(encode(Close(sender=SUPERVISOR, step=0, cursor=0, flags=0, live=self.live, updates=())))
+        # A resumed job's first step trains the batches at its cursor, not those the job began with.
+        self.transport.broadcast(encode(Close(sender=SUPERVISOR, step=0, cursor=self.cursor, flags=0, live=self.live, updates=())))
 
     def _await_workers(self, ranks: set[int], state: WorkerState, timeout: float, exit_reason: str) -> None:
         """Handle messages until none of `ranks` is still in `state`; a process that ends meanwhile is dropped."""
@@ -339,8 +341,7 @@ class Supervisor:
         """Keep what a successor needs (failover.py): the job state, and a checkpoint of a newly evaluated snapshot."""
         checkpoint = snapshot is not None and self.failover.checkpoint_due()
         if checkpoint:
-            self.failover.save_checkpoint(Checkpoint(snapshot.steps, snapshot.cursor, snapshot.params,
-                                                     self.stopping.watch.best))
+            self.failover.save_checkpoint(snapshot.checkpoint(self.stopping.watch.best))
         if checkpoint or self.failover.state_due():
             self.failover.save_state(self._job_state())
 
@@ -469,8 +470,7 @@ class Supervisor:
         self.record.summary(summary)
         final: dict[str, Any] = {"modelURI": self._export(summary["model_path"])}
         # The suspend checkpoint is the final replicas' model; a best snapshot alone (no replica survived) is not one.
-        merged = self.evaluation.final_params
-        checkpoint = None if merged is None else Checkpoint(self.steps_before + self.closed, self.cursor, merged)
+        checkpoint = self.evaluation.final_checkpoint(self.steps_before + self.closed, self.cursor)
         if self.stop_reason == STOP_SUSPENDED and checkpoint is not None:
             self.suspend_checkpoint = checkpoint.frame()
             final["checkpointStep"] = checkpoint.steps

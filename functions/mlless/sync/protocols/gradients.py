@@ -4,8 +4,8 @@ replica takes one optimizer step by their mean.
 A worker computes its batch's mean gradient at the shared parameters and publishes it without applying it
 (`Replica.gradient`). At the step's close it reads its peers' gradients as the exchange pattern says (all-to-all,
 allreduce, scatter-reduce or in-store), adds its own, divides by the n senders the close names, and steps its
-optimizer by that mean (`Replica.descend`). Every replica starts equal, applies the same mean with the same
-optimizer state, and so stays equal: the job trains as one network on a global batch P times a worker's, which is
+optimizer by that mean (`Replica.descend`), at the learning rate of the step's union batch. Every replica starts
+equal, applies the same mean at the same rate with the same optimizer state, and so stays equal: the job trains as one network on a global batch P times a worker's, which is
 what PyTorch's DistributedDataParallel computes. Under bsp a worker's Adam step is added in full to every replica,
 so P workers move the network P-fold and with P different Adam states; on the digits (examples/digits-cnn.yaml)
 that cost about a point of validation accuracy at P = 2.
@@ -16,7 +16,7 @@ trimmed mean, Multi-Krum), as it does for updates: the mean is then the rule's c
 Nothing is ever pending: a replica is the shared state. A leaver hands on nothing, and what it published for a step
 no one closed is dropped (its gradient was never applied). A joiner starts from a donor's parameters and its
 optimizer's state (`SyncStrategy.share_optimizer`); a worker's checkpoint carries its optimizer's state as under
-every protocol. The per-sample rules (adagrad, normalized) and a model's own rule update inside the batch and
+every protocol, and the job's checkpoint (a suspend, a supervisor's successor) the state its replicas share. The per-sample rules (adagrad, normalized) and a model's own rule update inside the batch and
 publish no gradient: the schema refuses them with this protocol (`mlless.spec.pairings.MINI_BATCH_PROTOCOLS`).
 """
 from __future__ import annotations
@@ -39,12 +39,9 @@ class GradientHalf(WorkerHalf):
         super().__init__(*args, **kwargs)
         #: This worker's published gradients by step.
         self.own: dict[int, StepResult] = {}
-        #: The epoch of the newest step trained, whose learning rate applies that step's mean.
-        self.epoch = 1.0
 
     def train(self, batch: Batch, epoch: float, step: int, alone: bool) -> StepResult:
         result = self.replica.gradient(batch, step)
-        self.epoch = epoch
         if alone:  # no peer to average with: step now, share nothing
             self.replica.descend(result.indices, result.values, epoch)
             empty = np.zeros(0, np.int32)
@@ -61,7 +58,10 @@ class GradientHalf(WorkerHalf):
         if own is not None and self.rank in close.updates:
             parts.append((own.indices, own.values))
         entries, sums, _ = sparse_sum([p[0] for p in parts], [p[1] for p in parts])
-        self.replica.descend(entries.astype(np.int32), (sums / senders).astype(np.float32), self.epoch, senders)
+        # The rate of the step's union batch, the senders' cursor positions before the close's: the same for every
+        # replica (each at its own batch's rate, a warm-up's or a cosine's rates took the replicas apart).
+        epoch = self.feed.schedule.progress(close.cursor - senders, senders)
+        self.replica.descend(entries.astype(np.int32), (sums / senders).astype(np.float32), epoch, senders)
 
     def withdraw_unread(self, after: int) -> None:
         """A gradient published for a step no one closes was never applied: it is dropped, not kept as pending."""
