@@ -97,7 +97,7 @@ class ScatterReduce(Exchange):
         updates += [Update(self.rank, step, p.indices, p.values) for p in self.outbox
                     if p.step == step and p.key == self.part_key(self.rank, part, step)]
         if not updates:
-            return Update(self.rank, step, np.zeros(0, np.int32), np.zeros(0, np.float32))
+            return Update(self.rank, step, np.zeros(0, np.int32), np.zeros(0, np.float32), self.precision)
         if self.aggregation is None:
             entries, sums, counts = sparse_sum([u.indices for u in updates], [u.values for u in updates])
         else:  # every update counts as carrying every entry: the robust rule moves even one only this worker sent
@@ -106,8 +106,9 @@ class ScatterReduce(Exchange):
         # The count most entries have (1 for sparse rows, every update for dense ones) goes last, as entry 2N.
         usual = len(updates) if 2 * np.count_nonzero(counts == len(updates)) > len(counts) else 1
         odd = counts != usual
+        # In the job's precision, rounded as the frame carries it, for this owner too (bfloat16 holds counts up to 256)
         return Update(self.rank, step, np.concatenate([entries, entries[odd] + self.size, [2 * self.size]]),
-                      np.concatenate([sums.astype(np.float32), counts[odd].astype(np.float32), [usual]]))
+                      np.concatenate([sums.astype(np.float32), counts[odd].astype(np.float32), [usual]]), self.precision)
 
     def await_merged(self, step: int, parts: list[int], senders: list[int], owners: list[int]) -> dict[int, Update]:
         """The merged partitions `parts` of `step`, as their owners write them; one whose owner has not written it
@@ -122,6 +123,8 @@ class ScatterReduce(Exchange):
                 owner = owners[(part + step) % len(owners)]
                 try:
                     update = decode(frame)
+                    if isinstance(update, Update):
+                        self.check_precision(update)
                 except FrameError as exc:
                     self.reject(f"merged partition {part} of step {step}: {exc}")
                     found[part] = self.merge(step, part, senders)
