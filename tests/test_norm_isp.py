@@ -3,9 +3,12 @@ worker's accumulated update once the sum of its relative norms passes the thresh
 and every replica adds it divided by the workers."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
+from mlless.protocol.messages import Update
 from mlless.runtime.local import Services, train_local
 from mlless.spec.schema import choices
 from mlless.sync.protocols.norm import SCOPES
@@ -120,3 +123,29 @@ def test_norm_isp_learns_conserves_updates_and_sends_less_than_gradient_averagin
     ga = train_local(norm_job(digits_dir, protocol="gradient-averaging"), tmp_path / "ga", services, QUIET)
     assert ga["steps"] == 40
     assert summary["bytes_sent"] < 0.6 * ga["bytes_sent"], (summary["bytes_sent"], ga["bytes_sent"])
+
+
+def test_every_replica_adds_a_sent_update_divided_by_the_workers_and_its_sender_keeps_that_share():
+    from mlless.protocol.messages import Close
+    from mlless.spec.config import OptimizerConfig, SyncConfig
+    from mlless.sync.exchanges.base import Published
+    from mlless.sync.protocols.norm import NormHalf, NormIsp
+    from mlless.training.models import build_model
+    from mlless.training.replica import Replica
+
+    model = build_model("logistic-regression", {"n_features": 3})
+    model.params[:] = x0 = np.array([1, 2, 3, 4], np.float32)
+    replica = Replica(model, OptimizerConfig(type="sgd", learning_rate=0.1), 0.0, audit=True,
+                      accumulator=NormIsp(SyncConfig(protocol="norm-isp")).accumulator(model))
+    own = np.array([0.4, 0.8], np.float32)
+    model.params[[0, 1]] += own  # this worker's step, which it sent whole
+    replica.contribution[[0, 1]] += own
+    replica.filter.step(np.array([0, 1], np.int32), own, 1)
+    exchange = SimpleNamespace(precision="float32", outbox=[Published(1, "k", b"", np.array([0, 1], np.int32), own)])
+    half = NormHalf(NormIsp(SyncConfig(protocol="norm-isp")), 0, replica, exchange, None)  # type: ignore[arg-type]
+    peer = Update(1, 1, np.array([1, 2], np.int32), np.array([2.0, -1.0], np.float32))
+    # a third worker is in the job though it sent nothing: every sent update counts a third
+    half.combine(Close(-1, 1, 2, 0, (0, 1, 2), (0, 1)), [peer])
+    np.testing.assert_allclose(model.params, x0 + np.array([0.4, 0.8 + 2.0, -1.0, 0]) / 3, rtol=1e-6)
+    np.testing.assert_allclose(replica.contribution, np.array([0.4, 0.8, 0, 0]) / 3, rtol=1e-6)
+    assert replica.pending_count() == 0 and not len(replica.filter.pending()[0])
