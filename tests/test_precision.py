@@ -13,6 +13,7 @@ from mlless.protocol.messages import Hello, Update
 from mlless.protocol.precision import BY_NAME, precision
 from mlless.runtime.local import Services, train_local
 from mlless.spec import SpecError
+from mlless.spec.crd import crd_manifest
 from mlless.spec.schema import choices, pairing_errors
 from mlless.sync.base import WorkerHalf
 from mlless.sync.exchanges.alltoall import AllToAll
@@ -117,6 +118,10 @@ def test_in_store_which_sums_float32_in_redis_is_refused_with_a_narrow_precision
                                                                         "exchange": "allreduce"}}))
     with pytest.raises(SpecError, match="spec.sync.precision: bfloat16 cannot run with spec.sync.exchange in-store"):
         job_for(movielens_dir, sync={"precision": "bfloat16", "exchange": "in-store"})
+    rules = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "x-kubernetes-validations"]  # the API server's copy of the check
+    [rule] = [r["rule"] for r in rules if r["message"].startswith("spec.sync.precision")]
+    assert "self.sync.precision == 'float32'" in rule and "['in-store']" in rule
 
 
 def net_job(digits_dir, **sync):

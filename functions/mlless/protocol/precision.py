@@ -13,6 +13,20 @@ clipped: a gradient or an update that large means the training diverged, and a c
 (`Precision.rounded` raises a FrameError naming the value, which the worker turns into TrainingDiverged).
 
 numpy has no bfloat16: it is the upper half of a float32, rounded to nearest, ties to even, as torch rounds it.
+
+Measured on the digits (examples/digits-cnn.yaml: 151,306 parameters, P = 2, 30 epochs, 375 steps; seeds 0 and 1;
+validation loss and accuracy of the model kept, on 200 images):
+
+    gradient averaging   bytes/step    val. loss       accuracy       replica_spread
+    float32              1,210,532     0.080 0.060     0.975 0.970    0
+    float16                605,308     0.080 0.058     0.975 0.965    0
+    bfloat16               605,308     0.080 0.061     0.975 0.970    0
+    norm-isp 0.1 (seed 0)
+    float32                117 k       0.070           0.980
+    float16                 66 k       0.070           0.980
+    bfloat16                60 k       0.065           0.975
+
+A dense frame is its values but for 42 bytes (header, counts, one index run): half precision halves it.
 """
 from __future__ import annotations
 
