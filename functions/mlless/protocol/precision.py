@@ -35,8 +35,8 @@ from typing import Callable
 
 import numpy as np
 
+from mlless.contract import PRECISIONS
 from mlless.protocol.framing import FrameError
-from mlless.spec.sync_fields import PRECISIONS
 
 _F4, _F2, _U2, _U4 = np.dtype("<f4"), np.dtype("<f2"), np.dtype("<u2"), np.dtype("<u4")
 
@@ -91,7 +91,7 @@ _ALL = (
     Precision("float16", 1, _F2, float(np.finfo(np.float16).max), lambda v: v.astype(_F2), lambda w: w.astype(_F4)),
     Precision("bfloat16", 2, _U2, None, _to_bfloat16, _from_bfloat16),
 )
-#: Every precision by its name; `spec.sync.precision` lists the same names (`mlless.spec.sync_fields.PRECISIONS`).
+#: Every precision by its name, `spec.sync.precision`'s values (`mlless.contract.PRECISIONS`).
 BY_NAME: dict[str, Precision] = {p.name: p for p in _ALL}
 #: ... and by its code in a frame's header.
 BY_CODE: dict[int, Precision] = {p.code: p for p in _ALL}

@@ -1,12 +1,13 @@
 """The `spec.sync` fields of norm-isp (SPIRT's norm-based significance filter, sync/protocols/norm.py) and of the
 precision update frames travel in (protocol/precision.py), and what they cannot pair with; `schema.py` merges
-`FIELDS` into `spec.sync`. This module imports nothing of mlless but the schema's node builders, so that the
-schema and the frames' codecs can both read it.
+`FIELDS` into `spec.sync`. The precisions' names are `mlless.contract.PRECISIONS`, which the frames' codecs read
+too.
 """
 from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
+from mlless.contract import PRECISIONS
 from mlless.spec.nodes import Schema, choice, number
 from mlless.spec.robust import STORE_EXCHANGES
 
@@ -16,8 +17,6 @@ from mlless.spec.robust import STORE_EXCHANGES
 NORM_THRESHOLD = 0.1
 #: norm-isp's scopes: the whole model's norm, or each of its parameter groups' (`Model.segments`).
 NORM_SCOPES = ("model", "layer")
-#: `spec.sync.precision`'s values, the first the default; `mlless.protocol.precision` has their codecs.
-PRECISIONS = ("float32", "float16", "bfloat16")
 
 FIELDS: dict[str, Schema] = {
     "normThreshold": number("norm-isp: a worker sends what it accumulated since its last send t' once the sum over the "
