@@ -107,7 +107,7 @@ def test_an_exchange_rejects_a_frame_in_another_precision_than_the_jobs():
                         size=1000, precision="bfloat16")
     assert exchange.checked(1, 3, encode(Update(1, 3, DENSE, values(), "bfloat16"))) is not None
     assert exchange.checked(1, 3, encode(Update(1, 3, DENSE, values(), "float16"))) is None
-    assert rejected == ["update frame of worker 1 for step 3: its values travel in float16, the job's in bfloat16"]
+    assert rejected == ["update frame of worker 1 for step 3: its values travel in float16, expected bfloat16"]
 
 
 def test_in_store_which_sums_float32_in_redis_is_refused_with_a_narrow_precision(movielens_dir):
@@ -153,11 +153,13 @@ def test_gradient_averaging_in_half_precision_keeps_replicas_equal_at_half_the_b
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("exchange", ["all-to-all", "allreduce"])
 def test_what_rounding_leaves_out_of_an_update_stays_pending_on_its_sender(movielens_dir, tmp_path, redis_url, amqp_url,
-                                                                          audit):
+                                                                          audit, exchange):
     from test_scaling import assert_conserved
 
-    job = job_for(movielens_dir, sync={"protocol": "isp", "precision": "float16"}, stop={"maxSteps": 40})
+    job = job_for(movielens_dir, sync={"protocol": "isp", "precision": "float16", "exchange": exchange},
+                  stop={"maxSteps": 40})
     summary = train_local(job, tmp_path, Services(redis_url, amqp_url), QUIET)
     assert summary["steps"] == 40 and summary["rejected_frames"] == 0
     assert_conserved(summary)  # lost residuals would leave the shared state off by them

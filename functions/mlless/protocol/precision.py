@@ -5,7 +5,8 @@ are 4 or 2 bytes each, and are widened back to float32 on receipt. A replica onl
 narrow precision changes is which float32 values a frame can carry, those whose 16-bit form is exact (`rounded`).
 A worker rounds what it publishes before anything else sees it (`sync/base.py`, `WorkerHalf.publish`), so every
 replica, the sender's too, applies the same rounded values, and what rounding left out stays the sender's
-pending update (a gradient's is dropped: `sync/protocols/gradients.py`).
+pending update (a gradient's is dropped: `sync/protocols/gradients.py`). The partitions allreduce and scatter-reduce
+merge travel in float32 (sync/exchanges/reduce.py says why).
 
 float16 keeps 11 significant bits over ±65504, with gradual underflow below 6.1e-5 (its smallest value is
 6e-8); bfloat16 keeps 8 significant bits over float32's range. A value beyond float16's range is refused, not

@@ -30,7 +30,8 @@ FIELDS: dict[str, Schema] = {
                         "Every replica, the sender's too, applies the rounded values, and what rounding left out of "
                         "an update stays pending on its sender (a gradient's is dropped). float16 holds +-65504 "
                         "(a larger value stops the worker: the training diverged) and 11 significant bits, "
-                        "bfloat16 float32's range and 8 bits. in-store needs float32.",
+                        "bfloat16 float32's range and 8 bits. The partitions allreduce and scatter-reduce merge "
+                        "travel in float32; in-store needs float32.",
                         list(PRECISIONS), PRECISIONS[0]),
 }
 

@@ -183,10 +183,11 @@ class Exchange(ABC):
                 valid.append(update)
         return valid
 
-    def check_precision(self, update: Update) -> None:
-        """FrameError unless `update` travelled in the job's precision."""
-        if update.precision != self.precision:
-            raise FrameError(f"its values travel in {update.precision}, the job's in {self.precision}")
+    def check_precision(self, update: Update, expected: str | None = None) -> None:
+        """FrameError unless `update` travelled in the `expected` precision, by default the job's."""
+        expected = expected or self.precision
+        if update.precision != expected:
+            raise FrameError(f"its values travel in {update.precision}, expected {expected}")
 
     def checked(self, sender: int, step: int, frame: bytes | None) -> Update | None:
         """`frame` as `sender`'s update of `step`, or None (rejected) if it is missing or is something else.
