@@ -116,7 +116,7 @@ def test_a_rule_registered_outside_the_package_is_admitted_and_used():
     ({"sync": {"aggregation": "median", "protocol": "async"}}, "spec.sync.aggregation: median needs spec.sync.protocol"),
     ({"sync": {"aggregation": "krum", "protocol": "averaging"}}, "spec.sync.aggregation: krum needs spec.sync.protocol"),
     ({"workers": 2, "sync": {"aggregation": "median"}}, "spec.sync.aggregation: median needs spec.workers >= 3"),
-    ({"model": {"type": "pmf"}, "sync": {"aggregation": "trimmed-mean"}}, "needs spec.sync.protocol bsp or isp or ssp, not blocked"),
+    ({"model": {"type": "pmf"}, "sync": {"aggregation": "trimmed-mean"}}, "needs spec.sync.protocol bsp or gradient-averaging or isp or ssp, not blocked"),
     ({"sync": {"aggregation": "median", "trim": 0.5}}, "sync.trim"),
 ])
 def test_combinations_that_make_no_sense_are_refused_naming_the_field(spec, field):

@@ -41,6 +41,7 @@ from mlless.protocol.messages import (
     Tensors,
     Update,
 )
+from mlless.protocol.precision import BY_NAME
 from mlless.protocol.identity import ANY_WORKER, BADGE_BYTES, SUPERVISOR, Issuer, Verifier, parse_identity
 from mlless.protocol.sealing import SEAL_BYTES, Rejected, Verified, seal, unseal
 
@@ -54,10 +55,13 @@ rank_lists = st.lists(ranks, max_size=20, unique=True).map(tuple)
 
 @st.composite
 def updates(draw: st.DrawFn) -> Update:
+    """In any precision (`spec.sync.precision`), its values within the precision's range."""
     n = draw(st.integers(0, 200))
     idx = draw(hnp.arrays(np.int32, n, elements=st.integers(0, 2**31 - 1), unique=True))
-    val = draw(hnp.arrays(np.float32, n, elements=st.floats(-MAX_MAGNITUDE, MAX_MAGNITUDE, width=32)))
-    return Update(draw(ranks), draw(steps), idx, val)
+    kind = draw(st.sampled_from(list(BY_NAME.values())))
+    bound = min(MAX_MAGNITUDE, kind.largest or MAX_MAGNITUDE)
+    val = draw(hnp.arrays(np.float32, n, elements=st.floats(-bound, bound, width=32)))
+    return Update(draw(ranks), draw(steps), idx, val, kind.name)
 
 
 @st.composite
@@ -180,6 +184,8 @@ def test_header_checks() -> None:
     with pytest.raises(FrameError, match="unknown frame type"):
         decode(good[:4] + b"\x63" + good[5:])
     with pytest.raises(FrameError, match="flags"):
+        decode(good[:5] + b"\x10" + good[6:])
+    with pytest.raises(FrameError, match="HELLO carries float32 values only"):  # an Update's precision bits
         decode(good[:5] + b"\x04" + good[6:])
     with pytest.raises(FrameError, match="may not be compressed"):
         decode(good[:5] + b"\x01" + good[6:])

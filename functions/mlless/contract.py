@@ -159,6 +159,11 @@ WORKER_INVOCATION_HTTP = "http"
 #: Someone else (the operator) starts the workers; the supervisor waits for them to join.
 WORKER_INVOCATION_EXTERNAL = "external"
 
+# --- The precisions update values travel in -------------------------------------------------------------------
+#: `spec.sync.precision`'s values (`mlless.spec.sync_fields`), the first the default; `mlless.protocol.precision`
+#: has their codecs.
+PRECISIONS = ("float32", "float16", "bfloat16")
+
 
 # --- A sharded Redis's URLs in one string (REDIS_URL, the job Secret's redis-url) --------------------------------
 def joined_shard_urls(urls: list[str]) -> str:

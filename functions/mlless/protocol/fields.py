@@ -248,6 +248,8 @@ class Message:
     TYPE: ClassVar[FrameType]
     #: Only bulk frames may be compressed; a compressed control frame is rejected.
     COMPRESSIBLE: ClassVar[bool] = False
+    #: Only an Update's values may travel narrowed (`mlless.protocol.precision`).
+    NARROWABLE: ClassVar[bool] = False
     #: Messages only the supervisor sends carry sender SUPERVISOR; worker messages a rank >= 0.
     FROM_SUPERVISOR: ClassVar[bool] = False
     #: The payload: (field name, field type) in wire order.
@@ -275,9 +277,14 @@ class Message:
         """The payload in pieces; bulk messages return their arrays' buffers, which `encode` copies once."""
         return [b"".join(ftype.pack(getattr(self, name)) for name, ftype in self.FIELDS)]
 
+    def _flags(self) -> int:
+        """The header flags its payload's layout sets: an Update's precision; none by default."""
+        return 0
+
     @classmethod
-    def _parse(cls, sender: int, step: int, r: Reader, size: int | None) -> "Message":
-        """Build the message from its payload; ``size`` is the model size ``decode`` was given, if any."""
+    def _parse(cls, sender: int, step: int, r: Reader, size: int | None, flags: int = 0) -> "Message":
+        """Build the message from its payload; ``size`` is the model size ``decode`` was given, if any, and
+        ``flags`` the header's."""
         values = [ftype.read(r, name) for name, ftype in cls.FIELDS]
         r.end()
         return cls(sender, step, *values)  # type: ignore[call-arg]

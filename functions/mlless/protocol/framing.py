@@ -12,8 +12,9 @@ Header (``HEADER``, 26 bytes)::
     version  u8   3 (1 listed every update index; 2 sends runs of them, `mlless.protocol.index_runs`; 3 adds the
                   report's staleness)
     type     u8   FrameType
-    flags    u8   bit0 = payload is zlib-compressed; bit1 = sealed, no checksum (crc32 is 0);
-                  other bits must be 0
+    flags    u8   bit0 = payload is zlib-compressed; bit1 = sealed, no checksum (crc32 is 0); bits 2-3 = the
+                  precision code of an Update's values (`mlless.protocol.precision`: 0 float32, 1 float16,
+                  2 bfloat16; 0 for every other frame type); other bits must be 0
     sender   i32  worker rank, or SUPERVISOR (-1, `mlless.protocol.identity`) for the supervisor
     step     i64  training step the message belongs to (>= 0)
     length   u32  payload length in bytes, as it appears on the wire
@@ -57,6 +58,8 @@ __all__ = [
     "MAX_RANK",
     "FLAG_COMPRESSED",
     "FLAG_SEALED",
+    "PRECISION_MASK",
+    "PRECISION_SHIFT",
     "MAX_PAYLOAD",
     "U8",
     "U16",
@@ -81,7 +84,11 @@ HEADER = struct.Struct("<3sBBBiqII")
 MAX_RANK = 2**31 - 1
 FLAG_COMPRESSED = 0x01
 FLAG_SEALED = 0x02
-_KNOWN_FLAGS = FLAG_COMPRESSED | FLAG_SEALED
+#: Bits 2-3 of the flags: the precision code of a frame's float values, for a type that may narrow them
+#: (`NARROWABLE`, an Update: `mlless.protocol.precision`). float32 frames are as before the field existed.
+PRECISION_SHIFT = 2
+PRECISION_MASK = 0x03 << PRECISION_SHIFT
+_KNOWN_FLAGS = FLAG_COMPRESSED | FLAG_SEALED | PRECISION_MASK
 
 #: Upper bound on a decompressed payload; a hostile or corrupt frame cannot make
 #: the receiver allocate more than this (zip-bomb guard).
@@ -125,6 +132,11 @@ class Header:
     step: int
     length: int
     crc: int
+
+    @property
+    def precision(self) -> int:
+        """The precision code of the payload's float values (0: float32)."""
+        return (self.flags & PRECISION_MASK) >> PRECISION_SHIFT
 
 
 # --------------------------------------------------------------------------- primitives
@@ -201,13 +213,17 @@ class Message(Protocol):
 
     TYPE: ClassVar[FrameType]
     COMPRESSIBLE: ClassVar[bool]
+    #: Whether its float values may travel in a narrower precision, which the header's flags then say.
+    NARROWABLE: ClassVar[bool]
     sender: int
     step: int
 
     def _parts(self) -> list[bytes | memoryview]: ...
 
+    def _flags(self) -> int: ...
+
     @classmethod
-    def _parse(cls, sender: int, step: int, r: Reader, size: int | None) -> Message: ...
+    def _parse(cls, sender: int, step: int, r: Reader, size: int | None, flags: int = 0) -> Message: ...
 
 
 _TYPES: dict[int, type[Message]] = {}
@@ -239,11 +255,11 @@ def encode(msg: Message, *, compress: bool = False, sealed: bool = False) -> byt
     length = sum(memoryview(p).nbytes for p in parts)
     if length > MAX_PAYLOAD:
         raise FrameError(f"payload of {length} bytes exceeds MAX_PAYLOAD")
-    flags = 0
+    flags = msg._flags()
     if cls.COMPRESSIBLE and compress:
         packed = zlib.compress(b"".join(parts), 1)
         if len(packed) < length:
-            parts, length, flags = [packed], len(packed), FLAG_COMPRESSED
+            parts, length, flags = [packed], len(packed), flags | FLAG_COMPRESSED
     crc = 0
     if sealed:
         flags |= FLAG_SEALED
@@ -273,6 +289,8 @@ def peek_header(data: bytes) -> Header:
         raise FrameError(f"unknown header flags 0x{flags:x}")
     if flags & FLAG_COMPRESSED and not _TYPES[ftype].COMPRESSIBLE:
         raise FrameError(f"frame type {FrameType(ftype).name} may not be compressed")
+    if flags & PRECISION_MASK and not _TYPES[ftype].NARROWABLE:
+        raise FrameError(f"frame type {FrameType(ftype).name} carries float32 values only")
     if len(data) - HEADER.size != length:
         raise FrameError(f"payload length mismatch: header says {length}, frame holds {len(data) - HEADER.size}")
     return Header(ftype, flags, sender, step, length, crc)
@@ -313,7 +331,7 @@ def decode(data: bytes, *, size: int | None = None) -> Message:
         raise FrameError(f"size must be a non-negative int, got {size!r}")
     cls = _TYPES[h.type]
     try:
-        return cls._parse(h.sender, h.step, Reader(payload), size)
+        return cls._parse(h.sender, h.step, Reader(payload), size, h.flags)
     except FrameError as exc:
         raise FrameError(f"{cls.__name__} frame from sender {h.sender} step {h.step}: {exc}") from None
     except (ValueError, TypeError, OverflowError, MemoryError, struct.error) as exc:  # defensive: never leak others

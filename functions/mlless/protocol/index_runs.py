@@ -9,8 +9,8 @@ indices.  The order and the values' alignment are kept, so a decoded update equa
 
 Payload of ``mlless.protocol.messages.Update`` from frame version 2: ``n`` u32 entries, ``r`` u32 runs (0: the
 indices are listed), then ``r`` int32 starts and ``r`` u32 lengths, or ``n`` int32 indices, then ``n`` float32
-values.  The choice is a function of the indices, so ``decode`` rejects a frame that made the other one: bytes
-and messages correspond one to one.
+values (2-byte ones in a narrow precision, which the header's flags name).  The choice is a function of the
+indices, so ``decode`` rejects a frame that made the other one: bytes and messages correspond one to one.
 """
 from __future__ import annotations
 
@@ -51,11 +51,12 @@ def pack_indices(idx: np.ndarray) -> list[bytes | memoryview]:
     return [COUNTS.pack(n, r), starts.data, lengths.data]
 
 
-def read_indices(r: Reader, n: int, runs: int) -> np.ndarray:
+def read_indices(r: Reader, n: int, runs: int, value_bytes: int = 4) -> np.ndarray:
     """The ``n`` indices of an update whose counts were ``n`` and ``runs``, with its index part next in ``r`` and its
-    ``n`` values after that.  Every byte count is checked against the payload before anything is allocated."""
+    ``n`` values of ``value_bytes`` each after that (2 in a narrow precision, `mlless.protocol.precision`).  Every
+    byte count is checked against the payload before anything is allocated."""
     listed = runs == 0
-    need = (4 * n if listed else 8 * runs) + 4 * n
+    need = (4 * n if listed else 8 * runs) + value_bytes * n
     if r.left != need:
         what = f"{n} listed indices" if listed else f"{n} entries in {runs} runs"
         raise FrameError(f"update payload holds {r.left} bytes after its counts, expected {need} for {what}")

@@ -30,8 +30,11 @@ from mlless.protocol.fields import (
     Utf8,
     set_field,
 )
-from mlless.protocol.framing import I4, U8, U32, FrameError, FrameType, Reader, pack_text
+from mlless.protocol.framing import (
+    I4, PRECISION_MASK, PRECISION_SHIFT, U8, U32, FrameError, FrameType, Reader, pack_text,
+)
 from mlless.protocol.index_runs import COUNTS, pack_indices, read_indices
+from mlless.protocol.precision import BY_CODE, FLOAT32, precision
 
 __all__ = [
     "MAX_REASON_BYTES",
@@ -106,19 +109,22 @@ def _arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
 class Update(Message):
     """A worker's significant update for one step: sparse (indices, values).
 
-    Payload: the indices as runs or listed (``mlless.protocol.index_runs``), then ``n`` float32 values (finite, within
-    ``MAX_MAGNITUDE``).  Indices are never negative; with ``decode(..., size=N)`` they must also be < N and
-    unique, which is what a receiver applying the update into a replica of N
-    parameters needs to trust.
+    Payload: the indices as runs or listed (``mlless.protocol.index_runs``), then ``n`` values (finite, within
+    ``MAX_MAGNITUDE``) in its ``precision`` (``mlless.protocol.precision``, which the header's flags name): float32,
+    or float16 or bfloat16 at 2 bytes each. ``values`` are always float32, rounded to what the precision carries,
+    so an update equals its decoded frame.  Indices are never negative; with ``decode(..., size=N)`` they must also
+    be < N and unique, which is what a receiver applying the update into a replica of N parameters needs to trust.
     """
 
     TYPE: ClassVar[FrameType] = FrameType.UPDATE
     COMPRESSIBLE: ClassVar[bool] = True
+    NARROWABLE: ClassVar[bool] = True
 
     sender: int
     step: int
     indices: np.ndarray
     values: np.ndarray
+    precision: str = FLOAT32.name
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -147,7 +153,7 @@ class Update(Message):
             raise FrameError("negative index in update")
         check_bounded("values", val)
         set_field(self, "indices", idx)
-        set_field(self, "values", val)
+        set_field(self, "values", precision(self.precision).rounded(val))
 
     def check_size(self, size: int) -> None:
         """Raise FrameError unless every index is in [0, size) and indices are unique."""
@@ -165,15 +171,22 @@ class Update(Message):
             raise FrameError("duplicate indices in update")
 
     def _parts(self) -> list[bytes | memoryview]:
-        return [*pack_indices(self.indices), self.values.data]
+        return [*pack_indices(self.indices), precision(self.precision).narrow(self.values).data]
+
+    def _flags(self) -> int:
+        return precision(self.precision).code << PRECISION_SHIFT
 
     @classmethod
-    def _parse(cls, sender: int, step: int, r: Reader, size: int | None) -> "Update":
+    def _parse(cls, sender: int, step: int, r: Reader, size: int | None, flags: int = 0) -> "Update":
+        code = (flags & PRECISION_MASK) >> PRECISION_SHIFT
+        if code not in BY_CODE:
+            raise FrameError(f"unknown precision code {code}")
+        kind = BY_CODE[code]
         n, runs = r.unpack(COUNTS)
-        idx = read_indices(r, n, runs)
-        val = r.array(_F4, n)
+        idx = read_indices(r, n, runs, kind.wire.itemsize)
+        val = kind.widen(r.array(kind.wire, n))
         r.end()
-        msg = cls(sender, step, idx, val)
+        msg = cls(sender, step, idx, val, kind.name)
         if size is not None:
             msg.check_size(size)
         return msg
@@ -184,6 +197,7 @@ class Update(Message):
         return (
             self.sender == other.sender
             and self.step == other.step
+            and self.precision == other.precision
             and _arrays_equal(self.indices, other.indices)
             and _arrays_equal(self.values, other.values)
         )
@@ -252,7 +266,7 @@ class Tensors(Message):
         return parts
 
     @classmethod
-    def _parse(cls, sender: int, step: int, r: Reader, size: int | None) -> "Tensors":
+    def _parse(cls, sender: int, step: int, r: Reader, size: int | None, flags: int = 0) -> "Tensors":
         (count,) = r.unpack(U32)
         if count > _MAX_TENSORS:
             raise FrameError(f"too many arrays ({count})")

@@ -90,7 +90,7 @@ class Worker:
         model = initial_model(job, dataset)
         model.share_cores(job.workers)  # locally the job's workers share this machine; a function has its own cores
         self.replica = Replica(model, job.optimizer, self.sync.threshold, audit=bool(os.environ.get(ENV_AUDIT)),
-                               accumulator=self.sync.accumulator(model.params))
+                               accumulator=self.sync.accumulator(model))
         self.feed = self.sync.feed(dataset, job.seed, job.workers, rank)
         # This worker's half of the protocol; a peer's frame the store lost is waited for half the worker timeout.
         self.half = self.sync.worker(rank, self.replica, transport, job.worker_timeout_seconds / 2, self._reject,

@@ -179,6 +179,9 @@ class SyncConfig:
     exchange: str = default("sync.exchange")
     aggregation: str = default("sync.aggregation")
     trim: float = default("sync.trim")
+    norm_threshold: float = default("sync.normThreshold")
+    norm_scope: str = default("sync.normScope")
+    precision: str = default("sync.precision")
 
 
 def default_sync(model: str) -> SyncConfig:

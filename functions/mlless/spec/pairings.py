@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from mlless.spec import models, schedule
+from mlless.spec import models, schedule, sync_fields
 from mlless.spec.nodes import Schema
 
 #: What a protocol needs of a model, as one of `ModelType.traits` (mlless.spec.models). `mlless validate` and
@@ -48,12 +48,12 @@ def pairing_message(field: str, value: str, other: str, admitted: tuple[str, ...
 
 
 def cel_rules() -> list[Schema]:
-    """The built-in models' pairings and the schedule's needs (`schedule.errors`) as the CRD's
-    `x-kubernetes-validations` on the spec (CEL; Kubernetes 1.25+)."""
+    """The built-in models' pairings, the schedule's needs (`schedule.errors`) and the precision's
+    (`sync_fields.errors`) as the CRD's `x-kubernetes-validations` on the spec (CEL; Kubernetes 1.25+)."""
     rules = []
     for field, value, other, admitted in pairings(models.BUILT_IN):
         section, name = field.split(".")
         absent = f"!has(self.{section}) || !has(self.{field})"
         rules.append({"rule": f"{absent} || self.{field} != '{value}' || self.{other} in {list(admitted)}",
                       "message": pairing_message(field, value, other, admitted)})
-    return rules + schedule.cel_rules()
+    return rules + schedule.cel_rules() + sync_fields.cel_rules()

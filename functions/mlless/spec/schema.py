@@ -16,7 +16,7 @@ import copy
 from typing import Any, Iterable, Iterator
 
 from mlless.contract import API_VERSION, KIND
-from mlless.spec import models, robust, schedule
+from mlless.spec import models, robust, schedule, sync_fields
 from mlless.spec.pairings import (
     MINI_BATCH_PROTOCOLS, NEEDS, OPTIMIZER_TYPES, PER_SAMPLE_OPTIMIZERS, cel_rules, pairing_message, pairings,
 )
@@ -122,9 +122,12 @@ SPEC_SCHEMA: Schema = obj(
                                    "round's barrier, a worker trains the next round while the last one closes "
                                    "(at most one round ahead); admm (" + _admitting("admm") + " only): consensus ADMM, "
                                    "averaging's rounds with each worker's local steps pulled towards the consensus "
-                                   "by `rho` and its dual variables. Default: "
+                                   "by `rho` and its dual variables; norm-isp: SPIRT's filter for networks, BSP's "
+                                   "barrier, and a worker sends its whole accumulated update once its norms pass "
+                                   "`normThreshold`, which every replica adds divided by the workers. Default: "
                                    + ", ".join(f"{t.name} {t.protocol}" for t in models.BUILT_IN) + ".",
-                                   ["bsp", "gradient-averaging", "isp", "ssp", "averaging", "blocked", "async", "admm"]),
+                                   ["bsp", "gradient-averaging", "isp", "ssp", "averaging", "blocked", "async", "admm",
+                                    "norm-isp"]),
                 "significanceThreshold": number("ISP threshold v; an entry is sent when |delta/x| > v/sqrt(step). "
                                                 "Default: " + ", ".join(f"{t.name} {shown(t.significance_threshold)}"
                                                                         for t in models.BUILT_IN) + ".", 0),
@@ -152,6 +155,7 @@ SPEC_SCHEMA: Schema = obj(
                                       ["sum", "median", "trimmed-mean", "krum"], "sum"),
                 "trim": number("trimmed-mean, krum: the fraction of a step's n updates assumed Byzantine, f = "
                                "floor(trim * n), at most (n - 1) / 2.", 0, below=0.5, default=robust.TRIM),
+                **sync_fields.FIELDS,
             },
         ),
         "output": obj(
@@ -419,6 +423,7 @@ def pairing_errors(spec: Any) -> Iterator[str]:
     yield from robust.errors(spec, models.model_type(kind).protocol if kind in models.MODEL_TYPES else "",
                              default("workers"))
     yield from schedule.errors(spec)
+    yield from sync_fields.errors(spec)
     shards = given("redis.shards")
     if isinstance(shards, int) and (line := robust.one_redis_error(given("sync.exchange"), shards,
                                                                     f"spec.redis.shards is {shards}")):

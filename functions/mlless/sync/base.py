@@ -25,13 +25,16 @@ import numpy as np
 from mlless.data.batches import Batch
 from mlless.data.dataset import Dataset
 from mlless.protocol import keys, layouts
+from mlless.protocol.framing import FrameError
 from mlless.protocol.messages import Close, Update
+from mlless.protocol.precision import precision
 from mlless.data.feed import Feed
 from mlless.sync.aggregation import aggregation
 from mlless.sync.exchanges.base import EXCHANGES, Exchange
 from mlless.spec.registry import Registry
 from mlless.spec.job import SyncConfig
-from mlless.training.replica import Accumulator, Replica, StepResult
+from mlless.training.models import Model
+from mlless.training.replica import Accumulator, Replica, StepResult, TrainingDiverged
 from mlless.transport import Transport
 
 
@@ -48,6 +51,8 @@ class WorkerHalf:
         self.replica = replica
         self.exchange = exchange
         self.feed = feed
+        #: What the frames' values travel in (`spec.sync.precision`).
+        self.precision = precision(exchange.precision)
 
     def train(self, batch: Batch, epoch: float, step: int, alone: bool) -> StepResult:
         """Train `step` on `batch`, selecting what the protocol shares after it.
@@ -57,8 +62,29 @@ class WorkerHalf:
         return self.replica.step(batch, epoch, step, share=not alone, select=self.strategy.publishes(step))
 
     def publish(self, step: int, result: StepResult) -> int:
-        """Share what `train` selected, if anything; returns the bytes written."""
-        return self.exchange.publish(step, result.indices, result.values) if len(result.indices) else 0
+        """Share what `train` selected, if anything; returns the bytes written.
+
+        The values go out rounded to the job's precision, and every replica applies them so, this one too (its
+        frames in the exchange's outbox hold them): what rounding left out is not shared, so it is this replica's
+        pending update again, sent with a later one.
+        """
+        if not len(result.indices):
+            return 0
+        sent = self.wire(result.values)
+        if not self.precision.exact:
+            left = result.values - sent
+            kept = left != 0
+            if kept.any():
+                self.replica.unpublish(result.indices[kept], left[kept])
+        return self.exchange.publish(step, result.indices, sent)
+
+    def wire(self, values: np.ndarray) -> np.ndarray:
+        """`values` as the job's frames carry them; TrainingDiverged if one is beyond the precision's range."""
+        try:
+            return self.precision.rounded(values)
+        except FrameError as exc:
+            raise TrainingDiverged(f"the shared {exc}: lower spec.optimizer.learningRate, or set "
+                                   "spec.sync.precision bfloat16") from None
 
     def gather(self, close: Close) -> list[Update]:
         """The peers' updates `close` names, read as the exchange pattern says."""
@@ -154,11 +180,12 @@ class SyncStrategy(ABC):
         exchange = EXCHANGES.named(self.config.exchange)(transport, rank, self.update_key, self.slots, patience, reject,
                                                    size=replica.params.shape[0], parts=workers,
                                                    carriers=self.worker_half.counts_carriers,
-                                                   aggregation=aggregation(self.config.aggregation, self.config.trim))
+                                                   aggregation=aggregation(self.config.aggregation, self.config.trim),
+                                                   precision=self.config.precision)
         return self.worker_half(self, rank, replica, exchange, feed)
 
-    def accumulator(self, params: np.ndarray) -> Accumulator | None:
-        """What keeps a replica's unsent updates, over its `params`; None: the significance filter at `threshold`."""
+    def accumulator(self, model: Model) -> Accumulator | None:
+        """What keeps a replica's unsent updates, over `model.params`; None: the significance filter at `threshold`."""
         return None
 
     def feed(self, dataset: Dataset, seed: int, workers: int = 1, rank: int = 0) -> Feed:

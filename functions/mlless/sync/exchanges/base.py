@@ -26,6 +26,7 @@ import numpy as np
 
 from mlless.protocol.framing import FrameError, decode, encode
 from mlless.protocol.messages import Close, Update
+from mlless.protocol.precision import FLOAT32
 from mlless.spec.registry import Registry
 from mlless.transport import Transport
 
@@ -62,12 +63,13 @@ class Exchange(ABC):
 
     def __init__(self, transport: Transport, rank: int, key_of: KeyOf, slots: int, patience: float,
                  reject: Callable[[str], None], size: int = 0, parts: int = 1, carriers: bool = True,
-                 aggregation: Aggregation | None = None) -> None:
+                 aggregation: Aggregation | None = None, precision: str = FLOAT32.name) -> None:
         """`slots` steps of this worker's frames stay readable (its outbox); a frame the store lost is waited for
         `patience` seconds; `reject` counts and logs a frame that cannot be applied. `size` is the model's parameter
         count and `parts` the job's worker count, for a pattern that splits the parameters. `carriers`: `gather`
         must show how many peers' updates carry each entry (`WorkerHalf.counts_carriers`). `aggregation`: a rule
-        that combines a step's updates other than by adding them (sync/aggregation.py); None adds them."""
+        that combines a step's updates other than by adding them (sync/aggregation.py); None adds them.
+        `precision`: what the frames' values travel in (`spec.sync.precision`), a frame in another is rejected."""
         self.aggregation = None if aggregation is None or aggregation.adds else aggregation
         self.transport = transport
         self.rank = rank
@@ -77,6 +79,7 @@ class Exchange(ABC):
         self.size = size
         self.parts = parts
         self.carriers = carriers
+        self.precision = precision
         self.outbox: collections.deque[Published] = collections.deque(maxlen=slots * self.frames_per_step)
         self.store_epoch = transport.store_epoch
         self.repaired = 0  # peers' frames the store lost, read again once their senders re-published them
@@ -102,11 +105,11 @@ class Exchange(ABC):
         return traffic
 
     def write(self, step: int, key: str, indices: np.ndarray, values: np.ndarray) -> int:
-        """Put one update frame under `key`, keeping it in the outbox; returns its size."""
-        frame = self.stored(step, encode(Update(sender=self.rank, step=step, indices=indices, values=values),
-                                         sealed=True))
+        """Put one update frame under `key`, keeping it in the outbox with the values it carries; returns its size."""
+        update = Update(sender=self.rank, step=step, indices=indices, values=values, precision=self.precision)
+        frame = self.stored(step, encode(update, sealed=True))
         self.transport.put(key, frame)
-        self.outbox.append(Published(step, key, frame, indices, values))
+        self.outbox.append(Published(step, key, frame, update.indices, update.values))
         self.republish_if_store_lost()
         return len(frame)
 
@@ -180,6 +183,12 @@ class Exchange(ABC):
                 valid.append(update)
         return valid
 
+    def check_precision(self, update: Update, expected: str | None = None) -> None:
+        """FrameError unless `update` travelled in the `expected` precision, by default the job's."""
+        expected = expected or self.precision
+        if update.precision != expected:
+            raise FrameError(f"its values travel in {update.precision}, expected {expected}")
+
     def checked(self, sender: int, step: int, frame: bytes | None) -> Update | None:
         """`frame` as `sender`'s update of `step`, or None (rejected) if it is missing or is something else.
         The index range and uniqueness are checked where it is applied, in one pass, before anything is added."""
@@ -189,6 +198,7 @@ class Exchange(ABC):
             update = decode(self.opened(frame))
             if not isinstance(update, Update) or update.sender != sender or update.step != step:
                 raise FrameError(f"expected the update of worker {sender} for step {step}")
+            self.check_precision(update)
         except FrameError as exc:
             self.reject(f"update frame of worker {sender} for step {step}: {exc}")
             return None

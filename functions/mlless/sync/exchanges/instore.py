@@ -43,6 +43,7 @@ from importlib import resources
 from mlless.protocol.framing import FLAG_SEALED, HEADER, MAGIC, VERSION, FrameError, FrameType, decode
 from mlless.protocol.identity import SUPERVISOR
 from mlless.protocol.messages import MAX_MAGNITUDE, Close, Update
+from mlless.protocol.precision import FLOAT32
 from mlless.protocol.sealing import SEAL_BYTES, Verified
 from mlless.sync.exchanges.base import register
 from mlless.sync.exchanges.reduce import AllReduce
@@ -72,6 +73,11 @@ class InStore(AllReduce):
     """Redis merges a step's updates into one frame, which every worker reads."""
 
     name = "in-store"
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        if self.precision != FLOAT32.name:  # the script reads float32 values (`mlless.spec.sync_fields.errors`)
+            raise ValueError(f"spec.sync.exchange {self.name} merges float32 frames only, not {self.precision}")
 
     def step_key(self, step: int) -> bytes:
         return self.transport.subkey(f"in-store step {step}")

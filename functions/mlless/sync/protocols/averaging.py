@@ -39,6 +39,7 @@ import numpy as np
 from mlless.protocol import keys
 from mlless.protocol.messages import Close, Update
 from mlless.sync.base import SyncStrategy, WorkerHalf, register
+from mlless.training.models import Model
 from mlless.training.rounds import RoundAccumulator
 
 
@@ -74,8 +75,8 @@ class Averaging(SyncStrategy):
     def staleness(self) -> int:
         return self.config.local_steps - 1
 
-    def accumulator(self, params: np.ndarray) -> RoundAccumulator:
-        return RoundAccumulator(params)
+    def accumulator(self, model: Model) -> RoundAccumulator:
+        return RoundAccumulator(model.params)
 
     def must_have_closed(self, step: int) -> int:
         """Inside a round, the previous round's close; at its last step, the round's own."""

@@ -46,6 +46,10 @@ class GradientHalf(WorkerHalf):
             self.replica.descend(result.indices, result.values, epoch)
             empty = np.zeros(0, np.int32)
             return replace(result, indices=empty, values=empty.astype(np.float32))
+        # What the peers add is the gradient as the frame carries it (`spec.sync.precision`): so does this worker,
+        # or replicas drift apart. No accumulator keeps what rounding left out: it is dropped, as DDP's
+        # half-precision compression drops it.
+        result = replace(result, values=self.wire(result.values))
         self.own[step] = result
         return result
 

@@ -80,6 +80,12 @@ class Model(ABC):
         """Decoupled weight decay the optimizer should apply (0 when L2 lives in the loss)."""
         return 0.0
 
+    def segments(self) -> np.ndarray:
+        """The bounds [0, b_1, ..., size] of the model's parameter groups, each a slice of `params` (a network's
+        parameter tensors): norm-isp's per-layer filter measures each on its own (training/norm_filter.py). One
+        group, the whole vector, by default."""
+        return np.array([0, self.size], np.int64)
+
     def apply_update(self, indices: np.ndarray, values: np.ndarray) -> None:
         """Add a peer's update (int32 indices, float32 values) to the replica, all or nothing.
 

@@ -114,6 +114,10 @@ class NeuralNet(Model):
     def weight_decay(self) -> float:
         return self.l2
 
+    def segments(self) -> np.ndarray:
+        """Each parameter tensor's slice, in `module.parameters()` order."""
+        return np.array([0] + [view.stop for _, view in self._slices], np.int64)
+
     def share_cores(self, workers: int) -> None:
         import torch
 
