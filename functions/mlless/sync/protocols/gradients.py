@@ -27,7 +27,8 @@ import numpy as np
 
 from mlless.data.batches import Batch
 from mlless.protocol.messages import Close, Update
-from mlless.sync.base import SyncStrategy, WorkerHalf, register
+from mlless.sync.base import WorkerHalf, register
+from mlless.sync.protocols.bsp import Bsp
 from mlless.sync.sums import sparse_sum
 from mlless.training.replica import StepResult
 
@@ -74,18 +75,10 @@ class GradientHalf(WorkerHalf):
 
 
 @register
-class GradientAveraging(SyncStrategy):
-    """Every step, one optimizer step by the mean of the workers' gradients, behind a full barrier."""
+class GradientAveraging(Bsp):
+    """Every step, one optimizer step by the mean of the workers' gradients, behind BSP's full barrier."""
 
     name = "gradient-averaging"
     worker_half = GradientHalf
     sums_updates = False
     share_optimizer = True
-
-    @property
-    def threshold(self) -> float:
-        return 0.0
-
-    @property
-    def staleness(self) -> int:
-        return 0
