@@ -61,7 +61,7 @@ class GradientHalf(WorkerHalf):
         if own is not None and self.rank in close.updates:
             parts.append((own.indices, own.values))
         entries, sums, _ = sparse_sum([p[0] for p in parts], [p[1] for p in parts])
-        self.replica.descend(entries.astype(np.int32), (sums / senders).astype(np.float32), self.epoch, senders)
+        self.replica.descend(entries.astype(np.int32, copy=False), (sums / senders).astype(np.float32), self.epoch, senders)
 
     def withdraw_unread(self, after: int) -> None:
         """A gradient published for a step no one closes was never applied: it is dropped, not kept as pending."""
