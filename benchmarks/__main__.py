@@ -24,6 +24,9 @@ SUITES = {
                              "Redis sharding, an update's wire and sealing cost, per-step protocol overhead"),
     "paper": ("paper", "the papers' claims: ISP vs BSP vs SSP, the scale-in auto-tuner, mlless vs PyTorch DDP, "
                        "on loopback and behind a rate-limited link"),
+    "networks": ("networks", "PyTorch networks: mlless's overhead over a plain loop at P = 1, time to target against "
+                             "PyTorch DDP, whether a second worker pays, gradient vs model averaging, the exchange's "
+                             "cost per step"),
     "robustness": ("robustness", "robust aggregation's cost, the final merge of replicas, service faults and "
                                  "supervisor failover"),
     "forecast": ("forecast", "how right the ETA, the stop rule's projection, `mlless plan` and ASHA are"),

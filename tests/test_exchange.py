@@ -112,6 +112,21 @@ def test_sparse_sum_adds_and_counts_each_entry_whether_binned_or_sorted(size):
     assert [len(a) for a in sparse_sum([np.zeros(0, np.int32)], [np.zeros(0, np.float32)])] == [0, 0, 0]
 
 
+def test_updates_over_one_same_run_are_added_whole_in_any_order():
+    """A network's gradients all cover the whole model: their sum is the float64 sum whatever order the workers
+    list them in (each worker puts its own last), so every replica steps by the same mean."""
+    rng = np.random.default_rng(0)
+    idx = np.arange(5, 50_005, dtype=np.int32)
+    values = [rng.standard_normal(len(idx)).astype(np.float32) for _ in range(3)]
+    entries, sums, counts = sparse_sum([idx] * 3, values)
+    assert entries.dtype == np.int32 and np.array_equal(entries, idx) and (counts == 3).all()
+    np.testing.assert_array_equal(sums, sum(v.astype(np.float64) for v in values))
+    again = sparse_sum([idx] * 3, values[::-1])[1]
+    assert np.array_equal(again.astype(np.float32), sums.astype(np.float32))
+    entries, _, counts = sparse_sum([idx, idx[:-1]], [values[0], values[1][:-1]])  # differing runs: as before
+    assert len(entries) == len(idx) and counts[-1] == 1 and (counts[:-1] == 2).all()
+
+
 def test_the_schema_refuses_an_unknown_pattern(movielens_dir):
     with pytest.raises(SpecError, match="spec.sync.exchange"):
         job_for(movielens_dir, sync={"exchange": "gossip"})

