@@ -2,6 +2,7 @@
 
 - `machine_info()` / `machine_line()` / `load_note()`: CPU, cores, RAM, library versions and path, load average;
 - `table()` / `fmt()`: GitHub-markdown tables;
+- `own_redis()`: a private redis-server for the duration of a block;
 - `prepare()` / `prepared()`: `mlless prepare` into the data dir unless it is already there; `DATASETS`, `QUICK`,
   `MODEL_SETS`: the sets the suites share, by key;
 - `Curve`: a system's validation loss after each unit of training, and when it first reached a target;
@@ -9,16 +10,18 @@
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 import os
 import platform
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -35,6 +38,31 @@ class Failed(RuntimeError):
 
 
 # ---- the machine ------------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def own_redis() -> Iterator[str]:
+    """A private redis-server on a free loopback port, its URL, stopped on exit: for runs that would hold a shared
+    Redis (a Lua merge of tens of MB answers every other client BUSY meanwhile)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server on port {port} did not start")
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
 
 def loadavg() -> str:
     try:

@@ -97,7 +97,7 @@ class Unpinner(threading.Thread):
 
 
 def run_job(doc: dict[str, Any], base: Path, services: bool, threads: int = 1,
-            target: float | None = None) -> dict[str, Any]:
+            target: float | None = None, redis_url: str = _common.REDIS) -> dict[str, Any]:
     """Run the job; its records, and with `target` the figures of `scaling.analyse` (time to it, CPU, phases)."""
     name = doc["metadata"]["name"]
     spec = doc["spec"]
@@ -110,7 +110,7 @@ def run_job(doc: dict[str, Any], base: Path, services: bool, threads: int = 1,
     env, start_on, note = pinning(spec["workers"], threads)
     load = _common.loadavg()
     started = time.perf_counter()
-    proc = subprocess.Popen(_runs.train_command(job, out, services), env={**os.environ, **env},
+    proc = subprocess.Popen(_runs.train_command(job, out, services, redis_url=redis_url), env={**os.environ, **env},
                             preexec_fn=None if start_on is None else lambda: os.sched_setaffinity(0, start_on))
     if start_on is not None:
         Unpinner(proc, out, os.sched_getaffinity(0)).start()

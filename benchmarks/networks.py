@@ -54,7 +54,7 @@ DEFAULTS = {
 TARGETS = {"shapes32": 0.8, "digits": 0.3}
 EXCHANGES = ("all-to-all", "allreduce", "scatter-reduce", "in-store")
 #: in-store's steps at most: its Lua merge of a 45 MB gradient holds Redis for about 16 s a step (a loaded 2-core
-#: machine), while every other client of that Redis is told BUSY.
+#: machine), so it runs on a Redis of its own (`_common.own_redis`).
 IN_STORE_STEPS = 3
 GOALS = {"overhead": 1.1, "ddp": 1.0, "second-worker": 0.65}
 
@@ -77,6 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--evaluate-every", type=int, help=f"steps between evaluations ({default('evaluate_every')})")
     p.add_argument("--max-epochs", type=float, help=f"cap on each run ({default('max_epochs')})")
     p.add_argument("--max-seconds", type=float, help=f"cap on each run's training ({default('max_seconds')})")
+    p.add_argument("--seed", type=int, default=0, help="ddp, second-worker, ga-ma: the seed of the initial network "
+                                                        "and of the batch order, for every system (default %(default)s)")
+    p.add_argument("--lr", type=float, default=0.001, help="ddp, second-worker, ga-ma: Adam's learning rate, for every "
+                                                           "system and P (default %(default)s)")
     p.add_argument("--ddp-workers", help="ddp: comma list of P (default 2, and 4 on 4 or more cores)")
     p.add_argument("--local-steps", help=f"ga-ma: averaging's localSteps, comma list ({default('local_steps')})")
     p.add_argument("--exchange-networks", help=f"exchange: comma list ({default('exchange_networks')})")
@@ -132,7 +136,8 @@ class Convergence:
         if key not in self.runs:
             sync: dict[str, Any] = {"protocol": protocol} | ({"localSteps": local_steps} if local_steps else {})
             name = f"net-{self.args.network[:9].replace('_', '-')}-{protocol[:4]}{local_steps or ''}-p{workers}"
-            doc = _netruns.job_doc(name, self.data, self.args.network, workers, self.stop, self.args.evaluate_every, sync)
+            doc = _netruns.job_doc(name, self.data, self.args.network, workers, self.stop, self.args.evaluate_every, sync,
+                                   lr=self.args.lr, seed=self.args.seed)
             print(f"== mlless {protocol}{f' H={local_steps}' if local_steps else ''} P={workers}", flush=True)
             self.runs[key] = _netruns.run_job(doc, self.base, self.args.transport == "services", target=self.args.target)
         return self.runs[key]
@@ -143,12 +148,13 @@ class Convergence:
             print(f"== PyTorch DDP P={workers}", flush=True)
             a = self.args
             self.runs[key] = _torchnet.run_ddp(self.data, a.network, workers, a.target, a.max_seconds, a.max_epochs,
-                                               a.evaluate_every, self.base)
+                                               a.evaluate_every, self.base, lr=a.lr, seed=a.seed)
         return self.runs[key]
 
     def title(self) -> str:
         return (f"{_netdata.SETS[self.args.set].title}, {self.args.network}, target validation loss "
-                f"{self.args.target:g}, evaluation every {self.args.evaluate_every} steps")
+                f"{self.args.target:g}, evaluation every {self.args.evaluate_every} steps, Adam {self.args.lr:g}, "
+                f"seed {self.args.seed}")
 
 
 def mlless_row(label: str, run: dict[str, Any]) -> list[Any]:
@@ -244,7 +250,11 @@ def exchange(args: argparse.Namespace, base: Path) -> str:
             doc = _netruns.job_doc(f"net-x-{network[:6].replace('_', '-')}-{pattern}", data, network, 2,
                                    {"maxSteps": skip + steps}, 0,
                                    {"protocol": "gradient-averaging", "exchange": pattern})
-            run = _netruns.run_job(doc, base, args.transport == "services")
+            if pattern == "in-store" and args.transport == "services":
+                with _common.own_redis() as url:
+                    run = _netruns.run_job(doc, base, True, redis_url=url)
+            else:
+                run = _netruns.run_job(doc, base, args.transport == "services")
             if "refused" in run or not run["rows"]:
                 rows.append([network, pattern, "–", run.get("refused") or "failed", *["–"] * 8])
                 continue
@@ -259,8 +269,8 @@ def exchange(args: argparse.Namespace, base: Path) -> str:
               "MB sent/worker-step", "MB read/worker-step", "load before"]
     return ("### The exchange per step, P = 2, gradient averaging, over "
             f"{'Redis + RabbitMQ' if args.transport == 'services' else 'the embedded broker'}\n\n"
-            f"{_netdata.SETS['shapes32-b8'].title}; medians over the steps timed (in-store at most {IN_STORE_STEPS}: "
-            "its merge holds Redis); wait is "
+            f"{_netdata.SETS['shapes32-b8'].title}; medians over the steps timed (in-store at most {IN_STORE_STEPS}, "
+            "on a Redis of its own: its merge holds Redis); wait is "
             "the barrier (the slower worker's compute, the close's round trip), apply the Adam step by the mean.\n\n"
             f"{_common.table(header, rows)}\n")
 

@@ -29,7 +29,7 @@ from mlless.data.batches import Batch
 from mlless.protocol.messages import Close, Update
 from mlless.sync.base import WorkerHalf, register
 from mlless.sync.protocols.bsp import Bsp
-from mlless.sync.sums import sparse_sum
+from mlless.sync.sums import mean_update
 from mlless.training.replica import StepResult
 
 
@@ -59,14 +59,15 @@ class GradientHalf(WorkerHalf):
         senders = len(close.updates)
         if not senders or (own is None and not updates):
             return
-        parts = [(u.indices, u.values) for u in self.exchange.in_range(updates)]
+        parts = [(u.sender, u.indices, u.values) for u in self.exchange.in_range(updates)]
         if own is not None and self.rank in close.updates:
-            parts.append((own.indices, own.values))
-        entries, sums, _ = sparse_sum([p[0] for p in parts], [p[1] for p in parts])
+            parts.append((self.rank, own.indices, own.values))
+        parts.sort(key=lambda part: part[0])  # one order on every replica: their float32 sums then agree
+        entries, mean = mean_update([p[1] for p in parts], [p[2] for p in parts], senders)
         # The rate of the step's union batch, the senders' cursor positions before the close's: the same for every
         # replica (each at its own batch's rate, a warm-up's or a cosine's rates took the replicas apart).
         epoch = self.feed.schedule.progress(close.cursor - senders, senders)
-        self.replica.descend(entries.astype(np.int32, copy=False), (sums / senders).astype(np.float32), epoch, senders)
+        self.replica.descend(entries, mean, epoch, senders)
 
     def withdraw_unread(self, after: int) -> None:
         """A gradient published for a step no one closes was never applied: it is dropped, not kept as pending."""
