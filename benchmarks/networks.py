@@ -18,12 +18,12 @@ jobs run over Redis + RabbitMQ (`--transport embedded`: the in-process broker).
 * second-worker: mlless P = 1 against P = 2 (gradient averaging), the same target: seconds and workers'
   CPU-seconds to it. Target: T₂ ≤ 0.65 T₁ on this 2-core machine.
 * ga-ma: LambdaML's comparison, gradient averaging against model averaging (`averaging`, localSteps per
-  `--local-steps`) at P = 2: time to target, best and final loss, the validation curve by epoch, its largest rise
-  above its best so far (instability).
+  `--local-steps`), and SPIRT's norm filter (`norm-isp`) at P = 2, each run `--ga-ma-epochs` epochs long: time to
+  target, best and final loss, the validation curve by epoch, its largest rise above its best so far (instability).
 * exchange: the exchange's cost per step for MobileNetV3-small (1.5M parameters, 6 MB) and ResNet-18 (11.2M,
   45 MB) under each `sync.exchange` pattern at P = 2 over Redis: gradient-averaging jobs of a few steps on
   batches of 8 (compute is not the point), evaluation off; median write, wait, read and apply, and the bytes
-  sent and read per worker-step.
+  sent and read per worker-step; the first pattern again with float16 frames (`sync.precision`).
 
 The target is a validation cross-entropy (`--target`; shapes 0.8, which MobileNetV3-small passes at about 70 %
 accuracy; digits 0.3): mlless's metrics.jsonl records the validation loss of each evaluation, not its accuracy.
@@ -48,11 +48,13 @@ PARTS = ("overhead", "ddp", "second-worker", "ga-ma", "exchange")
 DEFAULTS = {
     "overhead_networks": ("mobilenet_v3_small,cnn", "mobilenet_v3_small"), "steps": (30, 6), "warmup": (3, 2),
     "set": ("shapes32", "digits"), "network": ("mobilenet_v3_small", "cnn"), "evaluate_every": (25, 5),
-    "max_epochs": (6.0, 12.0), "max_seconds": (1200.0, 90.0), "local_steps": ("4,16", "4"),
+    "max_epochs": (6.0, 12.0), "max_seconds": (1200.0, 90.0), "local_steps": ("4,16", "4"), "ga_ma_epochs": (5.0, 8.0),
     "exchange_networks": ("mobilenet_v3_small,resnet18", "mobilenet_v3_small"), "exchange_steps": (10, 3),
 }
 TARGETS = {"shapes32": 0.8, "digits": 0.3}
 EXCHANGES = ("all-to-all", "allreduce", "scatter-reduce", "in-store")
+#: The exchange part's extra rows: the first pattern's frames in these precisions.
+NARROW_PRECISIONS = ("float16",)
 #: in-store's steps at most: its Lua merge of a 45 MB gradient holds Redis for about 16 s a step (a loaded 2-core
 #: machine), so it runs on a Redis of its own (`_common.own_redis`).
 IN_STORE_STEPS = 3
@@ -83,6 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                            "system and P (default %(default)s)")
     p.add_argument("--ddp-workers", help="ddp: comma list of P (default 2, and 4 on 4 or more cores)")
     p.add_argument("--local-steps", help=f"ga-ma: averaging's localSteps, comma list ({default('local_steps')})")
+    p.add_argument("--ga-ma-epochs", type=float, help=f"ga-ma: every run's epochs, past the target "
+                                                      f"({default('ga_ma_epochs')})")
     p.add_argument("--exchange-networks", help=f"exchange: comma list ({default('exchange_networks')})")
     p.add_argument("--exchange-steps", type=int, help=f"exchange: steps timed ({default('exchange_steps')})")
     p.add_argument("--exchanges", default=",".join(EXCHANGES), help="exchange: patterns (default %(default)s)")
@@ -131,12 +135,16 @@ class Convergence:
         self.stop = {"targetLoss": args.target, "targetSteps": 1, "maxEpochs": args.max_epochs,
                      "maxSeconds": args.max_seconds}
 
-    def mlless(self, workers: int, protocol: str = "gradient-averaging", local_steps: int | None = None) -> dict:
-        key = ("mlless", workers, protocol, local_steps)
+    def mlless(self, workers: int, protocol: str = "gradient-averaging", local_steps: int | None = None,
+               epochs: float | None = None) -> dict:
+        """A run to the target, or with `epochs` one of that many epochs (its time to the target read off its
+        curve)."""
+        key = ("mlless", workers, protocol, local_steps, epochs)
         if key not in self.runs:
             sync: dict[str, Any] = {"protocol": protocol} | ({"localSteps": local_steps} if local_steps else {})
             name = f"net-{self.args.network[:9].replace('_', '-')}-{protocol[:4]}{local_steps or ''}-p{workers}"
-            doc = _netruns.job_doc(name, self.data, self.args.network, workers, self.stop, self.args.evaluate_every, sync,
+            stop = self.stop if epochs is None else {"maxEpochs": epochs}
+            doc = _netruns.job_doc(name, self.data, self.args.network, workers, stop, self.args.evaluate_every, sync,
                                    lr=self.args.lr, seed=self.args.seed)
             print(f"== mlless {protocol}{f' H={local_steps}' if local_steps else ''} P={workers}", flush=True)
             self.runs[key] = _netruns.run_job(doc, self.base, self.args.transport == "services", target=self.args.target)
@@ -214,10 +222,12 @@ def second_worker_part(conv: Convergence) -> str:
 
 
 def ga_ma_part(conv: Convergence) -> str:
-    runs = [("gradient-averaging", None, conv.mlless(2))]
-    runs += [("averaging", H, conv.mlless(2, "averaging", H)) for H in map(int, conv.args.local_steps.split(","))]
+    epochs = conv.args.ga_ma_epochs
+    runs = [("gradient-averaging", None, conv.mlless(2, epochs=epochs))]
+    runs += [("averaging", H, conv.mlless(2, "averaging", H, epochs)) for H in map(int, conv.args.local_steps.split(","))]
+    runs.append(("norm-isp", None, conv.mlless(2, "norm-isp", epochs=epochs)))  # SPIRT's norm filter, its defaults
     reached = max((c[1] for _, _, run in runs for c in run.get("curve", [])), default=0.0)
-    marks = list(range(1, int(min(reached, conv.args.max_epochs)) + 1))
+    marks = list(range(1, int(min(reached, epochs)) + 1))
     rows = []
     for protocol, H, run in runs:
         a = run.get("analysis")
@@ -233,7 +243,9 @@ def ga_ma_part(conv: Convergence) -> str:
                      *curve_marks(run["curve"], marks)])
     header = ["protocol", "H", "s to target from 1st step", "steps", "epochs", "best loss", "last loss", "largest rise above best",
               "accuracy (handed back)", "MB sent/worker-step", *(f"loss at epoch {e}" for e in marks)]
-    return (f"### Gradient averaging against model averaging (LambdaML), P = 2\n\n{conv.title()}.\n\n"
+    return (f"### Gradient averaging against model averaging (LambdaML) and the norm filter (SPIRT), P = 2\n\n"
+            f"{conv.title()}; every run "
+            f"{epochs:g} epochs, past the target, so that a rise after the best shows.\n\n"
             f"{_common.table(header, rows)}\n")
 
 
@@ -242,25 +254,29 @@ def ga_ma_part(conv: Convergence) -> str:
 def exchange(args: argparse.Namespace, base: Path) -> str:
     data = _netdata.prepared_set(args.data_dir, "shapes32-b8")
     rows = []
+    patterns = args.exchanges.split(",")
+    # Every pattern in float32, and the first in each narrower precision: what `spec.sync.precision` saves.
+    cases = [(pattern, "float32") for pattern in patterns] + [(patterns[0], p) for p in NARROW_PRECISIONS]
     for network in args.exchange_networks.split(","):
-        for pattern in args.exchanges.split(","):
+        for pattern, precision in cases:
             steps = min(args.exchange_steps, IN_STORE_STEPS) if pattern == "in-store" else args.exchange_steps
             skip = 2 if steps >= 4 else 1
-            print(f"== exchange: {network} × {pattern}", flush=True)
-            doc = _netruns.job_doc(f"net-x-{network[:6].replace('_', '-')}-{pattern}", data, network, 2,
+            label = pattern if precision == "float32" else f"{pattern}, {precision}"
+            print(f"== exchange: {network} × {label}", flush=True)
+            doc = _netruns.job_doc(f"net-x-{network[:6].replace('_', '-')}-{pattern}-{precision}", data, network, 2,
                                    {"maxSteps": skip + steps}, 0,
-                                   {"protocol": "gradient-averaging", "exchange": pattern})
+                                   {"protocol": "gradient-averaging", "exchange": pattern, "precision": precision})
             if pattern == "in-store" and args.transport == "services":
                 with _common.own_redis() as url:
                     run = _netruns.run_job(doc, base, True, redis_url=url)
             else:
                 run = _netruns.run_job(doc, base, args.transport == "services")
             if "refused" in run or not run["rows"]:
-                rows.append([network, pattern, "–", run.get("refused") or "failed", *["–"] * 8])
+                rows.append([network, label, "–", run.get("refused") or "failed", *["–"] * 8])
                 continue
             f = _netruns.step_figures(run["rows"], skip)
             ph = f["phases"]
-            rows.append([network, pattern, f"{steps} after {skip}", *(None if v is None else v * 1e3 for v in
+            rows.append([network, label, f"{steps} after {skip}", *(None if v is None else v * 1e3 for v in
                                              (f["step"], ph.get("compute"), ph.get("write"), ph.get("wait"),
                                               ph.get("read"), ph.get("apply"))),
                          None if f["sent"] is None else f["sent"] / 1e6, None if f["read"] is None else f["read"] / 1e6,
