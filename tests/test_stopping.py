@@ -320,7 +320,6 @@ def test_a_seconds_cap_keeps_the_default_patience(synthetic_lr_dir, tmp_path):
     job = lr_job(synthetic_lr_dir, stop={"maxSeconds": SAFETY_CAP_SECONDS})
     summary = train_local(job, tmp_path, Services(), QUIET)
     assert summary["stop_reason"] == STOP_NO_IMPROVEMENT
-    assert summary["wall_seconds"] < SAFETY_CAP_SECONDS / 10
     assert summary["model_step"] < summary["steps"]  # it stopped past its best, which is the model handed back
 
 
