@@ -28,8 +28,20 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # ---- jobs ---------------------------------------------------------------------------------------------------------
 
+#: What a benchmark's stop block holds unless it says otherwise: its runs go to a target or a budget, which early
+#: stopping (on by default with every limit) would cut short; the forecast suite sets its own patience.
+BENCH_STOP = {"patience": 0}
+
+
+def bench_stop(stop: dict[str, Any]) -> dict[str, Any]:
+    """`stop` with `BENCH_STOP`'s fields where it leaves them unset."""
+    return BENCH_STOP | stop
+
+
 def write_job(path: Path, name: str, spec: dict[str, Any], kind: str = "TrainingJob") -> Path:
-    """The manifest of `spec` at `path` (JSON, which is YAML)."""
+    """The manifest of `spec` at `path` (JSON, which is YAML); a stop block gets `BENCH_STOP`'s defaults."""
+    if "stop" in spec:
+        spec = spec | {"stop": bench_stop(spec["stop"])}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"apiVersion": "mlless.io/v1alpha1", "kind": kind, "metadata": {"name": name},
                                 "spec": spec}, indent=1))

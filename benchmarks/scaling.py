@@ -121,7 +121,7 @@ def pairs_for(kind: str, data: Path, protocols: list[str] | None, exchanges: lis
 def run_pair(kind: str, data: Path, pair: Pair, workers: int, target: float, max_seconds: float, base: Path,
              urls: tuple[str, str]) -> dict[str, Any]:
     name = f"scale-{kind[:3]}-{pair.protocol}-{pair.exchange}-{pair.transport[:3]}-p{workers}"
-    doc = job_doc(name, kind, data, pair, workers, {"targetLoss": float(target), "maxSeconds": float(max_seconds)})
+    doc = job_doc(name, kind, data, pair, workers, _runs.bench_stop({"targetLoss": float(target), "maxSeconds": float(max_seconds)}))
     job = base / f"{name}.yaml"
     job.write_text(json.dumps(doc))  # JSON is YAML
     out = base / f"run-{name}-{int(time.time() * 1000) % 10**8}"

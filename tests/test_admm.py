@@ -36,7 +36,7 @@ def test_lr_trains_under_admm(synthetic_lr_dir, tmp_path, redis_url, amqp_url, s
         pytest.skip("the patterns' transport primitives are the same on both transports (tests/test_exchange.py)")
     svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
     job = admm_job(synthetic_lr_dir, sync={"protocol": "admm", "localSteps": 4, "exchange": exchange},
-                   stop={"maxEpochs": 5})
+                   stop={"maxEpochs": 5, "patience": 0})
     summary = train_local(job, tmp_path, svc, QUIET)
     assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["rejected_frames"] == 0
     assert summary["validation_loss"] < base_rate_bce(synthetic_lr_dir) - 0.05

@@ -54,7 +54,7 @@ def test_async_waits_only_a_round_behind():
 def test_pmf_and_lr_train_under_averaging(movielens_dir, synthetic_lr_dir, tmp_path, redis_url, amqp_url, services,
                                           protocol):
     svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
-    pmf = job_for(movielens_dir, sync={"protocol": protocol}, stop={"maxEpochs": 15})
+    pmf = job_for(movielens_dir, sync={"protocol": protocol}, stop={"maxEpochs": 15, "patience": 0})
     summary = train_local(pmf, tmp_path / "pmf", svc, QUIET)
     assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["rejected_frames"] == 0
     assert summary["validation_loss"] <= 0.92
@@ -119,7 +119,7 @@ def test_auto_tuner_scales_in_under_rounds(movielens_dir, tmp_path, redis_url, a
 def resumed_after_a_kill(dataset, tmp_path, redis_url, amqp_url, steps, **spec):
     """A two-worker job over Redis + RabbitMQ with rounds of 8, its supervisor killed mid-round and resumed: the
     summary, once the survivors' replicas took the job on."""
-    doc = manifest(dataset, workers=2, stop={"maxSteps": steps}, evaluation={"everySteps": 10}, **spec)
+    doc = manifest(dataset, workers=2, stop={"maxSteps": steps, "patience": 0}, evaluation={"everySteps": 10}, **spec)
     job, run_dir = tmp_path / "job.yaml", tmp_path / "run"
     job.write_text(yaml.safe_dump(doc))
     services = ("--redis-url", redis_url, "--amqp-url", amqp_url)

@@ -94,7 +94,7 @@ def test_a_job_trains_a_model_defined_in_a_test(movielens_dir, tmp_path, redis_u
 
     monkeypatch.setenv(ENV_PLUGINS, __file__)
     svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
-    job = job_for(movielens_dir, workers=2, model={"type": "biases"}, stop={"maxEpochs": 8})
+    job = job_for(movielens_dir, workers=2, model={"type": "biases"}, stop={"maxEpochs": 8, "patience": 0})
     summary = train_local(job, tmp_path, svc, QUIET)
     assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["dropped_workers"] == []
     assert summary["rejected_frames"] == 0 and summary["loss_metric"] == "rmse"

@@ -11,6 +11,8 @@ import yaml
 
 from mlless.spec import SpecError, TrainingJob, from_manifest, load_manifest, manifest_schema
 from mlless.spec.models import PAPERS_V, PMF_V, model_type
+from mlless.spec.schema import DEFAULT_PATIENCE
+from mlless.stopping.rules import StopRules
 
 MINIMAL = {
     "apiVersion": "mlless.io/v1alpha1",
@@ -37,13 +39,17 @@ def test_minimal_manifest_gets_the_defaults():
     assert job.pricing.price_per_gb_second == pytest.approx(1.7e-5)
 
 
-@pytest.mark.parametrize("stop", [{"maxSteps": 10}, {"maxEpochs": 2}, {"maxSeconds": 30}])
-def test_a_length_limit_turns_the_default_patience_off(stop):
-    job = from_manifest(with_spec(stop=stop))
-    assert job.stop.patience is None
+@pytest.mark.parametrize("stop", [{}, {"maxSteps": 10}, {"maxEpochs": 2}, {"maxSeconds": 30}, {"targetLoss": 0.9},
+                                  {"budgetUSD": 0.01}])
+def test_patience_is_on_by_default_with_every_limit(stop):
+    """A limit is a budget, not a wish to train that long: early stopping stays on beside it (issue #47)."""
+    assert from_manifest(with_spec(stop=stop)).stop.patience == DEFAULT_PATIENCE > 0
     assert from_manifest(with_spec(stop={**stop, "patience": 2})).stop.patience == 2
-    # a target or a budget does not say how long to train: patience stays on with them
-    assert from_manifest(with_spec(stop={"targetLoss": 0.9})).stop.patience == 5
+    off = from_manifest(with_spec(stop={**stop, "patience": 0}))
+    assert off.stop.patience == 0 and from_manifest(off.to_manifest()) == off  # off survives the round trip
+    assert StopRules(off.stop, evaluate_every=25).watch.patience is None  # 0 is off, not "stop at once"
+    with pytest.raises(SpecError, match="spec.stop.patience"):
+        from_manifest(with_spec(stop={**stop, "patience": -1}))
 
 
 @pytest.mark.parametrize(("workers", "lr"), [(1, 0.2), (2, 0.2), (4, 0.1), (8, 0.05)])

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlless.contract import STOP_DIVERGED, STOP_MAX_STEPS, STOP_NO_IMPROVEMENT
+from mlless.contract import STOP_DIVERGED, STOP_MAX_EPOCHS, STOP_MAX_STEPS, STOP_NO_IMPROVEMENT
 from mlless.smoothing import RecentEwma, ewma
 from mlless.data.dataset import Dataset
 from mlless.training.models import load_model
@@ -310,13 +310,28 @@ def test_a_job_without_limits_stops_when_validation_stops_improving_and_keeps_th
     assert summary["model_step"] in (best["step"], summary["steps"])
 
 
+#: A safety cap far beyond the small LR set's plateau (a few epochs, seconds): the job must not come near it.
+SAFETY_CAP_SECONDS = 600.0
+
+
 @pytest.mark.slow
-def test_an_explicit_length_limit_turns_patience_off_unless_asked(synthetic_lr_dir, tmp_path):
-    assert lr_job(synthetic_lr_dir, stop={"maxEpochs": 3}).stop.patience is None
-    job = lr_job(synthetic_lr_dir, stop={"maxEpochs": 30, "patience": 1})
+def test_a_seconds_cap_keeps_the_default_patience(synthetic_lr_dir, tmp_path):
+    """Issue #47: a user who adds maxSeconds as a safety cap keeps early stopping, and the job ends at its plateau."""
+    job = lr_job(synthetic_lr_dir, stop={"maxSeconds": SAFETY_CAP_SECONDS})
     summary = train_local(job, tmp_path, Services(), QUIET)
     assert summary["stop_reason"] == STOP_NO_IMPROVEMENT
-    assert summary["epochs"] < 30
+    assert summary["model_step"] < summary["steps"]  # it stopped past its best, which is the model handed back
+
+
+@pytest.mark.slow
+def test_patience_0_runs_to_the_limit(synthetic_lr_dir, tmp_path):
+    """Past the epochs where the default patience stops this set (4.5 in the test above, the same job), patience 0
+    trains on to the limit."""
+    epochs = 12.0
+    summary = train_local(lr_job(synthetic_lr_dir, stop={"maxEpochs": epochs, "patience": 0}), tmp_path, Services(),
+                          QUIET)
+    assert summary["stop_reason"] == STOP_MAX_EPOCHS
+    assert summary["epochs"] >= epochs
 
 
 def test_evaluations_are_spaced_in_time_when_a_rounds_closes_come_together(movielens_dir):

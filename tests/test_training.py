@@ -60,7 +60,7 @@ QUIET = Progress(enabled=False)
 
 
 def test_pmf_over_redis_and_rabbitmq_reaches_target_rmse(movielens_dir, tmp_path, redis_url, amqp_url):
-    job = job_for(movielens_dir, stop={"maxEpochs": 30})
+    job = job_for(movielens_dir, stop={"maxEpochs": 30, "patience": 0})
     summary = train_local(job, tmp_path, Services(redis_url, amqp_url), QUIET)
 
     assert summary["stop_reason"] == STOP_MAX_EPOCHS

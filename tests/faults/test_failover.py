@@ -43,7 +43,7 @@ KILL_AT = 150
 def manifest(tmp_path: Path, dataset: Path, name: str, steps: int = STEPS, **spec: object) -> Path:
     """A two-worker PMF job under BSP, or what `spec` sets instead."""
     spec = {"workers": 2, "model": {"type": "pmf"}, "sync": {"protocol": "bsp"},
-            "dataset": {"uri": str(dataset), "cacheBatches": True}, "stop": {"maxSteps": steps},
+            "dataset": {"uri": str(dataset), "cacheBatches": True}, "stop": {"maxSteps": steps, "patience": 0},
             "evaluation": {"everySteps": 10}, **spec}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob",

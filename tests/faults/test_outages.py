@@ -47,7 +47,7 @@ def start_job(dataset: Path, run_dir: Path, redis_url: str, amqp_url: str, steps
     reads it while the job runs. Its workers record their environments (`worker_env`)."""
     manifest = {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "fault"},
                 "spec": {"workers": 2, "model": {"type": "pmf"}, "sync": {"protocol": "bsp"},
-                         "dataset": {"uri": str(dataset), "cacheBatches": True}, "stop": {"maxSteps": steps},
+                         "dataset": {"uri": str(dataset), "cacheBatches": True}, "stop": {"maxSteps": steps, "patience": 0},
                          "evaluation": {"everySteps": 10}, **spec}}
     job = run_dir.parent / f"{run_dir.name}.yaml"
     job.write_text(yaml.safe_dump(manifest))

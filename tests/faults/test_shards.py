@@ -129,7 +129,7 @@ def test_a_frame_a_restarted_shard_lost_is_published_again_by_its_sender(shards,
 def sharded_job(tmp_path: Path, dataset: Path, shards: list[str], amqp_url: str) -> tuple[subprocess.Popen, Path]:
     manifest_ = {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "sharded"},
                  "spec": {"workers": 2, "model": {"type": "pmf"}, "sync": {"protocol": "bsp"},
-                          "dataset": {"uri": str(dataset), "cacheBatches": True}, "stop": {"maxSteps": 240},
+                          "dataset": {"uri": str(dataset), "cacheBatches": True}, "stop": {"maxSteps": 240, "patience": 0},
                           "evaluation": {"everySteps": 10}}}
     job, run_dir = tmp_path / "sharded.yaml", tmp_path / "run"
     job.write_text(yaml.safe_dump(manifest_))

@@ -106,7 +106,7 @@ SCALE_SYNC = {"isp": ({"protocol": "isp"}, 1),
 async def test_kubectl_scale_in_then_out_of_a_running_pod_job(cluster_factory, e2e_job, tmp_path, protocol):
     output, (sync, more) = tmp_path / "output", SCALE_SYNC[protocol]
     doc = cached(e2e_job("scale", workers=3, function={"backend": "pod"}, output={"uri": str(output)}, sync=sync,
-                         stop={"maxSteps": more * SCALE_STEPS, "maxSeconds": SCALE_SECONDS}))
+                         stop={"maxSteps": more * SCALE_STEPS, "maxSeconds": SCALE_SECONDS, "patience": 0}))
     async with launched(cluster_factory, tmp_path, doc) as job:
         (c, kubelet, name), worker = job, job.worker
         await job.until_step(10)
@@ -145,7 +145,7 @@ async def test_kubectl_scale_in_then_out_of_a_running_pod_job(cluster_factory, e
 async def test_suspend_checkpoints_to_redis_and_resume_continues_to_succeeded(cluster_factory, e2e_job, store, tmp_path):
     # The supervisor polls spec.suspend every 5 s: a stop rule in steps would race it, so the job cannot end before
     # its suspension, and gets its real stop rule while suspended (a resume refreshes the job file from the spec).
-    doc = cached(e2e_job("suspend", workers=2, function={"backend": "pod"}, stop={"maxSteps": FOREVER}))
+    doc = cached(e2e_job("suspend", workers=2, function={"backend": "pod"}, stop={"maxSteps": FOREVER, "patience": 0}))
     async with launched(cluster_factory, tmp_path, doc) as job:
         (c, kubelet, name), checkpoint_key = job, job.checkpoint_key
         await job.until_step(10)
@@ -165,7 +165,7 @@ async def test_suspend_checkpoints_to_redis_and_resume_continues_to_succeeded(cl
         assert before and before[-1]["step"] == checkpoint_step, (checkpoint_step, before[-1:])
         assert summary["stop_reason"] == STOP_SUSPENDED and summary["steps"] == checkpoint_step
         max_steps = checkpoint_step + RESUME_STEPS
-        job_file = await job.resumed(stop={"maxSteps": max_steps})
+        job_file = await job.resumed(stop={"maxSteps": max_steps, "patience": 0})
         assert f"maxSteps: {max_steps}" in job_file, job_file
         final = await job.finished("the resumed job to finish")
         assert final["phase"] == "Succeeded" and final["step"] == max_steps, final
@@ -182,7 +182,7 @@ async def test_suspend_checkpoints_to_redis_and_resume_continues_to_succeeded(cl
 
 
 async def test_a_job_recreated_after_deleting_a_suspended_one_starts_afresh(cluster_factory, e2e_job, store, tmp_path):
-    doc = cached(e2e_job("again", workers=2, function={"backend": "pod"}, stop={"maxSteps": FOREVER}))
+    doc = cached(e2e_job("again", workers=2, function={"backend": "pod"}, stop={"maxSteps": FOREVER, "patience": 0}))
     async with launched(cluster_factory, tmp_path, doc) as job:
         c, kubelet, name = job
         await job.until_step(10)
@@ -205,7 +205,7 @@ async def test_a_job_recreated_after_deleting_a_suspended_one_starts_afresh(clus
 async def test_a_killed_supervisor_pod_is_recreated_and_takes_over_from_its_workers(cluster_factory, e2e_job, tmp_path):
     """kill -9 the supervisor: the operator recreates its pod, which takes the job over from what Redis kept; the
     old rank pods hand in their replicas and exit 75, their containers restart (OnFailure) and join the new run."""
-    doc = cached(e2e_job("failover", workers=2, function={"backend": "pod"}, stop={"maxSteps": FAILOVER_STEPS}))
+    doc = cached(e2e_job("failover", workers=2, function={"backend": "pod"}, stop={"maxSteps": FAILOVER_STEPS, "patience": 0}))
     async with launched(cluster_factory, tmp_path, doc) as job:
         (c, kubelet, name), worker = job, job.worker
         await job.until_step(20)
@@ -231,7 +231,7 @@ async def test_a_killed_supervisor_pod_is_recreated_and_takes_over_from_its_work
 
 
 async def test_active_deadline_fails_the_job_and_the_supervisor_ends_cleanly(cluster_factory, e2e_job, tmp_path):
-    doc = e2e_job("deadline", workers=2, function={"backend": "pod"}, stop={"maxSteps": FOREVER}, activeDeadlineSeconds=DEADLINE_SECONDS)
+    doc = e2e_job("deadline", workers=2, function={"backend": "pod"}, stop={"maxSteps": FOREVER, "patience": 0}, activeDeadlineSeconds=DEADLINE_SECONDS)
     async with launched(cluster_factory, tmp_path, doc) as job:
         c, kubelet, name = job
         final = await job.finished("the deadline")

@@ -84,8 +84,8 @@ def pilot(job_path: str, workers: list[int], seconds: float, epochs: float | Non
     dirs = []
     for P in workers:
         job = load_manifest(job_path, {"workers": P, "autoscaler": {"enabled": False}})
-        # Cut the resolved rules, not the manifest's: a limit written into the manifest would turn the default
-        # patience off (`spec.job.from_manifest`), and the pilot would no longer stop where the job does.
+        # Cut the resolved rules, not the manifest's: a limit written into the manifest would drop the default
+        # maxEpochs (`spec.job.from_manifest`), and the pilot would no longer stop where the job does.
         stop = dataclasses.replace(job.stop, max_seconds=min(seconds, job.stop.max_seconds or math.inf))
         if epochs is not None:
             stop = dataclasses.replace(stop, max_epochs=min(epochs, stop.max_epochs or math.inf))

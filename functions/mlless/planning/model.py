@@ -210,7 +210,7 @@ def fit(job: TrainingJob, runs: Sequence[RunMeasure], link: Link, cores: int) ->
     by_rule: dict[int, bool] = {}
     unfit: list[str] = []
     # Without evaluations the loss rules read the training loss (`StopRules`), which the runs do not extrapolate.
-    stop = job.stop if job.evaluate_every else dataclasses.replace(job.stop, patience=None, target_loss=None)
+    stop = job.stop if job.evaluate_every else dataclasses.replace(job.stop, patience=0, target_loss=None)
     if stop is not job.stop and job.stop.target_loss is not None:
         notes.append("evaluation is off: the target on the training loss is left out; the job's limits stop it")
     for r in runs:

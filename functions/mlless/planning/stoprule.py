@@ -23,7 +23,7 @@ def samples_when_stop_fires(stop: StopConfig, evaluations: Sequence[tuple[float,
     cadence (`same_cadence`: patience counts evaluations), else the curve they trace read every `interval_samples`,
     the job's cadence, within the recording; past it, the stop is projected, the job evaluating every
     `interval_samples`. ValueError if the rule has not fired and the evaluations are too few to fit."""
-    if stop.target_loss is None and stop.patience is None:
+    if stop.target_loss is None and not stop.patience:
         return limit_samples, False
     recorded = np.array(evaluations, dtype=np.float64)
     if same_cadence:

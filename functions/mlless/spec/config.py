@@ -198,7 +198,7 @@ class StopConfig:
     max_epochs: float | None = None
     max_seconds: float | None = None
     budget_usd: float | None = None
-    patience: int | None = None
+    patience: int = default("stop.patience")  # evaluations; 0: off
     min_delta: float = default("stop.minDelta")
 
     def has_length_limit(self) -> bool:

@@ -34,7 +34,6 @@ from mlless.spec.config import (
 from mlless.contract import API_VERSION, KIND
 from mlless.spec.schema import (
     DEFAULT_MAX_EPOCHS,
-    DEFAULT_PATIENCE,
     default,
     manifest_schema,
     pairing_errors,
@@ -185,8 +184,7 @@ def from_manifest(doc: Mapping[str, Any], base_dir: Path | None = None, source: 
     model = ModelConfig(section["type"], l2, init_from and resolve_uri(init_from, base_dir),
                         {k: v for k, v in section.items() if k not in ("type", "l2", "initFrom")})
     if not stop.has_length_limit():
-        stop = dataclasses.replace(stop, max_epochs=DEFAULT_MAX_EPOCHS,
-                                   patience=DEFAULT_PATIENCE if stop.patience is None else stop.patience)
+        stop = dataclasses.replace(stop, max_epochs=DEFAULT_MAX_EPOCHS)
     output_uri = spec.get("output", {}).get("uri")
     return TrainingJob(
         name=doc.get("metadata", {}).get("name", "trainingjob"),

@@ -30,12 +30,14 @@ LOCAL_STEPS = 16
 #: admm's ρ: on benchmarks/scaling.py's clicks the epochs to the target barely moved from 0.01 to 1, and 0.1 was
 #: among the fastest at P = 3.
 RHO = 0.1
-#: Without a step, epoch or seconds limit, stop after this many evaluations without improvement...
+#: Stop after this many evaluations without improvement, whatever the limits: a limit is a budget, and a job that
+#: sets one as a safety cap still wants to end where its model stops improving (as in Keras, Katib and Ray Tune)...
 DEFAULT_PATIENCE = 5
 #: ...of more than this fraction of the best. On 12 recorded default runs (benchmarks/forecast.py: the quick sets and
 #: the quickstart at P = 1-3), 0.001 handed back the same model as 0 in all 12 and stopped up to 18 % sooner.
 MIN_DELTA = 0.001
-#: ...or, should the validation loss keep creeping down (or evaluation be off), after this many epochs.
+#: ...or, without a step, epoch or seconds limit, should the validation loss keep creeping down (or evaluation be
+#: off), after this many epochs.
 DEFAULT_MAX_EPOCHS = 50.0
 
 
@@ -169,16 +171,17 @@ SPEC_SCHEMA: Schema = obj(
             },
         ),
         "stop": obj(
-            "When the job ends; the first condition reached wins. Without maxSteps, maxEpochs or maxSeconds, "
-            f"training stops once the validation loss stops improving (patience {DEFAULT_PATIENCE}), or after "
-            f"{DEFAULT_MAX_EPOCHS:g} epochs.",
+            "When the job ends; the first condition reached wins. Training stops once the validation loss stops "
+            f"improving (patience {DEFAULT_PATIENCE}), with or without limits; without maxSteps, maxEpochs or "
+            f"maxSeconds, also after {DEFAULT_MAX_EPOCHS:g} epochs.",
             {
                 "targetLoss": number("Stop once the smoothed validation loss stays at or below this for `targetSteps` "
                                      "steps (the training loss when evaluation.everySteps is 0).", 0),
                 "targetSteps": integer("Steps the loss must stay at or below targetLoss.", 1, default=10),
                 "patience": integer("Stop after this many evaluations without improvement of the smoothed validation "
-                                    f"loss. Default {DEFAULT_PATIENCE} when no step, epoch or seconds limit is set, "
-                                    "otherwise off.", 1),
+                                    "loss, whatever limits are set (they cap the job, patience may end it sooner); "
+                                    "0 turns it off, and the job runs to its limits or targetLoss.", 0,
+                                    default=DEFAULT_PATIENCE),
                 "minDelta": number("An improvement of the smoothed validation loss smaller than this fraction of its "
                                    "best so far does not count for patience (a loss wandering around its best by "
                                    "0.0001 kept restarting the count).", 0, below=1, default=MIN_DELTA),

@@ -112,7 +112,7 @@ def project_stop(steps: Sequence[float], losses: Sequence[float], stop: StopConf
     slow curve (`fit_slow`): a planner's pilot may have no more (a protocol with rounds evaluates at their ends
     only), while the ETA waits for the reference curve. Before a curve can be fitted, only a patience already
     counting (`STALE_BEFORE_FIT` evaluations) is projected: to fire `patience` evaluations after the best."""
-    if (stop.target_loss is None and stop.patience is None) or evaluate_every <= 0:
+    if (stop.target_loss is None and not stop.patience) or evaluate_every <= 0:
         return None
     points = [(float(s), float(x)) for s, x in zip(steps, losses) if s > 0 and math.isfinite(x)]
     if not points:

@@ -63,7 +63,7 @@ class Best:
 class ValidationWatch:
     def __init__(self, patience: int | None, target_loss: float | None, target_steps: int,
                  min_delta: float = 0.0) -> None:
-        self.patience = patience
+        self.patience = patience or None  # the spec's 0 is off, as None
         self.min_delta = min_delta
         self.target_loss = target_loss
         self.target_steps = target_steps

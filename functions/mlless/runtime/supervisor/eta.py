@@ -101,7 +101,7 @@ class Estimator:
         limit, fraction, eta = min(candidates, key=lambda c: c[2])
         projected = None if pace is None else cost_usd + pace.dollars * eta
         held = limit == rule and band is not None and band[1] < math.inf
-        sooner = limit != rule and (self.stop.patience is not None or self.stop.target_loss is not None)
+        sooner = limit != rule and (bool(self.stop.patience) or self.stop.target_loss is not None)
         self.last = Outlook(min(max(fraction, 0.0), 1.0), eta, projected, limit, band if held else None, sooner)
         return self.last
 
