@@ -22,7 +22,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from mlless.contract import ENV_ATTACK
-from mlless.training.replica import Replica, StepResult
+from mlless.training.replica import StepResult
 
 #: Set in every Kubernetes pod: a worker that sees it refuses an attack.
 IN_A_POD = "KUBERNETES_SERVICE_HOST"
@@ -43,12 +43,12 @@ class Attack:
     kind: str
     parameter: float = 0.0
 
-    def corrupt(self, result: StepResult, replica: Replica, rng: np.random.Generator) -> StepResult:
-        """`result` with its published values attacked, and `replica` moved to hold them instead of the honest ones."""
+    def corrupt(self, result: StepResult, rng: np.random.Generator) -> StepResult:
+        """`result` with its published values attacked; the worker's protocol half then holds them in place of the
+        honest ones (`WorkerHalf.hold`)."""
         if not len(result.indices):
             return result
         values = KINDS[self.kind](result.values.astype(np.float64), self.parameter, rng).astype(np.float32)
-        replica.apply(result.indices, values - result.values)
         return dataclasses.replace(result, values=values)
 
 

@@ -217,7 +217,9 @@ class Worker:
         result = self.half.train(batch, self.feed.schedule.progress(position), self.step,
                                  alone=self.view.live == (self.rank,))
         if self.attack is not None:
-            result = self.attack.corrupt(result, self.replica, self.attack_rng)
+            attacked = self.attack.corrupt(result, self.attack_rng)
+            self.half.hold(self.step, result, attacked)
+            result = attacked
         timer.record(compute=result.compute_seconds, filter=result.filter_seconds)
         bytes_sent = self.half.publish(self.step, result)
         timer.lap("write")

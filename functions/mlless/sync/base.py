@@ -78,6 +78,13 @@ class WorkerHalf:
                 self.replica.unpublish(result.indices[kept], left[kept])
         return self.exchange.publish(step, result.indices, sent)
 
+    def hold(self, step: int, honest: StepResult, published: StepResult) -> None:
+        """Hold `published` as what this replica shares for `step` instead of the `honest` result `train` returned (a
+        Byzantine worker's, runtime/attack.py), so that the replicas stay consistent: a replica that applied its
+        own update moves by the difference."""
+        if len(honest.indices):
+            self.replica.apply(honest.indices, published.values - honest.values)
+
     def wire(self, values: np.ndarray) -> np.ndarray:
         """`values` as the job's frames carry them; TrainingDiverged if one is beyond the precision's range."""
         try:

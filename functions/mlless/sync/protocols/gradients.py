@@ -54,6 +54,12 @@ class GradientHalf(WorkerHalf):
         self.own[step] = result
         return result
 
+    def hold(self, step: int, honest: StepResult, published: StepResult) -> None:
+        """The replica never applied its gradient: the one it published is what it adds at the close, as its peers
+        do (moving the replica by the difference left it off the shared state)."""
+        if step in self.own:
+            self.own[step] = replace(published, values=self.wire(published.values))
+
     def combine(self, close: Close, updates: list[Update]) -> None:
         own = self.own.pop(close.step, None)
         senders = len(close.updates)
