@@ -195,8 +195,16 @@ BUILT_IN = (
               LINEAR_OPTIMIZER, traits=frozenset({"convex", "gradients"})),
     ModelType("svm", "linear SVM, hinge loss, on hashed features, labels 0/1", "sparse", "hinge",
               LINEAR_OPTIMIZER, traits=frozenset({"convex", "gradients"})),
+    # Linear regression solves its normal equations while a worker has seen few features (a table's columns): on
+    # raw real tables the normalized rule ended 5-27 % above Ridge and drifted, the exact step met Ridge from the
+    # first epoch at P = 1 and 2 (benchmarks/RESULTS.md, "Linear regression against Ridge").
     ModelType("linear-regression", "linear regression, squared loss, on hashed features", "sparse", "rmse",
-              LINEAR_OPTIMIZER, traits=frozenset({"convex", "gradients"}), labels=frozenset({"binary", "real"})),
+              LINEAR_OPTIMIZER, traits=frozenset({"convex", "gradients"}), labels=frozenset({"binary", "real"}),
+              fields={"exactFeatures": integer(
+                  "linear-regression: while a worker's rows hold at most this many distinct features, it solves "
+                  "the normal equations of the rows it has seen (a dense d×d system, ridge 1 on features scaled by "
+                  "their largest magnitude) instead of taking the optimizer's steps; beyond it, and with 0, the "
+                  "optimizer trains.", 0, 4096, default=512)}),
     # Cirrus's softmax: K weights a feature. Adam at 0.01 with lr/√epoch met scikit-learn's multinomial accuracy in
     # 2 epochs at P = 1 and 2; the normalized rule has no softmax kernel.
     ModelType("softmax", "multinomial logistic regression on hashed features, one class a distinct label", "sparse",

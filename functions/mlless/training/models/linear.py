@@ -16,6 +16,7 @@ from mlless.spec.config import ModelConfig
 from mlless.spec.models import model_type
 from mlless.training.kernels import linear as _k
 from mlless.training.models.base import Model, binary_scores, contiguous, expect_batch, register, required_dim
+from mlless.training.normal_equations import NormalEquations
 
 #: Decoupled weight decay; hashed Criteo has plenty of data per bucket, so barely any is needed.
 DEFAULT_L2 = 1e-6
@@ -126,6 +127,22 @@ class LinearRegression(LinearModel):
 
     type = model_type("linear-regression")
     loss_fn = _k.Squared()
+
+    def __init__(self, n_features: int, config: ModelConfig | None = None, seed: int = 0) -> None:
+        config = config or ModelConfig(self.kind)
+        super().__init__(n_features, config, seed)
+        # No replica sees more features than the model has: capped so, the bound passes `load_model`'s check that
+        # every integer of a model file is within its parameters.
+        self.exact_features = min(int(config.options["exactFeatures"]), self.n_features)
+        self._exact = NormalEquations(self.n_features, self.exact_features)
+
+    def own_step(self, batch: Batch, lr: float, workers: int) -> tuple[np.ndarray, np.ndarray, float, int] | None:
+        """The exact step of the normal equations while the features seen number at most ``exactFeatures``
+        (training/normal_equations.py); the optimizer's rule beyond."""
+        return self._exact.step(self.params, expect_batch(batch, SparseBatch, self.kind), workers)
+
+    def config(self) -> ModelConfig:
+        return ModelConfig.of(self.kind, self.l2, exactFeatures=self.exact_features)
 
     @classmethod
     def from_dims(cls, dims: Mapping[str, Any], config: ModelConfig | None, seed: int) -> LinearModel:
