@@ -117,7 +117,7 @@ def test_invocations_checkpoint_at_their_deadline_and_resume_exactly(function_se
     def job_until(stop: dict) -> TrainingJob:
         return job_for(request.getfixturevalue(case.dataset), sync={"protocol": protocol}, stop=stop, **case.spec)
 
-    job = job_until({"maxEpochs": 1000})
+    job = job_until({"maxEpochs": 1000, "patience": 0})
     # An 8 s function timeout leaves each invocation a 3 s deadline (20 s, 15 s): every rank is invoked again and again.
     launcher = HttpLauncher(url, job, job_id, timeout_seconds=case.timeout, token=TOKEN)
     transport = connect(job_id, role="supervisor", redis_url=redis_url, amqp_url=amqp_url)

@@ -105,7 +105,7 @@ def test_a_joiner_takes_its_donors_optimizer_state_and_a_leaver_loses_nothing(di
     def joined_at(supervisor):
         return next((e["step"] for e in supervisor.scaling.events if e["event"] == "join"), 10**9)
 
-    summary = _supervise_with(digits_job(digits_dir, workers=2, stop={"maxSteps": 100000}), tmp_path, redis_url,
+    summary = _supervise_with(digits_job(digits_dir, workers=2, stop={"maxSteps": 100000, "patience": 0}), tmp_path, redis_url,
                               amqp_url, out_then_in)
     assert [e["event"] for e in summary["scaling_events"]][:2] == ["launch", "join"]
     assert summary["workers_final"] == 2 and summary["dropped_workers"] == [] and summary["rejected_frames"] == 0

@@ -110,7 +110,7 @@ def test_a_scale_request_from_the_platform_starts_a_joiner(movielens_dir, tmp_pa
         _when_step(supervisor, supervisor.closed + 10)
         supervisor.request_stop("test done")
 
-    job = job_for(movielens_dir, workers=2, stop={"maxSteps": 100000, "maxSeconds": 120})
+    job = job_for(movielens_dir, workers=2, stop={"maxSteps": 100000, "maxSeconds": 120, "patience": 0})
     summary = run(job, new_job_id("out"), tmp_path, redis_url, amqp_url, platform, scale_out)
     assert summary["stop_reason"] == "test done" and summary["workers_final"] == 3
     assert [e["event"] for e in summary["scaling_events"]] == ["launch", "join"]
@@ -131,7 +131,7 @@ def test_the_tuner_reports_a_removed_rank_only_after_it_has_left(movielens_dir, 
         _when_step(supervisor, supervisor.closed + 5)
         supervisor.request_stop("test done")
 
-    job = job_for(movielens_dir, stop={"maxSteps": 100000, "maxSeconds": 120})
+    job = job_for(movielens_dir, stop={"maxSteps": 100000, "maxSeconds": 120, "patience": 0})
     summary = run(job, new_job_id("tune"), tmp_path, redis_url, amqp_url, platform, remove_one)
     [leave] = [e for e in summary["scaling_events"] if e["event"] == "leave"]
     assert summary["stop_reason"] == "test done"

@@ -64,7 +64,7 @@ def test_scale_out_joiner_starts_from_the_shared_state(movielens_dir, tmp_path, 
     def joined_at(supervisor):
         return next((e["step"] for e in supervisor.scaling.events if e["event"] == "join"), 10**9)
 
-    job = job_for(movielens_dir, workers=2, stop={"maxSteps": 100000})
+    job = job_for(movielens_dir, workers=2, stop={"maxSteps": 100000, "patience": 0})
     summary = _supervise_with(job, tmp_path, redis_url, amqp_url, scale_out)
     assert summary["workers_initial"] == 2 and summary["workers_final"] == 3
     assert [e["event"] for e in summary["scaling_events"]] == ["launch", "join"]
@@ -112,7 +112,7 @@ def test_when_every_worker_leaves_their_replicas_still_make_the_model(movielens_
         for rank in list(supervisor.live):
             os.kill(launcher.pid(rank), signal.SIGTERM)
 
-    summary = _supervise_with(job_for(movielens_dir, stop={"maxSteps": 100000}), tmp_path, redis_url, amqp_url, stop_every_worker)
+    summary = _supervise_with(job_for(movielens_dir, stop={"maxSteps": 100000, "patience": 0}), tmp_path, redis_url, amqp_url, stop_every_worker)
     assert summary["stop_reason"] == STOP_NO_LIVE_WORKERS and summary["dropped_workers"] == []
     # None finished the job, but the leavers' replicas make its model.
     assert summary["workers_final"] == 0 and summary["audit"]["replicas"] >= 1 and summary["validation_loss"] < 1.1

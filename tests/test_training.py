@@ -292,7 +292,7 @@ def test_a_ctrl_c_during_the_command_s_imports_ends_in_one_line(monkeypatch, cap
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_interrupt_stops_cleanly_and_deletes_keys(movielens_dir, tmp_path, redis_url, amqp_url, sig):
     job_file = tmp_path / "job.yaml"
-    job_file.write_text(yaml.safe_dump(manifest(movielens_dir, stop={"maxEpochs": 10000})))
+    job_file.write_text(yaml.safe_dump(manifest(movielens_dir, stop={"maxEpochs": 10000, "patience": 0})))
     run_dir = tmp_path / "run"
     proc = _cli("train", str(job_file), "--out", str(run_dir), "--redis-url", redis_url, "--amqp-url", amqp_url)
     deadline = time.monotonic() + 60
@@ -340,8 +340,9 @@ def test_malformed_update_frame_is_rejected_counted_and_not_applied(movielens_di
     ("stop", "reason"),
     [
         ({"targetLoss": 0.95, "targetSteps": 5}, STOP_TARGET_LOSS),
-        ({"maxSeconds": 2}, STOP_MAX_SECONDS),
-        ({"budgetUSD": 0.0015, "maxEpochs": 1000}, STOP_BUDGET),
+        # Patience off: a limit is what these test, and early stopping would end the job before it.
+        ({"maxSeconds": 2, "patience": 0}, STOP_MAX_SECONDS),
+        ({"budgetUSD": 0.0015, "maxEpochs": 1000, "patience": 0}, STOP_BUDGET),
     ],
 )
 def test_stop_rules(movielens_dir, tmp_path, stop, reason):

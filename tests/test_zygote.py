@@ -183,7 +183,7 @@ def test_an_interrupted_job_leaves_no_process(movielens_dir, tmp_path):
     def on_start(supervisor) -> None:
         threading.Thread(target=interrupt_when_training, args=(supervisor,), daemon=True).start()
 
-    summary = train_local(job_for(movielens_dir, workers=2, stop={"maxSteps": 100_000}), tmp_path, Services(), QUIET,
+    summary = train_local(job_for(movielens_dir, workers=2, stop={"maxSteps": 100_000, "patience": 0}), tmp_path, Services(), QUIET,
                           on_start=on_start)
     assert summary["stop_reason"] == STOP_INTERRUPTED
     workers = worker_env.recorded(tmp_path)
