@@ -380,3 +380,43 @@ def test_the_logistic_invariant_step_solves_its_equation_for_large_moves(y, z, r
     m0, m = s * z, s * (z - u * ppu)
     target = m0 + np.exp(m0) + rate_ppu
     assert m + np.exp(m) == pytest.approx(target, rel=1e-9)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_softmax_normalized_updates_learn_the_same_whatever_a_features_units(workers):
+    """Softmax's normalized updates: a feature multiplied by 1,000 gets K weights 1,000 times smaller and the same
+    logits, step after step, alone and as one of the summed replicas."""
+    rng = np.random.default_rng(8)
+    F, K = 10, 3
+    indptr, indices, values, _ = make_csr(rng, n_features=F)
+    classes = rng.integers(0, K, len(indptr) - 1).astype(np.int32)
+    scaled = values * np.where(indices == 3, 1000.0, 1.0).astype(np.float32)
+    runs = []
+    for vals in (values, scaled):
+        params, g2, scale, rows = (np.zeros((F + 1) * K, np.float32) for _ in range(4))
+        norm = np.zeros(2)
+        for _ in range(3):
+            ksm.normalized_step(params, g2, scale, rows, norm, indptr, indices, vals, classes, F, K, 0.5, 0.0, workers,
+                                np.full(F, -1, np.int32))
+        runs.append((params.reshape(F + 1, K).copy(), ksm.softmax_logits(params, indptr, indices, vals, F, K)))
+    (plain, logits), (wide, wide_logits) = runs
+    assert np.any(plain != 0) and np.all(np.isfinite(plain))
+    np.testing.assert_allclose(wide[3] * 1000.0, plain[3], rtol=1e-3, atol=1e-6)
+    np.testing.assert_allclose(np.delete(wide, 3, 0), np.delete(plain, 3, 0), rtol=1e-3, atol=1e-6)
+    np.testing.assert_allclose(wide_logits, logits, rtol=1e-3, atol=1e-5)
+    # the same state as an accuracy: each row's class is the same
+    np.testing.assert_array_equal(wide_logits.argmax(1), logits.argmax(1))
+
+
+@pytest.mark.parametrize("margin, rate_ppu", [(0.0, 0.1), (-2.0, 5.0), (1.0, 40.0), (-8.0, 300.0)])
+def test_softmax_invariant_step_of_two_classes_is_the_logistic_one(margin, rate_ppu):
+    """With two classes moving at the same pace a, the softmax flow is the logistic one on the margin z1 − z0 at
+    pace 2a: class 1's u is `Log.step`'s (closed form) within the sub-steps' error, and a large step lands short of
+    the label, never past it."""
+    a, rate = 2.0, rate_ppu / 4.0
+    u = ksm.invariant_step(np.array([0.0, margin]), 1, rate, np.array([a, a]))
+    want = klin.Log().invariant_step(margin, 1.0, rate, 2 * a)
+    assert u[1] == pytest.approx(want, rel=0.05, abs=1e-6)
+    assert u[0] == pytest.approx(-u[1], rel=1e-6)  # the probabilities' residuals are opposite
+    first_order = rate * (1.0 / (1.0 + np.exp(-margin)) - 1.0)
+    assert abs(u[1]) <= abs(first_order) + 1e-12

@@ -138,15 +138,14 @@ def test_lr_schedule_and_defaults():
     assert c.lr_at(1) == pytest.approx(0.04) and c.lr_at(4) == pytest.approx(0.02)
     assert OptimizerConfig(learning_rate=0.3).lr_at(9) == 0.3
     assert default_optimizer("pmf").type == "adagrad" and default_optimizer("pmf").lr_decay == "none"
-    softmax = default_optimizer("softmax")
-    assert softmax.type == "adam" and softmax.lr_decay == "sqrt-epoch"
+    assert default_optimizer("softmax") == default_optimizer("logistic-regression")  # the linear family's rule
 
 
 @pytest.mark.parametrize("kind, given, want", [
-    ("softmax", {"type": "normalized"}, ("normalized", 0.5, "none")),  # another type: its own rate, not Adam's 0.01
+    ("pmf", {"type": "normalized"}, ("normalized", 0.5, "none")),  # another type: its own rate, not AdaGrad's 0.2
     ("softmax", {"type": "adagrad", "learningRate": 0.2}, ("adagrad", 0.2, "none")),
-    ("softmax", {"type": "adam"}, ("adam", 0.01, "sqrt-epoch")),  # the model's own type keeps its rate and decay
-    ("softmax", {"learningRate": 0.05}, ("adam", 0.05, "sqrt-epoch")),
+    ("pmf", {"type": "adagrad"}, ("adagrad", 0.2, "none")),  # the model's own type keeps its rate
+    ("softmax", {"learningRate": 0.05}, ("normalized", 0.05, "none")),
     ("logistic-regression", {"type": "adam"}, ("adam", 0.001, "none")),
     ("logistic-regression", {"learningRate": 0.2}, ("normalized", 0.2, "none")),
 ])

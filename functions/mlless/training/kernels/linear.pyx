@@ -10,8 +10,9 @@ never O(n_features).
 """
 import numpy as np
 cimport numpy as cnp
-from libc.math cimport exp, fabs, fmin, log, log1p, pow, sqrtf
+from libc.math cimport exp, fabs, fmin, log, log1p, sqrtf
 
+from mlless.training.kernels.normalized cimport count_rows, see_row, share_moves
 from mlless.training.kernels.sparse_rows cimport check_csr, feature_slots
 
 cnp.import_array()
@@ -222,12 +223,6 @@ def adagrad_step(Loss loss_fn not None, float[::1] params not None, float[::1] g
     return idx_arr, np.asarray(params)[idx_arr] - before, loss
 
 
-cdef inline double _expected_workers(double held, double batch, int workers) noexcept nogil:
-    """How many of `workers` replicas are expected to move a feature that a share `held` of rows holds, each
-    replica a batch of `batch` rows."""
-    return 1.0 + (workers - 1) * (1.0 - pow(1.0 - held, batch))
-
-
 def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1] g2 not None,
                     float[::1] scale not None, float[::1] rows not None, double[::1] norm not None,
                     const cnp.int64_t[::1] indptr not None, const int[::1] indices not None,
@@ -262,34 +257,21 @@ def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1
     idx_arr, before = _touched(params, indptr, indices, values, n, n_features, slot_map)
     cdef const int[::1] feats = idx_arr
     cdef const float[::1] start = before
-    cdef Py_ssize_t j, r, k, n_slots = feats.shape[0] - 1
+    cdef Py_ssize_t j, r
     cdef int f
     cdef float *W = &params[0]
     cdef float *G = &g2[0]
     cdef float *S = &scale[0]
-    cdef float *R = &rows[0]
-    cdef double z, loss = 0.0, rate, ax, g, ppu, u, seen = norm[1] + n
+    cdef double z, loss = 0.0, rate, g, ppu, u, seen = norm[1] + n
     cdef float resid, lr_wd = lr * wd
     with nogil:
-        for j in range(indices.shape[0]):
-            R[indices[j]] += 1
+        count_rows(&rows[0], indices, 1)
         S[n_features] = 1.0
         for r in range(n):
-            for j in range(indptr[r], indptr[r + 1]):
-                f = indices[j]
-                ax = fabs(values[j])
-                if ax > S[f]:
-                    if S[f] > 0:
-                        W[f] *= <float>((S[f] / ax) * (S[f] / ax))
-                    S[f] = <float>ax
+            see_row(W, S, &norm[0], indptr, indices, values, r, 1)
             z = W[n_features]
-            norm[0] += 1.0  # the bias: (1/1)²
             for j in range(indptr[r], indptr[r + 1]):
-                f = indices[j]
-                z += W[f] * values[j]
-                if S[f] > 0:
-                    norm[0] += (values[j] / S[f]) * (values[j] / S[f])
-            norm[1] += 1.0
+                z += W[indices[j]] * values[j]
             loss += loss_fn.loss(z, labels[r])
             resid = <float>loss_fn.dloss(z, labels[r])
             if resid == 0:
@@ -311,11 +293,7 @@ def normalized_step(Loss loss_fn not None, float[::1] params not None, float[::1
                 if values[j] != 0:
                     W[f] -= <float>(u * values[j] / (S[f] * sqrtf(G[f]))) + lr_wd * W[f]
             W[n_features] -= <float>(u / sqrtf(G[n_features]))
-        if workers > 1:
-            for k in range(n_slots + 1):
-                f = feats[k]
-                W[f] = <float>(start[k] + (W[f] - start[k]) / _expected_workers(R[f] / seen if k < n_slots else 1.0,
-                                                                                n, workers))
+        share_moves(W, &rows[0], feats, start, n, seen, workers, 1)
     return idx_arr, np.asarray(params)[idx_arr] - before, loss
 
 

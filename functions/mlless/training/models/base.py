@@ -131,7 +131,8 @@ class Model(ABC):
                         workers: int) -> tuple[np.ndarray, np.ndarray, float, int]:
         """Per-sample normalized adaptive updates (Vowpal Wabbit's) over ``batch``, in place, with the optimizer's
         ``state`` (per-parameter g2, scale and rows, and norm = [N, t]), shared among ``workers`` summed replicas
-        (`kernels/linear.pyx`, `normalized_step`): as `adagrad_step`. Only the linear models have the kernel."""
+        (`kernels/linear.pyx` and `kernels/softmax.pyx`, `normalized_step`): as `adagrad_step`. Only the linear models
+        and softmax have the kernel."""
         raise ValueError(f"{self.kind} has no normalized updates: set spec.optimizer.type to sgd, momentum, "
                          "nesterov or adam")
 

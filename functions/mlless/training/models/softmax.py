@@ -56,12 +56,25 @@ class Softmax(Model):
             raise ValueError(f"label {labels[np.argmax(wrong)]:g} is none of the model's classes")
         return idx.astype(np.int32)
 
-    def gradient(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, float, int]:
+    def _csr(self, batch: Batch) -> tuple[SparseBatch, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The batch and its CSR arrays and classes as the kernels take them."""
         b = expect_batch(batch, SparseBatch, self.kind)
-        idx, grad, loss = _k.softmax_gradient(self.params, contiguous(b.indptr, np.int64), contiguous(b.indices, np.int32),
-                                              contiguous(b.values, np.float32), self.class_of(b.labels),
-                                              self.n_features, self.k, self._slots)
+        return (b, contiguous(b.indptr, np.int64), contiguous(b.indices, np.int32), contiguous(b.values, np.float32),
+                self.class_of(b.labels))
+
+    def gradient(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, float, int]:
+        b, indptr, indices, values, classes = self._csr(batch)
+        idx, grad, loss = _k.softmax_gradient(self.params, indptr, indices, values, classes, self.n_features, self.k,
+                                              self._slots)
         return idx, grad, float(loss), len(b)
+
+    def normalized_step(self, batch: Batch, state: Mapping[str, np.ndarray], lr: float, weight_decay: float,
+                        workers: int) -> tuple[np.ndarray, np.ndarray, float, int]:
+        b, indptr, indices, values, classes = self._csr(batch)
+        idx, delta, loss = _k.normalized_step(self.params, state["g2"], state["scale"], state["rows"], state["norm"],
+                                              indptr, indices, values, classes, self.n_features, self.k, lr,
+                                              weight_decay, workers, self._slots)
+        return idx, delta, float(loss), len(b)
 
     def logits(self, batch: Batch) -> np.ndarray:
         """The (rows, K) logits; features outside the model are ignored."""
