@@ -7,13 +7,14 @@ the replicas as far as the sum does (the learning rates stay the sum's):
 * `median`: the coordinate-wise median;
 * `trimmed-mean`: per coordinate, the mean after dropping the f largest and the f smallest values;
 * `krum`: Multi-Krum (Blanchard et al. 2017; El Mhamdi et al. 2018): each update is scored by its squared distances
-  to its n − f − 2 nearest updates, and the mean of the n − f best-scored updates is taken.
+  to its n − f − 2 nearest updates, and the mean of the n − f best-scored updates is taken;
+* `carrier-trimmed-mean`: a norm bound, then per entry a trimmed mean over only the updates that carry it.
 
 f = ⌊`spec.sync.trim` · n⌋, at most (n − 1) / 2. Updates are sparse (ISP and BSP send only non-zero or significant
-entries): a worker that did not send a coordinate counts as proposing 0 for it, which is what its dense update
-holds there (its batch did not touch the row, or its change stayed below the significance filter). So a row
-moves under `median` only when most updates of the step carry it: on sparse models (PMF, hashed features) the
-robust rules learn slower per step than the sum.
+entries): under the first three a worker that did not send a coordinate counts as proposing 0 for it, which is
+what its dense update holds there (its batch did not touch the row, or its change stayed below the significance
+filter). So a row moves under `median` only when most updates of the step carry it: on sparse models (PMF, hashed
+features) those rules learn slower per step than the sum, and `carrier-trimmed-mean` counts only the carriers.
 
 A rule is applied wherever a step's updates are combined: by an all-to-all worker over its peers' updates and its
 own (`exchanges.alltoall.AllToAll`), and by the owner that merges a partition under allreduce and scatter-reduce
