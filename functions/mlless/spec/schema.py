@@ -150,9 +150,9 @@ SPEC_SCHEMA: Schema = obj(
                                       "(coordinate-wise), trimmed-mean (per coordinate, without the `trim` largest "
                                       "and smallest) and krum (Multi-Krum: the mean of the n - f updates closest "
                                       "to their neighbours), for which a coordinate a worker did not send counts as "
-                                      "its 0; carrier-trimmed-mean (for sparse models: each update's norm bounded by "
-                                      "a multiple of the median norm, then per coordinate the trimmed mean over only "
-                                      "the workers that sent it, times their count). The "
+                                      "its 0; carrier-trimmed-mean (for sparse models: the updates whose norm exceeds "
+                                      "a multiple of the median norm left out, then per coordinate the trimmed mean "
+                                      "over only the workers that sent it, times their count). The "
                                       f"robust rules need {' or '.join(robust.PROTOCOLS)} and at least "
                                       f"{robust.MIN_WORKERS} workers (docs/robustness.md).",
                                       ["sum", "median", "trimmed-mean", "krum", "carrier-trimmed-mean"], "sum"),
