@@ -34,7 +34,10 @@ OPTIMIZERS = {"logistic-regression": {"type": "adam", "learningRate": 0.01, "lrD
 #: not (0.0016 after 5).
 WITHIN = {("logistic-regression", "median"): 0.01, ("logistic-regression", "trimmed-mean"): 0.01,
           ("logistic-regression", "krum"): 0.01, ("pmf", "median"): 0.06, ("pmf", "trimmed-mean"): 0.06,
-          ("pmf", "krum"): 0.01}
+          ("pmf", "krum"): 0.01,
+          # carrier-trimmed-mean leaves the ×−10 update out (beyond its norm bound) and still moves the rows one or two
+          # honest updates carry: 0.0080 above the clean run on PMF, 0.0010 on LR (docs/robustness.md)
+          ("logistic-regression", "carrier-trimmed-mean"): 0.01, ("pmf", "carrier-trimmed-mean"): 0.01}
 
 
 def train(tmp: Path, data: Path, model: str, epochs: int, rule: str, attack: str | None) -> dict[str, Any]:
@@ -71,7 +74,7 @@ def test_an_attacker_wrecks_the_sum(model, workdir, request):
         loss > clean(workdir, data, model, epochs) + 0.2
 
 
-@pytest.mark.parametrize("rule", ["median", "trimmed-mean", "krum"])
+@pytest.mark.parametrize("rule", ["median", "trimmed-mean", "krum", "carrier-trimmed-mean"])
 @pytest.mark.parametrize("model", MODELS)
 def test_robust_rules_end_near_the_clean_run(model, rule, workdir, request):
     fixture, epochs = MODELS[model]
