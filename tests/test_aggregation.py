@@ -64,6 +64,63 @@ def test_krum_leaves_out_the_update_far_from_the_others():
     np.testing.assert_allclose(values, 5 * np.mean(val[:4], axis=0), rtol=1e-6)
 
 
+def carrier_reference(idx: list[np.ndarray], val: list[np.ndarray], f: int) -> dict[int, float]:
+    """carrier-trimmed-mean entry by entry, without a norm bound: k times the trimmed mean of the k carried values."""
+    carried: dict[int, list[float]] = {}
+    for i, v in zip(idx, val):
+        for entry, value in zip(i.tolist(), v.tolist()):
+            carried.setdefault(entry, []).append(value)
+    out = {}
+    for entry, found in carried.items():
+        cut = min(f, (len(found) - 1) // 2)
+        out[entry] = len(found) * float(np.mean(sorted(found)[cut:len(found) - cut]))
+    return out
+
+
+def sparse_updates(rng: np.random.Generator, n: int, size: int, sent: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    idx = [np.sort(rng.choice(size, sent, replace=False)).astype(I32) for _ in range(n)]
+    return idx, [rng.normal(size=sent).astype(F32) for _ in range(n)]
+
+
+def test_carrier_rule_is_a_trimmed_mean_over_the_updates_that_sent_each_entry():
+    """Unlike median, an entry one or two honest updates carry moves as far as the sum moves it."""
+    idx, val = sparse_updates(np.random.default_rng(2), 5, 60, 20)
+    entries, values, carriers = rules.aggregation("carrier-trimmed-mean", 0.2).combine(idx, val)
+    expected = carrier_reference(idx, val, 1)
+    np.testing.assert_array_equal(entries, sorted(expected))
+    np.testing.assert_allclose(values, [expected[e] for e in entries.tolist()], rtol=1e-5, atol=1e-6)
+    assert np.all(carriers == 5)
+    lone = np.searchsorted(entries, [e for e in expected if sum(e in i for i in idx) == 1])
+    assert len(lone) and values[lone].all() and not rules.aggregation("median", 0.2).combine(idx, val)[1][lone].any()
+
+
+@pytest.mark.parametrize("scale, kept", [(-0.5, True), (-1.5, True), (-30.0, False), (30.0, False)])
+def test_carrier_rule_bounds_what_an_attacker_moves(scale, kept):
+    """Entries at least 2f + 1 updates carry stay within their honest values' range; what the attacker adds alone
+    is at most the bound in median norms; an update beyond the bound is left out."""
+    rng = np.random.default_rng(3)
+    rule = rules.aggregation("carrier-trimmed-mean", 0.25)
+    idx, val = sparse_updates(rng, 4, 40, 30)
+    lone = np.arange(40, 46, dtype=I32)  # entries only the attacker sends
+    attacker = np.concatenate([idx[0], lone]), scale * np.concatenate([val[0], rng.normal(size=len(lone))]).astype(F32)
+    everyone = idx + [attacker[0]], val + [attacker[1]]
+    entries, values, _ = rule.combine(*everyone)
+    norms = [float(np.linalg.norm(v)) for v in everyone[1]]
+    at = np.searchsorted(entries, lone)
+    assert np.linalg.norm(values[at]) <= rule.BOUND * np.median(norms) + 1e-6
+    assert kept == (norms[-1] <= rule.BOUND * np.median(norms))
+    for column, entry in enumerate(entries.tolist()):
+        honest = [float(v[i == entry][0]) for i, v in zip(idx, val) if entry in i]
+        carriers = len(honest) + (kept and entry in attacker[0])
+        if len(honest) >= 3:
+            assert min(honest) - 1e-6 <= values[column] / carriers <= max(honest) + 1e-6
+    if not kept:
+        np.testing.assert_allclose(values[:len(entries) - len(lone)], rule.combine(idx, val)[1], rtol=1e-6)
+        assert not values[at].any()
+    else:
+        assert values[at].any()
+
+
 class _Store:
     store_epoch = 0
 

@@ -43,7 +43,10 @@ OPTIMIZERS = {"logistic-regression": {"type": "adam", "learningRate": 0.01, "lrD
 WITHIN = {("logistic-regression", "median"): 0.01, ("logistic-regression", "trimmed-mean"): 0.01,
           ("logistic-regression", "krum"): 0.01, ("pmf", "median"): 0.06, ("pmf", "trimmed-mean"): 0.06,
           ("pmf", "krum"): 0.01, ("neural-net", "median"): 0.08, ("neural-net", "trimmed-mean"): 0.08,
-          ("neural-net", "krum"): 0.04}
+          ("neural-net", "krum"): 0.04,
+          # carrier-trimmed-mean leaves the ×−10 update out (beyond its norm bound) and still moves the rows one or two
+          # honest updates carry: 0.0080 above the clean run on PMF, 0.0010 on LR (docs/robustness.md)
+          ("logistic-regression", "carrier-trimmed-mean"): 0.01, ("pmf", "carrier-trimmed-mean"): 0.01}
 #: The network's margins, loss and accuracy, from seeds 0 and 1 (clean: loss 0.214 and 0.218, accuracy 0.935 and 0.94
 #: of 200 images; seed 2's clean run 0.233 and 0.925): median ended 0.052 and 0.059 above the clean loss and 0.01 and
 #: 0.015 below its accuracy, krum 0.022 and 0.020 above and 0.01 and 0.015 below. At P = 4 a trim of 0.25 leaves the
@@ -58,7 +61,7 @@ def train(tmp: Path, data: Path, model: str, epochs: int, rule: str, attack: str
         "apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "robust"},
         "spec": {"workers": 4, "model": {"type": model, **MODEL_FIELDS.get(model, {})},
                  "dataset": {"uri": str(data), "cacheBatches": True},
-                 "sync": {"protocol": PROTOCOLS.get(model, "bsp"), "aggregation": rule}, "stop": {"maxEpochs": epochs},
+                 "sync": {"protocol": PROTOCOLS.get(model, "bsp"), "aggregation": rule}, "stop": {"maxEpochs": epochs, "patience": 0},
                  "evaluation": {"everySteps": 5}} | ({"optimizer": OPTIMIZERS[model]} if model in OPTIMIZERS else {})}))
     run = tmp / job.stem
     argv = ["train", str(job), "--out", str(run), "-q"] + (["--attack", attack] if attack else [])
@@ -94,8 +97,7 @@ def test_an_attacker_wrecks_the_sum(model, workdir, request):
         loss > clean(workdir, data, model, epochs)["validation_loss"] + 0.2
 
 
-@pytest.mark.parametrize("rule", ["median", "trimmed-mean", "krum"])
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("model", "rule"), sorted(WITHIN))
 def test_robust_rules_end_near_the_clean_run(model, rule, workdir, request):
     data, epochs = data_of(model, request)
     attacked = train(workdir, data, model, epochs, rule, ATTACK)

@@ -151,11 +151,14 @@ SPEC_SCHEMA: Schema = obj(
                                       "take n times a robust centre of the n updates instead of their sum: median "
                                       "(coordinate-wise), trimmed-mean (per coordinate, without the `trim` largest "
                                       "and smallest) and krum (Multi-Krum: the mean of the n - f updates closest "
-                                      "to their neighbours). A coordinate a worker did not send counts as its 0. The "
+                                      "to their neighbours), for which a coordinate a worker did not send counts as "
+                                      "its 0; carrier-trimmed-mean (for sparse models: the updates whose norm exceeds "
+                                      "a multiple of the median norm left out, then per coordinate the trimmed mean "
+                                      "over only the workers that sent it, times their count). The "
                                       f"robust rules need {' or '.join(robust.PROTOCOLS)} and at least "
                                       f"{robust.MIN_WORKERS} workers (docs/robustness.md).",
-                                      ["sum", "median", "trimmed-mean", "krum"], "sum"),
-                "trim": number("trimmed-mean, krum: the fraction of a step's n updates assumed Byzantine, f = "
+                                      ["sum", "median", "trimmed-mean", "krum", "carrier-trimmed-mean"], "sum"),
+                "trim": number("trimmed-mean, krum, carrier-trimmed-mean: the fraction of a step's n updates assumed Byzantine, f = "
                                "floor(trim * n), at most (n - 1) / 2.", 0, below=0.5, default=robust.TRIM),
                 **sync_fields.FIELDS,
             },

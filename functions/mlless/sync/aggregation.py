@@ -7,13 +7,14 @@ the replicas as far as the sum does (the learning rates stay the sum's):
 * `median`: the coordinate-wise median;
 * `trimmed-mean`: per coordinate, the mean after dropping the f largest and the f smallest values;
 * `krum`: Multi-Krum (Blanchard et al. 2017; El Mhamdi et al. 2018): each update is scored by its squared distances
-  to its n − f − 2 nearest updates, and the mean of the n − f best-scored updates is taken.
+  to its n − f − 2 nearest updates, and the mean of the n − f best-scored updates is taken;
+* `carrier-trimmed-mean`: a norm bound, then per entry a trimmed mean over only the updates that carry it.
 
 f = ⌊`spec.sync.trim` · n⌋, at most (n − 1) / 2. Updates are sparse (ISP and BSP send only non-zero or significant
-entries): a worker that did not send a coordinate counts as proposing 0 for it, which is what its dense update
-holds there (its batch did not touch the row, or its change stayed below the significance filter). So a row
-moves under `median` only when most updates of the step carry it: on sparse models (PMF, hashed features) the
-robust rules learn slower per step than the sum.
+entries): under the first three a worker that did not send a coordinate counts as proposing 0 for it, which is
+what its dense update holds there (its batch did not touch the row, or its change stayed below the significance
+filter). So a row moves under `median` only when most updates of the step carry it: on sparse models (PMF, hashed
+features) those rules learn slower per step than the sum, and `carrier-trimmed-mean` counts only the carriers.
 
 A rule is applied wherever a step's updates are combined: by an all-to-all worker over its peers' updates and its
 own (`exchanges.alltoall.AllToAll`), and by the owner that merges a partition under allreduce and scatter-reduce
@@ -50,6 +51,18 @@ def union(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (present + low).astype(flat.dtype), place[flat - low]
 
 
+def block(indices: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The union of the n updates' entries, the n × m block of their values there (0 where an update holds none)
+    and the n × m mask of which update carries which entry."""
+    entries, at = union(np.concatenate(indices))
+    rows = np.repeat(np.arange(len(indices)), [len(idx) for idx in indices])
+    dense = np.zeros((len(indices), len(entries)), np.float32)
+    dense[rows, at] = np.concatenate(values)
+    carried = np.zeros(dense.shape, bool)
+    carried[rows, at] = True
+    return entries, dense, carried
+
+
 class Aggregation:
     """Combines the n updates of a step (sparse: int indices, float32 values) into one."""
 
@@ -69,10 +82,7 @@ class Aggregation:
         every entry (a missing entry is its 0)."""
         if not len(indices):
             return np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
-        flat = np.concatenate(indices)
-        entries, at = union(flat)
-        dense = np.zeros((len(indices), len(entries)), np.float32)
-        dense[np.repeat(np.arange(len(indices)), [len(idx) for idx in indices]), at] = np.concatenate(values)
+        entries, dense, _ = block(indices, values)
         return entries, len(indices) * self.centre(dense).astype(np.float64), np.full(len(entries), len(indices))
 
     def centre(self, dense: np.ndarray) -> np.ndarray:
@@ -132,3 +142,44 @@ class Krum(Aggregation):
         neighbours = max(1, min(n - f - 2, n - 1))
         scores = np.sort(distances, axis=1)[:, :neighbours].sum(axis=1) if n > 1 else np.zeros(1)
         return dense[np.argsort(scores, kind="stable")[:n - f]].mean(axis=0)
+
+
+@register
+class CarrierTrimmedMean(Aggregation):
+    """For sparse models: per entry, a trimmed mean over only the updates that carry it, after a norm bound.
+
+    An update whose L2 norm exceeds `BOUND` times the median of the step's n update norms is left out (an update that
+    sent nothing counts as norm 0): with f ≤ (n − 1) / 2 Byzantine updates that median lies within the honest norms'
+    range, so what is kept of any update has at most `BOUND` times an honest norm. Then each entry's k remaining
+    carriers give k times their mean after dropping the min(f, (k − 1) / 2) largest and smallest values: with honest
+    workers an entry moves about as far as the sum moves it, where `median` holds the absent updates' zeros against
+    it. An entry with at least 2f + 1 carriers ends within its honest carriers' range; on one with fewer an attacker
+    adds its (bounded) value, as under the sum."""
+
+    name = "carrier-trimmed-mean"
+    #: The norm bound, in median norms. PMF's honest updates (P = 4, batches of 1,000 ratings) ranged 0.78–1.14
+    #: median norms over 3,164 updates, so 2 leaves out none of them; an attacker within the bound can still move the
+    #: entries it alone carries by up to this many honest norms a step (docs/robustness.md).
+    BOUND = 2.0
+
+    def combine(self, indices: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> Combined:
+        n = len(indices)
+        if not n:
+            return np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
+        entries, dense, carried = block(indices, values)
+        norms = np.sqrt(np.einsum("ij,ij->i", dense, dense, dtype=np.float64))
+        # Left out rather than scaled down to the bound: a ×−10 update scaled down is still a sign flip of the entries
+        # its worker alone carries. On PMF it ended +0.022 RMSE above the clean sum scaled to one median norm, +0.044
+        # to two, +0.008 left out.
+        carried &= (norms <= self.BOUND * np.median(norms))[:, None]
+        # absent values sort last, so an entry's k carriers are the first k of its sorted column
+        ordered = np.sort(np.where(carried, dense, np.inf), axis=0)
+        ordered[np.isinf(ordered)] = 0
+        running = np.vstack([np.zeros(len(entries)), np.cumsum(ordered, axis=0, dtype=np.float64)])
+        k = carried.sum(axis=0)
+        f = np.minimum(self.trimmed(n), np.maximum(k - 1, 0) // 2)
+        column = np.arange(len(entries))
+        kept = running[k - f, column] - running[f, column]
+        # Every update counts as carrying every entry, as under the other robust rules: an entry whose one carrier
+        # was left out does not move, and that worker's replica must take back its own value there too.
+        return entries, k * kept / np.maximum(k - 2 * f, 1), np.full(len(entries), n)
