@@ -153,7 +153,7 @@ def test_invocations_checkpoint_at_their_deadline_and_resume_exactly(function_se
         # Each checkpoint held the worker's Adam moments and step count, and each resumed worker the batches at its
         # place: the replicas equal to the last bit, and the very model an uninterrupted run of as many steps ends on.
         assert summary["replica_spread"] == 0.0
-        uninterrupted = train_local(job_until({"maxSteps": summary["steps"]}), tmp_path / "uninterrupted",
+        uninterrupted = train_local(job_until({"maxSteps": summary["steps"], "patience": 0}), tmp_path / "uninterrupted",
                                     Services(redis_url, amqp_url), QUIET)
         assert uninterrupted["steps"] == summary["steps"]
         assert summary["final_validation_loss"] == uninterrupted["final_validation_loss"]

@@ -61,7 +61,7 @@ def test_linear_regression_meets_ridge_with_defaults(computers, tmp_path, worker
 
 def test_linear_regression_does_not_drift_after_its_best(computers, tmp_path):
     # P = 1: at P = 2 under ISP the sum of the replicas' moves still wobbles within 2 % of its best (the report).
-    job = job_for(computers, workers=1, model={"type": "linear-regression"}, stop={"maxEpochs": 15},
+    job = job_for(computers, workers=1, model={"type": "linear-regression"}, stop={"maxEpochs": 15, "patience": 0},
                   evaluation={"everySteps": 2})
     train_local(job, tmp_path, Services(), QUIET)
     losses = [row["validation_loss"] for row in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())

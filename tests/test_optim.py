@@ -153,7 +153,8 @@ def test_an_optimizer_type_named_alone_takes_that_types_rate(kind, given, want):
     from mlless.spec import from_manifest
 
     job = from_manifest({"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "t"},
-                         "spec": {"model": {"type": kind}, "dataset": {"uri": "/data"}, "optimizer": given}})
+                         "spec": {"workers": 1, "model": {"type": kind}, "dataset": {"uri": "/data"},
+                                  "optimizer": given}})  # one worker: PMF's AdaGrad rate falls with P
     assert (job.optimizer.type, job.optimizer.learning_rate, job.optimizer.lr_decay) == want
 
 
