@@ -108,7 +108,7 @@ def test_blocked_is_refused_for_a_model_without_users_and_items(synthetic_lr_dir
 @pytest.mark.parametrize("services", ["embedded", "redis+rabbitmq"])
 def test_pmf_trains_under_blocked(movielens_dir, tmp_path, redis_url, amqp_url, services):
     svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
-    job = job_for(movielens_dir, sync={"protocol": "blocked"}, stop={"maxEpochs": 15})
+    job = job_for(movielens_dir, sync={"protocol": "blocked"}, stop={"maxEpochs": 15, "patience": 0})
     summary = train_local(job, tmp_path, svc, QUIET)
     assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["rejected_frames"] == 0
     assert summary["validation_loss"] <= 0.92

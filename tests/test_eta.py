@@ -55,7 +55,7 @@ def errors_at_half(sigma: float, stop: StopConfig, rule: str, seeds: int) -> lis
 
 @pytest.mark.parametrize("sigma, bound", [(0.0, 0.2), (0.002, 0.2), (0.005, 0.3)])  # noise of 1 % is projected less closely
 def test_a_target_loss_stop_is_projected_from_the_first_half_of_the_curve(sigma, bound):
-    errors = errors_at_half(sigma, StopConfig(target_loss=0.56, target_steps=10), "targetLoss", 5)
+    errors = errors_at_half(sigma, StopConfig(target_loss=0.56, target_steps=10, patience=0), "targetLoss", 5)
     assert np.median(errors) <= bound, errors
 
 
@@ -93,10 +93,10 @@ def test_a_noise_free_curve_stops_on_patience_only_where_its_fall_is_under_min_d
 
 def test_no_projection_without_a_rule_enough_evaluations_or_before_the_limit():
     losses = curve(0.002, 1)
-    assert project_stop(STEPS[:40], losses[:40], StopConfig(max_steps=1000), EVERY) is None
+    assert project_stop(STEPS[:40], losses[:40], StopConfig(max_steps=1000, patience=0), EVERY) is None
     assert project_stop(STEPS[:MIN_EVALUATIONS - 1], losses[:MIN_EVALUATIONS - 1], StopConfig(patience=5), EVERY) is None
-    assert project_stop(STEPS[:40], losses[:40], StopConfig(target_loss=0.56), EVERY, until_step=1100) is None
-    assert project_stop(STEPS[:40], losses[:40], StopConfig(target_loss=0.1), EVERY) is None  # under the asymptote
+    assert project_stop(STEPS[:40], losses[:40], StopConfig(target_loss=0.56, patience=0), EVERY, until_step=1100) is None
+    assert project_stop(STEPS[:40], losses[:40], StopConfig(target_loss=0.1, patience=0), EVERY) is None  # under the asymptote
 
 
 class Clock:
@@ -112,7 +112,7 @@ def standing(steps: int, seconds: float, n_batches: int = 100) -> Standing:
 
 
 def test_progress_and_eta_follow_the_nearest_limit_at_the_jobs_pace():
-    estimator = Estimator(StopConfig(max_steps=1000, max_seconds=200.0, budget_usd=1.0), 0, Clock())
+    estimator = Estimator(StopConfig(max_steps=1000, max_seconds=200.0, budget_usd=1.0, patience=0), 0, Clock())
     first = estimator.estimate(standing(1, 2.0), 0.001, [])
     assert first.limit == "maxSeconds" and first.eta_seconds == 198.0 and first.projected_cost_usd is None
     # 10 steps and $0.001 a second: 1000 steps in 100 s, the budget in 1000 s, the clock at 200 s.
@@ -150,7 +150,7 @@ def test_epochs_count_mini_batches_and_the_projection_joins_the_limits():
     out = capped.estimate(at, 0.0, evaluations)
     assert out.limit == "patience" and out.eta_band is not None
     assert out.eta_band[1] == pytest.approx((limit - at.steps) / 100, rel=1e-3)
-    no_rule = Estimator(StopConfig(max_epochs=100.0), EVERY, clock)
+    no_rule = Estimator(StopConfig(max_epochs=100.0, patience=0), EVERY, clock)
     no_rule.estimate(standing(0, 1.0), 0.0, [])
     out = no_rule.estimate(at, 0.0, evaluations)
     assert out.limit == "maxEpochs" and out.progress == pytest.approx(2 * at.steps / 10000)

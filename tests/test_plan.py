@@ -238,7 +238,7 @@ def _fires(stop: StopConfig, evaluations) -> tuple[float, bool]:
 def test_the_stop_rule_is_replayed_on_recorded_evaluations():
     xs = np.arange(1, 41) * 1000.0
     evals = list(zip(xs, _curve(xs)))
-    stop = StopConfig(target_loss=float(_curve(np.array([20_000.0]))[0]), target_steps=0)
+    stop = StopConfig(target_loss=float(_curve(np.array([20_000.0]))[0]), target_steps=0, patience=0)
     fired, by_rule = _fires(stop, evals)
     assert by_rule and 20_000 <= fired <= 23_000  # the smoothed loss lags the raw one by an evaluation or two
     assert fired == recorded_stop(stop, evals, 1000.0)
@@ -249,11 +249,11 @@ def test_the_stop_rule_is_replayed_on_recorded_evaluations():
 def test_a_short_run_s_curve_is_extrapolated_to_where_the_rule_fires():
     xs = np.arange(1, 13) * 1000.0  # a pilot: 12 evaluations, 12k samples
     target = float(_curve(np.array([60_000.0]))[0])  # reached five times further on
-    n, by_rule = samples_when_stop_fires(StopConfig(target_loss=target, target_steps=0), list(zip(xs, _curve(xs))),
+    n, by_rule = samples_when_stop_fires(StopConfig(target_loss=target, target_steps=0, patience=0), list(zip(xs, _curve(xs))),
                                          samples_per_step=1000.0, interval_samples=1000.0, limit_samples=1e6,
                                          same_cadence=True)
     assert by_rule and 45_000 <= n <= 80_000
-    n, by_rule = samples_when_stop_fires(StopConfig(target_loss=0.1, target_steps=0), list(zip(xs, _curve(xs))),
+    n, by_rule = samples_when_stop_fires(StopConfig(target_loss=0.1, target_steps=0, patience=0), list(zip(xs, _curve(xs))),
                                          samples_per_step=1000.0, interval_samples=1000.0, limit_samples=5e5,
                                          same_cadence=True)
     assert (n, by_rule) == (5e5, False)  # the curve never reaches 0.1: the job's limit stops it

@@ -41,7 +41,7 @@ def test_a_job_trains_with_a_strategy_defined_in_a_test(movielens_dir, tmp_path,
 
     monkeypatch.setenv(ENV_PLUGINS, __file__)
     svc = Services(redis_url, amqp_url) if services != "embedded" else Services()
-    job = job_for(movielens_dir, workers=2, sync={"protocol": "summed-averaging", "localSteps": 4}, stop={"maxEpochs": 10})
+    job = job_for(movielens_dir, workers=2, sync={"protocol": "summed-averaging", "localSteps": 4}, stop={"maxEpochs": 10, "patience": 0})
     summary = train_local(job, tmp_path, svc, QUIET)
     assert summary["stop_reason"] == STOP_MAX_EPOCHS and summary["dropped_workers"] == []
     assert summary["rejected_frames"] == 0 and summary["bytes_sent"] > 0

@@ -124,7 +124,7 @@ class RankForger(threading.Thread):
 def start_embedded_job(dataset: Path, run_dir: Path) -> subprocess.Popen:
     manifest = {"apiVersion": "mlless.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "forged-ranks"},
                 "spec": {"workers": 2, "model": {"type": "pmf"}, "sync": {"protocol": "bsp"},
-                         "dataset": {"uri": str(dataset), "cacheBatches": True}, "stop": {"maxSteps": STEPS},
+                         "dataset": {"uri": str(dataset), "cacheBatches": True}, "stop": {"maxSteps": STEPS, "patience": 0},
                          "evaluation": {"everySteps": 10}}}
     job = run_dir.parent / f"{run_dir.name}.yaml"
     job.write_text(yaml.safe_dump(manifest))
