@@ -99,10 +99,26 @@ def evaluate(net: Any, data: Data) -> tuple[float, float]:
     return float(F.cross_entropy(z, data.val_y)), float((z.argmax(1) == data.val_y).float().mean())
 
 
+def plain_step(net: Any, optimizer: Any, data: Data, step: int) -> tuple[float, dict[str, float]]:
+    """One step of the plain loop on the step's batch: its loss, and the seconds of its fetch, forward and backward,
+    optimizer step, and the whole step."""
+    import torch.nn.functional as F
+
+    t0 = time.perf_counter()
+    x, y = data.take(step, 1, 0)
+    t1 = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(net(x), y)
+    loss.backward()
+    t2 = time.perf_counter()
+    optimizer.step()
+    t3 = time.perf_counter()
+    return float(loss.detach()), {"fetch": t1 - t0, "forward_backward": t2 - t1, "optimizer": t3 - t2, "step": t3 - t0}
+
+
 def plain(config: dict[str, Any]) -> dict[str, Any]:
     """`warmup` + `steps` steps of a plain training loop; per-step seconds of each part after the warm-up."""
     import torch
-    import torch.nn.functional as F
 
     torch.set_num_threads(config["threads"])
     torch.set_num_interop_threads(1)
@@ -112,19 +128,10 @@ def plain(config: dict[str, Any]) -> dict[str, Any]:
     parts: dict[str, list[float]] = {"fetch": [], "forward_backward": [], "optimizer": [], "step": []}
     losses = []
     for step in range(config["warmup"] + config["steps"]):
-        t0 = time.perf_counter()
-        x, y = data.take(step, 1, 0)
-        t1 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(net(x), y)
-        loss.backward()
-        t2 = time.perf_counter()
-        optimizer.step()
-        t3 = time.perf_counter()
-        losses.append(float(loss.detach()))
+        loss, laps = plain_step(net, optimizer, data, step)
+        losses.append(loss)
         if step >= config["warmup"]:
-            for name, seconds in (("fetch", t1 - t0), ("forward_backward", t2 - t1), ("optimizer", t3 - t2),
-                                  ("step", t3 - t0)):
+            for name, seconds in laps.items():
                 parts[name].append(seconds)
     return {"median": {k: statistics.median(v) for k, v in parts.items()},
             "mean": {k: statistics.fmean(v) for k, v in parts.items()}, "losses": losses,
@@ -138,7 +145,6 @@ def side_by_side(config: dict[str, Any]) -> dict[str, Any]:
     vector), on the same batches. Where a job's step goes beyond these is the job's (messages, the close, the
     worker's loop)."""
     import torch
-    import torch.nn.functional as F
     from mlless.spec.job import from_manifest
     from mlless.training.replica import Replica
     from mlless.training.warm_start import initial_model
@@ -155,25 +161,17 @@ def side_by_side(config: dict[str, Any]) -> dict[str, Any]:
                                                            "mlless step")}
     losses: dict[str, list[float]] = {"plain": [], "mlless": []}
     for step in range(config["warmup"] + config["steps"]):
-        t0 = time.perf_counter()
-        x, y = data.take(step, 1, 0)
-        t1 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(net(x), y)
-        loss.backward()
-        t2 = time.perf_counter()
-        optimizer.step()
+        loss, laps = plain_step(net, optimizer, data, step)
+        losses["plain"].append(loss)
         t3 = time.perf_counter()
-        losses["plain"].append(float(loss.detach()))
         result = replica.gradient(data.batches[data.schedule.batch_index(step)], step + 1)
         t4 = time.perf_counter()
         replica.descend(result.indices, result.values, data.schedule.progress(step))
         t5 = time.perf_counter()
         losses["mlless"].append(result.loss_sum / result.samples)
         if step >= config["warmup"]:
-            for name, seconds in (("plain fetch", t1 - t0), ("plain forward_backward", t2 - t1),
-                                  ("plain optimizer", t3 - t2), ("plain step", t3 - t0), ("mlless gradient", t4 - t3),
-                                  ("mlless descend", t5 - t4), ("mlless step", t5 - t3)):
+            for name, seconds in [*((f"plain {k}", v) for k, v in laps.items()), ("mlless gradient", t4 - t3),
+                                  ("mlless descend", t5 - t4), ("mlless step", t5 - t3)]:
                 parts[name].append(seconds)
     return {"median": {k: statistics.median(v) for k, v in parts.items()},
             "mean": {k: statistics.fmean(v) for k, v in parts.items()}, "losses": losses}
